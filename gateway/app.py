@@ -1,0 +1,33 @@
+"""The read gateway: the shared program behind a gate that refuses every change (SPEC §6)."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from shared.app import build_app
+from shared.errors import ReadOnly
+from shared.http import send_error
+from shared.runtime import Runtime
+
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+class ReadOnlyGate:
+    """Answers 405 `read_only` to any other method on any path, before authentication."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in READ_METHODS:
+            await send_error(
+                scope, send, ReadOnly("this is a read gateway: only GET and HEAD are served")
+            )
+            return
+        await self.app(scope, receive, send)
+
+
+def build_gateway_app(runtime: Runtime) -> Starlette:
+    return build_app(runtime, middleware=[Middleware(ReadOnlyGate)])

@@ -1,0 +1,131 @@
+"""The `arkvory` command: serve, dev, admin (SPEC §9)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import sys
+
+from .settings import Settings, SettingsError, format_problems
+
+EXIT_USAGE = 2
+
+
+def _settings_or_exit(environ) -> Settings:
+    try:
+        return Settings.from_env(environ)
+    except SettingsError as exc:
+        print(format_problems(exc), file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings_or_exit(os.environ)
+    from . import logs
+    from .errors import StartupError
+    from .identity import KeyRing, KeysFileError
+
+    logs.configure(settings.log_format, settings.log_level)
+    try:
+        keys = KeyRing.from_file(settings.keys_file) if settings.keys_file else KeyRing.empty()
+    except KeysFileError as exc:
+        print(f"arkvory: invalid setting {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def main() -> int:
+        from .runtime import Runtime
+        from .server import serve
+
+        runtime = await Runtime.start(settings, keys)
+        if settings.is_writer:
+            from writer.app import build_writer_app as build
+        else:
+            from gateway.app import build_gateway_app as build
+        return await serve(runtime, build(runtime))
+
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except StartupError as exc:
+        print(f"arkvory: {exc}", file=sys.stderr)
+        return exc.exit_status
+
+
+def cmd_new_key(args: argparse.Namespace) -> int:
+    from .identity import KeyRing, KeysFileError, token_digest
+
+    token = f"arkvory_key_{secrets.token_urlsafe(32)}"
+    scopes = ", ".join(f'"{s}"' for s in args.scope)
+    stanza = f'[[key]]\nid = "{args.id}"\nsha256 = "{token_digest(token)}"\nscopes = [{scopes}]\n'
+    try:
+        import tomllib
+
+        KeyRing.from_entries(tomllib.loads(stanza)["key"])
+    except KeysFileError as exc:
+        print(f"arkvory: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"# token (shown once, store it now): {token}", file=sys.stderr)
+    print(stanza, end="")
+    return 0
+
+
+def cmd_reset_policy(args: argparse.Namespace) -> int:
+    from .admin import reset_download_policy
+
+    url = os.environ.get("ARKVORY_DATABASE_URL")
+    if not url:
+        print("arkvory: ARKVORY_DATABASE_URL: required", file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(reset_download_policy(url))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .admin import show_status
+
+    url = os.environ.get("ARKVORY_DATABASE_URL")
+    if not url:
+        print("arkvory: ARKVORY_DATABASE_URL: required", file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(show_status(url))
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from .dev import run_dev_cluster
+
+    return run_dev_cluster(args.dir, gateways=args.gateways, base_port=args.port)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="arkvory", description="Arkvory artifact server")
+    sub = top.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the API program (role from ARKVORY_ROLE)")
+    serve.set_defaults(func=cmd_serve)
+    dev = sub.add_parser("dev", help="run a local writer + gateways on an embedded PostgreSQL")
+    dev.add_argument("--dir", default=".arkvory-dev", help="state directory (default .arkvory-dev)")
+    dev.add_argument("--gateways", type=int, default=2, choices=range(0, 16))
+    dev.add_argument("--port", type=int, default=8080, help="writer port; gateways follow")
+    dev.set_defaults(func=cmd_dev)
+    admin = sub.add_parser("admin", help="operator tools").add_subparsers(dest="action", required=True)
+    new_key = admin.add_parser("new-key", help="print a new service key and its keys-file stanza")
+    new_key.add_argument("--id", required=True)
+    new_key.add_argument("--scope", action="append", required=True)
+    new_key.set_defaults(func=cmd_new_key)
+    reset = admin.add_parser(
+        "reset-download-policy", help="delete the saved policy and leases (refuses while any lease is live)"
+    )
+    reset.set_defaults(func=cmd_reset_policy)
+    status = admin.add_parser("status", help="show the policy and the slot leases")
+    status.set_defaults(func=cmd_status)
+    return top
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The one error tree of Arkvory; the HTTP edge turns an `ApiError` into the JSON of SPEC §6.
+
+    Exception
+    ├── ApiError                   (status, code; answered as JSON)
+    │   ├── InvalidInput           400 invalid_input
+    │   ├── Unauthorized           401 unauthorized
+    │   ├── Forbidden              403 forbidden
+    │   ├── NotFound               404 not_found
+    │   ├── ReadOnly               405 read_only      (gateway: Allow: GET, HEAD)
+    │   ├── Conflict               409 conflict
+    │   ├── RangeNotSatisfiable    416 range_not_satisfiable
+    │   ├── Busy                   503 busy           (Retry-After)
+    │   └── Unavailable            503 unavailable    (Retry-After)
+    └── StartupError               (exit_status; the process refuses to start)
+        ├── SlotBusy               exit 3: another holder still renews the slot
+        └── StartupRefused         exit 78: storage, policy or schema do not match
+"""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    status = 500
+    code = "internal"
+    retry_after: int | None = None
+
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if retry_after is not None:
+            self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(self.retry_after)}
+
+
+class InvalidInput(ApiError):
+    status, code = 400, "invalid_input"
+
+
+class Unauthorized(ApiError):
+    status, code = 401, "unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="arkvory"'}
+
+
+class Forbidden(ApiError):
+    status, code = 403, "forbidden"
+
+
+class NotFound(ApiError):
+    status, code = 404, "not_found"
+
+
+class ReadOnly(ApiError):
+    status, code = 405, "read_only"
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": "GET, HEAD"}
+
+
+class Conflict(ApiError):
+    status, code = 409, "conflict"
+
+
+class RangeNotSatisfiable(ApiError):
+    status, code = 416, "range_not_satisfiable"
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"the range is outside the artifact's {size} bytes")
+        self.size = size
+
+    def headers(self) -> dict[str, str]:
+        return {"Content-Range": f"bytes */{self.size}"}
+
+
+class Busy(ApiError):
+    status, code, retry_after = 503, "busy", 2
+
+
+class Unavailable(ApiError):
+    status, code, retry_after = 503, "unavailable", 2
+
+
+class StartupError(Exception):
+    """The process must not serve; `exit_status` tells the service manager why."""
+
+    exit_status = 1
+
+
+class SlotBusy(StartupError):
+    exit_status = 3
+
+
+class StartupRefused(StartupError):
+    exit_status = 78  # EX_CONFIG: restarting will not help until an operator acts
+
+
+class TransferAborted(Exception):
+    """A response was cut on purpose after it started (lease lost, blob shorter than recorded)."""
+
+
+class LeaseLost(Exception):
+    """The slot lease is no longer trusted: no further payload may be handed out."""

@@ -1,0 +1,133 @@
+"""The HTTP edge every process shares: request ids, error JSON (SPEC §6) and HTTP metrics.
+
+Pure ASGI middleware rather than `BaseHTTPMiddleware`: it wraps every payload chunk, so it
+must cost a function call, not a task and a queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import ApiError, TransferAborted
+from .metrics import Metrics
+
+log = logging.getLogger("arkvory.http")
+
+REQUEST_ID_KEY = "arkvory.request_id"
+_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+def request_id(scope: Scope) -> str:
+    return scope.get(REQUEST_ID_KEY, "-")
+
+
+def error_body(code: str, message: str, rid: str) -> dict:
+    return {"code": code, "message": message, "requestId": rid}
+
+
+def error_response(scope: Scope, exc: ApiError) -> JSONResponse:
+    return JSONResponse(
+        error_body(exc.code, exc.message, request_id(scope)),
+        status_code=exc.status,
+        headers=exc.headers(),
+    )
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(request.scope, exc)
+
+
+async def http_exception_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 become the JSON error shape too."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_input")
+    message = {404: "no such route", 405: "method not allowed on this route"}.get(
+        exc.status_code, str(exc.detail)
+    )
+    return JSONResponse(
+        error_body(code, message, request_id(request.scope)),
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
+
+
+async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, TransferAborted):
+        # Cut on purpose after the response started; the content module logged why.
+        return Response(status_code=500)
+    log.exception("unexpected error in request %s", request_id(request.scope))
+    return JSONResponse(
+        error_body("internal", "internal error", request_id(request.scope)), status_code=500
+    )
+
+
+EXCEPTION_HANDLERS = {
+    ApiError: api_error_handler,
+    HTTPException: http_exception_handler,
+    Exception: unexpected_error_handler,
+}
+
+
+async def send_error(scope: Scope, send: Send, exc: ApiError) -> None:
+    """Answer from middleware, before any route or authentication ran."""
+    body = json.dumps(error_body(exc.code, exc.message, request_id(scope))).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ] + [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""})
+
+
+class RequestContext:
+    """Gives each request an id, echoes it in `X-Request-Id`, and counts it in the metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        offered = _header(scope, b"x-request-id")
+        rid = offered if offered and _CLIENT_REQUEST_ID.match(offered) else uuid.uuid4().hex
+        scope[REQUEST_ID_KEY] = rid
+        started = time.perf_counter()
+        status = 500
+        header = (b"x-request-id", rid.encode())
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope["method"]
+            self.metrics.http_requests.labels(method, template, str(status)).inc()
+            self.metrics.http_duration.labels(method, template).observe(
+                time.perf_counter() - started
+            )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None

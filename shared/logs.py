@@ -1,0 +1,42 @@
+"""Logging set-up from ARKVORY_LOG_FORMAT / ARKVORY_LOG_LEVEL; one line per record."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from .errors import TransferAborted
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _drop_deliberate_aborts(record: logging.LogRecord) -> bool:
+    """uvicorn logs a traceback for every response cut after it started; ours are on purpose."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, TransferAborted)
+
+
+def configure(log_format: str, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("uvicorn.error").addFilter(_drop_deliberate_aborts)
+    # uvicorn's own error logger is useful; its access log would repeat every request.
+    logging.getLogger("uvicorn.access").disabled = True

@@ -1,0 +1,77 @@
+"""Prometheus metrics of one process (SPEC §8), created against a registry the caller owns."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.http_requests = Counter(
+            "arkvory_http_requests",
+            "HTTP requests by method, route template and status",
+            ["method", "route", "status"],
+            registry=registry,
+        )
+        self.http_duration = Histogram(
+            "arkvory_http_request_duration_seconds",
+            "Time to answer an HTTP request (until the last body byte was handed over)",
+            ["method", "route"],
+            registry=registry,
+        )
+        self.lease_renewals = Counter(
+            "arkvory_lease_renewals",
+            "Slot lease renewals by result (ok, failed, rejected, late)",
+            ["result"],
+            registry=registry,
+        )
+        self.lease_trust_remaining = Gauge(
+            "arkvory_lease_trust_remaining_seconds",
+            "Seconds this process may still trust its slot lease",
+            registry=registry,
+        )
+        self.leases_lost = Counter(
+            "arkvory_leases_lost", "Slot leases this process lost", registry=registry
+        )
+        self.payload_bytes = Counter(
+            "arkvory_download_payload_bytes",
+            "Payload bytes of downloads handed to the network",
+            registry=registry,
+        )
+        self.transfers_active = Gauge(
+            "arkvory_downloads_active", "Downloads sending payload now", registry=registry
+        )
+        self.transfers_waiting = Gauge(
+            "arkvory_downloads_waiting", "Downloads waiting for admission", registry=registry
+        )
+        self.admission_failures = Counter(
+            "arkvory_download_admission_failures",
+            "Downloads refused or abandoned before sending, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.token_wait_seconds = Counter(
+            "arkvory_download_token_wait_seconds",
+            "Time downloads spent waiting for bandwidth tokens",
+            registry=registry,
+        )
+        self.share_bytes_per_second = Gauge(
+            "arkvory_download_share_bytes_per_second",
+            "Configured payload rate of this process (scope=process) and per principal "
+            "(scope=principal); 0 = unlimited",
+            ["scope"],
+            registry=registry,
+        )
+        self.short_reads = Counter(
+            "arkvory_download_short_reads",
+            "Downloads aborted because a blob on disk was shorter than its metadata",
+            registry=registry,
+        )
+
+    # The lease reports through these two (see lease.RenewalCounter).
+    def renewal(self, result: str) -> None:
+        self.lease_renewals.labels(result=result).inc()
+
+    def lost(self) -> None:
+        self.leases_lost.inc()

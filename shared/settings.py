@@ -1,0 +1,356 @@
+"""The one settings object every Arkvory process is built from (SPEC §2).
+
+`Settings.from_env(environ)` reads every variable, collects *all* problems and raises one
+`SettingsError` listing them, so an operator fixes a broken unit file in one round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+MiB = 1024 * 1024
+MIN_SHARE_PER_SLOT = 65_536
+MAX_RATE = 2**40  # 1 TiB/s
+
+_SHARED_VARIABLES = (
+    "ARKVORY_GATEWAY_SLOTS",
+    "ARKVORY_GATEWAY_SLOT",
+    "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND",
+    "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL",
+)
+_DURATION = re.compile(r"^([1-9][0-9]*)([smhd])$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class SettingsError(Exception):
+    """One or more environment variables are invalid; `problems` has one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedDownloads:
+    """The shared-download policy this process was started with (SPEC §4)."""
+
+    slots: int
+    slot: int
+    total_bytes_per_second: int
+    per_principal_bytes_per_second: int  # 0 = unlimited
+
+    @property
+    def share_bytes_per_second(self) -> int:
+        return self.total_bytes_per_second // self.slots
+
+    @property
+    def principal_share_bytes_per_second(self) -> int:
+        return self.per_principal_bytes_per_second // self.slots
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    role: str
+    database_url: str = dataclasses.field(repr=False)
+    data_dir: pathlib.Path
+    database_pool_size: int = 10
+    keys_file: pathlib.Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tls_cert_file: pathlib.Path | None = None
+    tls_key_file: pathlib.Path | None = None
+    shared: SharedDownloads | None = None
+    download_bytes_per_second: int = 0
+    download_bytes_per_second_per_principal: int = 0
+    max_downloads: int = 16
+    max_downloads_per_principal: int = 4
+    download_queue_size: int = 64
+    download_queue_timeout_ms: int = 20_000
+    max_uploads: int = 2
+    task_retention_s: int = 7 * 86400
+    idempotency_retention_s: int = 86400
+    allow_signup: bool = False
+    public_metrics: bool = False
+    log_format: str = "text"
+    log_level: str = "info"
+    drain_timeout_s: int = 30
+
+    def __repr__(self) -> str:
+        # The DSN may carry a password: show it masked, never raw.
+        fields = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr
+        )
+        return f"Settings(database_url={mask_url(self.database_url)!r}, {fields})"
+
+    @property
+    def is_writer(self) -> bool:
+        return self.role == "api"
+
+    @property
+    def slot(self) -> int:
+        return self.shared.slot if self.shared else 0
+
+    @property
+    def process_bytes_per_second(self) -> int | None:
+        """This process's payload rate: its share, lowered by a local limit; None = unlimited."""
+        share = self.shared.share_bytes_per_second if self.shared else None
+        return _lowest(share, self.download_bytes_per_second)
+
+    @property
+    def principal_bytes_per_second(self) -> int | None:
+        share = None
+        if self.shared and self.shared.per_principal_bytes_per_second:
+            share = self.shared.principal_share_bytes_per_second
+        return _lowest(share, self.download_bytes_per_second_per_principal)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Settings:
+        reader = _Reader(environ)
+        role = reader.choice("ARKVORY_ROLE", ("api", "reader"), "api")
+        database_url = reader.database_url("ARKVORY_DATABASE_URL")
+        data_dir = reader.required("ARKVORY_DATA_DIR")
+        max_downloads = reader.integer("ARKVORY_MAX_DOWNLOADS", 1, 256, 16)
+        values: dict[str, Any] = dict(
+            role=role,
+            database_url=database_url,
+            data_dir=pathlib.Path(data_dir) if data_dir else pathlib.Path(),
+            database_pool_size=reader.integer("ARKVORY_DATABASE_POOL_SIZE", 1, 200, 10),
+            keys_file=reader.existing_file("ARKVORY_KEYS_FILE"),
+            host=reader.text("ARKVORY_HOST", "127.0.0.1"),
+            port=reader.integer("ARKVORY_PORT", 1, 65535, 8080),
+            tls_cert_file=reader.existing_file("ARKVORY_TLS_CERT_FILE"),
+            tls_key_file=reader.existing_file("ARKVORY_TLS_KEY_FILE"),
+            shared=_shared_downloads(reader, role),
+            download_bytes_per_second=reader.integer(
+                "ARKVORY_DOWNLOAD_BYTES_PER_SECOND", 0, MAX_RATE, 0
+            ),
+            download_bytes_per_second_per_principal=reader.integer(
+                "ARKVORY_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL", 0, MAX_RATE, 0
+            ),
+            max_downloads=max_downloads,
+            max_downloads_per_principal=reader.integer(
+                "ARKVORY_MAX_DOWNLOADS_PER_PRINCIPAL",
+                1,
+                max_downloads or 256,
+                min(4, max_downloads or 4),
+            ),
+            download_queue_size=reader.integer("ARKVORY_DOWNLOAD_QUEUE_SIZE", 1, 1024, 64),
+            download_queue_timeout_ms=reader.integer(
+                "ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS", 1, 120_000, 20_000
+            ),
+            max_uploads=reader.integer("ARKVORY_MAX_UPLOADS", 1, 32, 2),
+            task_retention_s=reader.duration("ARKVORY_TASK_RETENTION", "7d"),
+            idempotency_retention_s=reader.duration("ARKVORY_IDEMPOTENCY_RETENTION", "24h"),
+            allow_signup=reader.boolean("ARKVORY_ALLOW_SIGNUP", False),
+            public_metrics=reader.boolean("ARKVORY_PUBLIC_METRICS", False),
+            log_format=reader.choice("ARKVORY_LOG_FORMAT", ("json", "text"), "text"),
+            log_level=reader.choice("ARKVORY_LOG_LEVEL", _LOG_LEVELS, "info", fold_case=True),
+            drain_timeout_s=reader.integer("ARKVORY_DRAIN_TIMEOUT_SECONDS", 0, 600, 30),
+        )
+        cert, key = values["tls_cert_file"], values["tls_key_file"]
+        tls_failed = {"ARKVORY_TLS_CERT_FILE", "ARKVORY_TLS_KEY_FILE"} & reader.failed
+        if (cert is None) != (key is None) and not tls_failed:
+            reader.problem(
+                "ARKVORY_TLS_KEY_FILE" if key is None else "ARKVORY_TLS_CERT_FILE",
+                "expected ARKVORY_TLS_CERT_FILE and ARKVORY_TLS_KEY_FILE to be set together",
+            )
+        if reader.problems:
+            raise SettingsError(reader.problems)
+        return cls(**values)
+
+
+def _shared_downloads(reader: _Reader, role: str) -> SharedDownloads | None:
+    """Apply the cross-rules of SPEC §2 'Shared-download rules' in one place."""
+    given = [name for name in _SHARED_VARIABLES if reader._raw(name) is not None]
+    if not given:
+        if role == "reader":
+            reader.problem(
+                "ARKVORY_GATEWAY_SLOTS",
+                "a gateway (ARKVORY_ROLE=reader) requires the shared-download configuration: "
+                "ARKVORY_GATEWAY_SLOTS, ARKVORY_GATEWAY_SLOT and "
+                "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND",
+                show_value=False,
+            )
+        return None
+    for name in _SHARED_VARIABLES[:3]:
+        if reader._raw(name) is None:
+            reader.problem(
+                name,
+                f"expected to be set because {', '.join(given)} is set "
+                "(slot, slots and total rate go together)",
+                show_value=False,
+            )
+    slots = reader.integer("ARKVORY_GATEWAY_SLOTS", 2, 16, None)
+    slot = None
+    if slots is not None:
+        low, high = (0, 0) if role == "api" else (1, slots - 1)
+        who = "the writer (ARKVORY_ROLE=api) is slot 0" if role == "api" else (
+            f"a gateway uses slot 1..{slots - 1}"
+        )
+        slot = reader.integer("ARKVORY_GATEWAY_SLOT", low, high, None, why=who)
+    total = per_principal = None
+    if slots is not None:
+        floor = MIN_SHARE_PER_SLOT * slots
+        why = f"at least 65536 x ARKVORY_GATEWAY_SLOTS ({slots}) and at most 2^40"
+        total = reader.integer(
+            "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND", floor, MAX_RATE, None, why=why
+        )
+        per_principal = reader.integer(
+            "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL",
+            floor,
+            MAX_RATE,
+            0,
+            why="0 (unlimited) or " + why,
+            allow_zero=True,
+        )
+    if None in (slots, slot, total, per_principal):
+        return None
+    return SharedDownloads(slots, slot, total, per_principal)
+
+
+class _Reader:
+    """Reads typed variables and records a `VAR: expected ..., got '...'` line per problem."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        self.problems: list[str] = []
+        self.failed: set[str] = set()
+
+    def problem(self, name: str, expected: str, *, show_value: bool = True) -> None:
+        self.failed.add(name)
+        line = f"{name}: {expected}"
+        if show_value:
+            value = self.environ.get(name, "")
+            if name == "ARKVORY_DATABASE_URL":
+                value = mask_url(value)
+            line += f", got {value!r}"
+        self.problems.append(line)
+
+    def _raw(self, name: str) -> str | None:
+        value = self.environ.get(name)
+        return None if value is None or value.strip() == "" else value.strip()
+
+    def text(self, name: str, default: str) -> str:
+        return self._raw(name) or default
+
+    def required(self, name: str) -> str | None:
+        value = self._raw(name)
+        if value is None:
+            self.problem(name, "required, expected a non-empty value")
+        return value
+
+    def database_url(self, name: str) -> str:
+        value = self.required(name)
+        if value is None:
+            return ""
+        try:
+            parsed = urllib.parse.urlsplit(value)
+            valid = parsed.scheme in ("postgres", "postgresql") and bool(
+                parsed.hostname or parsed.query
+            )
+        except ValueError:
+            valid = False
+        if not valid:
+            self.problem(name, "expected a PostgreSQL URL like postgresql://user@host:5432/db")
+        return value
+
+    def choice(
+        self, name: str, allowed: tuple[str, ...], default: str, fold_case: bool = False
+    ) -> str:
+        value = self._raw(name)
+        if value is None:
+            return default
+        candidate = value.lower() if fold_case else value
+        if candidate not in allowed:
+            self.problem(name, f"expected one of {', '.join(allowed)}")
+            return default
+        return candidate
+
+    def integer(
+        self,
+        name: str,
+        low: int,
+        high: int,
+        default: int | None,
+        *,
+        why: str | None = None,
+        allow_zero: bool = False,
+    ) -> int | None:
+        value = self._raw(name)
+        if value is None:
+            return default
+        expected = f"expected an integer in {low}..{high}" + (f" ({why})" if why else "")
+        if why and allow_zero:
+            expected = f"expected {why}"
+        if not re.fullmatch(r"[0-9]{1,30}", value):
+            self.problem(name, expected)
+            return default
+        number = int(value)
+        if allow_zero and number == 0:
+            return 0
+        if not low <= number <= high:
+            self.problem(name, expected)
+            return default
+        return number
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self._raw(name)
+        if value is None:
+            return default
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        self.problem(name, "expected true or false")
+        return default
+
+    def duration(self, name: str, default: str) -> int:
+        value = self._raw(name) or default
+        match = _DURATION.match(value)
+        if match is None:
+            self.problem(name, "expected a duration such as 7d, 24h, 90m or 30s")
+            match = _DURATION.match(default)
+        assert match is not None
+        return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+    def existing_file(self, name: str) -> pathlib.Path | None:
+        value = self._raw(name)
+        if value is None:
+            return None
+        path = pathlib.Path(value)
+        if not path.is_file():
+            self.problem(name, "expected a path to an existing readable file")
+            return None
+        return path
+
+
+def _lowest(share: int | None, local_limit: int) -> int | None:
+    if local_limit and share:
+        return min(share, local_limit)
+    return share or local_limit or None
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by '***', for logs and messages."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable>"
+    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query, flags=re.IGNORECASE)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def format_problems(error: SettingsError) -> str:
+    return "\n".join(f"arkvory: invalid setting {line}" for line in error.problems)
+

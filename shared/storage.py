@@ -1,0 +1,106 @@
+"""The storage directory: its identity (SPEC §3) and the content-addressed blob layout.
+
+The writer creates the layout and the storage id on first start; a gateway only verifies them
+and never creates anything, so a gateway pointed at the wrong directory stops instead of
+serving an empty store.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import uuid
+
+import asyncpg
+
+from .errors import StartupRefused
+
+ID_FILE = "arkvory-storage-id"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class Storage:
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.blobs = root / "blobs" / "sha256"
+        self.tmp = root / "tmp"
+
+    def blob_path(self, sha256: str) -> pathlib.Path:
+        if not _SHA256.match(sha256):
+            raise ValueError(f"not a SHA-256 hex digest: {sha256!r}")
+        return self.blobs / sha256[:2] / sha256[2:4] / sha256
+
+    def read_id_file(self) -> str | None:
+        try:
+            return (self.root / ID_FILE).read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    def create_layout(self, storage_id: str) -> None:
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        if self.read_id_file() is None:
+            # Write then rename, so a crash never leaves an empty id file behind.
+            partial = self.root / f".{ID_FILE}.{os.getpid()}"
+            partial.write_text(storage_id + "\n")
+            os.replace(partial, self.root / ID_FILE)
+
+
+async def _database_storage_id(conn: asyncpg.Connection) -> str | None:
+    value = await conn.fetchval("SELECT storage_id FROM arkvory_storage", timeout=10)
+    return None if value is None else str(value)
+
+
+async def prepare_storage(conn: asyncpg.Connection, root: pathlib.Path) -> Storage:
+    """Writer: create the layout and id on first start, otherwise insist that they match."""
+    storage = Storage(root)
+    recorded = await _database_storage_id(conn)
+    on_disk = storage.read_id_file() if root.is_dir() else None
+    if recorded is None and on_disk is None:
+        storage_id = str(uuid.uuid4())
+        root.mkdir(parents=True, exist_ok=True)
+        storage.create_layout(storage_id)
+        await conn.execute("INSERT INTO arkvory_storage (storage_id) VALUES ($1)", uuid.UUID(storage_id))
+        return storage
+    _require_match(root, recorded, on_disk)
+    storage.create_layout(on_disk)  # re-creates missing sub-directories only
+    return storage
+
+
+async def verify_storage(conn: asyncpg.Connection, root: pathlib.Path) -> Storage:
+    """Gateway: the directory, its id file and the database's id must all exist and agree."""
+    if not root.is_dir():
+        raise StartupRefused(
+            f"storage directory {root} (ARKVORY_DATA_DIR) does not exist; "
+            "a gateway never creates storage: start the writer first or fix the path"
+        )
+    storage = Storage(root)
+    recorded = await _database_storage_id(conn)
+    if recorded is None:
+        raise StartupRefused(
+            "the database has no storage id yet; a gateway never creates storage: "
+            "start the writer first"
+        )
+    _require_match(root, recorded, storage.read_id_file())
+    if not storage.blobs.is_dir():
+        raise StartupRefused(f"storage directory {root} lacks {storage.blobs}")
+    return storage
+
+
+def _require_match(root: pathlib.Path, recorded: str | None, on_disk: str | None) -> None:
+    if on_disk is None:
+        raise StartupRefused(
+            f"storage directory {root} (ARKVORY_DATA_DIR) has no {ID_FILE} file, but the "
+            f"database expects storage id {recorded}: wrong directory or missing storage"
+        )
+    if recorded is None:
+        raise StartupRefused(
+            f"storage directory {root} has storage id {on_disk}, but the database has none: "
+            "this directory belongs to another database"
+        )
+    if recorded != on_disk:
+        raise StartupRefused(
+            f"storage id mismatch: directory {root} has {on_disk}, the database expects "
+            f"{recorded}: this directory belongs to another installation"
+        )

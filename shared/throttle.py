@@ -1,0 +1,504 @@
+"""Payload token buckets (SPEC §4): every chunk of a download passes the process bucket and its
+principal's bucket; principals that have to wait are served round-robin by one dispatcher.
+
+Bucket state is kept in integer byte-nanoseconds, so the guarantee "bytes granted in any interval
+≤ rate × elapsed + burst" holds exactly, without floating-point slack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("arkvory.throttle")
+
+QUANTUM_BYTES = 64 * 1024  # the most one grant hands out
+MAX_BURST_BYTES = 1024 * 1024
+
+_NS = 1_000_000_000
+_SWEEP_EVERY_NS = _NS  # how often idle principal buckets are looked for and dropped
+
+# Where a principal with waiters sits in the scheduler.
+_IDLE, _RING, _HEAP = 0, 1, 2
+
+
+def burst_for(rate: int) -> int:
+    """Bucket size for `rate` bytes/s: a tenth of a second of traffic, at most 1 MiB."""
+    _check_rate("rate", rate)
+    return max(1, min(rate // 10, MAX_BURST_BYTES))
+
+
+def _check_rate(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number of bytes per second ≥ 1, got {value!r}")
+
+
+def _ns(seconds: float) -> int:
+    # Rounding (not truncation) keeps a clock that counts whole nanoseconds exact; both are
+    # monotonic, which is all the bucket arithmetic needs.
+    return int(seconds * 1e9 + 0.5)
+
+
+class TokenBucket:
+    """`rate` bytes/s up to `burst` bytes; starts full. Time comes from the injected `clock`.
+
+    Tokens handed to a waiter that has not resumed yet are *reserved* rather than taken: they are
+    subtracted only when the waiter really sends (commit) and come back untouched when it was
+    cancelled in between (release), so a disconnecting client neither loses nor creates tokens.
+    """
+
+    __slots__ = ("_rate", "_burst", "_clock", "_cap", "_credit", "_reserved", "_stamp")
+
+    def __init__(self, rate: int, burst: int, clock: Callable[[], float]) -> None:
+        _check_rate("rate", rate)
+        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+            raise ValueError(f"burst must be a whole number of bytes ≥ 1, got {burst!r}")
+        self._rate = rate
+        self._burst = burst
+        self._clock = clock
+        self._cap = burst * _NS
+        self._credit = self._cap  # byte-nanoseconds
+        self._reserved = 0  # byte-nanoseconds promised to waiters that have not resumed yet
+        self._stamp = _ns(clock())
+
+    @property
+    def rate(self) -> int:
+        return self._rate
+
+    @property
+    def burst(self) -> int:
+        return self._burst
+
+    def available(self) -> int:
+        """Whole bytes that could be taken now."""
+        self._refill(_ns(self._clock()))
+        return (self._credit - self._reserved) // _NS
+
+    def try_take(self, size: int) -> bool:
+        """Take `size` bytes if they are there now; never waits."""
+        self._check_size(size)
+        self._refill(_ns(self._clock()))
+        if not self._can(size):
+            return False
+        self._credit -= size * _NS
+        return True
+
+    def delay(self, size: int) -> float:
+        """Seconds until `size` bytes will be there (0.0 if they are now)."""
+        self._check_size(size)
+        self._refill(_ns(self._clock()))
+        return self._ready_in(size) / _NS
+
+    def _check_size(self, size: int) -> None:
+        if not 1 <= size <= self._burst:
+            raise ValueError(f"size must be between 1 and the burst ({self._burst}), got {size!r}")
+
+    # The scheduler calls the methods below with one clock reading per decision.
+
+    def _refill(self, now: int) -> None:
+        elapsed = now - self._stamp
+        if elapsed > 0:
+            credit = self._credit + elapsed * self._rate
+            self._credit = credit if credit < self._cap else self._cap
+            self._stamp = now
+
+    def _can(self, size: int) -> bool:
+        return self._credit - self._reserved >= size * _NS
+
+    def _ready_in(self, size: int) -> int:
+        """Nanoseconds until `size` bytes are available; 0 if they are now."""
+        deficit = size * _NS - (self._credit - self._reserved)
+        return -(-deficit // self._rate) if deficit > 0 else 0
+
+    def _take(self, size: int) -> None:
+        self._credit -= size * _NS
+
+    def _reserve(self, size: int) -> None:
+        self._reserved += size * _NS
+
+    def _commit(self, size: int, now: int) -> None:
+        # Refill up to the instant of the take first; taking from a stale credit could hand out
+        # refill that the cap would have thrown away.
+        self._refill(now)
+        self._credit -= size * _NS
+        self._reserved -= size * _NS
+
+    def _release(self, size: int) -> None:
+        self._reserved -= size * _NS
+
+    def _is_full(self, now: int) -> bool:
+        self._refill(now)
+        return self._credit == self._cap and not self._reserved
+
+
+class _Waiter:
+    __slots__ = ("future", "size")
+
+    def __init__(self, future: asyncio.Future[int], size: int) -> None:
+        self.future = future
+        self.size = size
+
+
+class _Principal:
+    __slots__ = ("bucket", "waiters", "queued")
+
+    def __init__(self, bucket: TokenBucket | None) -> None:
+        self.bucket = bucket
+        self.waiters: deque[_Waiter] = deque()
+        self.queued = _IDLE
+
+
+class BandwidthScheduler:
+    """Hands out payload bytes under a process rate and a per-principal rate (`None` = unlimited).
+
+    A caller that finds nobody queued ahead of it for the tokens it needs takes them without
+    yielding. Everyone else waits in their principal's FIFO. Principals whose own bucket is short
+    wait in a heap keyed by the instant it will hold enough; principals whose own bucket is ready
+    wait in a ring for the process bucket and are served strictly round-robin, one grant per turn.
+    One dispatcher task (started when the first caller has to wait, gone when nobody waits) sleeps
+    exactly until the next grant is possible.
+    """
+
+    def __init__(
+        self,
+        process_rate: int | None,
+        per_principal_rate: int | None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
+        if process_rate is not None:
+            _check_rate("process_rate", process_rate)
+        if per_principal_rate is not None:
+            _check_rate("per_principal_rate", per_principal_rate)
+        self._clock = clock
+        self._sleep = sleep
+        self._process_rate = process_rate
+        self._per_principal_rate = per_principal_rate
+        self._per_principal_burst = burst_for(per_principal_rate) if per_principal_rate else None
+        self._process = (
+            TokenBucket(process_rate, burst_for(process_rate), clock) if process_rate else None
+        )
+        self._unlimited = process_rate is None and per_principal_rate is None
+        quantum = QUANTUM_BYTES
+        if self._process is not None:
+            quantum = min(quantum, self._process.burst)
+        if self._per_principal_burst is not None:
+            quantum = min(quantum, self._per_principal_burst)
+        self._quantum = quantum
+
+        self._principals: dict[str, _Principal] = {}
+        self._ring: deque[_Principal] = deque()  # own bucket ready, waiting for the process bucket
+        self._heap: list[tuple[int, int, _Principal]] = []  # (ready at ns, tie-breaker, principal)
+        self._sequence = 0
+        self._waiting = 0
+        self._next_sweep = 0
+
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._sleeping_until: int | None = None  # the dispatcher's wake-up time while it sleeps
+        self._woken = False  # the dispatcher's sleep is being cut short on purpose
+        self._closed: BaseException | None = None
+
+        self._granted_bytes = 0
+        self._wait_ns = 0
+
+    # -- what health and metrics read ------------------------------------------------------
+
+    @property
+    def bytes_per_second(self) -> int | None:
+        return self._process_rate
+
+    @property
+    def per_principal_bytes_per_second(self) -> int | None:
+        return self._per_principal_rate
+
+    @property
+    def burst_bytes(self) -> int | None:
+        """Size of the process bucket; `None` when the process rate is unlimited."""
+        return self._process.burst if self._process is not None else None
+
+    @property
+    def quantum_bytes(self) -> int:
+        return self._quantum
+
+    @property
+    def granted_bytes(self) -> int:
+        return self._granted_bytes
+
+    @property
+    def wait_seconds(self) -> float:
+        """Total time callers spent waiting for tokens (including waits that ended in an error)."""
+        return self._wait_ns / _NS
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @property
+    def tracked_principals(self) -> int:
+        return len(self._principals)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    # -- granting --------------------------------------------------------------------------
+
+    async def grant(self, principal_id: str, want: int) -> int:
+        """Wait for and return n bytes, 1 ≤ n ≤ min(want, quantum), that passed both buckets."""
+        if self._closed is not None:
+            raise self._closed.with_traceback(None)
+        size = want if want < self._quantum else self._quantum
+        if size < 1:
+            raise ValueError(f"want must be at least 1 byte, got {want!r}")
+        if self._unlimited:
+            self._granted_bytes += size
+            return size
+
+        now = _ns(self._clock())
+        if now >= self._next_sweep:
+            self._sweep(now)
+        process = self._process
+        principal = None
+        if self._per_principal_rate is not None:
+            principal = self._principals.get(principal_id)
+            if principal is None:
+                bucket = TokenBucket(self._per_principal_rate, self._per_principal_burst, self._clock)
+                principal = self._principals[principal_id] = _Principal(bucket)
+
+        # Fast path: nobody is queued ahead of us for the tokens we need.
+        if (principal is None or not principal.waiters) and (process is None or not self._ring):
+            bucket = principal.bucket if principal is not None else None
+            if bucket is not None:
+                bucket._refill(now)
+                ready = bucket._can(size)
+            else:
+                ready = True
+            if ready and process is not None:
+                process._refill(now)
+                ready = process._can(size)
+            if ready:
+                if bucket is not None:
+                    bucket._take(size)
+                if process is not None:
+                    process._take(size)
+                self._granted_bytes += size
+                return size
+
+        if principal is None:
+            principal = self._principals.get(principal_id)
+            if principal is None:
+                principal = self._principals[principal_id] = _Principal(None)
+        return await self._wait(principal, size, now)
+
+    async def _wait(self, principal: _Principal, size: int, now: int) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(future, size)
+        principal.waiters.append(waiter)
+        self._waiting += 1
+        if principal.queued == _IDLE:
+            self._enqueue(principal, size, now)
+        try:
+            await future
+        except BaseException:
+            self._wait_ns += _ns(self._clock()) - now
+            if not future.done() or future.cancelled():
+                self._forget(principal, waiter)
+            elif future.exception() is None:
+                # Granted, then cancelled before we could send: the tokens go back.
+                self._release(principal, size)
+            raise
+        end = _ns(self._clock())
+        self._wait_ns += end - now
+        if self._closed is not None:
+            self._release(principal, size)
+            raise self._closed.with_traceback(None)
+        if self._process is not None:
+            self._process._commit(size, end)
+        if principal.bucket is not None:
+            principal.bucket._commit(size, end)
+        self._granted_bytes += size
+        return size
+
+    def _enqueue(self, principal: _Principal, size: int, now: int) -> None:
+        """Put a principal that just got its first waiter in the ring or the heap."""
+        process_idle = not self._ring
+        bucket = principal.bucket
+        own_wait = 0
+        if bucket is not None:
+            bucket._refill(now)
+            own_wait = bucket._ready_in(size)
+        if own_wait:
+            ready_at = now + own_wait
+            self._sequence += 1
+            heapq.heappush(self._heap, (ready_at, self._sequence, principal))
+            principal.queued = _HEAP
+        else:
+            self._ring.append(principal)
+            principal.queued = _RING
+            ready_at = now
+            if self._process is not None:
+                self._process._refill(now)
+                ready_at += self._process._ready_in(size)
+        # With others already waiting for the process bucket the dispatcher's wake-up is set by
+        # the head of the ring, which goes first; otherwise it may be asleep for a later instant.
+        self._wake_dispatcher(ready_at if process_idle else None)
+
+    def _wake_dispatcher(self, ready_at: int | None) -> None:
+        task = self._dispatcher
+        if task is None:
+            self._dispatcher = asyncio.get_running_loop().create_task(
+                self._dispatch(), name="arkvory-bandwidth-dispatcher"
+            )
+        elif (
+            ready_at is not None
+            and self._sleeping_until is not None
+            and ready_at < self._sleeping_until
+            and not self._woken
+        ):
+            # Cut the sleep short; `_dispatch` tells this apart from a real cancellation.
+            self._woken = True
+            task.cancel()
+
+    def _forget(self, principal: _Principal, waiter: _Waiter) -> None:
+        """A waiter left before it was served (cancelled): drop it, its tokens were never taken."""
+        try:
+            principal.waiters.remove(waiter)
+        except ValueError:
+            return  # the dispatcher or close() already dropped it
+        self._waiting -= 1
+        # An emptied principal stays in the ring or heap; the dispatcher drops it when it gets
+        # there, which is cheaper than searching for it now.
+
+    def _release(self, principal: _Principal, size: int) -> None:
+        if self._process is not None:
+            self._process._release(size)
+        if principal.bucket is not None:
+            principal.bucket._release(size)
+
+    def _sweep(self, now: int) -> None:
+        """Drop principals that wait for nothing and whose bucket is full: a new full bucket is
+        the same state, so nothing is lost and memory stays bounded by the active principals."""
+        self._next_sweep = now + _SWEEP_EVERY_NS
+        idle = [
+            principal_id
+            for principal_id, principal in self._principals.items()
+            if principal.queued == _IDLE
+            and not principal.waiters
+            and (principal.bucket is None or principal.bucket._is_full(now))
+        ]
+        for principal_id in idle:
+            del self._principals[principal_id]
+
+    # -- the dispatcher --------------------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            while True:
+                now = _ns(self._clock())
+                delay = self._serve(now)
+                if delay is None:
+                    return
+                delay = max(delay, 1)
+                self._sleeping_until = now + delay
+                try:
+                    await self._sleep(delay / _NS)
+                except asyncio.CancelledError:
+                    if not self._woken:
+                        raise
+                    self._woken = False
+                    if task.uncancel() > 0:
+                        raise  # a real cancellation arrived as well
+                finally:
+                    self._sleeping_until = None
+        except Exception as exc:
+            # A bug here would leave every waiter hanging; fail them loudly instead.
+            log.exception("bandwidth dispatcher failed")
+            self.close(RuntimeError(f"bandwidth dispatcher failed: {exc!r}"))
+        finally:
+            if self._dispatcher is task:
+                self._dispatcher = None
+
+    def _serve(self, now: int) -> int | None:
+        """Grant everything that can be granted at `now`; return nanoseconds until the next grant
+        may be possible, or None when nobody waits."""
+        ring, heap, process = self._ring, self._heap, self._process
+        while heap and heap[0][0] <= now:
+            principal = heapq.heappop(heap)[2]
+            if principal.waiters:
+                ring.append(principal)
+                principal.queued = _RING
+            else:
+                principal.queued = _IDLE
+        if process is not None:
+            process._refill(now)
+        while ring:
+            principal = ring[0]
+            waiters = principal.waiters
+            while waiters and waiters[0].future.done():  # cancelled; its task has not run yet
+                waiters.popleft()
+                self._waiting -= 1
+            if not waiters:
+                ring.popleft()
+                principal.queued = _IDLE
+                continue
+            waiter = waiters[0]
+            size = waiter.size
+            bucket = principal.bucket
+            if bucket is not None:
+                bucket._refill(now)
+                own_wait = bucket._ready_in(size)
+                if own_wait:
+                    ring.popleft()
+                    self._sequence += 1
+                    heapq.heappush(heap, (now + own_wait, self._sequence, principal))
+                    principal.queued = _HEAP
+                    continue
+            if process is not None:
+                process_wait = process._ready_in(size)
+                if process_wait:
+                    # Strict turn order for the shared bucket: nobody behind the head may
+                    # overtake it, so only the head's deficit and heap arrivals matter.
+                    if heap:
+                        return min(process_wait, heap[0][0] - now)
+                    return process_wait
+                process._reserve(size)
+            if bucket is not None:
+                bucket._reserve(size)
+            ring.popleft()
+            waiters.popleft()
+            self._waiting -= 1
+            waiter.future.set_result(size)
+            if waiters:
+                ring.append(principal)  # one grant per turn
+            else:
+                principal.queued = _IDLE
+        return heap[0][0] - now if heap else None
+
+    # -- lease lost --------------------------------------------------------------------------
+
+    def close(self, reason_exc: BaseException) -> None:
+        """Stop handing out bytes for good: current waiters and every later grant raise
+        `reason_exc`. Only the first reason counts."""
+        if not isinstance(reason_exc, BaseException):
+            raise TypeError(f"reason_exc must be an exception instance, got {reason_exc!r}")
+        if self._closed is not None:
+            return
+        self._closed = reason_exc
+        for principal in self._principals.values():
+            for waiter in principal.waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(reason_exc)
+            principal.waiters.clear()
+            principal.queued = _IDLE
+        self._ring.clear()
+        self._heap.clear()
+        self._waiting = 0
+        task, self._dispatcher = self._dispatcher, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()

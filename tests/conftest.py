@@ -1,0 +1,43 @@
+"""Fixtures: one real PostgreSQL server per test session, a fresh database per test, real
+`arkvory serve` processes (tests/harness.py) and a TCP proxy to cut them off the database."""
+
+from __future__ import annotations
+
+import pathlib
+import tempfile
+import uuid
+
+import pytest
+
+from shared.localpg import start_local_postgres
+
+from .harness import Cluster
+from .tcpproxy import TcpProxy
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    base = pathlib.Path(tempfile.mkdtemp(prefix="arkvory-test-pg-"))
+    server = start_local_postgres(base, fsync=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def database_url(postgres) -> str:
+    return postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
+
+
+@pytest.fixture
+def cluster(database_url, tmp_path):
+    group = Cluster(database_url, tmp_path)
+    yield group
+    group.close()
+
+
+@pytest.fixture
+def db_proxy(database_url):
+    proxy = TcpProxy.for_url(database_url)
+    proxy.start()
+    yield proxy
+    proxy.stop()

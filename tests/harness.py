@@ -1,0 +1,170 @@
+"""Real `arkvory serve` processes for the tests: free ports, own environments, signals."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+
+import httpx
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ADMIN_TOKEN = "arkvory_key_test_admin_token_0000000000000001"
+READER_TOKEN = "arkvory_key_test_reader_token_000000000000002"
+OTHER_TOKEN = "arkvory_key_test_other_token_0000000000000003"
+WRITER_SHARED = {"ARKVORY_ROLE": "api", "ARKVORY_GATEWAY_SLOT": "0"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def keys_file_text(keys: Mapping[str, tuple[str, list[str]]]) -> str:
+    """keys: token -> (id, scopes)."""
+    out = []
+    for token, (key_id, scopes) in keys.items():
+        quoted = ", ".join(f'"{s}"' for s in scopes)
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        out.append(f'[[key]]\nid = "{key_id}"\nsha256 = "{digest}"\nscopes = [{quoted}]\n')
+    return "\n".join(out)
+
+
+DEFAULT_KEYS = {
+    ADMIN_TOKEN: ("admin", ["admin"]),
+    READER_TOKEN: ("reader", ["read:*"]),
+    OTHER_TOKEN: ("other", ["write:other"]),
+}
+
+
+class ArkvoryProcess:
+    def __init__(self, name: str, env: dict[str, str], workdir: pathlib.Path) -> None:
+        self.name = name
+        self.env = env
+        self.port = int(env["ARKVORY_PORT"])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.stderr_path = workdir / f"{name}-{self.port}.stderr"
+        self._stderr = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shared.cli", "serve"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+        )
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def client(self, token: str | None = ADMIN_TOKEN, timeout: float = 10.0) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def status(self) -> tuple[int, str] | None:
+        try:
+            answer = httpx.get(f"{self.url}/health/status", timeout=2)
+        except httpx.HTTPError:
+            return None
+        return answer.status_code, answer.json().get("status")
+
+    def wait_ready(self, timeout: float = 30.0) -> ArkvoryProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited {self.proc.returncode} before ready:\n{self.stderr}"
+                )
+            if self.status() == (200, "ready"):
+                return self
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name} not ready after {timeout} s:\n{self.stderr}")
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout} s:\n{self.stderr}") from None
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        self.kill()
+        self._stderr.close()
+
+
+class Cluster:
+    """Starts processes against one database and one storage directory."""
+
+    def __init__(self, database_url: str, workdir: pathlib.Path, keys=DEFAULT_KEYS) -> None:
+        self.database_url = database_url
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.keys_file = workdir / "keys.toml"
+        self.keys_file.write_text(keys_file_text(keys))
+        self.processes: list[ArkvoryProcess] = []
+
+    def base_env(self, **overrides: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ARKVORY_")}
+        env.update(
+            ARKVORY_DATABASE_URL=self.database_url,
+            ARKVORY_DATA_DIR=str(self.data_dir),
+            ARKVORY_KEYS_FILE=str(self.keys_file),
+            ARKVORY_HOST="127.0.0.1",
+            ARKVORY_PORT=str(free_port()),
+            ARKVORY_DATABASE_POOL_SIZE="4",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(overrides)
+        return {k: v for k, v in env.items() if v is not None}
+
+    def shared_env(self, slots: int = 3, total: int = 64 * 1024 * 1024, **extra: str) -> dict[str, str]:
+        return {
+            "ARKVORY_GATEWAY_SLOTS": str(slots),
+            "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND": str(total),
+            **extra,
+        }
+
+    def start(self, name: str = "arkvory", **env: str) -> ArkvoryProcess:
+        process = ArkvoryProcess(name, self.base_env(**env), self.workdir)
+        self.processes.append(process)
+        return process
+
+    def writer(self, shared: dict[str, str] | None = None, **env: str) -> ArkvoryProcess:
+        extra = {**WRITER_SHARED, **shared} if shared else {"ARKVORY_ROLE": "api"}
+        return self.start("writer", **extra, **env)
+
+    def gateway(self, slot: int, shared: dict[str, str], **env: str) -> ArkvoryProcess:
+        return self.start(
+            f"gateway{slot}", ARKVORY_ROLE="reader", ARKVORY_GATEWAY_SLOT=str(slot), **shared, **env
+        )
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.close()
+
+
+def run_arkvory(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run `arkvory ...` to completion (for commands that must refuse and exit)."""
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *(args or ("serve",))],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,144 @@
+"""Writer routes for artifacts: the small-file upload shortcut and metadata (SPEC §6).
+
+An upload streams into a temporary file inside the storage directory while its SHA-256 is
+computed, is renamed into the content-addressed store only once complete, and its metadata row
+is committed last: an interrupted body leaves neither an artifact nor a stray file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import uuid
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from shared.catalog import QUERY_TIMEOUT_S, parse_uuid, repository_for_read
+from shared.errors import Busy, InvalidInput, NotFound
+from shared.storage import Storage
+
+from .repositories import principal_of, repository_for_write, runtime_of
+
+MAX_NAME = 255
+DEFAULT_MEDIA_TYPE = "application/octet-stream"
+
+
+def artifact_json(row) -> dict:
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "sha256": row["sha256"],
+        "size": row["size"],
+        "mediaType": row["media_type"],
+        "createdAt": row["created_at"].isoformat(),
+    }
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+async def receive_into_store(request: Request, storage: Storage) -> tuple[str, int]:
+    """Stream the body to a temp file, then rename it to its digest; returns (sha256, size)."""
+    digest = hashlib.sha256()
+    size = 0
+    partial = storage.tmp / f"upload-{uuid.uuid4().hex}"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            async for chunk in request.stream():
+                if chunk:
+                    digest.update(chunk)
+                    _write_all(fd, chunk)  # page-cache writes of request-sized chunks: no thread hop
+                    size += len(chunk)
+            await asyncio.to_thread(os.fsync, fd)
+        finally:
+            os.close(fd)
+        expected = request.headers.get("content-length")
+        if expected is not None and int(expected) != size:
+            raise InvalidInput("the body ended before Content-Length bytes arrived")
+        sha256 = digest.hexdigest()
+        final = storage.blob_path(sha256)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial, final)  # identical content may already be there: same bytes
+        return sha256, size
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+async def upload_artifact(request: Request) -> Response:
+    principal = principal_of(request)
+    repo = await repository_for_write(request, principal)
+    name = request.query_params.get("name", "")
+    if not name or len(name) > MAX_NAME or "/" in name or "\x00" in name:
+        raise InvalidInput("query parameter 'name' must be a file name of 1-255 characters without '/'")
+    media_type = request.query_params.get("mediaType") or DEFAULT_MEDIA_TYPE
+    limiter: asyncio.Semaphore = request.app.state.upload_slots
+    if limiter.locked():
+        raise Busy("too many uploads at once (ARKVORY_MAX_UPLOADS)", retry_after=5)
+    runtime = runtime_of(request)
+    assert runtime.storage is not None and runtime.pool is not None
+    async with limiter:
+        try:
+            sha256, size = await receive_into_store(request, runtime.storage)
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody is listening; nothing was kept
+        async with runtime.pool.acquire(timeout=QUERY_TIMEOUT_S) as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                sha256,
+                size,
+            )
+            row = await conn.fetchrow(
+                "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
+                " VALUES ($1, $2, $3, $4, $5, $6)"
+                " RETURNING id, name, sha256, size, media_type, created_at",
+                uuid.uuid4(),
+                repo.id,
+                name,
+                sha256,
+                size,
+                media_type,
+            )
+    return JSONResponse(artifact_json(row), status_code=201)
+
+
+_SELECT = "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_artifacts"
+
+
+async def show_artifact(request: Request) -> Response:
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    repo = await repository_for_read(runtime.pool, request.path_params["repo"], principal_of(request))
+    artifact_id = parse_uuid(request.path_params["artifact_id"], "artifact id")
+    row = await runtime.pool.fetchrow(
+        f"{_SELECT} WHERE repository_id = $1 AND id = $2", repo.id, artifact_id, timeout=QUERY_TIMEOUT_S
+    )
+    if row is None:
+        raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
+    return JSONResponse(artifact_json(row))
+
+
+async def list_artifacts(request: Request) -> Response:
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    repo = await repository_for_read(runtime.pool, request.path_params["repo"], principal_of(request))
+    rows = await runtime.pool.fetch(
+        f"{_SELECT} WHERE repository_id = $1 ORDER BY created_at, id LIMIT 1000",
+        repo.id,
+        timeout=QUERY_TIMEOUT_S,
+    )
+    return JSONResponse({"items": [artifact_json(r) for r in rows]})
+
+
+routes = [
+    Route("/api/v1/repositories/{repo}/artifacts", upload_artifact, methods=["POST"]),
+    Route("/api/v1/repositories/{repo}/artifacts", list_artifacts, methods=["GET"]),
+    Route("/api/v1/repositories/{repo}/artifacts/{artifact_id}", show_artifact, methods=["GET"]),
+]

@@ -1,0 +1,219 @@
+"""Writer routes for repositories, packages and assets (SPEC §6)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import asyncpg
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from shared.catalog import (
+    QUERY_TIMEOUT_S,
+    Repository,
+    check_repository_name,
+    parse_uuid,
+    repository_for_read,
+)
+from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from shared.identity import Principal, authenticate
+from shared.runtime import Runtime
+
+
+def runtime_of(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+def principal_of(request: Request) -> Principal:
+    return authenticate(runtime_of(request).keys, request.headers.get("authorization"))
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body() or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidInput("the body must be JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("the body must be a JSON object")
+    return body
+
+
+async def repository_for_write(request: Request, principal: Principal) -> Repository:
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    repo = await repository_for_read(runtime.pool, request.path_params["repo"], principal)
+    if not principal.may_write(repo.name):
+        raise Forbidden(f"no write permission on {repo.name!r}")
+    return repo
+
+
+def repository_json(repo: Repository | asyncpg.Record) -> dict[str, Any]:
+    if not isinstance(repo, Repository):
+        repo = Repository(**repo)
+    return {"id": str(repo.id), "name": repo.name, "public": repo.public}
+
+
+async def create_repository(request: Request) -> Response:
+    principal = principal_of(request)
+    body = await json_body(request)
+    name, public = body.get("name"), body.get("public", False)
+    if not isinstance(name, str):
+        raise InvalidInput("'name' is required")
+    check_repository_name(name)
+    if not isinstance(public, bool):
+        raise InvalidInput("'public' must be true or false")
+    if principal.is_anonymous:
+        raise Unauthorized("this request needs credentials")
+    if not principal.may_write(name):
+        raise Forbidden(f"no permission to create {name!r}")
+    pool = runtime_of(request).pool
+    assert pool is not None
+    try:
+        row = await pool.fetchrow(
+            "INSERT INTO arkvory_repositories (id, name, public) VALUES ($1, $2, $3)"
+            " RETURNING id, name, public",
+            uuid.uuid4(),
+            name,
+            public,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    except asyncpg.UniqueViolationError:
+        raise Conflict(f"repository {name!r} already exists") from None
+    return JSONResponse(repository_json(row), status_code=201)
+
+
+async def list_repositories(request: Request) -> Response:
+    principal = principal_of(request)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    rows = await pool.fetch(
+        "SELECT id, name, public FROM arkvory_repositories ORDER BY name", timeout=QUERY_TIMEOUT_S
+    )
+    visible = [repository_json(r) for r in rows if r["public"] or principal.may_read(r["name"])]
+    return JSONResponse({"items": visible})
+
+
+async def show_repository(request: Request) -> Response:
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    repo = await repository_for_read(runtime.pool, request.path_params["repo"], principal_of(request))
+    return JSONResponse(repository_json(repo))
+
+
+async def update_repository(request: Request) -> Response:
+    principal = principal_of(request)
+    repo = await repository_for_write(request, principal)
+    body = await json_body(request)
+    public = body.get("public")
+    if not isinstance(public, bool):
+        raise InvalidInput("'public' must be true or false")
+    pool = runtime_of(request).pool
+    assert pool is not None
+    await pool.execute(
+        "UPDATE arkvory_repositories SET public = $2 WHERE id = $1", repo.id, public,
+        timeout=QUERY_TIMEOUT_S,
+    )
+    return JSONResponse({**repository_json(repo), "public": public})
+
+
+async def delete_repository(request: Request) -> Response:
+    principal = principal_of(request)
+    repo = await repository_for_write(request, principal)
+    if not principal.is_admin:
+        raise Forbidden("deleting a repository needs the admin scope")
+    pool = runtime_of(request).pool
+    assert pool is not None
+    await pool.execute("DELETE FROM arkvory_repositories WHERE id = $1", repo.id, timeout=QUERY_TIMEOUT_S)
+    return Response(status_code=204)
+
+
+async def _artifact_in(pool: asyncpg.Pool, repo: Repository, value: Any) -> uuid.UUID:
+    if not isinstance(value, str):
+        raise InvalidInput("'artifactId' is required")
+    artifact_id = parse_uuid(value, "artifactId")
+    found = await pool.fetchval(
+        "SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
+        artifact_id,
+        repo.id,
+        timeout=QUERY_TIMEOUT_S,
+    )
+    if not found:
+        raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
+    return artifact_id
+
+
+def _text(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value or len(value) > 255:
+        raise InvalidInput(f"'{name}' must be a non-empty string of at most 255 characters")
+    return value
+
+
+async def register_package(request: Request) -> Response:
+    """A version is immutable once published: re-registering the same artifact is harmless."""
+    principal = principal_of(request)
+    repo = await repository_for_write(request, principal)
+    body = await json_body(request)
+    group, name, version = (_text(body, k) for k in ("group", "name", "version"))
+    pool = runtime_of(request).pool
+    assert pool is not None
+    artifact_id = await _artifact_in(pool, repo, body.get("artifactId"))
+    row = await pool.fetchrow(
+        "INSERT INTO arkvory_packages (repository_id, group_name, name, version, artifact_id)"
+        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING artifact_id",
+        repo.id, group, name, version, artifact_id,
+        timeout=QUERY_TIMEOUT_S,
+    )
+    status = 201
+    if row is None:
+        existing = await pool.fetchval(
+            "SELECT artifact_id FROM arkvory_packages WHERE repository_id = $1"
+            " AND group_name = $2 AND name = $3 AND version = $4",
+            repo.id, group, name, version,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        if existing != artifact_id:
+            raise Conflict(f"{group}/{name}/{version} is already published with another artifact")
+        status = 200
+    return JSONResponse(
+        {"group": group, "name": name, "version": version, "artifactId": str(artifact_id)},
+        status_code=status,
+    )
+
+
+async def point_asset(request: Request) -> Response:
+    principal = principal_of(request)
+    repo = await repository_for_write(request, principal)
+    path = request.query_params.get("path")
+    if not path or len(path) > 1024:
+        raise InvalidInput("query parameter 'path' is required (at most 1024 characters)")
+    body = await json_body(request)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    artifact_id = await _artifact_in(pool, repo, body.get("artifactId"))
+    async with pool.acquire(timeout=QUERY_TIMEOUT_S) as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO arkvory_assets (repository_id, path, artifact_id) VALUES ($1, $2, $3)"
+            " ON CONFLICT (repository_id, path) DO UPDATE"
+            " SET artifact_id = excluded.artifact_id, updated_at = now()",
+            repo.id, path, artifact_id,
+        )
+        await conn.execute(
+            "INSERT INTO arkvory_asset_history (repository_id, path, artifact_id) VALUES ($1, $2, $3)",
+            repo.id, path, artifact_id,
+        )
+    return JSONResponse({"path": path, "artifactId": str(artifact_id)})
+
+
+routes = [
+    Route("/api/v1/repositories", create_repository, methods=["POST"]),
+    Route("/api/v1/repositories", list_repositories, methods=["GET"]),
+    Route("/api/v1/repositories/{repo}", show_repository, methods=["GET"]),
+    Route("/api/v1/repositories/{repo}", update_repository, methods=["PATCH"]),
+    Route("/api/v1/repositories/{repo}", delete_repository, methods=["DELETE"]),
+    Route("/api/v1/repositories/{repo}/packages", register_package, methods=["PUT", "POST"]),
+    Route("/api/v1/repositories/{repo}/assets", point_asset, methods=["PUT"]),
+]
