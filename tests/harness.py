@@ -76,16 +76,23 @@ class ArkvoryProcess:
         return answer.status_code, answer.json().get("status")
 
     def wait_ready(self, timeout: float = 30.0) -> ArkvoryProcess:
+        return self._wait_for(lambda status: status == (200, "ready"), "ready", timeout)
+
+    def wait_listening(self, timeout: float = 30.0) -> ArkvoryProcess:
+        """Until the HTTP port answers, whatever the status says."""
+        return self._wait_for(lambda status: status is not None, "listening", timeout)
+
+    def _wait_for(self, condition, what: str, timeout: float) -> ArkvoryProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(
-                    f"{self.name} exited {self.proc.returncode} before ready:\n{self.stderr}"
+                    f"{self.name} exited {self.proc.returncode} before {what}:\n{self.stderr}"
                 )
-            if self.status() == (200, "ready"):
+            if condition(self.status()):
                 return self
             time.sleep(0.1)
-        raise AssertionError(f"{self.name} not ready after {timeout} s:\n{self.stderr}")
+        raise AssertionError(f"{self.name} not {what} after {timeout} s:\n{self.stderr}")
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         try:

@@ -1,0 +1,164 @@
+"""Start-up refusals with real processes: download policy, storage identity, one writer, schema."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import asyncpg
+import pytest
+
+from .harness import WRITER_SHARED, run_arkvory
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def fetch(database_url: str, query: str, *args):
+    async def run():
+        conn = await asyncpg.connect(database_url)
+        try:
+            return await conn.fetch(query, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def refuse(cluster, **env) -> tuple[int, str]:
+    result = run_arkvory(cluster.base_env(**env))
+    return result.returncode, result.stderr
+
+
+def test_writer_saves_policy_and_gateway_starts_with_matching_numbers(cluster):
+    shared = cluster.shared_env(slots=3, total=3 * 1_000_000)
+    writer = cluster.writer(shared).wait_ready()
+    gateway = cluster.gateway(1, shared).wait_ready()
+    rows = fetch(cluster.database_url, "SELECT slots, total_bytes_per_second FROM arkvory_download_policy")
+    assert [tuple(r) for r in rows] == [(3, 3_000_000)]
+    with gateway.client() as client:
+        ready = client.get("/health/ready").json()
+    assert ready["sharedDownloads"]["slot"] == 1 and ready["sharedDownloads"]["slots"] == 3
+    assert ready["transfers"]["downloads"]["bandwidth"]["bytesPerSecond"] == 1_000_000
+    assert writer.proc.poll() is None
+
+
+def test_gateway_before_any_policy_refuses(cluster):
+    cluster.writer().wait_ready()  # standalone writer: schema and storage exist, no policy
+    status, stderr = refuse(
+        cluster, ARKVORY_ROLE="reader", ARKVORY_GATEWAY_SLOT="1", **cluster.shared_env()
+    )
+    assert status == 78
+    assert "no download policy" in stderr
+
+
+def test_gateway_before_writer_ever_ran_refuses_and_creates_nothing(cluster):
+    status, stderr = refuse(
+        cluster, ARKVORY_ROLE="reader", ARKVORY_GATEWAY_SLOT="1", **cluster.shared_env()
+    )
+    assert status == 78
+    assert "start the writer first" in stderr
+    assert not cluster.data_dir.exists()
+
+
+def test_gateway_with_other_numbers_refuses(cluster):
+    cluster.writer(cluster.shared_env(slots=3, total=3_000_000)).wait_ready()
+    status, stderr = refuse(
+        cluster,
+        ARKVORY_ROLE="reader",
+        ARKVORY_GATEWAY_SLOT="1",
+        **cluster.shared_env(slots=3, total=6_000_000),
+    )
+    assert status == 78
+    assert "requires the shared download configuration" in stderr
+    assert "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND=3000000" in stderr
+
+
+def test_standalone_writer_after_policy_refuses(cluster):
+    writer = cluster.writer(cluster.shared_env()).wait_ready()
+    writer.kill()
+    status, stderr = refuse(cluster, ARKVORY_ROLE="api")
+    assert status == 78
+    assert "the database requires the shared download configuration" in stderr
+
+
+def test_writer_with_other_numbers_refuses(cluster):
+    writer = cluster.writer(cluster.shared_env(slots=3, total=3_000_000)).wait_ready()
+    writer.kill()
+    status, stderr = refuse(cluster, **WRITER_SHARED, **cluster.shared_env(slots=4, total=4_000_000))
+    assert status == 78
+    assert "the database requires the shared download configuration" in stderr
+    assert "ARKVORY_GATEWAY_SLOTS=3" in stderr and "ARKVORY_GATEWAY_SLOTS=4" in stderr
+
+
+def test_gateway_with_missing_storage_directory_refuses_and_creates_nothing(cluster, tmp_path):
+    shared = cluster.shared_env()
+    cluster.writer(shared).wait_ready()
+    elsewhere = tmp_path / "no-such-storage"
+    status, stderr = refuse(
+        cluster, ARKVORY_ROLE="reader", ARKVORY_GATEWAY_SLOT="1", ARKVORY_DATA_DIR=str(elsewhere), **shared
+    )
+    assert status == 78
+    assert "does not exist" in stderr and str(elsewhere) in stderr
+    assert not elsewhere.exists()
+
+
+def test_gateway_with_foreign_storage_refuses(cluster, tmp_path):
+    shared = cluster.shared_env()
+    cluster.writer(shared).wait_ready()
+    foreign = tmp_path / "foreign"
+    shutil.copytree(cluster.data_dir, foreign)
+    (foreign / "arkvory-storage-id").write_text("00000000-0000-0000-0000-000000000000\n")
+    status, stderr = refuse(
+        cluster, ARKVORY_ROLE="reader", ARKVORY_GATEWAY_SLOT="1", ARKVORY_DATA_DIR=str(foreign), **shared
+    )
+    assert status == 78
+    assert "storage id mismatch" in stderr
+    assert "00000000-0000-0000-0000-000000000000" in stderr
+
+
+def test_gateway_with_empty_directory_refuses_without_writing(cluster, tmp_path):
+    shared = cluster.shared_env()
+    cluster.writer(shared).wait_ready()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    status, stderr = refuse(
+        cluster, ARKVORY_ROLE="reader", ARKVORY_GATEWAY_SLOT="1", ARKVORY_DATA_DIR=str(empty), **shared
+    )
+    assert status == 78
+    assert "no arkvory-storage-id" in stderr
+    assert list(empty.iterdir()) == []
+
+
+def test_writer_refuses_storage_of_another_database(cluster, tmp_path):
+    writer = cluster.writer().wait_ready()
+    writer.kill()
+    (cluster.data_dir / "arkvory-storage-id").write_text("11111111-1111-1111-1111-111111111111\n")
+    status, stderr = refuse(cluster, ARKVORY_ROLE="api")
+    assert status == 78
+    assert "storage id mismatch" in stderr
+
+
+def test_second_writer_refuses(cluster):
+    cluster.writer().wait_ready()
+    status, stderr = refuse(cluster, ARKVORY_ROLE="api")
+    assert status == 78
+    assert "another Arkvory writer is already running" in stderr
+
+
+def test_migrations_are_idempotent_and_recorded(cluster):
+    writer = cluster.writer().wait_ready()
+    writer.kill()
+    cluster.writer().wait_ready()
+    versions = fetch(cluster.database_url, "SELECT version FROM arkvory_schema_version ORDER BY 1")
+    assert [r["version"] for r in versions] == [1, 2]
+
+
+def test_gateway_older_than_schema_reports_unavailable(cluster):
+    shared = cluster.shared_env()
+    cluster.writer(shared).wait_ready()
+    fetch(cluster.database_url, "INSERT INTO arkvory_schema_version (version, name) VALUES (999, 'future')")
+    gateway = cluster.gateway(1, shared).wait_listening()
+    assert gateway.status() == (503, "unavailable")
+    with gateway.client() as client:
+        assert client.get("/health/ready").status_code == 503
+    assert "newer than this gateway" in gateway.stderr
