@@ -69,7 +69,10 @@ class KeyRing:
             document = tomllib.loads(path.read_text())
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise KeysFileError(f"ARKVORY_KEYS_FILE: cannot read {path}: {exc}") from exc
-        return cls.from_entries(document.get("key", []), source=str(path))
+        entries = document.get("key", [])
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise KeysFileError(f"ARKVORY_KEYS_FILE: {path}: expected [[key]] tables")
+        return cls.from_entries(entries, source=str(path))
 
     @classmethod
     def from_entries(cls, entries: Iterable[dict], source: str = "keys") -> KeyRing:

@@ -345,6 +345,8 @@ def mask_url(url: str) -> str:
     except ValueError:
         return "<unparseable>"
     query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query, flags=re.IGNORECASE)
+    if parts.password is None and query == parts.query:
+        return url
     netloc = parts.netloc
     if parts.password is not None:
         netloc = netloc.replace(":" + parts.password + "@", ":***@", 1)
