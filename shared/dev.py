@@ -52,7 +52,7 @@ def _wait_ready(url: str, process: subprocess.Popen, limit_s: float = 40.0) -> N
 def run_dev_cluster(directory: str, *, gateways: int, base_port: int) -> int:
     state = pathlib.Path(directory).resolve()
     state.mkdir(parents=True, exist_ok=True)
-    database = start_local_postgres(state / "postgres", fsync=True)
+    database = start_local_postgres(state, fsync=True)
     processes: list[subprocess.Popen] = []
     try:
         token, keys_file = _admin_token(state)

@@ -374,15 +374,20 @@ def _server_major(install: _Install, user: pwd.struct_passwd | None) -> str:
     """Run `postgres -V` as the server's user: fails early and clearly if it cannot execute."""
     command = [str(install.bin_dir / "postgres"), "-V"]
     try:
-        out = subprocess.run(
+        result = subprocess.run(
             command, env=_server_env(install), cwd="/", capture_output=True, text=True,
-            timeout=30, check=True, **_user_ids(user),
-        ).stdout
+            timeout=30, **_user_ids(user),
+        )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise LocalPostgresError(f"{command[0]} does not run as {_user_name(user)}: {exc}") from exc
-    match = re.search(r"\(PostgreSQL\) (\d+)", out)
-    if match is None:
-        raise LocalPostgresError(f"{command[0]} -V: expected '(PostgreSQL) N', got {out!r}")
+        raise LocalPostgresError(
+            f"{command[0]} does not run as {_user_name(user)}: {exc}"
+        ) from exc
+    match = re.search(r"\(PostgreSQL\) (\d+)", result.stdout)
+    if result.returncode != 0 or match is None:
+        raise LocalPostgresError(
+            f"{command[0]} -V as {_user_name(user)}: expected '(PostgreSQL) N', got status"
+            f" {result.returncode}:\n{_tail(result.stdout + result.stderr)}"
+        )
     return match.group(1)
 
 
@@ -390,7 +395,9 @@ def _user_name(user: pwd.struct_passwd | None) -> str:
     return pwd.getpwuid(os.geteuid()).pw_name if user is None else user.pw_name
 
 
-def _initdb(install, data_dir, user, *, fsync: bool) -> None:
+def _initdb(
+    install: _Install, data_dir: pathlib.Path, user: pwd.struct_passwd | None, *, fsync: bool
+) -> None:
     if (data_dir / "PG_VERSION").exists():
         return
     # initdb into a side directory and rename: a crash mid-initdb must not leave a data
@@ -409,9 +416,8 @@ def _initdb(install, data_dir, user, *, fsync: bool) -> None:
         timeout=300, **_user_ids(user),
     )
     if result.returncode != 0:
-        raise LocalPostgresError(
-            f"initdb failed with status {result.returncode}:\n{_tail(result.stdout + result.stderr)}"
-        )
+        output = _tail(result.stdout + result.stderr)
+        raise LocalPostgresError(f"initdb failed with status {result.returncode}:\n{output}")
     staging.rename(data_dir)
 
 
@@ -420,7 +426,7 @@ def _check_cluster_version(data_dir: pathlib.Path, major: str, install: _Install
     if cluster != major:
         raise LocalPostgresError(
             f"{data_dir}: the cluster is PostgreSQL {cluster} but the {install.source} server is"
-            f" {major}; remove the directory (its data is lost) or install PostgreSQL {cluster}"
+            f" {major}; remove the directory to start afresh (its data is lost)"
         )
 
 
@@ -517,7 +523,16 @@ class _Postmaster:
         self._lock = threading.Lock()
 
     @classmethod
-    def start(cls, install, data_dir, home, user, port: int, *, fsync: bool) -> _Postmaster:
+    def start(
+        cls,
+        install: _Install,
+        data_dir: pathlib.Path,
+        home: pathlib.Path,
+        user: pwd.struct_passwd | None,
+        port: int,
+        *,
+        fsync: bool,
+    ) -> _Postmaster:
         options = dict(_SERVER_OPTIONS, **(_NO_DURABILITY if not fsync else {}))
         # Without a short enough path, no Unix socket at all: clients use 127.0.0.1 anyway.
         run_dir = _make_dir(home / "run", owner=user)
@@ -560,7 +575,8 @@ class _Postmaster:
             lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
         except OSError:
             return False
-        return len(lines) >= 8 and lines[0] == str(self.process.pid) and lines[7].strip() == "ready"
+        ours = len(lines) >= 8 and lines[0] == str(self.process.pid)
+        return ours and lines[7].strip() == "ready"
 
     def stop(self) -> None:
         with self._lock:

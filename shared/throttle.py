@@ -1,8 +1,8 @@
 """Payload token buckets (SPEC §4): every chunk of a download passes the process bucket and its
 principal's bucket; principals that have to wait are served round-robin by one dispatcher.
 
-Bucket state is kept in integer byte-nanoseconds, so the guarantee "bytes granted in any interval
-≤ rate × elapsed + burst" holds exactly, without floating-point slack.
+Bucket state is kept in integer byte-nanoseconds, so the guarantee "bytes granted (taken from a
+bucket) in any interval ≤ rate × elapsed + burst" holds exactly, without floating-point slack.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ MAX_BURST_BYTES = 1024 * 1024
 
 _NS = 1_000_000_000
 _SWEEP_EVERY_NS = _NS  # how often idle principal buckets are looked for and dropped
+# The dispatcher never sleeps less than this: event loops keep timers in milliseconds (uvloop
+# rounds 0.3 ms down to 0, which would make a dispatcher waiting for 0.3 ms of refill spin).
+# A longer sleep loses nothing: the next wake-up grants everything refilled meanwhile.
+_MIN_SLEEP_NS = 1_000_000
 
 # Where a principal with waiters sits in the scheduler.
 _IDLE, _RING, _HEAP = 0, 1, 2
@@ -44,14 +48,9 @@ def _ns(seconds: float) -> int:
 
 
 class TokenBucket:
-    """`rate` bytes/s up to `burst` bytes; starts full. Time comes from the injected `clock`.
+    """`rate` bytes/s up to `burst` bytes; starts full. Time comes from the injected `clock`."""
 
-    Tokens handed to a waiter that has not resumed yet are *reserved* rather than taken: they are
-    subtracted only when the waiter really sends (commit) and come back untouched when it was
-    cancelled in between (release), so a disconnecting client neither loses nor creates tokens.
-    """
-
-    __slots__ = ("_rate", "_burst", "_clock", "_cap", "_credit", "_reserved", "_stamp")
+    __slots__ = ("_rate", "_burst", "_clock", "_cap", "_credit", "_stamp")
 
     def __init__(self, rate: int, burst: int, clock: Callable[[], float]) -> None:
         _check_rate("rate", rate)
@@ -62,7 +61,6 @@ class TokenBucket:
         self._clock = clock
         self._cap = burst * _NS
         self._credit = self._cap  # byte-nanoseconds
-        self._reserved = 0  # byte-nanoseconds promised to waiters that have not resumed yet
         self._stamp = _ns(clock())
 
     @property
@@ -76,7 +74,7 @@ class TokenBucket:
     def available(self) -> int:
         """Whole bytes that could be taken now."""
         self._refill(_ns(self._clock()))
-        return (self._credit - self._reserved) // _NS
+        return self._credit // _NS
 
     def try_take(self, size: int) -> bool:
         """Take `size` bytes if they are there now; never waits."""
@@ -84,7 +82,7 @@ class TokenBucket:
         self._refill(_ns(self._clock()))
         if not self._can(size):
             return False
-        self._credit -= size * _NS
+        self._take(size)
         return True
 
     def delay(self, size: int) -> float:
@@ -97,7 +95,9 @@ class TokenBucket:
         if not 1 <= size <= self._burst:
             raise ValueError(f"size must be between 1 and the burst ({self._burst}), got {size!r}")
 
-    # The scheduler calls the methods below with one clock reading per decision.
+    # The scheduler calls the methods below with one clock reading per decision; every take is
+    # preceded by a refill to the same instant (taking from a stale credit could hand out refill
+    # that the cap would have thrown away).
 
     def _refill(self, now: int) -> None:
         elapsed = now - self._stamp
@@ -107,39 +107,40 @@ class TokenBucket:
             self._stamp = now
 
     def _can(self, size: int) -> bool:
-        return self._credit - self._reserved >= size * _NS
+        return self._credit >= size * _NS
 
     def _ready_in(self, size: int) -> int:
         """Nanoseconds until `size` bytes are available; 0 if they are now."""
-        deficit = size * _NS - (self._credit - self._reserved)
+        deficit = size * _NS - self._credit
         return -(-deficit // self._rate) if deficit > 0 else 0
 
     def _take(self, size: int) -> None:
         self._credit -= size * _NS
 
-    def _reserve(self, size: int) -> None:
-        self._reserved += size * _NS
+    def _give_back(self, size: int, taken_at: int, now: int) -> None:
+        """Return tokens taken at `taken_at` for a caller that never used them.
 
-    def _commit(self, size: int, now: int) -> None:
-        # Refill up to the instant of the take first; taking from a stale credit could hand out
-        # refill that the cap would have thrown away.
+        Returning all of them could beat the guarantee: while they were out, the bucket may have
+        refilled to the cap and thrown refill away that it would otherwise have kept. At most
+        rate × (now − taken_at) can have been thrown away, so giving back the rest leaves the
+        bucket no fuller than if the take had never happened.
+        """
         self._refill(now)
-        self._credit -= size * _NS
-        self._reserved -= size * _NS
-
-    def _release(self, size: int) -> None:
-        self._reserved -= size * _NS
+        returned = size * _NS - self._rate * max(0, now - taken_at)
+        if returned > 0:
+            credit = self._credit + returned
+            self._credit = credit if credit < self._cap else self._cap
 
     def _is_full(self, now: int) -> bool:
         self._refill(now)
-        return self._credit == self._cap and not self._reserved
+        return self._credit == self._cap
 
 
 class _Waiter:
     __slots__ = ("future", "size")
 
     def __init__(self, future: asyncio.Future[int], size: int) -> None:
-        self.future = future
+        self.future = future  # resolves to the instant (ns) the tokens were taken
         self.size = size
 
 
@@ -302,24 +303,19 @@ class BandwidthScheduler:
         if principal.queued == _IDLE:
             self._enqueue(principal, size, now)
         try:
-            await future
+            await future  # resolves to the instant the dispatcher took our tokens
         except BaseException:
-            self._wait_ns += _ns(self._clock()) - now
+            end = _ns(self._clock())
+            self._wait_ns += end - now
             if not future.done() or future.cancelled():
                 self._forget(principal, waiter)
             elif future.exception() is None:
                 # Granted, then cancelled before we could send: the tokens go back.
-                self._release(principal, size)
+                self._give_back(principal, size, future.result(), end)
             raise
-        end = _ns(self._clock())
-        self._wait_ns += end - now
+        self._wait_ns += _ns(self._clock()) - now
         if self._closed is not None:
-            self._release(principal, size)
             raise self._closed.with_traceback(None)
-        if self._process is not None:
-            self._process._commit(size, end)
-        if principal.bucket is not None:
-            principal.bucket._commit(size, end)
         self._granted_bytes += size
         return size
 
@@ -356,7 +352,7 @@ class BandwidthScheduler:
         elif (
             ready_at is not None
             and self._sleeping_until is not None
-            and ready_at < self._sleeping_until
+            and ready_at + _MIN_SLEEP_NS < self._sleeping_until
             and not self._woken
         ):
             # Cut the sleep short; `_dispatch` tells this apart from a real cancellation.
@@ -373,11 +369,11 @@ class BandwidthScheduler:
         # An emptied principal stays in the ring or heap; the dispatcher drops it when it gets
         # there, which is cheaper than searching for it now.
 
-    def _release(self, principal: _Principal, size: int) -> None:
+    def _give_back(self, principal: _Principal, size: int, granted_at: int, now: int) -> None:
         if self._process is not None:
-            self._process._release(size)
+            self._process._give_back(size, granted_at, now)
         if principal.bucket is not None:
-            principal.bucket._release(size)
+            principal.bucket._give_back(size, granted_at, now)
 
     def _sweep(self, now: int) -> None:
         """Drop principals that wait for nothing and whose bucket is full: a new full bucket is
@@ -404,7 +400,7 @@ class BandwidthScheduler:
                 delay = self._serve(now)
                 if delay is None:
                     return
-                delay = max(delay, 1)
+                delay = max(delay, _MIN_SLEEP_NS)
                 self._sleeping_until = now + delay
                 try:
                     await self._sleep(delay / _NS)
@@ -467,13 +463,13 @@ class BandwidthScheduler:
                     if heap:
                         return min(process_wait, heap[0][0] - now)
                     return process_wait
-                process._reserve(size)
+                process._take(size)
             if bucket is not None:
-                bucket._reserve(size)
+                bucket._take(size)
             ring.popleft()
             waiters.popleft()
             self._waiting -= 1
-            waiter.future.set_result(size)
+            waiter.future.set_result(now)
             if waiters:
                 ring.append(principal)  # one grant per turn
             else:

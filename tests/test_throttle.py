@@ -1,0 +1,505 @@
+"""Token buckets and the bandwidth scheduler, on a fake clock (SPEC §4)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from shared.throttle import (
+    MAX_BURST_BYTES,
+    QUANTUM_BYTES,
+    BandwidthScheduler,
+    TokenBucket,
+    burst_for,
+)
+
+NS = 1_000_000_000
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class FakeTime:
+    """A clock counting whole nanoseconds. With `auto=True`, `sleep` jumps the clock forward at
+    once; otherwise sleepers wait until the test calls `advance`."""
+
+    def __init__(self, auto: bool = True) -> None:
+        self.ns = 1_000 * NS  # not zero, as a monotonic clock would not be
+        self.auto = auto
+        self.sleeps: list[float] = []
+        self._sleepers: list[tuple[int, asyncio.Future[None]]] = []
+
+    def clock(self) -> float:
+        return self.ns / NS
+
+    def advance(self, seconds: float) -> None:
+        self.advance_ns(round(seconds * NS))
+
+    def advance_ns(self, ns: int) -> None:
+        self.ns += ns
+        for deadline, future in self._sleepers:
+            if deadline <= self.ns and not future.done():
+                future.set_result(None)
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        if self.auto:
+            await asyncio.sleep(0)  # whoever was woken runs at the instant it was served
+            self.advance(seconds)
+            return
+        entry = (self.ns + round(seconds * NS), asyncio.get_running_loop().create_future())
+        self._sleepers.append(entry)
+        try:
+            await entry[1]
+        finally:
+            self._sleepers.remove(entry)
+
+
+async def settle(rounds: int = 20) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+def assert_ceiling(events: list[tuple[int, int]], rate: int, burst: int) -> None:
+    """For every interval [t_i, t_j] between two grants: bytes ≤ rate × elapsed + burst, exactly
+    (in byte-nanoseconds). The worst interval of any kind starts and ends at a grant."""
+    events = sorted(events)
+    # bytes granted in [t_i, t_j] = S_j - S_{i-1}; need S_j*NS - rate*t_j ≤ S_{i-1}*NS - rate*t_i + burst*NS
+    prefix = [0]
+    for _, size in events:
+        prefix.append(prefix[-1] + size)
+    best_tail = None  # max over j ≥ i of S_j*NS - rate*t_j, built from the end
+    worst = None
+    for i in range(len(events) - 1, -1, -1):
+        t_i = events[i][0]
+        tail = prefix[i + 1] * NS - rate * t_i
+        best_tail = tail if best_tail is None else max(best_tail, tail)
+        excess = best_tail - (prefix[i] * NS - rate * t_i) - burst * NS
+        worst = excess if worst is None else max(worst, excess)
+    assert worst is not None and worst <= 0, f"ceiling exceeded by {worst / NS} bytes"
+
+
+# -- burst and the bucket -----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_burst_is_a_tenth_of_the_rate_capped_at_one_mebibyte() -> None:
+    assert burst_for(1) == 1
+    assert burst_for(15) == 1
+    assert burst_for(65_536) == 6_553
+    assert burst_for(10 * MAX_BURST_BYTES) == MAX_BURST_BYTES
+    assert burst_for(2**40) == MAX_BURST_BYTES
+    with pytest.raises(ValueError, match="rate"):
+        burst_for(0)
+
+
+@pytest.mark.timeout(30)
+def test_bucket_starts_full_and_refills_at_its_rate_up_to_the_burst() -> None:
+    fake = FakeTime()
+    bucket = TokenBucket(1_000, 100, fake.clock)
+    assert bucket.available() == 100
+    assert bucket.try_take(100)
+    assert not bucket.try_take(1)
+    assert bucket.delay(100) == pytest.approx(0.1)
+    fake.advance(0.05)
+    assert bucket.available() == 50
+    fake.advance(10)
+    assert bucket.available() == 100
+    with pytest.raises(ValueError, match="size"):
+        bucket.try_take(101)
+
+
+@pytest.mark.timeout(30)
+def test_invalid_arguments_name_the_parameter() -> None:
+    with pytest.raises(ValueError, match="burst"):
+        TokenBucket(10, 0, time.monotonic)
+    with pytest.raises(ValueError, match="process_rate"):
+        BandwidthScheduler(0, None)
+    with pytest.raises(ValueError, match="per_principal_rate"):
+        BandwidthScheduler(None, -5)
+
+
+# -- the scheduler ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_unlimited_mode_grants_at_once_and_only_counts() -> None:
+    fake = FakeTime()
+    scheduler = BandwidthScheduler(None, None, clock=fake.clock, sleep=fake.sleep)
+    assert await scheduler.grant("a", 10 * MAX_BURST_BYTES) == QUANTUM_BYTES
+    assert await scheduler.grant("b", 1_000) == 1_000
+    assert scheduler.granted_bytes == QUANTUM_BYTES + 1_000
+    assert scheduler.tracked_principals == 0
+    assert scheduler.wait_seconds == 0
+    assert fake.sleeps == []
+    assert scheduler.bytes_per_second is None
+    assert scheduler.per_principal_bytes_per_second is None
+    assert scheduler.burst_bytes is None
+    with pytest.raises(ValueError, match="want"):
+        await scheduler.grant("a", 0)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("process_rate", "principal_rate", "quantum"),
+    [
+        (100 * MAX_BURST_BYTES, None, QUANTUM_BYTES),
+        (100_000, None, 10_000),  # burst 10 000 < 64 KiB
+        (100 * MAX_BURST_BYTES, 200_000, 20_000),  # the principal's burst is the smaller one
+        (None, 50 * MAX_BURST_BYTES, QUANTUM_BYTES),
+    ],
+)
+async def test_quanta_never_exceed_64_kib_or_any_burst(
+    process_rate: int | None, principal_rate: int | None, quantum: int
+) -> None:
+    fake = FakeTime()
+    scheduler = BandwidthScheduler(process_rate, principal_rate, clock=fake.clock, sleep=fake.sleep)
+    assert scheduler.quantum_bytes == quantum
+    sizes = []
+
+    async def transfer(principal: str) -> None:
+        for _ in range(30):
+            sizes.append(await scheduler.grant(principal, 10 * MAX_BURST_BYTES))
+
+    async with asyncio.TaskGroup() as tg:
+        for principal in ("a", "a", "b"):
+            tg.create_task(transfer(principal))
+    assert set(sizes) == {quantum}
+    assert quantum <= QUANTUM_BYTES
+    for rate in (process_rate, principal_rate):
+        if rate is not None:
+            assert quantum <= burst_for(rate)
+    assert await scheduler.grant("c", 7) == 7  # a small want is served as asked
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_ceiling_holds_for_every_interval(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random transfers, sizes and pauses: no interval ever exceeds rate × elapsed + burst, for the
+    process bucket and for each principal's bucket.
+
+    Bytes count at the instant they are taken from a bucket (the grant); a woken caller may resume
+    later than that, so the takes are recorded at the bucket rather than where `grant` returns.
+    """
+    takes: dict[TokenBucket, list[tuple[int, int]]] = {}
+    take = TokenBucket._take
+
+    def recording_take(bucket: TokenBucket, size: int) -> None:
+        takes.setdefault(bucket, []).append((bucket._stamp, size))  # refilled to `now` just before
+        take(bucket, size)
+
+    monkeypatch.setattr(TokenBucket, "_take", recording_take)
+    rng = random.Random(seed)
+    fake = FakeTime()
+    process_rate, principal_rate = 3_000_000, 1_200_000
+    scheduler = BandwidthScheduler(process_rate, principal_rate, clock=fake.clock, sleep=fake.sleep)
+    returned: list[tuple[int, int]] = []
+
+    async def transfer(principal: str, grants: int) -> None:
+        for _ in range(grants):
+            if rng.random() < 0.3:
+                fake.advance(rng.uniform(0, 0.08))  # the client is slow to read
+            await asyncio.sleep(0)
+            size = await scheduler.grant(principal, rng.randint(1, 200_000))
+            assert 1 <= size <= scheduler.quantum_bytes
+            returned.append((fake.ns, size))
+
+    async with asyncio.TaskGroup() as tg:
+        for principal, transfers in (("a", 6), ("b", 2), ("c", 1), ("d", 1)):
+            for _ in range(transfers):
+                tg.create_task(transfer(principal, rng.randint(20, 120)))
+
+    process_buckets = [bucket for bucket in takes if bucket.rate == process_rate]
+    assert len(process_buckets) == 1 and len(takes) >= 5  # the process and four principals
+    assert sum(size for _, size in takes[process_buckets[0]]) == scheduler.granted_bytes
+    assert sum(size for _, size in returned) == scheduler.granted_bytes
+    for bucket, events in takes.items():
+        assert_ceiling(events, bucket.rate, burst_for(bucket.rate))
+    # The limit is also reached, not only respected: over the whole run the process rate was
+    # the bottleneck most of the time.
+    first, last = min(returned)[0], max(returned)[0]
+    assert scheduler.granted_bytes >= 0.5 * process_rate * (last - first) / NS
+
+
+@pytest.mark.timeout(30)
+def test_ceiling_holds_for_direct_grants_at_random_instants() -> None:
+    """One caller, no waiting: only the fast path, at random instants and sizes."""
+    rng = random.Random(7)
+    fake = FakeTime()
+    rate = 1_000_000
+    bucket = TokenBucket(rate, burst_for(rate), fake.clock)
+    events = []
+    for _ in range(5_000):
+        fake.advance_ns(rng.randint(0, 3_000_000))
+        size = rng.randint(1, burst_for(rate))
+        if bucket.try_take(size):
+            events.append((fake.ns, size))
+    assert len(events) > 500
+    assert_ceiling(events, rate, burst_for(rate))
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_round_robin_serves_principals_not_transfers() -> None:
+    """A has ten transfers waiting, B one: B still gets about half of the grants."""
+    fake = FakeTime()
+    scheduler = BandwidthScheduler(1_000_000, None, clock=fake.clock, sleep=fake.sleep)
+    grants = {"a": 0, "b": 0}
+    stop = asyncio.Event()
+
+    async def transfer(principal: str) -> None:
+        while not stop.is_set():
+            await scheduler.grant(principal, QUANTUM_BYTES)
+            grants[principal] += 1
+            if grants["a"] + grants["b"] >= 600:
+                stop.set()
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(10):
+            tg.create_task(transfer("a"))
+        tg.create_task(transfer("b"))
+    share_b = grants["b"] / (grants["a"] + grants["b"])
+    assert 0.45 <= share_b <= 0.55, grants
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_no_transfer_of_a_principal_starves() -> None:
+    fake = FakeTime()
+    scheduler = BandwidthScheduler(1_000_000, None, clock=fake.clock, sleep=fake.sleep)
+    counts = [0] * 8
+    stop = asyncio.Event()
+
+    async def transfer(index: int) -> None:
+        while not stop.is_set():
+            await scheduler.grant("a", QUANTUM_BYTES)
+            counts[index] += 1
+            if sum(counts) >= 800:
+                stop.set()
+
+    async with asyncio.TaskGroup() as tg:
+        for index in range(len(counts)):
+            tg.create_task(transfer(index))
+    assert min(counts) >= 0.8 * max(counts), counts
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_principal_bucket_limits_one_principal_and_not_another() -> None:
+    fake = FakeTime()
+    principal_rate = 500_000
+    scheduler = BandwidthScheduler(10_000_000, principal_rate, clock=fake.clock, sleep=fake.sleep)
+    quantum = scheduler.quantum_bytes  # 50 000: the principal's burst
+    granted = {"a": 0, "b": 0}
+    stop = asyncio.Event()
+
+    async def transfer(principal: str) -> None:
+        while not stop.is_set():
+            size = await scheduler.grant(principal, quantum)
+            granted[principal] += size
+            await asyncio.sleep(0)
+
+    start = fake.ns
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(5):
+            tg.create_task(transfer("a"))
+        tg.create_task(transfer("b"))
+        while fake.ns - start < 4 * NS:
+            await asyncio.sleep(0)
+        stop.set()
+    elapsed = (fake.ns - start) / NS
+    ceiling = principal_rate * elapsed + burst_for(principal_rate) + 5 * quantum
+    # A's five transfers share one principal bucket; B's one transfer gets the same rate.
+    assert 0.9 * principal_rate * elapsed <= granted["a"] <= ceiling
+    assert 0.9 * principal_rate * elapsed <= granted["b"] <= ceiling
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_principal_at_its_limit_does_not_delay_another() -> None:
+    fake = FakeTime(auto=False)
+    scheduler = BandwidthScheduler(10_000_000, 100_000, clock=fake.clock, sleep=fake.sleep)
+    assert await scheduler.grant("a", 10_000) == 10_000  # A's bucket is now empty
+    waiting_a = asyncio.create_task(scheduler.grant("a", 10_000))
+    await settle()
+    assert not waiting_a.done() and scheduler.waiting == 1
+    # B has a full bucket and the process bucket has room: no waiting, no clock movement.
+    assert await scheduler.grant("b", 10_000) == 10_000
+    assert fake.ns == 1_000 * NS
+    fake.advance(0.1)
+    await settle()
+    assert waiting_a.result() == 10_000
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_small_request_does_not_overtake_its_principals_queue() -> None:
+    fake = FakeTime(auto=False)
+    scheduler = BandwidthScheduler(None, 100_000, clock=fake.clock, sleep=fake.sleep)
+    await scheduler.grant("a", 10_000)
+    big = asyncio.create_task(scheduler.grant("a", 10_000))
+    await settle()
+    fake.advance(0.05)  # 5 000 bytes back: enough for the small one, not for the big one
+    small = asyncio.create_task(scheduler.grant("a", 3_000))
+    await settle()
+    assert not small.done() and not big.done()
+    fake.advance(0.05)
+    await settle()
+    assert big.result() == 10_000 and not small.done()
+    fake.advance(0.03)
+    await settle()
+    assert small.result() == 3_000
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_dispatcher_sleeps_exactly_until_the_deficit_is_refilled() -> None:
+    fake = FakeTime()
+    scheduler = BandwidthScheduler(1_000_000, None, clock=fake.clock, sleep=fake.sleep)
+    assert scheduler.burst_bytes == 100_000
+    assert await scheduler.grant("a", QUANTUM_BYTES) == QUANTUM_BYTES  # 34 464 left
+    assert await scheduler.grant("a", QUANTUM_BYTES) == QUANTUM_BYTES  # waits for 31 072 bytes
+    assert fake.sleeps == [pytest.approx(0.031072, abs=1e-9)]
+    assert scheduler.wait_seconds == pytest.approx(0.031072, abs=1e-9)
+    await settle()
+    # The dispatcher is gone once nobody waits.
+    assert {task.get_name() for task in asyncio.all_tasks()}.isdisjoint(
+        {"arkvory-bandwidth-dispatcher"}
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_waiter_ready_sooner_wakes_the_sleeping_dispatcher() -> None:
+    fake = FakeTime(auto=False)
+    scheduler = BandwidthScheduler(10_000_000, 100_000, clock=fake.clock, sleep=fake.sleep)
+    await scheduler.grant("a", 10_000)
+    waiting_a = asyncio.create_task(scheduler.grant("a", 10_000))  # ready in 100 ms
+    await settle()
+    assert fake.sleeps == [pytest.approx(0.1)]
+    await scheduler.grant("b", 1_000)
+    waiting_b = asyncio.create_task(scheduler.grant("b", 10_000))  # 1 000 short: ready in 10 ms
+    await settle()
+    assert fake.sleeps == [pytest.approx(0.1), pytest.approx(0.01)]
+    fake.advance(0.01)
+    await settle()
+    assert waiting_b.done() and not waiting_a.done()
+    fake.advance(0.09)
+    await settle()
+    assert waiting_a.result() == 10_000
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_close_fails_current_waiters_and_every_later_grant() -> None:
+    class LeaseLost(Exception):
+        pass
+
+    fake = FakeTime(auto=False)
+    scheduler = BandwidthScheduler(100_000, 50_000, clock=fake.clock, sleep=fake.sleep)
+    await scheduler.grant("a", 5_000)
+    waiters = [asyncio.create_task(scheduler.grant(p, 5_000)) for p in ("a", "a", "b")]
+    await settle()
+    assert scheduler.waiting >= 2
+    reason = LeaseLost("slot 1 lost")
+    scheduler.close(reason)
+    results = await asyncio.gather(*waiters, return_exceptions=True)
+    assert all(result is reason for result in results if not isinstance(result, int))
+    assert any(result is reason for result in results)
+    assert scheduler.waiting == 0 and scheduler.closed
+    with pytest.raises(LeaseLost):
+        await scheduler.grant("c", 1)
+    unlimited = BandwidthScheduler(None, None)
+    unlimited.close(reason)
+    with pytest.raises(LeaseLost):
+        await unlimited.grant("a", 1)
+    await settle()
+    assert {task.get_name() for task in asyncio.all_tasks()}.isdisjoint(
+        {"arkvory-bandwidth-dispatcher"}
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_a_cancelled_waiter_leaves_the_queue_without_losing_tokens() -> None:
+    fake = FakeTime(auto=False)
+    scheduler = BandwidthScheduler(100_000, None, clock=fake.clock, sleep=fake.sleep)
+    assert await scheduler.grant("a", 10_000) == 10_000  # the process bucket is empty
+    gone = asyncio.create_task(scheduler.grant("a", 10_000))
+    await settle()
+    assert scheduler.waiting == 1
+    gone.cancel()
+    await settle()
+    assert gone.cancelled() and scheduler.waiting == 0
+    staying = asyncio.create_task(scheduler.grant("b", 10_000))
+    await settle()
+    fake.advance(0.1)  # exactly one burst refilled: all of it goes to the remaining waiter
+    await settle()
+    assert staying.result() == 10_000
+    assert scheduler.granted_bytes == 20_000
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_tokens_granted_to_a_waiter_cancelled_before_it_resumed_come_back() -> None:
+    fake = FakeTime(auto=False)
+    scheduler = BandwidthScheduler(100_000, 100_000, clock=fake.clock, sleep=fake.sleep)
+    await scheduler.grant("a", 10_000)
+    gone = asyncio.create_task(scheduler.grant("a", 10_000))
+    await settle()
+    fake.advance(0.1)  # the dispatcher wakes and grants...
+    await asyncio.sleep(0)  # ...runs before us, and `gone` has not resumed yet
+    gone.cancel()
+    await settle()
+    assert gone.cancelled()
+    assert scheduler.granted_bytes == 10_000
+    # Both buckets hold their burst again: A is served at once, without the clock moving.
+    again = asyncio.create_task(scheduler.grant("a", 10_000))
+    await settle()
+    assert again.done() and again.result() == 10_000
+    assert scheduler.granted_bytes == 20_000
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_idle_principal_buckets_are_dropped_once_full() -> None:
+    fake = FakeTime()
+    scheduler = BandwidthScheduler(None, 1_000_000, clock=fake.clock, sleep=fake.sleep)
+    for index in range(50):
+        await scheduler.grant(f"p{index}", 1_000)
+    assert scheduler.tracked_principals == 50
+    fake.advance(2)  # every bucket has refilled
+    await scheduler.grant("last", 1_000)
+    assert scheduler.tracked_principals == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_real_clock_and_sleep() -> None:
+    """The defaults (time.monotonic, asyncio.sleep) with a short real run."""
+    rate = 2_000_000
+    scheduler = BandwidthScheduler(rate, 1_500_000)
+    stop = asyncio.Event()
+
+    async def transfer(principal: str) -> None:
+        while not stop.is_set():
+            await scheduler.grant(principal, QUANTUM_BYTES)
+
+    start = time.monotonic()
+    async with asyncio.TaskGroup() as tg:
+        for principal in ("a", "a", "a", "b"):
+            tg.create_task(transfer(principal))
+        await asyncio.sleep(0.3)
+        stop.set()
+    elapsed = time.monotonic() - start
+    granted = scheduler.granted_bytes
+    assert granted <= rate * elapsed + burst_for(rate) + 4 * QUANTUM_BYTES
+    assert granted >= 0.7 * rate * 0.3
