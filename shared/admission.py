@@ -253,7 +253,7 @@ class Admission:
         loop = asyncio.get_running_loop()
         idle: asyncio.Future[None] = loop.create_future()
         self._idle.append(idle)
-        timer = loop.create_task(self._sleep(timeout))
+        timer = asyncio.ensure_future(self._sleep(timeout))
         try:
             await asyncio.wait((idle, timer), return_when=asyncio.FIRST_COMPLETED)
         finally:

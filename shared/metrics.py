@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 
 class Metrics:
@@ -51,11 +53,6 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
-        self.token_wait_seconds = Counter(
-            "arkvory_download_token_wait_seconds",
-            "Time downloads spent waiting for bandwidth tokens",
-            registry=registry,
-        )
         self.share_bytes_per_second = Gauge(
             "arkvory_download_share_bytes_per_second",
             "Configured payload rate of this process (scope=process) and per principal "
@@ -69,9 +66,30 @@ class Metrics:
             registry=registry,
         )
 
+    def observe_bandwidth(self, bandwidth) -> None:
+        """Export the scheduler's own running totals instead of copying them per chunk."""
+        self.registry.register(_BandwidthCollector(bandwidth))
+
     # The lease reports through these two (see lease.RenewalCounter).
     def renewal(self, result: str) -> None:
         self.lease_renewals.labels(result=result).inc()
 
     def lost(self) -> None:
         self.leases_lost.inc()
+
+
+class _BandwidthCollector(Collector):
+    def __init__(self, bandwidth) -> None:
+        self.bandwidth = bandwidth
+
+    def collect(self):
+        yield CounterMetricFamily(
+            "arkvory_download_token_wait_seconds",
+            "Time downloads spent waiting for bandwidth tokens",
+            value=self.bandwidth.wait_seconds,
+        )
+        yield CounterMetricFamily(
+            "arkvory_download_granted_bytes",
+            "Payload bytes granted by this process's token buckets",
+            value=self.bandwidth.granted_bytes,
+        )

@@ -140,6 +140,7 @@ class Runtime:
         )
         self.metrics.transfers_active.set_function(lambda: self.admission.active)
         self.metrics.transfers_waiting.set_function(lambda: self.admission.waiting)
+        self.metrics.observe_bandwidth(self.bandwidth)
 
     # -- state read by every request --------------------------------------------------------
 

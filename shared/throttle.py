@@ -161,7 +161,8 @@ class BandwidthScheduler:
     wait in a heap keyed by the instant it will hold enough; principals whose own bucket is ready
     wait in a ring for the process bucket and are served strictly round-robin, one grant per turn.
     One dispatcher task (started when the first caller has to wait, gone when nobody waits) sleeps
-    exactly until the next grant is possible.
+    exactly until the next grant is possible (but at least 1 ms, see `_MIN_SLEEP_NS`), and is
+    woken early only when a newcomer could be served more than that much sooner.
     """
 
     def __init__(

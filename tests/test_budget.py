@@ -94,6 +94,11 @@ def test_per_principal_share(cluster):
     assert all(status == 200 and body == data for status, body, _ in results["admin"] + results["reader"])
     assert admin_seconds >= (2 * len(data) - burst) / (128 * KiB) * 0.97  # ~3.9 s
     assert reader_seconds <= (len(data) / (128 * KiB)) * 1.5  # ~2 s: not slowed by the admin
+    with gateway.client() as client:
+        metrics = client.get("/health/metrics").text
+    waited = next(line for line in metrics.splitlines() if line.startswith("arkvory_download_token_wait_seconds_total"))
+    assert float(waited.split()[1]) > 1.0
+    assert f"arkvory_download_payload_bytes_total {float(3 * len(data))}" in metrics
 
 
 def test_lease_loss_cuts_the_download_and_a_range_request_elsewhere_resumes(cluster, db_proxy):
