@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import pathlib
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Mapping
 
+import asyncpg
 import httpx
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -175,3 +177,27 @@ def run_arkvory(env: dict[str, str], *args: str, timeout: float = 60) -> subproc
         text=True,
         timeout=timeout,
     )
+
+
+def db_fetch(database_url: str, sql: str, *args) -> list:
+    """Run one query on a fresh connection (tests look at the database directly)."""
+
+    async def run():
+        conn = await asyncpg.connect(database_url)
+        try:
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def db_execute(database_url: str, sql: str, *args) -> str:
+    async def run():
+        conn = await asyncpg.connect(database_url)
+        try:
+            return await conn.execute(sql, *args)
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())

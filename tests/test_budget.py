@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 import time
@@ -9,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from .harness import ADMIN_TOKEN, READER_TOKEN
+from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch as query
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -214,3 +215,24 @@ def test_client_that_leaves_the_queue_is_counted_as_cancelled(cluster):
     assert first[0][0] == 200
 
 
+
+
+def test_a_streaming_transfer_pins_its_blob_until_it_ends(cluster):
+    shared = cluster.shared_env(slots=2, total=2 * 128 * KiB)
+    writer = cluster.writer(shared).wait_ready()
+    data = b"q" * (512 * KiB)  # 4 s at 128 KiB/s
+    path = make_repo(writer, "pins", data)
+    gateway = cluster.gateway(1, shared).wait_ready()
+    results: list = []
+    thread = threading.Thread(target=timed_download, args=(gateway.url + path, ADMIN_TOKEN, results))
+    thread.start()
+    time.sleep(1.5)
+    pinned = query(cluster.database_url, "SELECT slot, sha256, pinned_until > now() AS live FROM arkvory_read_pins")
+    thread.join(20)
+    assert results[0][0] == 200
+    sha = hashlib.sha256(data).hexdigest()
+    assert [(r["slot"], r["sha256"], r["live"]) for r in pinned] == [(1, sha, True)]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and query(cluster.database_url, "SELECT 1 FROM arkvory_read_pins"):
+        time.sleep(0.2)
+    assert query(cluster.database_url, "SELECT 1 FROM arkvory_read_pins") == []

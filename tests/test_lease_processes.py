@@ -3,42 +3,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import threading
 import time
 
-import asyncpg
 import httpx
 import pytest
 
 from shared.lease import _RENEW, RESERVATION_S
 
-from .harness import ADMIN_TOKEN, run_arkvory
+from .harness import ADMIN_TOKEN, db_execute as execute, db_fetch as query, run_arkvory
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
-
-
-def query(database_url: str, sql: str, *args):
-    async def run():
-        conn = await asyncpg.connect(database_url)
-        try:
-            return await conn.fetch(sql, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
-
-
-def execute(database_url: str, sql: str, *args) -> str:
-    async def run():
-        conn = await asyncpg.connect(database_url)
-        try:
-            return await conn.execute(sql, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
 
 
 def lease_row(database_url: str, slot: int):

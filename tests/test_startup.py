@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 
-import asyncpg
 import pytest
 
-from .harness import WRITER_SHARED, run_arkvory
+from shared.db import MAINTENANCE_LOCK
+
+from .harness import WRITER_SHARED, db_fetch as fetch, run_arkvory
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def fetch(database_url: str, query: str, *args):
-    async def run():
-        conn = await asyncpg.connect(database_url)
-        try:
-            return await conn.fetch(query, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
 
 
 def refuse(cluster, **env) -> tuple[int, str]:
@@ -162,3 +151,14 @@ def test_gateway_older_than_schema_reports_unavailable(cluster):
     with gateway.client() as client:
         assert client.get("/health/ready").status_code == 503
     assert "newer than this gateway" in gateway.stderr
+
+
+def test_gateways_hold_the_shared_maintenance_lock(cluster):
+    shared = cluster.shared_env()
+    cluster.writer(shared).wait_ready()
+    gateway = cluster.gateway(1, shared).wait_ready()
+    exclusive = "SELECT pg_try_advisory_lock($1) AS got"
+
+    assert fetch(cluster.database_url, exclusive, MAINTENANCE_LOCK)[0]["got"] is False
+    gateway.kill()
+    assert fetch(cluster.database_url, exclusive, MAINTENANCE_LOCK)[0]["got"] is True
