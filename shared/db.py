@@ -13,7 +13,7 @@ import re
 
 import asyncpg
 
-from .errors import StartupRefused
+from .errors import DatabaseUnavailable, StartupRefused
 from .settings import Settings, mask_url
 
 log = logging.getLogger("arkvory.db")
@@ -51,7 +51,7 @@ async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -> 
     try:
         return await asyncpg.connect(url, timeout=timeout, command_timeout=QUERY_TIMEOUT_S, **kwargs)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise StartupRefused(
+        raise DatabaseUnavailable(
             f"cannot connect to the database at {mask_url(url)} "
             f"(ARKVORY_DATABASE_URL): {exc.__class__.__name__}: {exc}"
         ) from exc

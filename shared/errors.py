@@ -13,6 +13,7 @@
     │   └── Unavailable            503 unavailable    (Retry-After)
     └── StartupError               (exit_status; the process refuses to start)
         ├── SlotBusy               exit 3: another holder still renews the slot
+        ├── DatabaseUnavailable    exit 69: cannot reach the database (a restart may help)
         └── StartupRefused         exit 78: storage, policy or schema do not match
 """
 
@@ -93,6 +94,10 @@ class StartupError(Exception):
 
 class SlotBusy(StartupError):
     exit_status = 3
+
+
+class DatabaseUnavailable(StartupError):
+    exit_status = 69  # EX_UNAVAILABLE: transient, the service manager may retry
 
 
 class StartupRefused(StartupError):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import asyncpg
 
-from .errors import SlotBusy, StartupRefused
+from .errors import DatabaseUnavailable, SlotBusy
 
 log = logging.getLogger("arkvory.lease")
 
@@ -171,7 +171,7 @@ class SlotLease:
                     },
                 )
             except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-                raise StartupRefused(f"cannot open the lease connection: {exc}") from exc
+                raise DatabaseUnavailable(f"cannot open the lease connection: {exc}") from exc
         return self._conn
 
     # -- renewal --------------------------------------------------------------------------
@@ -199,7 +199,7 @@ class SlotLease:
                 ),
                 self._time_left(sent),
             )
-        except (OSError, TimeoutError, asyncpg.PostgresError, StartupRefused) as exc:
+        except (OSError, TimeoutError, asyncpg.PostgresError, DatabaseUnavailable) as exc:
             self.report.renewal("failed")
             log.warning("slot %d renewal failed: %s: %s", self.slot, exc.__class__.__name__, exc)
             self._drop_connection()

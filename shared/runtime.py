@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from . import db, policy
 from .admission import Admission
-from .errors import LeaseLost, StartupRefused
+from .errors import DatabaseUnavailable, LeaseLost, StartupRefused
 from .identity import KeyRing
 from .lease import SlotLease
 from .metrics import Metrics
@@ -65,6 +65,11 @@ class Runtime:
         runtime = cls(settings, keys)
         try:
             await runtime._start()
+        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+            await runtime.close()
+            raise DatabaseUnavailable(
+                f"the database failed during start-up: {exc.__class__.__name__}: {exc}"
+            ) from exc
         except BaseException:
             await runtime.close()
             raise

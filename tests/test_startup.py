@@ -162,3 +162,12 @@ def test_gateways_hold_the_shared_maintenance_lock(cluster):
     assert fetch(cluster.database_url, exclusive, MAINTENANCE_LOCK)[0]["got"] is False
     gateway.kill()
     assert fetch(cluster.database_url, exclusive, MAINTENANCE_LOCK)[0]["got"] is True
+
+
+def test_unreachable_database_exits_69_without_the_password(cluster):
+    status, stderr = refuse(
+        cluster, ARKVORY_DATABASE_URL="postgresql://arkvory:hunter2@127.0.0.1:1/none"
+    )
+    assert status == 69
+    assert "cannot connect to the database" in stderr
+    assert "hunter2" not in stderr
