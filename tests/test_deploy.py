@@ -1,0 +1,694 @@
+"""Checks of what deploy/, the Dockerfile and docker-compose.yml ship to operators.
+
+The unit files, env examples and compose file are parsed and held to SPEC §2/§8/§9; nginx and
+HAProxy validate their own configurations and then run briefly in front of three stub backends,
+to prove the routing (GET/HEAD of the content routes spread over all, the rest to the writer).
+"""
+
+from __future__ import annotations
+
+import configparser
+import http.server
+import json
+import pathlib
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import uuid
+from collections.abc import Iterator, Mapping
+
+import httpx
+import pytest
+
+from shared.settings import Settings
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+UNITS = DEPLOY / "systemd"
+ENV = DEPLOY / "env"
+NGINX_CONF = DEPLOY / "nginx" / "arkvory.conf"
+HAPROXY_CFG = DEPLOY / "haproxy" / "haproxy.cfg"
+
+WRITER = "127.0.0.1:8080"
+GATEWAYS = ("127.0.0.1:8081", "127.0.0.1:8082")
+# Exit statuses a restart cannot fix (SPEC §4, §9): bad settings, slot busy, refused.
+NO_RESTART = {2, 3, 78}
+EXIT_LEASE_LOST = 75
+# Seconds a SIGTERMed process may need beyond the drain bound: uvicorn's graceful stop (5 s),
+# closing the pool (5 s) and the database connections; the units document the same margin.
+STOP_MARGIN_S = 15
+PLACEHOLDER_DB_PASSWORD = "test-password"
+
+
+# -- readers ------------------------------------------------------------------------------
+
+
+class _EveryValue(dict):
+    """systemd allows a key more than once (Environment=, EnvironmentFile=): keep them all.
+
+    configparser stores each new value as a one-element list before joining lines; extending
+    instead of replacing leaves every value, one per line.
+    """
+
+    def __setitem__(self, key, value):
+        if isinstance(value, list) and isinstance(self.get(key), list):
+            self[key].extend(value)
+        else:
+            super().__setitem__(key, value)
+
+
+def read_unit(path: pathlib.Path) -> dict[str, dict[str, list[str]]]:
+    parser = configparser.ConfigParser(
+        strict=False, interpolation=None, dict_type=_EveryValue, empty_lines_in_values=False
+    )
+    parser.optionxform = str  # systemd keys are case-sensitive
+    parser.read(path, encoding="utf-8")
+    return {
+        name: {key: parser.get(name, key).splitlines() for key in parser.options(name)}
+        for name in parser.sections()
+    }
+
+
+def read_env_file(path: pathlib.Path) -> dict[str, str]:
+    """A systemd EnvironmentFile: VAR=value lines, comments with # or ;."""
+    values = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        name, sep, value = line.partition("=")
+        assert sep and re.fullmatch(r"[A-Z_][A-Z0-9_]*", name), f"{path.name}:{number}: {line!r}"
+        values[name] = value.strip().strip("\"'")
+    return values
+
+
+def seconds(value: str) -> float:
+    match = re.fullmatch(r"(\d+)\s*(s|sec|min|m)?", value.strip())
+    assert match, f"unexpected time span {value!r}"
+    return int(match.group(1)) * (60 if match.group(2) in ("min", "m") else 1)
+
+
+def covers(paths: list[str], target: str) -> bool:
+    """True when `target` is one of `paths` or lies below one ('-' prefixes allowed)."""
+    target_path = pathlib.PurePosixPath(target)
+    for entry in paths:
+        for word in entry.split():
+            base = pathlib.PurePosixPath(word.lstrip("-+"))
+            if target_path == base or base in target_path.parents:
+                return True
+    return False
+
+
+def settings_from(environ: Mapping[str, str], tmp_path: pathlib.Path) -> Settings:
+    """Settings as the process would build them; the keys file is swapped for a real one."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text("")
+    return Settings.from_env({**environ, "ARKVORY_KEYS_FILE": str(keys)})
+
+
+# -- systemd units ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def common_env() -> dict[str, str]:
+    return read_env_file(ENV / "common.env.example")
+
+
+@pytest.fixture(scope="module")
+def units() -> dict[str, dict[str, dict[str, list[str]]]]:
+    return {
+        name: read_unit(UNITS / f"arkvory-{name}.service")
+        for name in ("writer", "gateway@", "worker")
+    }
+
+
+@pytest.mark.parametrize(
+    "name, command", [("writer", "serve"), ("gateway@", "serve"), ("worker", "worker")]
+)
+def test_unit_runs_arkvory_and_restarts_only_when_it_helps(units, common_env, name, command):
+    service = units[name]["Service"]
+    argv = shlex.split(service["ExecStart"][-1])
+    assert pathlib.PurePosixPath(argv[0]).name == "arkvory" and argv[1:] == [command]
+    assert service["Restart"] == ["on-failure"]
+    prevented = {int(s) for line in service["RestartPreventExitStatus"] for s in line.split()}
+    expected = NO_RESTART - ({3} if name == "worker" else set())  # the worker has no slot
+    assert expected <= prevented
+    assert EXIT_LEASE_LOST not in prevented, "a lost lease must be restarted"
+    assert "0" in " ".join(service["SuccessExitStatus"]).split()
+    assert seconds(service["RestartSec"][-1]) <= 5
+    # A replacement on the same slot may wait 15 s for the old reservation.
+    assert seconds(service["TimeoutStartSec"][-1]) >= 30
+    drain = int(common_env.get("ARKVORY_DRAIN_TIMEOUT_SECONDS", "30"))
+    assert seconds(service["TimeoutStopSec"][-1]) >= drain + STOP_MARGIN_S
+    assert service["User"][-1] not in ("root", "0")
+    assert "/etc/arkvory/common.env" in service["EnvironmentFile"]
+
+
+def test_writer_unit_may_write_the_storage(units, common_env):
+    service = units["writer"]["Service"]
+    assert "ARKVORY_ROLE=api" in " ".join(service["Environment"]).split()
+    assert service["EnvironmentFile"][-1] == "/etc/arkvory/writer.env", "writer.env must win"
+    writable = service.get("ReadWritePaths", []) + [
+        f"/var/lib/{d}" for line in service.get("StateDirectory", []) for d in line.split()
+    ]
+    assert covers(writable, common_env["ARKVORY_DATA_DIR"])
+
+
+def test_gateway_unit_takes_its_slot_from_the_instance_and_reads_storage_only(units, common_env):
+    service = units["gateway@"]["Service"]
+    assignments = " ".join(service["Environment"]).split()
+    assert "ARKVORY_ROLE=reader" in assignments
+    assert "ARKVORY_GATEWAY_SLOT=%i" in assignments
+    assert service["EnvironmentFile"] == ["/etc/arkvory/common.env", "/etc/arkvory/gateway-%i.env"]
+    data_dir = common_env["ARKVORY_DATA_DIR"]
+    assert covers(service["ReadOnlyPaths"], data_dir)
+    assert not covers(service.get("ReadWritePaths", []), data_dir)
+    assert "StateDirectory" not in service, "a StateDirectory would make storage writable"
+    assert "arkvory-writer.service" in " ".join(units["gateway@"]["Unit"]["After"]).split()
+
+
+def test_units_pass_systemd_analyze_verify(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed; the configparser checks above still ran")
+    # verify insists that ExecStart= exists: point it at this environment's console script.
+    executable = pathlib.Path(sys.executable).with_name("arkvory")
+    if not executable.exists():
+        executable = pathlib.Path(shutil.which("true") or "/bin/true")
+    names = []
+    for source in sorted(UNITS.glob("*.service")):
+        text = source.read_text().replace("/opt/arkvory/bin/arkvory", str(executable))
+        name = source.name.replace("@.service", "@1.service")
+        (tmp_path / name).write_text(text)
+        names.append(name)
+    result = subprocess.run(
+        [analyze, "verify", "--man=no", *names],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    # Unknown keys and unparsable values are only warnings (status 0), tagged with the file path.
+    complaints = [line for line in result.stderr.splitlines() if str(tmp_path) in line]
+    assert result.returncode == 0 and not complaints, result.stderr
+
+
+# -- env examples -------------------------------------------------------------------------
+
+
+def test_env_files_leave_per_process_identity_to_the_units(common_env):
+    # EnvironmentFile= overrides Environment=: these would defeat the unit's role and slot.
+    assert not {"ARKVORY_ROLE", "ARKVORY_GATEWAY_SLOT", "ARKVORY_PORT"} & common_env.keys()
+    gateway = read_env_file(ENV / "gateway-1.env.example")
+    assert not {"ARKVORY_ROLE", "ARKVORY_GATEWAY_SLOT"} & gateway.keys()
+
+
+def test_env_examples_build_valid_settings_for_writer_and_gateway(common_env, tmp_path):
+    writer = settings_from(
+        {"ARKVORY_ROLE": "api", **common_env, **read_env_file(ENV / "writer.env.example")},
+        tmp_path,
+    )
+    # The unit's Environment= first, then the files, as systemd applies them.
+    gateway = settings_from(
+        {
+            "ARKVORY_ROLE": "reader",
+            "ARKVORY_GATEWAY_SLOT": "1",
+            **common_env,
+            **read_env_file(ENV / "gateway-1.env.example"),
+        },
+        tmp_path,
+    )
+    assert writer.is_writer and writer.shared is not None and writer.shared.slot == 0
+    assert not gateway.is_writer and gateway.shared is not None and gateway.shared.slot == 1
+    assert writer.shared.slots >= 1 + len(GATEWAYS)
+    same = ("slots", "total_bytes_per_second", "per_principal_bytes_per_second")
+    assert [getattr(writer.shared, f) for f in same] == [getattr(gateway.shared, f) for f in same]
+    assert f"{writer.host}:{writer.port}" == WRITER
+    assert f"{gateway.host}:{gateway.port}" == GATEWAYS[0]
+
+
+# -- balancer configurations ---------------------------------------------------------------
+
+
+def _nginx_upstreams(text: str) -> dict[str, list[str]]:
+    blocks = re.findall(r"upstream\s+(\w+)\s*\{(.*?)\}", text, re.S)
+    return {name: re.findall(r"^\s*server\s+(\S+?)[\s;]", body, re.M) for name, body in blocks}
+
+
+def _haproxy_backends(text: str) -> dict[str, list[str]]:
+    sections = re.split(r"^(?=\S)", text, flags=re.M)
+    backends = {}
+    for section in sections:
+        head = re.match(r"backend\s+(\S+)", section)
+        if head:
+            backends[head.group(1)] = re.findall(r"^\s+server\s+\S+\s+(\S+)", section, re.M)
+    return backends
+
+
+def test_balancers_send_content_to_all_and_the_rest_to_the_writer_only():
+    nginx = NGINX_CONF.read_text()
+    haproxy = HAPROXY_CFG.read_text()
+    assert sorted(_nginx_upstreams(nginx).values()) == sorted([[WRITER], [WRITER, *GATEWAYS]])
+    assert sorted(_haproxy_backends(haproxy).values()) == sorted([[WRITER], [WRITER, *GATEWAYS]])
+    for directive in ("proxy_buffering off;", "proxy_request_buffering off;"):
+        assert re.search(rf"^\s*{re.escape(directive)}", nginx, re.M), directive
+    assert not re.search(r"^\s*option\s+http-buffer-request", haproxy, re.M)
+    # Active checks: every backend asks /health/status, every server is checked.
+    assert haproxy.count("uri /health/status") == len(_haproxy_backends(haproxy))
+    for line in re.findall(r"^\s+server\s.*$", haproxy, re.M):
+        assert " check" in line or re.search(r"^\s*default-server\s.*\bcheck\b", haproxy, re.M)
+
+
+def _binary(name: str, package: str) -> str:
+    """The balancer's executable, or skip: .ci/run installs both packages."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        pytest.skip(f"{name} is not installed (.ci/run installs it: apt-get install {package})")
+    return found
+
+
+def test_haproxy_accepts_the_configuration():
+    haproxy = _binary("haproxy", "haproxy")
+    result = subprocess.run(
+        [haproxy, "-c", "-f", str(HAPROXY_CFG)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[WARNING]" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def _nginx_wrapper(tmp_path: pathlib.Path, include: pathlib.Path) -> pathlib.Path:
+    """A minimal nginx.conf that includes ours in http {}, with every file under tmp_path."""
+    for name in ("body", "proxy"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    wrapper = tmp_path / "nginx.conf"
+    wrapper.write_text(
+        f"pid {tmp_path}/nginx.pid;\n"
+        f"error_log {tmp_path}/error.log;\n"
+        "events {}\n"
+        "http {\n"
+        "    access_log off;\n"
+        f"    client_body_temp_path {tmp_path}/body;\n"
+        f"    proxy_temp_path {tmp_path}/proxy;\n"
+        f"    include {include};\n"
+        "}\n"
+    )
+    return wrapper
+
+
+def test_nginx_accepts_the_configuration(tmp_path):
+    nginx = _binary("nginx", "nginx-light")
+    wrapper = _nginx_wrapper(tmp_path, NGINX_CONF)
+    result = subprocess.run(
+        [nginx, "-t", "-p", str(tmp_path), "-c", str(wrapper)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "[warn]" not in result.stderr, result.stderr
+
+
+# -- the balancers in front of stub backends -----------------------------------------------
+
+
+class _StubHandler(http.server.BaseHTTPRequestHandler):
+    """Answers every request with who it is and what it received."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        received = len(self.rfile.read(length)) if length else 0
+        body = json.dumps(
+            {
+                "backend": self.server.name,
+                "method": self.command,
+                "path": self.path,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+                "received": received,
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Stub", self.server.name)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _answer
+
+    def log_message(self, format, *args) -> None:
+        pass
+
+
+class _Stub(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, name: str) -> None:
+        super().__init__(("127.0.0.1", 0), _StubHandler)
+        self.name = name
+
+    def handle_error(self, request, client_address) -> None:
+        # HAProxy's health checks hang up once they have the status line; that is not a failure.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def stubs() -> Iterator[dict[str, _Stub]]:
+    """One stub per shipped backend address: the writer and the two gateways."""
+    names = ("writer", "gateway1", "gateway2")
+    servers = {address: _Stub(name) for address, name in zip((WRITER, *GATEWAYS), names)}
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers.values()]
+    for thread in threads:
+        thread.start()
+    yield servers
+    for server in servers.values():
+        server.shutdown()
+        server.server_close()
+    for thread in threads:
+        thread.join(5)
+
+
+def _retarget(text: str, stubs: dict[str, _Stub], listen: tuple[str, str], front: int) -> str:
+    """Our configuration with the stub addresses and a free front port, nothing else changed."""
+    for address, stub in stubs.items():
+        assert address in text
+        text = re.sub(rf"{re.escape(address)}(?!\d)", f"127.0.0.1:{stub.server_address[1]}", text)
+    pattern, replacement = listen
+    text, count = re.subn(pattern, replacement.format(front=front), text, flags=re.M)
+    assert count == 1, f"expected one listen address matching {pattern!r}"
+    return text
+
+
+def _start_nginx(tmp_path: pathlib.Path, stubs, front: int, log) -> subprocess.Popen:
+    nginx = _binary("nginx", "nginx-light")
+    listen = (r"^(\s*)listen\s+80;", r"\1listen 127.0.0.1:{front};")
+    conf = tmp_path / "arkvory.conf"
+    conf.write_text(_retarget(NGINX_CONF.read_text(), stubs, listen, front))
+    wrapper = _nginx_wrapper(tmp_path, conf)
+    return subprocess.Popen(
+        [nginx, "-p", str(tmp_path), "-c", str(wrapper), "-g", "daemon off;"],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+
+
+def _start_haproxy(tmp_path: pathlib.Path, stubs, front: int, log) -> subprocess.Popen:
+    haproxy = _binary("haproxy", "haproxy")
+    listen = (r"^(\s*)bind\s+:80\s*$", r"\1bind 127.0.0.1:{front}")
+    text = _retarget(HAPROXY_CFG.read_text(), stubs, listen, front)
+    # Process-level settings that need root or /run; the routing under test is untouched.
+    text = re.sub(r"^\s*(user|group|stats socket)\s.*$", "", text, flags=re.M)
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(text)
+    return subprocess.Popen([haproxy, "-db", "-f", str(cfg)], stdout=log, stderr=log)
+
+
+def _wait_for_front(client: httpx.Client, process: subprocess.Popen, log: pathlib.Path) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"balancer exited with {process.returncode}: {log.read_text()}")
+        try:
+            if client.get("/health/status").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"balancer did not answer within 15 s: {log.read_text()}")
+
+
+@pytest.mark.parametrize("balancer", ["nginx", "haproxy"])
+def test_balancer_routes_content_reads_to_all_and_everything_else_to_the_writer(
+    balancer, stubs, tmp_path
+):
+    front = _free_port()
+    start = _start_nginx if balancer == "nginx" else _start_haproxy
+    with (tmp_path / "stderr.log").open("wb") as log:
+        process = start(tmp_path, stubs, front, log)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{front}", timeout=10) as client:
+                _wait_for_front(client, process, tmp_path / "stderr.log")
+                _check_routing(client)
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def _check_routing(client: httpx.Client) -> None:
+    artifact = uuid.uuid4()
+    content = [
+        f"/api/v1/repositories/builds/artifacts/{artifact}/content",
+        "/api/v1/repositories/builds/packages/content?group=org.example&name=tool&version=1.2.3",
+        "/api/v1/repositories/builds/asset/content?path=latest/tool.tar.gz",
+    ]
+    conditional = {
+        "Authorization": "Bearer arkvory_key_test",
+        "Range": "bytes=0-99",
+        "If-Range": '"sha256-abc"',
+        "If-None-Match": '"sha256-abc"',
+    }
+    everyone = {"writer", "gateway1", "gateway2"}
+    for path in content:
+        for method in ("GET", "HEAD"):
+            # Consecutive requests of one kind, so that a round robin meets every backend.
+            seen = set()
+            for _ in range(6):
+                answer = client.request(method, path, headers=conditional)
+                assert answer.status_code == 200, answer.text
+                seen.add(answer.headers["X-Stub"])
+                if method == "GET":
+                    got = answer.json()
+                    assert got["method"] == "GET" and got["path"] == path
+                    for name, value in conditional.items():
+                        assert got["headers"].get(name.lower()) == value, f"{name} not forwarded"
+            assert seen == everyone, f"{method} {path} reached only {seen}"
+
+    # The writer is in the pool too, so each must-reach-the-writer request is sent several times:
+    # one that were spread would meet a gateway within three tries.
+    writer_only = [
+        ("POST", content[0]),
+        ("PUT", content[1]),
+        ("DELETE", content[2]),
+        ("PATCH", content[0]),
+        ("OPTIONS", content[0]),
+        ("GET", f"/api/v1/repositories/builds/artifacts/{artifact}"),
+        ("GET", f"/api/v1/repositories/builds/artifacts/{artifact}/content/extra"),
+        ("GET", "/api/v1/repositories/builds/packages/content/extra"),
+        ("GET", "/api/v1/repositories/builds/packages"),
+        ("GET", "/api/v1/repositories/builds/uploads/u1"),
+        ("GET", "/api/v1/repositories"),
+        ("GET", "/console/"),
+        ("GET", "/health/ready"),
+    ]
+    for method, path in writer_only:
+        for _ in range(3):
+            answer = client.request(method, path, headers={"Authorization": "Bearer k"})
+            reached = answer.headers.get("X-Stub")
+            assert reached == "writer", f"{method} {path} reached {reached}"
+
+    # Uploads reach the writer whole (streamed, not cut by a body limit).
+    body = b"x" * (3 * 1024 * 1024)
+    answer = client.post("/api/v1/repositories/builds/artifacts", content=body)
+    assert answer.json()["backend"] == "writer" and answer.json()["received"] == len(body)
+
+
+# -- Docker ------------------------------------------------------------------------------------
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+        for line in (raw.strip() for raw in text.splitlines())
+        if line and not line.startswith("#")
+    ]
+
+
+def test_dockerfile_installs_every_package_and_runs_serve_as_non_root():
+    instructions = _dockerfile_instructions()
+    assert instructions[0] == ("FROM", "python:3.11-slim")
+    copied = {
+        pathlib.PurePosixPath(word).name
+        for op, args in instructions
+        if op == "COPY"
+        for word in args.split()[:-1]
+    }
+    for word in copied:
+        assert (ROOT / word).exists(), f"Dockerfile copies {word}, which does not exist"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]:
+        assert pattern.rstrip("*") in copied, f"package {pattern} is not copied into the image"
+    runs = [args for op, args in instructions if op == "RUN"]
+    assert any(re.search(r"\bpip install \.(\s|$)", args) for args in runs)
+    users = [args for op, args in instructions if op == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    cmd = [args for op, args in instructions if op == "CMD"]
+    assert json.loads(cmd[-1]) == ["arkvory", "serve"]
+    assert any(op == "HEALTHCHECK" and "/health/status" in args for op, args in instructions)
+
+
+def _interpolate(value, environ: Mapping[str, str]):
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} for the values in this file."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, environ) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match) -> str:
+        name, operator, argument = match.group(1), match.group(2) or "", match.group(3) or ""
+        if name in environ and (environ[name] or ":" not in operator):
+            return environ[name]
+        if operator.endswith("?"):
+            raise AssertionError(f"compose needs {name}: {argument}")
+        return argument if operator.endswith("-") else ""
+
+    value = re.sub(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}", substitute, value)
+    return value.replace("$$", "$")
+
+
+def _environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.partition("=")[::2] for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def _mounts(service: dict) -> list[tuple[str, str, bool]]:
+    mounts = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            read_only = bool(volume.get("read_only"))
+            mounts.append((volume.get("source", ""), volume["target"], read_only))
+        else:
+            parts = volume.split(":")
+            mode = parts[2] if len(parts) > 2 else "rw"
+            mounts.append((parts[0], parts[1], "ro" in mode.split(",")))
+    return mounts
+
+
+def _published(service: dict) -> list[tuple[int, int]]:
+    ports = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            ports.append((int(port["published"]), int(port["target"])))
+        else:
+            parts = str(port).split(":")
+            ports.append((int(parts[-2]), int(parts[-1])))
+    return ports
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    document = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return _interpolate(document, {"ARKVORY_DB_PASSWORD": PLACEHOLDER_DB_PASSWORD})
+
+
+def test_compose_runs_one_writer_and_gateways_on_distinct_slots_and_ports(compose):
+    services = compose["services"]
+    arkvory = {n: s for n, s in services.items() if "ARKVORY_ROLE" in _environment(s)}
+    envs = {n: _environment(s) for n, s in arkvory.items()}
+    writers = [n for n, e in envs.items() if e["ARKVORY_ROLE"] == "api"]
+    gateways = sorted(n for n, e in envs.items() if e["ARKVORY_ROLE"] == "reader")
+    assert len(writers) == 1 and len(gateways) >= 1 and len(writers) + len(gateways) == len(envs)
+    (writer,) = writers
+
+    shared = (
+        "ARKVORY_GATEWAY_SLOTS",
+        "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND",
+        "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL",
+        "ARKVORY_DATABASE_URL",
+        "ARKVORY_DATA_DIR",
+        "ARKVORY_KEYS_FILE",
+    )
+    for name in shared:
+        values = {envs[n].get(name) for n in envs}
+        assert len(values) == 1 and None not in values, f"{name} differs between services: {values}"
+    assert int(envs[writer]["ARKVORY_GATEWAY_SLOTS"]) == len(envs)
+    assert envs[writer].get("ARKVORY_GATEWAY_SLOT") == "0"
+    slots = sorted(int(envs[n]["ARKVORY_GATEWAY_SLOT"]) for n in gateways)
+    assert slots == list(range(1, len(gateways) + 1))
+
+    ports = [int(envs[n]["ARKVORY_PORT"]) for n in envs]
+    assert len(set(ports)) == len(ports), f"every process needs its own port: {ports}"
+    published = {n: _published(arkvory[n]) for n in envs}
+    host_ports = [host for n in envs for host, _ in published[n]]
+    assert len(set(host_ports)) == len(host_ports)
+    for n in envs:
+        assert [target for _, target in published[n]] == [int(envs[n]["ARKVORY_PORT"])]
+    # Published where deploy/nginx and deploy/haproxy look for them.
+    assert f"127.0.0.1:{published[writer][0][0]}" == WRITER
+    assert sorted(f"127.0.0.1:{published[n][0][0]}" for n in gateways) == sorted(GATEWAYS)
+
+
+def test_compose_shares_one_storage_volume_read_only_in_gateways(compose):
+    services = compose["services"]
+    data_dir = None
+    sources = set()
+    for name, service in services.items():
+        env = _environment(service)
+        if "ARKVORY_ROLE" not in env:
+            continue
+        data_dir = env["ARKVORY_DATA_DIR"]
+        storage = [m for m in _mounts(service) if m[1] == data_dir]
+        assert len(storage) == 1, f"{name} must mount the storage at {data_dir}"
+        source, _, read_only = storage[0]
+        sources.add(source)
+        assert read_only == (env["ARKVORY_ROLE"] == "reader"), f"{name}: read_only={read_only}"
+    assert len(sources) == 1 and next(iter(sources)) in (compose.get("volumes") or {})
+
+
+def test_compose_orders_start_up_checks_health_and_drains(compose):
+    services = compose["services"]
+    postgres = services["postgres"]
+    assert postgres["image"] == "postgres:15"
+    command = postgres["command"]
+    command = " ".join(command) if isinstance(command, list) else command
+    for setting in ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count"):
+        assert f"{setting}=" in command
+    keys = set()
+    for name, service in services.items():
+        env = _environment(service)
+        if "ARKVORY_ROLE" not in env:
+            continue
+        test = service["healthcheck"]["test"]
+        assert "/health/status" in (" ".join(test) if isinstance(test, list) else test)
+        drain = int(env.get("ARKVORY_DRAIN_TIMEOUT_SECONDS", "30"))
+        assert seconds(service["stop_grace_period"]) >= drain + STOP_MARGIN_S
+        needs = "postgres" if env["ARKVORY_ROLE"] == "api" else "writer"
+        assert service["depends_on"][needs]["condition"] == "service_healthy"
+        secrets = [s if isinstance(s, str) else s["source"] for s in service.get("secrets", [])]
+        assert env["ARKVORY_KEYS_FILE"] in [f"/run/secrets/{s}" for s in secrets]
+        keys.add(env["ARKVORY_KEYS_FILE"])
+    assert len(keys) == 1
+
+
+def test_compose_environment_builds_valid_settings(compose, tmp_path):
+    for name, service in compose["services"].items():
+        env = _environment(service)
+        if "ARKVORY_ROLE" in env:
+            settings = settings_from(env, tmp_path)
+            assert settings.shared is not None, f"{name} must run with the shared budget"
