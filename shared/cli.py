@@ -72,24 +72,19 @@ def cmd_new_key(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_reset_policy(args: argparse.Namespace) -> int:
-    from .admin import reset_download_policy
+def _admin_tool(name: str):
+    """An `arkvory admin` action that works on ARKVORY_DATABASE_URL directly."""
 
-    url = os.environ.get("ARKVORY_DATABASE_URL")
-    if not url:
-        print("arkvory: ARKVORY_DATABASE_URL: required", file=sys.stderr)
-        return EXIT_USAGE
-    return asyncio.run(reset_download_policy(url))
+    def run(args: argparse.Namespace) -> int:
+        from . import admin
 
+        url = os.environ.get("ARKVORY_DATABASE_URL")
+        if not url:
+            print("arkvory: ARKVORY_DATABASE_URL: required", file=sys.stderr)
+            return EXIT_USAGE
+        return asyncio.run(admin.run_tool(url, getattr(admin, name)))
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from .admin import show_status
-
-    url = os.environ.get("ARKVORY_DATABASE_URL")
-    if not url:
-        print("arkvory: ARKVORY_DATABASE_URL: required", file=sys.stderr)
-        return EXIT_USAGE
-    return asyncio.run(show_status(url))
+    return run
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -116,9 +111,9 @@ def parser() -> argparse.ArgumentParser:
     reset = admin.add_parser(
         "reset-download-policy", help="delete the saved policy and leases (refuses while any lease is live)"
     )
-    reset.set_defaults(func=cmd_reset_policy)
+    reset.set_defaults(func=_admin_tool("reset_download_policy"))
     status = admin.add_parser("status", help="show the policy and the slot leases")
-    status.set_defaults(func=cmd_status)
+    status.set_defaults(func=_admin_tool("show_status"))
     return top
 
 

@@ -179,25 +179,21 @@ def run_arkvory(env: dict[str, str], *args: str, timeout: float = 60) -> subproc
     )
 
 
-def db_fetch(database_url: str, sql: str, *args) -> list:
-    """Run one query on a fresh connection (tests look at the database directly)."""
-
+def _on_fresh_connection(database_url: str, method: str, sql: str, *args):
     async def run():
         conn = await asyncpg.connect(database_url)
         try:
-            return await conn.fetch(sql, *args)
+            return await getattr(conn, method)(sql, *args)
         finally:
             await conn.close()
 
     return asyncio.run(run())
+
+
+def db_fetch(database_url: str, sql: str, *args) -> list:
+    """Run one query on a fresh connection (tests look at the database directly)."""
+    return _on_fresh_connection(database_url, "fetch", sql, *args)
 
 
 def db_execute(database_url: str, sql: str, *args) -> str:
-    async def run():
-        conn = await asyncpg.connect(database_url)
-        try:
-            return await conn.execute(sql, *args)
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
+    return _on_fresh_connection(database_url, "execute", sql, *args)
