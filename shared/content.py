@@ -75,16 +75,22 @@ class BlobResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": b""})
             return
+        # The transfer runs in this task; a watcher cancels it if the client leaves while it waits
+        # for a place, for tokens or for the socket. (One task per request instead of two and an
+        # `asyncio.wait`: this path runs once per download, small ones included.)
         disconnected = asyncio.Event()
-        watcher = asyncio.create_task(_watch_disconnect(receive, disconnected))
-        transfer = asyncio.create_task(self._admitted_transfer(scope, send, disconnected))
+        guard = _CancelOnDisconnect(asyncio.current_task())
+        watcher = asyncio.create_task(_watch_disconnect(receive, disconnected, guard))
         try:
-            await asyncio.wait({watcher, transfer}, return_when=asyncio.FIRST_COMPLETED)
-            if not transfer.done():
-                transfer.cancel()  # the client left while waiting or receiving
-                await asyncio.gather(transfer, return_exceptions=True)
-                return
-            transfer.result()
+            guard.armed = True
+            try:
+                await self._admitted_transfer(scope, send, disconnected)
+            finally:
+                guard.armed = False
+        except asyncio.CancelledError:
+            if guard.fired and guard.task.uncancel() == 0:
+                return  # the client left while waiting or receiving
+            raise  # cancelled from outside (too)
         finally:
             watcher.cancel()
 
@@ -157,11 +163,32 @@ class BlobResponse(Response):
             payload.inc(size)
 
 
-async def _watch_disconnect(receive: Receive, disconnected: asyncio.Event) -> None:
+class _CancelOnDisconnect:
+    """Cancels the request's task when the client leaves, but only while the transfer runs
+    (`armed`): a cancellation must never land after the transfer has returned."""
+
+    __slots__ = ("task", "armed", "fired")
+
+    def __init__(self, task: asyncio.Task | None) -> None:
+        assert task is not None
+        self.task = task
+        self.armed = False
+        self.fired = False
+
+    def client_left(self) -> None:
+        if self.armed and not self.fired:
+            self.fired = True
+            self.task.cancel()
+
+
+async def _watch_disconnect(
+    receive: Receive, disconnected: asyncio.Event, guard: _CancelOnDisconnect
+) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             disconnected.set()
+            guard.client_left()
             return
 
 
@@ -175,8 +202,11 @@ async def _serve(request: Request, find) -> Response:
     if not runtime.may_serve:
         raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
     assert runtime.pool is not None
-    repo = await repository_for_read(runtime.pool, request.path_params["repo"], principal)
-    artifact: Artifact = await find(runtime.pool, repo)
+    # Both lookups on one pooled connection: each acquire/release costs a round trip of its own
+    # (the pool resets the connection on release), as much as the query.
+    async with runtime.pool.acquire() as conn:
+        repo = await repository_for_read(conn, request.path_params["repo"], principal)
+        artifact: Artifact = await find(conn, repo)
     etag = f'"sha256:{artifact.sha256}"'
     headers = {
         "ETag": etag,

@@ -49,7 +49,12 @@ def _wait_ready(url: str, process: subprocess.Popen, limit_s: float = 40.0) -> N
     raise SystemExit(f"arkvory dev: {url} did not become ready in {limit_s:.0f} s")
 
 
+def _stop_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt  # the same orderly stop as Ctrl-C: drain the servers, stop PostgreSQL
+
+
 def run_dev_cluster(directory: str, *, gateways: int, base_port: int) -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     state = pathlib.Path(directory).resolve()
     state.mkdir(parents=True, exist_ok=True)
     database = start_local_postgres(state, fsync=True)
