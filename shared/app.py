@@ -7,10 +7,30 @@ from collections.abc import Sequence
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import content, health
-from .http import EXCEPTION_HANDLERS, RequestContext
+from .errors import Unavailable
+from .http import EXCEPTION_HANDLERS, RequestContext, send_error
 from .runtime import Runtime
+
+
+class ServingGate:
+    """While the lease is lost (or the schema is too new) every API request gets 503."""
+
+    def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
+        self.app = app
+        self.runtime = runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"].startswith("/api/")
+            and not self.runtime.may_serve
+        ):
+            await send_error(scope, send, Unavailable(f"this process cannot serve: {self.runtime.status}"))
+            return
+        await self.app(scope, receive, send)
 
 
 def build_app(
@@ -20,7 +40,11 @@ def build_app(
 ) -> Starlette:
     app = Starlette(
         routes=[*health.routes, *content.routes, *routes],
-        middleware=[Middleware(RequestContext, metrics=runtime.metrics), *middleware],
+        middleware=[
+            Middleware(RequestContext, metrics=runtime.metrics),
+            *middleware,
+            Middleware(ServingGate, runtime=runtime),
+        ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
     app.state.runtime = runtime

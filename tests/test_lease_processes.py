@@ -168,3 +168,21 @@ def test_sigterm_drains_in_flight_download_then_exits_zero_keeping_the_reservati
     assert gateway.wait_exit(20) == 0
     row = lease_row(cluster.database_url, 1)
     assert row is not None and row["live"], "the reservation must be kept after a graceful stop"
+
+
+def test_writer_that_lost_its_lease_refuses_changes_too(cluster, db_proxy):
+    shared = cluster.shared_env()
+    writer = cluster.writer(shared, ARKVORY_DATABASE_URL=db_proxy.url_for(cluster.database_url))
+    writer.wait_ready()
+    db_proxy.stall()
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline and writer.status() != (503, "unavailable"):
+        time.sleep(0.1)
+    with writer.client() as client:
+        try:
+            answer = client.post("/api/v1/repositories", json={"name": "late"})
+            assert answer.status_code == 503 and answer.json()["code"] == "unavailable"
+            assert answer.headers["Retry-After"] == "2"
+        except httpx.TransportError:
+            pass  # already exited
+    assert writer.wait_exit(10) == 75
