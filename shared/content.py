@@ -116,7 +116,7 @@ class BlobResponse(Response):
             self.byte_range.length,
         )
         assert runtime.storage is not None
-        path = runtime.storage.blob_path(artifact.sha256)
+        path = runtime.storage.blob_file(artifact.sha256)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -124,7 +124,8 @@ class BlobResponse(Response):
             log.error("blob %s of artifact %s is missing from storage", artifact.sha256, artifact.id)
             raise Unavailable("the artifact's content is missing from storage") from None
         try:
-            os.posix_fadvise(fd, start, length, os.POSIX_FADV_SEQUENTIAL)
+            if length > THROTTLED_CHUNK:  # a hint for read-ahead; one read needs none
+                os.posix_fadvise(fd, start, length, os.POSIX_FADV_SEQUENTIAL)
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await self._send_bytes(fd, start, length, send, disconnected)
         finally:

@@ -24,12 +24,18 @@ class Storage:
     def __init__(self, root: pathlib.Path) -> None:
         self.root = root
         self.blobs = root / "blobs" / "sha256"
+        self._blobs_prefix = str(self.blobs)
         self.tmp = root / "tmp"
 
     def blob_path(self, sha256: str) -> pathlib.Path:
+        return pathlib.Path(self.blob_file(sha256))
+
+    def blob_file(self, sha256: str) -> str:
+        """The blob's path as a string: the download path opens one per request, and building
+        a `pathlib.Path` costs as much as the open itself."""
         if not _SHA256.match(sha256):
             raise ValueError(f"not a SHA-256 hex digest: {sha256!r}")
-        return self.blobs / sha256[:2] / sha256[2:4] / sha256
+        return f"{self._blobs_prefix}/{sha256[:2]}/{sha256[2:4]}/{sha256}"
 
     def read_id_file(self) -> str | None:
         try:

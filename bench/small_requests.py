@@ -1,0 +1,175 @@
+"""Authorized 64 KiB downloads from one gateway vs nginx serving the same blob file, with wrk.
+
+Goal (issue): gateway req/s ≥ 0.15 × nginx req/s (64 connections, 2 wrk threads, ~10 s).
+
+The gateway is effectively unthrottled (total 2^40 B/s) and its admission is opened up so that
+it is not the limit (ARKVORY_MAX_DOWNLOADS=256, per principal 256, queue 1024). A second gateway
+row uses the default admission settings (16 at once, 4 per principal, queue 64) with the same
+single key, to show what admission costs. Every gateway request authenticates (Bearer key) and
+runs two catalog queries (repository, artifact) on the database pool.
+nginx runs with 1 worker (one process, like the gateway) and with `auto` (one per CPU).
+
+    .venv/bin/python bench/small_requests.py [--seconds 10] [--connections 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+
+from cluster import (
+    ADMIN_TOKEN,
+    MAX_RATE,
+    ROOT,
+    BenchCluster,
+    BenchError,
+    KiB,
+    Nginx,
+    bench_main,
+    blob_file,
+    cpu_seconds,
+    create_repo,
+    table,
+    tree_cpu_seconds,
+    run_wrk,
+    upload,
+    verdict,
+)
+
+OPEN_ADMISSION = {
+    "ARKVORY_MAX_DOWNLOADS": "256",
+    "ARKVORY_MAX_DOWNLOADS_PER_PRINCIPAL": "256",
+    "ARKVORY_DOWNLOAD_QUEUE_SIZE": "1024",
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--size-kib", type=int, default=64)
+    parser.add_argument("--pool-size", type=int, default=10, help="ARKVORY_DATABASE_POOL_SIZE")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment for both gateways (repeatable), e.g. to try a setting",
+    )
+    parser.add_argument(
+        "--py-spy",
+        metavar="FILE",
+        help="record the open-admission gateway with py-spy during its run (FILE.svg: flame graph, "
+        "FILE.txt: collapsed stacks; sampling slows the gateway a little); needs `.venv/bin/pip install py-spy`",
+    )
+    args = parser.parse_args()
+    size = args.size_kib * KiB
+    wrk_args = dict(threads=args.threads, connections=args.connections, seconds=args.seconds)
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+    results: dict[str, dict] = {}
+    with BenchCluster() as bench:
+        shared = bench.shared(slots=3, total=MAX_RATE)
+        pool = {"ARKVORY_DATABASE_POOL_SIZE": str(args.pool_size)}
+        extra = dict(item.split("=", 1) for item in args.env)
+        writer = bench.writer(shared, **pool)
+        create_repo(writer, "bench")
+        artifact = upload(writer, "bench", "small.bin", size)
+        gateway = bench.gateway(1, shared, **{**pool, **OPEN_ADMISSION, **extra})
+        default_gateway = bench.gateway(2, shared, **{**pool, **extra})
+        blob = blob_file(bench.data_dir, artifact["sha256"])
+        blob_url = "/" + str(blob.relative_to(bench.data_dir))
+
+        def measure(name: str, url: str, headers: dict, cpu, profile_pid: int | None = None) -> None:
+            run_wrk(url, headers=headers, threads=args.threads, connections=args.connections, seconds=2)  # warm-up
+            spies = start_py_spy(profile_pid) if profile_pid else []
+            before = cpu()
+            result = run_wrk(url, headers=headers, **wrk_args)
+            result["cpu"] = cpu() - before
+            for spy in spies:
+                spy.wait(30)
+            results[name] = result
+
+        def start_py_spy(pid: int) -> list:
+            if not args.py_spy:
+                return []
+            spy = ROOT / ".venv" / "bin" / "py-spy"
+            if not spy.exists():
+                raise BenchError("py-spy is not installed: .venv/bin/pip install py-spy")
+            return [
+                subprocess.Popen(
+                    [str(spy), "record", "-p", str(pid), "-d", str(max(1, args.seconds - 1)), "-r", "200",
+                     "-f", fmt, "-o", f"{args.py_spy}.{ext}"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for fmt, ext in (("flamegraph", "svg"), ("raw", "txt"))
+            ]
+
+        measure(
+            "gateway, admission 256/256/1024",
+            gateway.url + artifact["path"],
+            auth,
+            lambda: cpu_seconds(gateway.proc.pid),
+            profile_pid=gateway.proc.pid,
+        )
+        measure(
+            "gateway, default admission 16/4/64",
+            default_gateway.url + artifact["path"],
+            auth,
+            lambda: cpu_seconds(default_gateway.proc.pid),
+        )
+        for workers in ("1", "auto"):
+            nginx = Nginx(bench.data_dir, bench.workdir, workers=workers)
+            try:
+                measure(
+                    f"nginx static, worker_processes {workers}",
+                    nginx.url + blob_url,
+                    {},
+                    lambda: tree_cpu_seconds(nginx.pids()),
+                )
+            finally:
+                nginx.close()
+
+    rows = []
+    for name, r in results.items():
+        rows.append(
+            (
+                name,
+                f"{r['rps']:.0f}",
+                r["requests"],
+                r["non2xx"],
+                r["socket_errors"],
+                f"{r['latency_mean_s'] * 1000:.1f}",
+                f"{r['latency_max_s'] * 1000:.0f}",
+                f"{r['cpu'] / max(r['requests'], 1) * 1e6:.0f}",
+            )
+        )
+    print()
+    print(
+        table(
+            rows,
+            ("server", "req/s", "requests", "non-2xx", "socket errors", "mean ms", "max ms", "server CPU µs/req"),
+        )
+    )
+    names = list(results)
+    gw = results[names[0]]["rps"]
+    ratios = []
+    for nginx_name in names[2:]:
+        ratio = gw / results[nginx_name]["rps"]
+        ratios.append((f"gateway (open admission) / {nginx_name}", f"{ratio:.3f}", "≥ 0.15", verdict(ratio >= 0.15)))
+    print()
+    print(table(ratios, ("figure", "ratio", "goal", "result")))
+    print(
+        f"\n(wrk -t{args.threads} -c{args.connections} -d{args.seconds}s, {args.size_kib} KiB body, "
+        f"after a 2 s warm-up each; ARKVORY_DATABASE_POOL_SIZE={args.pool_size})"
+    )
+    if results[names[0]]["non2xx"] or results[names[0]]["socket_errors"]:
+        print("ERROR: the open-admission gateway answered errors", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    bench_main("small_requests", 300, main)
