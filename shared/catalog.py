@@ -19,6 +19,7 @@ from .errors import InvalidInput, NotFound, Unauthorized
 from .identity import Principal
 
 QUERY_TIMEOUT_S = 5.0
+POOL_WAIT_S = 5.0  # a request that cannot get a connection by then answers 503 busy
 REPOSITORY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -54,63 +55,78 @@ def parse_uuid(value: str, what: str) -> uuid.UUID:
         raise InvalidInput(f"{what} must be a UUID") from None
 
 
-async def repository_for_read(pool: asyncpg.Pool, name: str, principal: Principal) -> Repository:
-    check_repository_name(name)
-    row = await pool.fetchrow(
-        "SELECT id, name, public FROM arkvory_repositories WHERE name = $1",
-        name,
-        timeout=QUERY_TIMEOUT_S,
-    )
-    if row is not None and (row["public"] or principal.may_read(name)):
-        return Repository(**row)
+def _readable(repo: Repository | None, name: str, principal: Principal) -> Repository:
+    if repo is not None and (repo.public or principal.may_read(name)):
+        return repo
     if principal.is_anonymous:
         raise Unauthorized("this repository needs credentials")
     raise NotFound(f"no repository {name!r}")
 
 
-_ARTIFACT_COLUMNS = "a.id, a.name, a.sha256, a.size, a.media_type"
-
-
-async def artifact_by_id(pool: asyncpg.Pool, repo: Repository, artifact_id: uuid.UUID) -> Artifact:
-    row = await pool.fetchrow(
-        f"SELECT {_ARTIFACT_COLUMNS} FROM arkvory_artifacts a"
-        " WHERE a.repository_id = $1 AND a.id = $2",
-        repo.id,
-        artifact_id,
-        timeout=QUERY_TIMEOUT_S,
-    )
-    if row is None:
-        raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
-    return Artifact(**row)
-
-
-async def artifact_by_package(
-    pool: asyncpg.Pool, repo: Repository, group: str, name: str, version: str
-) -> Artifact:
-    row = await pool.fetchrow(
-        f"SELECT {_ARTIFACT_COLUMNS} FROM arkvory_packages p"
-        " JOIN arkvory_artifacts a ON a.id = p.artifact_id"
-        " WHERE p.repository_id = $1 AND p.group_name = $2 AND p.name = $3 AND p.version = $4",
-        repo.id,
-        group,
+async def repository_for_read(
+    conn: asyncpg.Pool | asyncpg.Connection, name: str, principal: Principal
+) -> Repository:
+    check_repository_name(name)
+    row = await conn.fetchrow(
+        "SELECT id, name, public FROM arkvory_repositories WHERE name = $1",
         name,
-        version,
         timeout=QUERY_TIMEOUT_S,
     )
-    if row is None:
-        raise NotFound(f"no package {group}/{name}/{version} in {repo.name!r}")
-    return Artifact(**row)
+    return _readable(Repository(**row) if row else None, name, principal)
 
 
-async def artifact_by_asset(pool: asyncpg.Pool, repo: Repository, path: str) -> Artifact:
-    row = await pool.fetchrow(
-        f"SELECT {_ARTIFACT_COLUMNS} FROM arkvory_assets s"
-        " JOIN arkvory_artifacts a ON a.id = s.artifact_id"
-        " WHERE s.repository_id = $1 AND s.path = $2",
-        repo.id,
-        path,
-        timeout=QUERY_TIMEOUT_S,
+@dataclasses.dataclass(frozen=True)
+class ContentKey:
+    """How a content route names its artifact: the join that finds it, and its arguments."""
+
+    join: str
+    args: tuple
+    description: str
+
+
+def by_artifact_id(artifact_id: uuid.UUID) -> ContentKey:
+    return ContentKey(
+        "LEFT JOIN arkvory_artifacts a ON a.repository_id = r.id AND a.id = $2",
+        (artifact_id,),
+        f"artifact {artifact_id}",
     )
-    if row is None:
-        raise NotFound(f"no asset {path!r} in {repo.name!r}")
-    return Artifact(**row)
+
+
+def by_package(group: str, name: str, version: str) -> ContentKey:
+    return ContentKey(
+        "LEFT JOIN arkvory_packages p ON p.repository_id = r.id"
+        " AND p.group_name = $2 AND p.name = $3 AND p.version = $4"
+        " LEFT JOIN arkvory_artifacts a ON a.id = p.artifact_id",
+        (group, name, version),
+        f"package {group}/{name}/{version}",
+    )
+
+
+def by_asset(path: str) -> ContentKey:
+    return ContentKey(
+        "LEFT JOIN arkvory_assets s ON s.repository_id = r.id AND s.path = $2"
+        " LEFT JOIN arkvory_artifacts a ON a.id = s.artifact_id",
+        (path,),
+        f"asset {path!r}",
+    )
+
+
+async def find_content(
+    pool: asyncpg.Pool, repo_name: str, principal: Principal, key: ContentKey
+) -> tuple[Repository, Artifact]:
+    """The repository (permission checked) and the artifact in one query: this runs for every
+    download, small ones included, so it costs one round trip, not two."""
+    check_repository_name(repo_name)
+    async with pool.acquire(timeout=POOL_WAIT_S) as conn:
+        row = await conn.fetchrow(
+            "SELECT r.id AS repository_id, r.public, a.id, a.name, a.sha256, a.size, a.media_type"
+            f" FROM arkvory_repositories r {key.join} WHERE r.name = $1",
+            repo_name,
+            *key.args,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    repo = Repository(row["repository_id"], repo_name, row["public"]) if row else None
+    repo = _readable(repo, repo_name, principal)
+    if row["id"] is None:
+        raise NotFound(f"no {key.description} in {repo_name!r}")
+    return repo, Artifact(row["id"], row["name"], row["sha256"], row["size"], row["media_type"])

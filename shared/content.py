@@ -21,11 +21,12 @@ from starlette.types import Receive, Scope, Send
 from .admission import AdmissionRejected
 from .catalog import (
     Artifact,
-    artifact_by_asset,
-    artifact_by_id,
-    artifact_by_package,
+    ContentKey,
+    by_artifact_id,
+    by_asset,
+    by_package,
+    find_content,
     parse_uuid,
-    repository_for_read,
 )
 from .errors import Busy, InvalidInput, LeaseLost, TransferAborted, Unavailable
 from .http import error_response
@@ -138,7 +139,8 @@ class BlobResponse(Response):
         bandwidth = runtime.bandwidth
         lease = runtime.lease
         payload = runtime.metrics.payload_bytes
-        chunk = THROTTLED_CHUNK if bandwidth.bytes_per_second else UNTHROTTLED_CHUNK
+        # Metered transfers move one quantum per grant; an unmetered one reads 1 MiB at a time.
+        chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else THROTTLED_CHUNK
         principal_id = self.principal.id
         while remaining:
             if disconnected.is_set():
@@ -197,17 +199,13 @@ async def _no_receive() -> dict:
     return {"type": "http.disconnect"}
 
 
-async def _serve(request: Request, find) -> Response:
+async def _serve(request: Request, key: ContentKey) -> Response:
     runtime: Runtime = request.app.state.runtime
     principal = authenticate(runtime.keys, request.headers.get("authorization"))
     if not runtime.may_serve:
         raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
     assert runtime.pool is not None
-    # Both lookups on one pooled connection: each acquire/release costs a round trip of its own
-    # (the pool resets the connection on release), as much as the query.
-    async with runtime.pool.acquire() as conn:
-        repo = await repository_for_read(conn, request.path_params["repo"], principal)
-        artifact: Artifact = await find(conn, repo)
+    repo, artifact = await find_content(runtime.pool, request.path_params["repo"], principal, key)
     etag = f'"sha256:{artifact.sha256}"'
     headers = {
         "ETag": etag,
@@ -241,19 +239,17 @@ def _required(request: Request, name: str) -> str:
 
 async def artifact_content(request: Request) -> Response:
     artifact_id = parse_uuid(request.path_params["artifact_id"], "artifact id")
-    return await _serve(request, lambda pool, repo: artifact_by_id(pool, repo, artifact_id))
+    return await _serve(request, by_artifact_id(artifact_id))
 
 
 async def package_content(request: Request) -> Response:
     group, name, version = (_required(request, p) for p in ("group", "name", "version"))
-    return await _serve(
-        request, lambda pool, repo: artifact_by_package(pool, repo, group, name, version)
-    )
+    return await _serve(request, by_package(group, name, version))
 
 
 async def asset_content(request: Request) -> Response:
     path = _required(request, "path")
-    return await _serve(request, lambda pool, repo: artifact_by_asset(pool, repo, path))
+    return await _serve(request, by_asset(path))
 
 
 CONTENT_METHODS = ["GET", "HEAD"]

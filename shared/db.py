@@ -57,9 +57,16 @@ async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -> 
         ) from exc
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset that sends nothing: pooled connections never hold session state (advisory
+    locks, LISTEN, SET live on dedicated connections), and asyncpg itself still rolls back a
+    transaction left open. The default reset costs a round trip on every release."""
+
+
 async def create_pool(settings: Settings) -> asyncpg.Pool:
     return await asyncpg.create_pool(
         settings.database_url,
+        reset=_keep_session,
         min_size=1,
         max_size=settings.database_pool_size,
         timeout=CONNECT_TIMEOUT_S,

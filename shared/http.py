@@ -12,12 +12,13 @@ import re
 import time
 import uuid
 
+import asyncpg
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError, TransferAborted
+from .errors import ApiError, Busy, TransferAborted, Unavailable
 from .metrics import Metrics
 
 log = logging.getLogger("arkvory.http")
@@ -61,6 +62,14 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
     )
 
 
+async def database_error_handler(request: Request, exc: Exception) -> Response:
+    """A slow or unreachable database is a 503 the client may retry, never a 500."""
+    log.warning("database problem in request %s: %s: %s", request_id(request.scope), exc.__class__.__name__, exc)
+    if isinstance(exc, TimeoutError):
+        return error_response(request.scope, Busy("the database did not answer in time", retry_after=1))
+    return error_response(request.scope, Unavailable("the database cannot be reached"))
+
+
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
     if isinstance(exc, TransferAborted):
         # Cut on purpose after the response started; the content module logged why.
@@ -73,6 +82,10 @@ async def unexpected_error_handler(request: Request, exc: Exception) -> Response
 
 EXCEPTION_HANDLERS = {
     ApiError: api_error_handler,
+    TimeoutError: database_error_handler,
+    asyncpg.PostgresConnectionError: database_error_handler,
+    asyncpg.InterfaceError: database_error_handler,
+    ConnectionError: database_error_handler,
     HTTPException: http_exception_handler,
     Exception: unexpected_error_handler,
 }

@@ -20,6 +20,7 @@ import asyncpg
 log = logging.getLogger("arkvory.pins")
 
 REFRESH_S = 2.0
+BATCH_S = 0.1  # new digests within this window share one write
 PIN_SECONDS = 10.0
 FLUSH_TIMEOUT_S = 2.0
 
@@ -61,6 +62,7 @@ class ReadPins:
             while True:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), REFRESH_S)
+                    await asyncio.sleep(BATCH_S)  # a burst of small downloads: one write
                 self._changed.clear()
                 await self.flush(database_url)
         finally:

@@ -210,6 +210,11 @@ class BandwidthScheduler:
     # -- what health and metrics read ------------------------------------------------------
 
     @property
+    def unlimited(self) -> bool:
+        """No rate at all (a standalone writer without local limits): callers may skip grant()."""
+        return self._unlimited
+
+    @property
     def bytes_per_second(self) -> int | None:
         return self._process_rate
 
@@ -250,15 +255,19 @@ class BandwidthScheduler:
     # -- granting --------------------------------------------------------------------------
 
     async def grant(self, principal_id: str, want: int) -> int:
-        """Wait for and return n bytes, 1 ≤ n ≤ min(want, quantum), that passed both buckets."""
+        """Wait for and return n bytes, 1 ≤ n ≤ min(want, quantum), that passed both buckets.
+
+        Without any rate there is no bucket and no quantum: all of `want` is granted at once, so
+        an unthrottled transfer can move large chunks.
+        """
         if self._closed is not None:
             raise self._closed.with_traceback(None)
-        size = want if want < self._quantum else self._quantum
-        if size < 1:
+        if want < 1:
             raise ValueError(f"want must be at least 1 byte, got {want!r}")
         if self._unlimited:
-            self._granted_bytes += size
-            return size
+            self._granted_bytes += want
+            return want
+        size = want if want < self._quantum else self._quantum
 
         now = _ns(self._clock())
         if now >= self._next_sweep:

@@ -228,3 +228,17 @@ def test_interrupted_upload_leaves_no_artifact_and_no_file(site):
         names = [a["name"] for a in client.get("/api/v1/repositories/priv/artifacts").json()["items"]]
     assert "cut.bin" not in names
     assert list((site["cluster"].data_dir / "tmp").iterdir()) == []
+
+
+def test_a_stalled_database_gives_503_not_500(cluster, db_proxy):
+    # A standalone writer has no lease to lose: the request itself must fail cleanly.
+    writer = cluster.writer(ARKVORY_DATABASE_URL=db_proxy.url_for(cluster.database_url)).wait_ready()
+    db_proxy.stall()
+    with writer.client(timeout=30) as client:
+        started = time.monotonic()
+        answer = client.get("/api/v1/repositories/priv/artifacts/00000000-0000-0000-0000-000000000000/content")
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["code"] in ("busy", "unavailable")
+    assert "Retry-After" in answer.headers
+    assert time.monotonic() - started < 12
+    db_proxy.resume()

@@ -132,9 +132,9 @@ def test_invalid_arguments_name_the_parameter() -> None:
 async def test_unlimited_mode_grants_at_once_and_only_counts() -> None:
     fake = FakeTime()
     scheduler = BandwidthScheduler(None, None, clock=fake.clock, sleep=fake.sleep)
-    assert await scheduler.grant("a", 10 * MAX_BURST_BYTES) == QUANTUM_BYTES
+    assert await scheduler.grant("a", 10 * MAX_BURST_BYTES) == 10 * MAX_BURST_BYTES
     assert await scheduler.grant("b", 1_000) == 1_000
-    assert scheduler.granted_bytes == QUANTUM_BYTES + 1_000
+    assert scheduler.granted_bytes == 10 * MAX_BURST_BYTES + 1_000
     assert scheduler.tracked_principals == 0
     assert scheduler.wait_seconds == 0
     assert fake.sleeps == []
