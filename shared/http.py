@@ -10,7 +10,8 @@ import json
 import logging
 import re
 import time
-import uuid
+import itertools
+import secrets
 
 import asyncpg
 from starlette.exceptions import HTTPException
@@ -108,13 +109,16 @@ class RequestContext:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        # Unique per process start and cheap: a random prefix and a counter (ids are not secrets).
+        prefix = secrets.token_hex(6)
+        self._ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         offered = _header(scope, b"x-request-id")
-        rid = offered if offered and _CLIENT_REQUEST_ID.match(offered) else uuid.uuid4().hex
+        rid = offered if offered and _CLIENT_REQUEST_ID.match(offered) else next(self._ids)
         scope[REQUEST_ID_KEY] = rid
         started = time.perf_counter()
         status = 500
