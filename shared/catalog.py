@@ -117,9 +117,8 @@ async def find_content(
     """The repository (permission checked) and the artifact in one query: this runs for every
     download, small ones included, so it costs one round trip, not two."""
     check_repository_name(repo_name)
-    # A bounded wait costs a timer and a task lookup; spend them only when no connection is idle.
-    wait = None if pool.get_idle_size() else POOL_WAIT_S
-    async with pool.acquire(timeout=wait) as conn:
+    # The acquire timeout also bounds the release, which waits for a cancelled query to end.
+    async with pool.acquire(timeout=POOL_WAIT_S) as conn:
         row = await conn.fetchrow(
             "SELECT r.id AS repository_id, r.public, a.id, a.name, a.sha256, a.size, a.media_type"
             f" FROM arkvory_repositories r {key.join} WHERE r.name = $1",
