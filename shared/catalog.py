@@ -15,6 +15,7 @@ import uuid
 
 import asyncpg
 
+from .catalog_cache import CatalogCache
 from .errors import InvalidInput, NotFound, Unauthorized
 from .identity import Principal
 
@@ -112,11 +113,29 @@ def by_asset(path: str) -> ContentKey:
 
 
 async def find_content(
+    pool: asyncpg.Pool,
+    repo_name: str,
+    principal: Principal,
+    key: ContentKey,
+    cache: CatalogCache,
+) -> tuple[Repository, Artifact]:
+    """The repository (permission checked on every call) and the artifact: from the cache, or
+    in one query, since this runs for every download, small ones included."""
+    check_repository_name(repo_name)
+    cache_key = (repo_name, key)
+    found = cache.get(cache_key)
+    if found is not None:
+        repo, artifact = found
+        return _readable(repo, repo_name, principal), artifact
+    generation = cache.generation
+    repo, artifact = await _lookup_content(pool, repo_name, principal, key)
+    cache.put(cache_key, (repo, artifact), generation)
+    return repo, artifact
+
+
+async def _lookup_content(
     pool: asyncpg.Pool, repo_name: str, principal: Principal, key: ContentKey
 ) -> tuple[Repository, Artifact]:
-    """The repository (permission checked) and the artifact in one query: this runs for every
-    download, small ones included, so it costs one round trip, not two."""
-    check_repository_name(repo_name)
     # The acquire timeout also bounds the release, which waits for a cancelled query to end.
     async with pool.acquire(timeout=POOL_WAIT_S) as conn:
         row = await conn.fetchrow(

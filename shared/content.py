@@ -205,7 +205,9 @@ async def _serve(request: Request, key: ContentKey) -> Response:
     if not runtime.may_serve:
         raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
     assert runtime.pool is not None
-    repo, artifact = await find_content(runtime.pool, request.path_params["repo"], principal, key)
+    repo, artifact = await find_content(
+        runtime.pool, request.path_params["repo"], principal, key, runtime.catalog
+    )
     etag = f'"sha256:{artifact.sha256}"'
     headers = {
         "ETag": etag,

@@ -70,6 +70,9 @@ class Metrics:
         """Export the scheduler's own running totals instead of copying them per chunk."""
         self.registry.register(_BandwidthCollector(bandwidth))
 
+    def observe_catalog(self, catalog) -> None:
+        self.registry.register(_CatalogCollector(catalog))
+
     # The lease reports through these two (see lease.RenewalCounter).
     def renewal(self, result: str) -> None:
         self.lease_renewals.labels(result=result).inc()
@@ -93,3 +96,18 @@ class _BandwidthCollector(Collector):
             "Payload bytes granted by this process's token buckets",
             value=self.bandwidth.granted_bytes,
         )
+
+
+class _CatalogCollector(Collector):
+    def __init__(self, catalog) -> None:
+        self.catalog = catalog
+
+    def collect(self):
+        lookups = CounterMetricFamily(
+            "arkvory_catalog_lookups",
+            "Content lookups answered from the catalog cache (hit) or the database (miss)",
+            labels=["result"],
+        )
+        lookups.add_metric(["hit"], self.catalog.hits)
+        lookups.add_metric(["miss"], self.catalog.misses)
+        yield lookups

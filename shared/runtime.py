@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from . import db, policy
 from .admission import Admission
+from .catalog_cache import CatalogCache
 from .errors import DatabaseUnavailable, LeaseLost, StartupRefused
 from .identity import KeyRing
 from .lease import SlotLease
@@ -56,6 +57,7 @@ class Runtime:
             settings.download_queue_timeout_ms / 1000,
         )
         self.pins = ReadPins(slot=settings.slot)
+        self.catalog = CatalogCache()
         self._publish_configured_shares()
 
     # -- start-up ---------------------------------------------------------------------------
@@ -91,6 +93,7 @@ class Runtime:
             )
             await self.lease.acquire()
         self.pool = await db.create_pool(settings)
+        await self.catalog.listen(self.control)
 
     async def _start_writer(self) -> None:
         assert self.control is not None
@@ -146,6 +149,7 @@ class Runtime:
         self.metrics.transfers_active.set_function(lambda: self.admission.active)
         self.metrics.transfers_waiting.set_function(lambda: self.admission.waiting)
         self.metrics.observe_bandwidth(self.bandwidth)
+        self.metrics.observe_catalog(self.catalog)
 
     # -- state read by every request --------------------------------------------------------
 

@@ -139,7 +139,7 @@ def test_migrations_are_idempotent_and_recorded(cluster):
     writer.kill()
     cluster.writer().wait_ready()
     versions = fetch(cluster.database_url, "SELECT version FROM arkvory_schema_version ORDER BY 1")
-    assert [r["version"] for r in versions] == [1, 2]
+    assert [r["version"] for r in versions] == [1, 2, 3]
 
 
 def test_gateway_older_than_schema_reports_unavailable(cluster):
@@ -171,3 +171,9 @@ def test_unreachable_database_exits_69_without_the_password(cluster):
     assert status == 69
     assert "cannot connect to the database" in stderr
     assert "hunter2" not in stderr
+
+
+def test_code_schema_version_is_the_highest_migration():
+    from shared import db
+
+    assert db.CODE_SCHEMA_VERSION == db.migrations()[-1][0]

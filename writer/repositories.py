@@ -27,6 +27,11 @@ def runtime_of(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
+def forget_cached_lookups(request: Request) -> None:
+    """Our own next request must see a change at once; other processes hear of it by NOTIFY."""
+    runtime_of(request).catalog.invalidate()
+
+
 def principal_of(request: Request) -> Principal:
     return authenticate(runtime_of(request).keys, request.headers.get("authorization"))
 
@@ -116,6 +121,7 @@ async def update_repository(request: Request) -> Response:
         "UPDATE arkvory_repositories SET public = $2 WHERE id = $1", repo.id, public,
         timeout=QUERY_TIMEOUT_S,
     )
+    forget_cached_lookups(request)
     return JSONResponse({**repository_json(repo), "public": public})
 
 
@@ -127,6 +133,7 @@ async def delete_repository(request: Request) -> Response:
     pool = runtime_of(request).pool
     assert pool is not None
     await pool.execute("DELETE FROM arkvory_repositories WHERE id = $1", repo.id, timeout=QUERY_TIMEOUT_S)
+    forget_cached_lookups(request)
     return Response(status_code=204)
 
 
@@ -205,6 +212,7 @@ async def point_asset(request: Request) -> Response:
             "INSERT INTO arkvory_asset_history (repository_id, path, artifact_id) VALUES ($1, $2, $3)",
             repo.id, path, artifact_id,
         )
+    forget_cached_lookups(request)
     return JSONResponse({"path": path, "artifactId": str(artifact_id)})
 
 

@@ -1,0 +1,84 @@
+"""Gateways remember content lookups, and forget them as soon as the catalog changes."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from .harness import db_execute
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def metric(process, name: str) -> float:
+    with process.client() as client:
+        for line in client.get("/health/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def eventually(check, timeout: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def site(cluster):
+    shared = cluster.shared_env()
+    writer = cluster.writer(shared).wait_ready()
+    with writer.client() as client:
+        client.post("/api/v1/repositories", json={"name": "cache", "public": True})
+        first = client.post("/api/v1/repositories/cache/artifacts", params={"name": "a"}, content=b"first").json()
+        second = client.post("/api/v1/repositories/cache/artifacts", params={"name": "b"}, content=b"second").json()
+        client.put("/api/v1/repositories/cache/assets", params={"path": "latest"}, json={"artifactId": first["id"]})
+    gateway = cluster.gateway(1, shared).wait_ready()
+    return writer, gateway, first, second
+
+
+def test_repeated_downloads_are_answered_from_the_cache(site):
+    writer, gateway, first, _ = site
+    path = f"/api/v1/repositories/cache/artifacts/{first['id']}/content"
+    with gateway.client() as client:
+        assert client.get(path).content == b"first"
+        assert client.get(path).content == b"first"
+    assert metric(gateway, 'arkvory_catalog_lookups_total{result="hit"}') == 1
+
+
+def test_repointed_asset_is_seen_at_once_on_the_gateway(site):
+    writer, gateway, first, second = site
+    with gateway.client() as client:
+        assert client.get("/api/v1/repositories/cache/asset/content", params={"path": "latest"}).content == b"first"
+    with writer.client() as client:
+        client.put("/api/v1/repositories/cache/assets", params={"path": "latest"}, json={"artifactId": second["id"]})
+        # The writer's own next request already sees it.
+        assert client.get("/api/v1/repositories/cache/asset/content", params={"path": "latest"}).content == b"second"
+    with gateway.client() as client:
+        assert eventually(
+            lambda: client.get("/api/v1/repositories/cache/asset/content", params={"path": "latest"}).content
+            == b"second",
+            timeout=1.0,
+        )
+
+
+def test_repository_made_private_is_refused_to_anonymous_at_once(site):
+    writer, gateway, first, _ = site
+    path = f"{gateway.url}/api/v1/repositories/cache/artifacts/{first['id']}/content"
+    assert httpx.get(path).status_code == 200
+    with writer.client() as client:
+        assert client.patch("/api/v1/repositories/cache", json={"public": False}).status_code == 200
+    assert eventually(lambda: httpx.get(path).status_code == 401, timeout=1.0)
+
+
+def test_a_change_made_by_sql_also_reaches_the_gateway(site, cluster):
+    writer, gateway, first, _ = site
+    path = f"{gateway.url}/api/v1/repositories/cache/artifacts/{first['id']}/content"
+    assert httpx.get(path).status_code == 200
+    db_execute(cluster.database_url, "UPDATE arkvory_repositories SET public = false WHERE name = 'cache'")
+    assert eventually(lambda: httpx.get(path).status_code == 401, timeout=1.0)
