@@ -36,6 +36,11 @@ from .runtime import Runtime
 
 log = logging.getLogger("arkvory.content")
 
+_REJECTION_MESSAGES = {
+    "full": "too many downloads are waiting on this process",
+    "timed_out": "no download place became free in time",
+    "draining": "this process is shutting down",
+}
 UNTHROTTLED_CHUNK = 1024 * 1024
 THROTTLED_CHUNK = 64 * 1024
 
@@ -105,7 +110,8 @@ class BlobResponse(Response):
                     await self._stream(send, disconnected)
         except AdmissionRejected as exc:
             runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
-            await error_response(scope, Busy(f"downloads are {exc.reason.replace('_', ' ')}", retry_after=exc.retry_after))(scope, _no_receive, send)
+            busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)
+            await error_response(scope, busy)(scope, _no_receive, send)
         except Unavailable as exc:
             await error_response(scope, exc)(scope, _no_receive, send)
 
