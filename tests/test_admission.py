@@ -9,40 +9,12 @@ import pytest
 
 from shared.admission import Admission, AdmissionRejected
 
+from .fakeclock import FakeTime, settle
+
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class FakeTime:
-    """A clock that moves only when the test calls `advance`; sleepers wake then."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        for deadline, future in self._sleepers:
-            if deadline <= self.now and not future.done():
-                future.set_result(None)
-
-    async def sleep(self, seconds: float) -> None:
-        entry = (self.now + seconds, asyncio.get_running_loop().create_future())
-        self._sleepers.append(entry)
-        try:
-            await entry[1]
-        finally:
-            self._sleepers.remove(entry)
-
-
-async def settle(rounds: int = 20) -> None:
-    for _ in range(rounds):
-        await asyncio.sleep(0)
 
 
 class Download:
@@ -75,7 +47,7 @@ def make(fake: FakeTime, capacity: int = 2, per_principal: int = 2, waiting: int
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_enters_while_places_are_free_then_waits_in_arrival_order() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = make(fake)
     downloads = [Download(admission, principal) for principal in ("a", "b", "c", "d")]
     await settle()
@@ -96,7 +68,7 @@ async def test_enters_while_places_are_free_then_waits_in_arrival_order() -> Non
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_a_principal_at_its_limit_waits_without_blocking_others() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = make(fake, capacity=3, per_principal=1)
     a1 = Download(admission, "a")
     await settle()
@@ -127,7 +99,7 @@ async def test_a_principal_at_its_limit_waits_without_blocking_others() -> None:
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_a_full_waiting_list_rejects_at_once() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = make(fake, capacity=1, per_principal=1, waiting=1)
     first, second = Download(admission, "a"), Download(admission, "b")
     await settle()
@@ -148,7 +120,7 @@ async def test_a_full_waiting_list_rejects_at_once() -> None:
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_a_wait_times_out_after_the_timeout() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = Admission(1, 1, 4, 20.0, clock=fake.clock, sleep=fake.sleep)
     holder = Download(admission, "a")
     await settle()
@@ -177,7 +149,7 @@ async def test_a_wait_times_out_after_the_timeout() -> None:
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_drain_wakes_waiters_and_refuses_newcomers_but_keeps_the_active() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = make(fake, capacity=1, per_principal=1)
     active = Download(admission, "a")
     await settle()
@@ -202,7 +174,7 @@ async def test_drain_wakes_waiters_and_refuses_newcomers_but_keeps_the_active() 
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_a_cancelled_waiter_leaves_the_queue() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = make(fake, capacity=1, per_principal=1)
     holder = Download(admission, "a")
     await settle()
@@ -223,7 +195,7 @@ async def test_a_cancelled_waiter_leaves_the_queue() -> None:
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_a_waiter_cancelled_just_after_admission_hands_its_place_on() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = make(fake, capacity=1, per_principal=1)
     holder = Download(admission, "a")
     await settle()
@@ -245,7 +217,7 @@ async def test_a_waiter_cancelled_just_after_admission_hands_its_place_on() -> N
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_an_error_inside_the_body_frees_the_place() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = make(fake, capacity=1, per_principal=1)
     with contextlib.suppress(OSError):
         async with admission.admit("a"):
@@ -259,7 +231,7 @@ async def test_an_error_inside_the_body_frees_the_place() -> None:
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_snapshot_has_exactly_the_ready_keys() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = Admission(16, 4, 64, 20.0, clock=fake.clock, sleep=fake.sleep)
     async with admission.admit("a"):
         assert admission.snapshot() == {
@@ -278,7 +250,7 @@ async def test_snapshot_has_exactly_the_ready_keys() -> None:
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_wait_idle_returns_true_when_the_last_leaves_and_false_on_timeout() -> None:
-    fake = FakeTime()
+    fake = FakeTime(auto=False)
     admission = make(fake)
     assert await admission.wait_idle(5) is True  # nothing active
     download = Download(admission, "a")
