@@ -189,28 +189,29 @@ def _shared_downloads(reader: _Reader, role: str) -> SharedDownloads | None:
                 show_value=False,
             )
     slots = reader.integer("ARKVORY_GATEWAY_SLOTS", 2, 16, None)
-    slot = None
-    if slots is not None:
-        low, high = (0, 0) if role == "api" else (1, slots - 1)
-        who = "the writer (ARKVORY_ROLE=api) is slot 0" if role == "api" else (
-            f"a gateway uses slot 1..{slots - 1}"
-        )
-        slot = reader.integer("ARKVORY_GATEWAY_SLOT", low, high, None, why=who)
-    total = per_principal = None
-    if slots is not None:
-        floor = MIN_SHARE_PER_SLOT * slots
-        why = f"at least 65536 x ARKVORY_GATEWAY_SLOTS ({slots}) and at most 2^40"
-        total = reader.integer(
-            "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND", floor, MAX_RATE, None, why=why
-        )
-        per_principal = reader.integer(
-            "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL",
-            floor,
-            MAX_RATE,
-            0,
-            why="0 (unlimited) or " + why,
-            allow_zero=True,
-        )
+    # Without a valid slot count, still check the others against the widest rule (16 slots),
+    # so one run reports every problem.
+    bound = slots or 16
+    low, high = (0, 0) if role == "api" else (1, bound - 1)
+    who = "the writer (ARKVORY_ROLE=api) is slot 0" if role == "api" else (
+        f"a gateway uses slot 1..{bound - 1}"
+    )
+    slot = reader.integer("ARKVORY_GATEWAY_SLOT", low, high, None, why=who)
+    floor = MIN_SHARE_PER_SLOT * (slots or 2)
+    why = (
+        f"at least 65536 x ARKVORY_GATEWAY_SLOTS ({slots}) and at most 2^40"
+        if slots
+        else "at least 65536 x ARKVORY_GATEWAY_SLOTS and at most 2^40"
+    )
+    total = reader.integer("ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND", floor, MAX_RATE, None, why=why)
+    per_principal = reader.integer(
+        "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL",
+        floor,
+        MAX_RATE,
+        0,
+        why="0 (unlimited) or " + why,
+        allow_zero=True,
+    )
     if None in (slots, slot, total, per_principal):
         return None
     return SharedDownloads(slots, slot, total, per_principal)

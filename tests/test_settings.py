@@ -538,3 +538,21 @@ def test_settings_error_lists_every_problem():
     names = [line.split(":", 1)[0] for line in caught.value.problems]
     assert names == ["ARKVORY_DATABASE_URL", "ARKVORY_DATA_DIR", "ARKVORY_PORT"]
     assert str(caught.value) == "\n".join(caught.value.problems)
+
+
+def test_an_invalid_slot_count_does_not_hide_other_shared_problems():
+    environ = {
+        "ARKVORY_DATABASE_URL": "postgresql://arkvory@127.0.0.1:1/none",
+        "ARKVORY_DATA_DIR": "/srv/arkvory",
+        "ARKVORY_GATEWAY_SLOTS": "x",
+        "ARKVORY_GATEWAY_SLOT": "y",
+        "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND": "5",
+    }
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(environ)
+    named = [line.split(":")[0] for line in caught.value.problems]
+    assert named == [
+        "ARKVORY_GATEWAY_SLOTS",
+        "ARKVORY_GATEWAY_SLOT",
+        "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND",
+    ]
