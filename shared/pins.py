@@ -1,10 +1,10 @@
 """Read pins: while a transfer streams a blob, `arkvory_read_pins` holds a row for it, so the
 cleanup task never deletes a blob that is being read (SPEC §3).
 
-Pins are counted in memory and written in batches on a dedicated connection: at once when a new
-digest appears, and every 2 s to refresh. Each row expires on its own 10 s after its last
-refresh, so a pin outlives neither its transfer nor its process's lease by more than the lease
-time, even when the process dies.
+Pins are counted in memory and written in batches on a dedicated connection: within 100 ms
+when a new digest appears (new digests of that window share one write), and every 2 s to
+refresh. Each row expires on its own 10 s after its last refresh, so a pin outlives neither its
+transfer nor its process's lease by more than the lease time, even when the process dies.
 """
 
 from __future__ import annotations

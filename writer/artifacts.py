@@ -37,6 +37,14 @@ def artifact_json(row) -> dict:
     }
 
 
+def _fsync_directory(path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -66,6 +74,8 @@ async def receive_into_store(request: Request, storage: Storage) -> tuple[str, i
         final = storage.blob_path(sha256)
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, final)  # identical content may already be there: same bytes
+        # The metadata row is committed next: the rename must be on disk before it can point here.
+        await asyncio.to_thread(_fsync_directory, final.parent)
         return sha256, size
     except BaseException:
         partial.unlink(missing_ok=True)
