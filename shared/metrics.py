@@ -65,6 +65,13 @@ class Metrics:
             "Downloads aborted because a blob on disk was shorter than its metadata",
             registry=registry,
         )
+        self.transfer_aborts = Counter(
+            "arkvory_transfer_aborts",
+            "Transfers cut by the server, by direction (download, upload) and reason "
+            "(send_timeout, receive_timeout, lease_lost, short_read)",
+            ["direction", "reason"],
+            registry=registry,
+        )
 
     def observe_bandwidth(self, bandwidth) -> None:
         """Export the scheduler's own running totals instead of copying them per chunk."""

@@ -82,6 +82,8 @@ class Settings:
     log_format: str = "text"
     log_level: str = "info"
     drain_timeout_s: int = 30
+    send_timeout_s: int = 60
+    receive_timeout_s: int = 60
 
     def __repr__(self) -> str:
         # The DSN may carry a password: show it masked, never raw.
@@ -154,6 +156,10 @@ class Settings:
             log_format=reader.choice("ARKVORY_LOG_FORMAT", ("json", "text"), "text"),
             log_level=reader.choice("ARKVORY_LOG_LEVEL", _LOG_LEVELS, "info", fold_case=True),
             drain_timeout_s=reader.integer("ARKVORY_DRAIN_TIMEOUT_SECONDS", 0, 600, 30),
+            # Like nginx's send_timeout / client_body_timeout: a peer that moves no byte for
+            # this long gives its place back.
+            send_timeout_s=reader.integer("ARKVORY_SEND_TIMEOUT_SECONDS", 1, 3600, 60),
+            receive_timeout_s=reader.integer("ARKVORY_RECEIVE_TIMEOUT_SECONDS", 1, 3600, 60),
         )
         cert, key = values["tls_cert_file"], values["tls_key_file"]
         tls_failed = {"ARKVORY_TLS_CERT_FILE", "ARKVORY_TLS_KEY_FILE"} & reader.failed

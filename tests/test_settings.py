@@ -151,6 +151,9 @@ SINGLE_RULES = [
     *range_cases("ARKVORY_DOWNLOAD_QUEUE_SIZE", 1, 1024),
     *range_cases("ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS", 1, 120000),
     *range_cases("ARKVORY_MAX_UPLOADS", 1, 32),
+    # slow or silent peers
+    *range_cases("ARKVORY_SEND_TIMEOUT_SECONDS", 1, 3600),
+    *range_cases("ARKVORY_RECEIVE_TIMEOUT_SECONDS", 1, 3600),
     # durations
     *[
         case(f"{name}-{label}", {name: value}, (name, "expected a duration such as 7d", value))
