@@ -26,6 +26,7 @@ from .pins import ReadPins
 from .settings import Settings
 from .storage import Storage, prepare_storage, verify_storage
 from .throttle import BandwidthScheduler
+from .transfers import Transfers
 
 log = logging.getLogger("arkvory.runtime")
 
@@ -57,6 +58,7 @@ class Runtime:
             settings.download_queue_timeout_ms / 1000,
         )
         self.pins = ReadPins(slot=settings.slot)
+        self.transfers = Transfers()
         self.catalog = CatalogCache()
         self._publish_configured_shares()
 
@@ -199,6 +201,7 @@ class Runtime:
         if not self.lease.lost.is_set():
             return  # stopped renewing on purpose (graceful drain)
         self.bandwidth.close(LeaseLost(self.lease.lost_reason or "lease lost"))
+        self.transfers.abort_all("lease_lost")
         self.admission.drain()
         log.error("lease lost; answering 503 for %.0f s, then exiting %d", LOST_DRAIN_S, EXIT_LEASE_LOST)
         await asyncio.sleep(LOST_DRAIN_S)
