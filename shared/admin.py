@@ -1,13 +1,17 @@
 """Operator tools that work on the database directly (SPEC §9).
 
 Each tool is `async def tool(conn) -> exit status`; `run_tool` connects and reports a database
-that cannot be reached the same way for all of them.
+that cannot be reached the same way for all of them. `status` prints for people (a table) or,
+with `--json`, for machines: the same report either way.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 
@@ -52,24 +56,91 @@ async def reset_download_policy(conn: asyncpg.Connection) -> int:
     return 0
 
 
-async def show_status(conn: asyncpg.Connection) -> int:
+def _utc(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rate(bytes_per_second: int) -> str:
+    if not bytes_per_second:
+        return "unlimited"
+    return f"{bytes_per_second:,} bytes/s ({bytes_per_second / 2**20:,.1f} MiB/s)"
+
+
+def _span(seconds: float) -> str:
+    seconds = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.1f} s"
+
+
+async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
+    """Schema, policy and leases as plain JSON values; lease times by the database clock."""
     version = await db.schema_version(conn)
-    print(f"schema version: {version}")
+    report: dict[str, Any] = {"schemaVersion": version or 0, "downloadPolicy": None, "leases": []}
     if not version:
-        return 0
+        return report
     policy = await conn.fetchrow(
         "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at"
         " FROM arkvory_download_policy"
     )
-    print(f"download policy: {dict(policy) if policy else 'none (standalone)'}")
+    if policy:
+        report["downloadPolicy"] = {
+            "slots": policy["slots"],
+            "totalBytesPerSecond": policy["total_bytes_per_second"],
+            "perPrincipalBytesPerSecond": policy["per_principal_bytes_per_second"],
+            "savedAt": _utc(policy["saved_at"]),
+        }
     for row in await conn.fetch(
-        "SELECT slot, generation, pid, host, role, expires_at > now() AS live,"
-        " round(extract(epoch FROM expires_at - now())::numeric, 1) AS remaining"
+        "SELECT slot, role, pid, host, generation, acquired_at, renewed_at,"
+        " extract(epoch FROM expires_at - now())::float8 AS remaining"
         " FROM arkvory_gateway_leases ORDER BY slot"
     ):
-        print(
-            f"slot {row['slot']}: {row['role']} pid {row['pid']} on {row['host']}, "
-            f"generation {row['generation']}, "
-            + (f"live for {row['remaining']} s" if row["live"] else "expired")
+        report["leases"].append({
+            "slot": row["slot"],
+            "role": row["role"],
+            "pid": row["pid"],
+            "host": row["host"],
+            "generation": row["generation"],
+            "live": row["remaining"] > 0,
+            "expiresInSeconds": round(row["remaining"], 1),
+            "acquiredAt": _utc(row["acquired_at"]),
+            "renewedAt": _utc(row["renewed_at"]),
+        })
+    return report
+
+
+def status_table(report: dict[str, Any]) -> str:
+    lines = [f"schema version   {report['schemaVersion'] or 'none (no writer has started yet)'}"]
+    policy = report["downloadPolicy"]
+    if policy is None:
+        lines.append("download policy  none (standalone writer)")
+    else:
+        lines += [
+            f"download policy  {policy['slots']} slots, saved {policy['savedAt']}",
+            f"  total          {_rate(policy['totalBytesPerSecond'])}",
+            f"  per principal  {_rate(policy['perPrincipalBytesPerSecond'])}",
+        ]
+    leases = report["leases"]
+    if not leases:
+        lines.append("leases           none")
+        return "\n".join(lines)
+    header = ("slot", "role", "pid", "host", "generation", "lease")
+    rows = [
+        (
+            str(lease["slot"]), lease["role"], str(lease["pid"]), lease["host"], str(lease["generation"]),
+            f"expires in {_span(lease['expiresInSeconds'])}" if lease["live"]
+            else f"expired {_span(lease['expiresInSeconds'])} ago",
         )
+        for lease in leases
+    ]
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    lines.append("")
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in (header, *rows)]
+    return "\n".join(lines)
+
+
+async def show_status(conn: asyncpg.Connection, *, as_json: bool = False) -> int:
+    report = await status_report(conn)
+    print(json.dumps(report, indent=2) if as_json else status_table(report))
     return 0

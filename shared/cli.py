@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import secrets
 import sys
 
+from .dev import DEFAULT_DIR
+from .errors import StartupError
 from .settings import Settings, SettingsError, format_problems
 
 EXIT_USAGE = 2
@@ -72,19 +75,46 @@ def cmd_new_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def _database_url(args: argparse.Namespace) -> str:
+    """`--dev [DIR]` reads a running `arkvory dev`'s env file; otherwise ARKVORY_DATABASE_URL."""
+    if args.dev is not None:
+        from .dev import dev_environment
+
+        return dev_environment(args.dev)["ARKVORY_DATABASE_URL"]
+    url = os.environ.get("ARKVORY_DATABASE_URL")
+    if not url:
+        raise StartupError(
+            "no database: set ARKVORY_DATABASE_URL, or pass --dev [DIR] to use a running arkvory dev"
+        )
+    return url
+
+
 def _admin_tool(name: str):
-    """An `arkvory admin` action that works on ARKVORY_DATABASE_URL directly."""
+    """An `arkvory admin` action that works on the database directly."""
 
     def run(args: argparse.Namespace) -> int:
         from . import admin
 
-        url = os.environ.get("ARKVORY_DATABASE_URL")
-        if not url:
-            print("arkvory: ARKVORY_DATABASE_URL: required", file=sys.stderr)
+        try:
+            url = _database_url(args)
+        except StartupError as exc:
+            print(f"arkvory: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        return asyncio.run(admin.run_tool(url, getattr(admin, name)))
+        tool = getattr(admin, name)
+        if getattr(args, "json", False):
+            tool = functools.partial(tool, as_json=True)
+        return asyncio.run(admin.run_tool(url, tool))
 
     return run
+
+
+def _database_options(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    action.add_argument(
+        "--dev", nargs="?", const=DEFAULT_DIR, metavar="DIR",
+        help=f"use the database of the arkvory dev running in DIR (default {DEFAULT_DIR})"
+        " instead of ARKVORY_DATABASE_URL",
+    )
+    return action
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -99,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the API program (role from ARKVORY_ROLE)")
     serve.set_defaults(func=cmd_serve)
     dev = sub.add_parser("dev", help="run a local writer + gateways on an embedded PostgreSQL")
-    dev.add_argument("--dir", default=".arkvory-dev", help="state directory (default .arkvory-dev)")
+    dev.add_argument("--dir", default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})")
     dev.add_argument("--gateways", type=int, default=2, choices=range(0, 16))
     dev.add_argument("--port", type=int, default=8080, help="writer port; gateways follow")
     dev.set_defaults(func=cmd_dev)
@@ -111,9 +141,10 @@ def parser() -> argparse.ArgumentParser:
     reset = admin.add_parser(
         "reset-download-policy", help="delete the saved policy and leases (refuses while any lease is live)"
     )
-    reset.set_defaults(func=_admin_tool("reset_download_policy"))
+    _database_options(reset).set_defaults(func=_admin_tool("reset_download_policy"))
     status = admin.add_parser("status", help="show the policy and the slot leases")
-    status.set_defaults(func=_admin_tool("show_status"))
+    status.add_argument("--json", action="store_true", help="print JSON for machines")
+    _database_options(status).set_defaults(func=_admin_tool("show_status"))
     return top
 
 
