@@ -106,7 +106,9 @@ class Runtime:
                 "(only one writer per database)"
             )
         self.schema_version = await db.migrate(self.control)
-        self.storage = await prepare_storage(self.control, self.settings.data_dir)
+        self.storage = await prepare_storage(
+            self.control, self.settings.data_dir, stale_upload_s=self.settings.receive_timeout_s
+        )
         await policy.save_or_check(self.control, self.settings.shared)
 
     async def _start_gateway(self) -> None:

@@ -7,16 +7,21 @@ serving an empty store.
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import re
+import time
 import uuid
 
 import asyncpg
 
 from .errors import StartupRefused
 
+log = logging.getLogger("arkvory.storage")
+
 ID_FILE = "arkvory-storage-id"
+UPLOAD_PREFIX = "upload-"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -53,13 +58,42 @@ class Storage:
             os.replace(partial, self.root / ID_FILE)
 
 
+def remove_stale_uploads(storage: Storage, older_than_s: float) -> int:
+    """Remove temp files of uploads a crash left behind; returns how many were removed.
+
+    Runs at writer start-up, under the writer lock, before the port is open: no upload of this
+    writer can be running. A file younger than the receive timeout is left alone anyway (a
+    previous writer may have been writing it moments ago); the next start takes it."""
+    cutoff = time.time() - older_than_s
+    removed = 0
+    try:
+        entries = list(os.scandir(storage.tmp))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        if not entry.name.startswith(UPLOAD_PREFIX) or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                os.unlink(entry.path)
+                removed += 1
+        except FileNotFoundError:
+            continue
+    if removed:
+        log.info("removed %d stale upload temp file(s) from %s", removed, storage.tmp)
+    return removed
+
+
 async def _database_storage_id(conn: asyncpg.Connection) -> str | None:
     value = await conn.fetchval("SELECT storage_id FROM arkvory_storage", timeout=10)
     return None if value is None else str(value)
 
 
-async def prepare_storage(conn: asyncpg.Connection, root: pathlib.Path) -> Storage:
-    """Writer: create the layout and id on first start, otherwise insist that they match."""
+async def prepare_storage(
+    conn: asyncpg.Connection, root: pathlib.Path, *, stale_upload_s: float | None = None
+) -> Storage:
+    """Writer: create the layout and id on first start, otherwise insist that they match;
+    with `stale_upload_s`, remove upload temp files older than that."""
     storage = Storage(root)
     recorded = await _database_storage_id(conn)
     on_disk = storage.read_id_file() if root.is_dir() else None
@@ -71,6 +105,8 @@ async def prepare_storage(conn: asyncpg.Connection, root: pathlib.Path) -> Stora
         return storage
     _require_match(root, recorded, on_disk)
     storage.create_layout(on_disk)  # re-creates missing sub-directories only
+    if stale_upload_s is not None:
+        remove_stale_uploads(storage, stale_upload_s)
     return storage
 
 
