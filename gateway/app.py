@@ -8,7 +8,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shared.app import build_app
 from shared.errors import ReadOnly
-from shared.http import send_error
+from shared.http import RequestGuard, send_error
 from shared.runtime import Runtime
 
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -30,4 +30,4 @@ class ReadOnlyGate:
 
 
 def build_gateway_app(runtime: Runtime) -> Starlette:
-    return build_app(runtime, middleware=[Middleware(ReadOnlyGate)])
+    return build_app(runtime, middleware=[Middleware(ReadOnlyGate), Middleware(RequestGuard)])

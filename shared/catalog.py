@@ -21,7 +21,11 @@ from .identity import Principal
 
 QUERY_TIMEOUT_S = 5.0
 POOL_WAIT_S = 5.0  # a request that cannot get a connection by then answers 503 busy
-REPOSITORY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+REPOSITORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+MAX_PACKAGE_FIELD = 255
+MAX_ASSET_PATH = 1024
+# C0 and C1 controls, DEL, and lone surrogates (which cannot even be encoded for the database).
+_UNSAFE_TEXT = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +45,28 @@ class Artifact:
 
 
 def check_repository_name(name: str) -> str:
-    if not REPOSITORY_NAME.match(name):
+    if not REPOSITORY_NAME.fullmatch(name):
         raise InvalidInput(
             "repository names are 1-100 characters of letters, digits, '.', '_' and '-', "
             "starting with a letter or digit"
         )
     return name
+
+
+def check_text(value: str, what: str, max_length: int) -> str:
+    """Names and paths from clients, checked before any query: PostgreSQL refuses NUL (a 500
+    if it got that far) and control characters have no place in a name shown to people."""
+    if not value or len(value) > max_length or _UNSAFE_TEXT.search(value):
+        raise InvalidInput(
+            f"{what} must be 1-{max_length} characters without control characters"
+        )
+    return value
+
+
+def pooled(pool: asyncpg.Pool):
+    """A pool connection, waited for at most POOL_WAIT_S (then TimeoutError: 503 busy).
+    The acquire timeout also bounds the release, which waits for a cancelled query to end."""
+    return pool.acquire(timeout=POOL_WAIT_S)
 
 
 def parse_uuid(value: str, what: str) -> uuid.UUID:
@@ -68,6 +88,9 @@ async def repository_for_read(
     conn: asyncpg.Pool | asyncpg.Connection, name: str, principal: Principal
 ) -> Repository:
     check_repository_name(name)
+    if isinstance(conn, asyncpg.Pool):
+        async with pooled(conn) as pooled_conn:
+            return await repository_for_read(pooled_conn, name, principal)
     row = await conn.fetchrow(
         "SELECT id, name, public FROM arkvory_repositories WHERE name = $1",
         name,
@@ -94,6 +117,9 @@ def by_artifact_id(artifact_id: uuid.UUID) -> ContentKey:
 
 
 def by_package(group: str, name: str, version: str) -> ContentKey:
+    check_text(group, "'group'", MAX_PACKAGE_FIELD)
+    check_text(name, "'name'", MAX_PACKAGE_FIELD)
+    check_text(version, "'version'", MAX_PACKAGE_FIELD)
     return ContentKey(
         "LEFT JOIN arkvory_packages p ON p.repository_id = r.id"
         " AND p.group_name = $2 AND p.name = $3 AND p.version = $4"
@@ -103,7 +129,12 @@ def by_package(group: str, name: str, version: str) -> ContentKey:
     )
 
 
+def check_asset_path(path: str) -> str:
+    return check_text(path, "'path'", MAX_ASSET_PATH)
+
+
 def by_asset(path: str) -> ContentKey:
+    check_asset_path(path)
     return ContentKey(
         "LEFT JOIN arkvory_assets s ON s.repository_id = r.id AND s.path = $2"
         " LEFT JOIN arkvory_artifacts a ON a.id = s.artifact_id",
@@ -136,8 +167,7 @@ async def find_content(
 async def _lookup_content(
     pool: asyncpg.Pool, repo_name: str, principal: Principal, key: ContentKey
 ) -> tuple[Repository, Artifact]:
-    # The acquire timeout also bounds the release, which waits for a cancelled query to end.
-    async with pool.acquire(timeout=POOL_WAIT_S) as conn:
+    async with pooled(pool) as conn:
         row = await conn.fetchrow(
             "SELECT r.id AS repository_id, r.public, a.id, a.name, a.sha256, a.size, a.media_type"
             f" FROM arkvory_repositories r {key.join} WHERE r.name = $1",

@@ -6,9 +6,13 @@
     │   ├── Unauthorized           401 unauthorized
     │   ├── Forbidden              403 forbidden
     │   ├── NotFound               404 not_found
+    │   ├── MethodNotAllowed       405 method_not_allowed (writer: Allow lists the path's methods)
     │   ├── ReadOnly               405 read_only      (gateway: Allow: GET, HEAD)
+    │   ├── RequestTimeout         408 request_timeout (a body sent no byte for the receive timeout)
     │   ├── Conflict               409 conflict
+    │   ├── PayloadTooLarge        413 payload_too_large
     │   ├── RangeNotSatisfiable    416 range_not_satisfiable
+    │   ├── RequestHeaderTooLarge  431 request_header_too_large
     │   ├── Busy                   503 busy           (Retry-After)
     │   └── Unavailable            503 unavailable    (Retry-After)
     └── StartupError               (exit_status; the process refuses to start)
@@ -63,8 +67,37 @@ class ReadOnly(ApiError):
         return {"Allow": "GET, HEAD"}
 
 
+class MethodNotAllowed(ApiError):
+    status, code = 405, "method_not_allowed"
+
+    def __init__(self, message: str, allow: list[str]) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": ", ".join(self.allow)}
+
+
+class RequestTimeout(ApiError):
+    """The client stopped sending its body; the connection is closed after the answer."""
+
+    status, code = 408, "request_timeout"
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}
+
+
 class Conflict(ApiError):
     status, code = 409, "conflict"
+
+
+class PayloadTooLarge(ApiError):
+    """The body was not (fully) read: closing the connection spares reading the rest."""
+
+    status, code = 413, "payload_too_large"
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}
 
 
 class RangeNotSatisfiable(ApiError):
@@ -76,6 +109,13 @@ class RangeNotSatisfiable(ApiError):
 
     def headers(self) -> dict[str, str]:
         return {"Content-Range": f"bytes */{self.size}"}
+
+
+class RequestHeaderTooLarge(ApiError):
+    status, code = 431, "request_header_too_large"
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}
 
 
 class Busy(ApiError):

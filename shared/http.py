@@ -17,9 +17,18 @@ import asyncpg
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError, Busy, TransferAborted, Unavailable
+from .errors import (
+    ApiError,
+    Busy,
+    Conflict,
+    InvalidInput,
+    MethodNotAllowed,
+    TransferAborted,
+    Unavailable,
+)
 from .metrics import Metrics
 
 log = logging.getLogger("arkvory.http")
@@ -44,18 +53,49 @@ def error_response(scope: Scope, exc: ApiError) -> JSONResponse:
     )
 
 
+# A refused request whose unread body is larger than this closes its connection, so that the
+# server does not read and discard (say) 100 MB the client keeps sending.
+_DISCARD_LIMIT = 64 * 1024
+
+
+def _large_unread_body(scope: Scope) -> bool:
+    length = _header(scope, b"content-length")
+    if length is None:
+        return _header(scope, b"transfer-encoding") is not None
+    return not length.isdigit() or len(length) > 9 or int(length) > _DISCARD_LIMIT
+
+
 async def api_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_response(request.scope, exc)
+    response = error_response(request.scope, exc)
+    if _large_unread_body(request.scope):
+        response.headers["Connection"] = "close"
+    return response
+
+
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves on this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods, key=lambda m: (_METHOD_ORDER.index(m) if m in _METHOD_ORDER else 99, m))
 
 
 async def http_exception_handler(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 become the JSON error shape too."""
     assert isinstance(exc, HTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_input")
-    message = {404: "no such route", 405: "method not allowed on this route"}.get(
-        exc.status_code, str(exc.detail)
-    )
+    if exc.status_code == 405:
+        allow = allowed_methods(request)
+        return await api_error_handler(
+            request, MethodNotAllowed(f"{request.method} is not served here; try {', '.join(allow)}", allow)
+        )
+    code = {404: "not_found"}.get(exc.status_code, "invalid_input")
+    message = {404: "no such route"}.get(exc.status_code, str(exc.detail))
     return JSONResponse(
         error_body(code, message, request_id(request.scope)),
         status_code=exc.status_code,
@@ -69,6 +109,28 @@ async def database_error_handler(request: Request, exc: Exception) -> Response:
     if isinstance(exc, TimeoutError):
         return error_response(request.scope, Busy("the database did not answer in time", retry_after=1))
     return error_response(request.scope, Unavailable("the database cannot be reached"))
+
+
+async def database_overload_handler(request: Request, exc: Exception) -> Response:
+    """The server refused a connection (too many, starting, shutting down): retry later."""
+    log.warning("database refused request %s: %s: %s", request_id(request.scope), exc.__class__.__name__, exc)
+    return error_response(request.scope, Unavailable("the database is not accepting work now"))
+
+
+async def constraint_conflict_handler(request: Request, exc: Exception) -> Response:
+    """A row the request refers to vanished, or one it creates appeared, meanwhile (a race
+    with another request): the client's request conflicts with the current state."""
+    log.info("constraint conflict in request %s: %s", request_id(request.scope), exc)
+    return await api_error_handler(
+        request, Conflict("the request conflicts with a concurrent change; read the state and retry")
+    )
+
+
+async def data_error_handler(request: Request, exc: Exception) -> Response:
+    """PostgreSQL refused a value the client sent (a check the routes missed): still the
+    client's input, so 400, and logged so that the missing check gets added."""
+    log.warning("database refused a value in request %s: %s: %s", request_id(request.scope), exc.__class__.__name__, exc)
+    return await api_error_handler(request, InvalidInput("a value in the request is not acceptable"))
 
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
@@ -87,6 +149,11 @@ EXCEPTION_HANDLERS = {
     asyncpg.PostgresConnectionError: database_error_handler,
     asyncpg.InterfaceError: database_error_handler,
     ConnectionError: database_error_handler,
+    asyncpg.InsufficientResourcesError: database_overload_handler,  # TooManyConnectionsError
+    asyncpg.OperatorInterventionError: database_overload_handler,  # CannotConnectNowError, shutdown
+    asyncpg.ForeignKeyViolationError: constraint_conflict_handler,
+    asyncpg.UniqueViolationError: constraint_conflict_handler,
+    asyncpg.DataError: data_error_handler,
     HTTPException: http_exception_handler,
     Exception: unexpected_error_handler,
 }
@@ -101,6 +168,25 @@ async def send_error(scope: Scope, send: Send, exc: ApiError) -> None:
     ] + [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""})
+
+
+class RequestGuard:
+    """Refuses requests whose credentials are ambiguous before any route reads them: with two
+    `Authorization` headers, one part of the program could check one and another the other."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            seen = 0
+            for key, _ in scope["headers"]:
+                if key == b"authorization":
+                    seen += 1
+            if seen > 1:
+                await send_error(scope, send, InvalidInput("send at most one Authorization header"))
+                return
+        await self.app(scope, receive, send)
 
 
 class RequestContext:

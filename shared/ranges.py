@@ -11,7 +11,16 @@ import re
 
 from .errors import RangeNotSatisfiable
 
-_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+# ASCII digits only: `\d` would also take other scripts' digits, which `int()` accepts.
+_RANGE = re.compile(r"[ \t]*bytes[ \t]*=[ \t]*([0-9]*)[ \t]*-[ \t]*([0-9]*)[ \t]*", re.IGNORECASE)
+# Beyond any file size; longer numbers are not parsed at all (`int()` of thousands of
+# digits is slow, and refused above 4300 digits).
+_BEYOND_ANY_SIZE = 2**63
+_MAX_DIGITS = 19
+
+
+def _position(digits: str) -> int:
+    return _BEYOND_ANY_SIZE if len(digits) > _MAX_DIGITS else int(digits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,20 +56,20 @@ def requested_range(
         return None
     if "," in range_header:
         return None
-    match = _RANGE.match(range_header)
+    match = _RANGE.fullmatch(range_header)
     if match is None:
         return None  # a malformed Range header is ignored (RFC 9110 §14.2)
     first, last = match.groups()
     if first == "" and last == "":
         return None
     if first == "":
-        suffix = int(last)
+        suffix = _position(last)
         if suffix == 0 or size == 0:
             raise RangeNotSatisfiable(size)
         return ByteRange(max(0, size - suffix), size - 1)
-    start = int(first)
-    end = size - 1 if last == "" else min(int(last), size - 1)
-    if last != "" and int(last) < start:
+    start = _position(first)
+    end = size - 1 if last == "" else min(_position(last), size - 1)
+    if last != "" and _position(last) < start:
         return None  # invalid byte-range-spec: ignore the header
     if start >= size:
         raise RangeNotSatisfiable(size)

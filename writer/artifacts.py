@@ -16,14 +16,24 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, parse_uuid, repository_for_read
+from shared.bodies import ReceiveTimedOut, body_chunks, declared_length
+from shared.catalog import QUERY_TIMEOUT_S, check_text, parse_uuid, pooled, repository_for_read
 from shared.errors import Busy, InvalidInput, NotFound
+from shared.media_types import upload_media_type
+from shared.metrics import Metrics
 from shared.storage import Storage
 
 from .repositories import principal_of, repository_for_write, runtime_of
 
 MAX_NAME = 255
-DEFAULT_MEDIA_TYPE = "application/octet-stream"
+
+
+def check_artifact_name(name: str) -> str:
+    """A file name as clients will save it: no path separators, no `.`/`..`, no controls."""
+    check_text(name, "query parameter 'name'", MAX_NAME)
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise InvalidInput("query parameter 'name' must be a file name: no '/', '\\', '.' or '..'")
+    return name
 
 
 def artifact_json(row) -> dict:
@@ -51,24 +61,33 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-async def receive_into_store(request: Request, storage: Storage) -> tuple[str, int]:
-    """Stream the body to a temp file, then rename it to its digest; returns (sha256, size)."""
+async def receive_into_store(
+    request: Request, storage: Storage, timeout_s: float, metrics: Metrics
+) -> tuple[str, int]:
+    """Stream the body to a temp file, then rename it to its digest; returns (sha256, size).
+
+    A body that sends no byte for `timeout_s` is aborted (its temp file removed), so a client
+    that declared a large body and went silent cannot hold an upload place."""
+    expected = declared_length(request)
     digest = hashlib.sha256()
     size = 0
     partial = storage.tmp / f"upload-{uuid.uuid4().hex}"
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
-            async for chunk in request.stream():
-                if chunk:
-                    digest.update(chunk)
-                    _write_all(fd, chunk)  # page-cache writes of request-sized chunks: no thread hop
-                    size += len(chunk)
+            async for chunk in body_chunks(request, timeout_s):
+                # uvicorn hands over at most 64 KiB at a time: hashing and a page-cache write
+                # of that is well under a millisecond, cheaper than a thread hop.
+                digest.update(chunk)
+                _write_all(fd, chunk)
+                size += len(chunk)
             await asyncio.to_thread(os.fsync, fd)
+        except ReceiveTimedOut:
+            metrics.transfer_aborts.labels(direction="upload", reason="receive_timeout").inc()
+            raise
         finally:
             os.close(fd)
-        expected = request.headers.get("content-length")
-        if expected is not None and int(expected) != size:
+        if expected is not None and expected != size:
             raise InvalidInput("the body ended before Content-Length bytes arrived")
         sha256 = digest.hexdigest()
         final = storage.blob_path(sha256)
@@ -85,21 +104,26 @@ async def receive_into_store(request: Request, storage: Storage) -> tuple[str, i
 async def upload_artifact(request: Request) -> Response:
     principal = principal_of(request)
     repo = await repository_for_write(request, principal)
-    name = request.query_params.get("name", "")
-    if not name or len(name) > MAX_NAME or "/" in name or "\x00" in name:
-        raise InvalidInput("query parameter 'name' must be a file name of 1-255 characters without '/'")
-    media_type = request.query_params.get("mediaType") or DEFAULT_MEDIA_TYPE
+    name = check_artifact_name(request.query_params.get("name", ""))
+    media_type = upload_media_type(
+        request.query_params.get("mediaType"), request.headers.get("content-type")
+    )
+    declared_length(request)  # a malformed Content-Length is refused before taking a place
     limiter: asyncio.Semaphore = request.app.state.upload_slots
+    # Waiting for a place is bounded by not waiting at all: the client retries after
+    # Retry-After, and a place is held at most until its body goes silent (receive timeout).
     if limiter.locked():
         raise Busy("too many uploads at once (ARKVORY_MAX_UPLOADS)", retry_after=5)
     runtime = runtime_of(request)
     assert runtime.storage is not None and runtime.pool is not None
     async with limiter:
         try:
-            sha256, size = await receive_into_store(request, runtime.storage)
+            sha256, size = await receive_into_store(
+                request, runtime.storage, runtime.settings.receive_timeout_s, runtime.metrics
+            )
         except ClientDisconnect:
             return Response(status_code=400)  # nobody is listening; nothing was kept
-        async with runtime.pool.acquire(timeout=QUERY_TIMEOUT_S) as conn, conn.transaction():
+        async with pooled(runtime.pool) as conn, conn.transaction():
             await conn.execute(
                 "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
                 sha256,
@@ -125,11 +149,12 @@ _SELECT = "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_ar
 async def show_artifact(request: Request) -> Response:
     runtime = runtime_of(request)
     assert runtime.pool is not None
-    repo = await repository_for_read(runtime.pool, request.path_params["repo"], principal_of(request))
     artifact_id = parse_uuid(request.path_params["artifact_id"], "artifact id")
-    row = await runtime.pool.fetchrow(
-        f"{_SELECT} WHERE repository_id = $1 AND id = $2", repo.id, artifact_id, timeout=QUERY_TIMEOUT_S
-    )
+    async with pooled(runtime.pool) as conn:
+        repo = await repository_for_read(conn, request.path_params["repo"], principal_of(request))
+        row = await conn.fetchrow(
+            f"{_SELECT} WHERE repository_id = $1 AND id = $2", repo.id, artifact_id, timeout=QUERY_TIMEOUT_S
+        )
     if row is None:
         raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
     return JSONResponse(artifact_json(row))
@@ -138,12 +163,13 @@ async def show_artifact(request: Request) -> Response:
 async def list_artifacts(request: Request) -> Response:
     runtime = runtime_of(request)
     assert runtime.pool is not None
-    repo = await repository_for_read(runtime.pool, request.path_params["repo"], principal_of(request))
-    rows = await runtime.pool.fetch(
-        f"{_SELECT} WHERE repository_id = $1 ORDER BY created_at, id LIMIT 1000",
-        repo.id,
-        timeout=QUERY_TIMEOUT_S,
-    )
+    async with pooled(runtime.pool) as conn:
+        repo = await repository_for_read(conn, request.path_params["repo"], principal_of(request))
+        rows = await conn.fetch(
+            f"{_SELECT} WHERE repository_id = $1 ORDER BY created_at, id LIMIT 1000",
+            repo.id,
+            timeout=QUERY_TIMEOUT_S,
+        )
     return JSONResponse({"items": [artifact_json(r) for r in rows]})
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -11,11 +10,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from shared.bodies import read_json_object
 from shared.catalog import (
+    MAX_PACKAGE_FIELD,
     QUERY_TIMEOUT_S,
     Repository,
+    check_asset_path,
     check_repository_name,
+    check_text,
     parse_uuid,
+    pooled,
     repository_for_read,
 )
 from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
@@ -37,13 +41,9 @@ def principal_of(request: Request) -> Principal:
 
 
 async def json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body() or b"null")
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidInput("the body must be JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("the body must be a JSON object")
-    return body
+    """The JSON object body, bounded in size, depth and time; read only after the caller
+    was authenticated (and, where the route can tell, authorized)."""
+    return await read_json_object(request, runtime_of(request).settings.receive_timeout_s)
 
 
 async def repository_for_write(request: Request, principal: Principal) -> Repository:
@@ -61,8 +61,17 @@ def repository_json(repo: Repository | asyncpg.Record) -> dict[str, Any]:
     return {"id": str(repo.id), "name": repo.name, "public": repo.public}
 
 
+def may_write_somewhere(principal: Principal) -> bool:
+    return principal.is_admin or any(scope.startswith("write:") for scope in principal.scopes)
+
+
 async def create_repository(request: Request) -> Response:
     principal = principal_of(request)
+    # Refused before the body is read: who may create nothing sends nothing we must parse.
+    if principal.is_anonymous:
+        raise Unauthorized("this request needs credentials")
+    if not may_write_somewhere(principal):
+        raise Forbidden("no permission to create repositories")
     body = await json_body(request)
     name, public = body.get("name"), body.get("public", False)
     if not isinstance(name, str):
@@ -70,21 +79,20 @@ async def create_repository(request: Request) -> Response:
     check_repository_name(name)
     if not isinstance(public, bool):
         raise InvalidInput("'public' must be true or false")
-    if principal.is_anonymous:
-        raise Unauthorized("this request needs credentials")
     if not principal.may_write(name):
         raise Forbidden(f"no permission to create {name!r}")
     pool = runtime_of(request).pool
     assert pool is not None
     try:
-        row = await pool.fetchrow(
-            "INSERT INTO arkvory_repositories (id, name, public) VALUES ($1, $2, $3)"
-            " RETURNING id, name, public",
-            uuid.uuid4(),
-            name,
-            public,
-            timeout=QUERY_TIMEOUT_S,
-        )
+        async with pooled(pool) as conn:
+            row = await conn.fetchrow(
+                "INSERT INTO arkvory_repositories (id, name, public) VALUES ($1, $2, $3)"
+                " RETURNING id, name, public",
+                uuid.uuid4(),
+                name,
+                public,
+                timeout=QUERY_TIMEOUT_S,
+            )
     except asyncpg.UniqueViolationError:
         raise Conflict(f"repository {name!r} already exists") from None
     return JSONResponse(repository_json(row), status_code=201)
@@ -94,9 +102,10 @@ async def list_repositories(request: Request) -> Response:
     principal = principal_of(request)
     pool = runtime_of(request).pool
     assert pool is not None
-    rows = await pool.fetch(
-        "SELECT id, name, public FROM arkvory_repositories ORDER BY name", timeout=QUERY_TIMEOUT_S
-    )
+    async with pooled(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT id, name, public FROM arkvory_repositories ORDER BY name", timeout=QUERY_TIMEOUT_S
+        )
     visible = [repository_json(r) for r in rows if r["public"] or principal.may_read(r["name"])]
     return JSONResponse({"items": visible})
 
@@ -117,10 +126,11 @@ async def update_repository(request: Request) -> Response:
         raise InvalidInput("'public' must be true or false")
     pool = runtime_of(request).pool
     assert pool is not None
-    await pool.execute(
-        "UPDATE arkvory_repositories SET public = $2 WHERE id = $1", repo.id, public,
-        timeout=QUERY_TIMEOUT_S,
-    )
+    async with pooled(pool) as conn:
+        await conn.execute(
+            "UPDATE arkvory_repositories SET public = $2 WHERE id = $1", repo.id, public,
+            timeout=QUERY_TIMEOUT_S,
+        )
     forget_cached_lookups(request)
     return JSONResponse({**repository_json(repo), "public": public})
 
@@ -132,16 +142,17 @@ async def delete_repository(request: Request) -> Response:
         raise Forbidden("deleting a repository needs the admin scope")
     pool = runtime_of(request).pool
     assert pool is not None
-    await pool.execute("DELETE FROM arkvory_repositories WHERE id = $1", repo.id, timeout=QUERY_TIMEOUT_S)
+    async with pooled(pool) as conn:
+        await conn.execute("DELETE FROM arkvory_repositories WHERE id = $1", repo.id, timeout=QUERY_TIMEOUT_S)
     forget_cached_lookups(request)
     return Response(status_code=204)
 
 
-async def _artifact_in(pool: asyncpg.Pool, repo: Repository, value: Any) -> uuid.UUID:
+async def _artifact_in(conn: asyncpg.Connection, repo: Repository, value: Any) -> uuid.UUID:
     if not isinstance(value, str):
         raise InvalidInput("'artifactId' is required")
     artifact_id = parse_uuid(value, "artifactId")
-    found = await pool.fetchval(
+    found = await conn.fetchval(
         "SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
         artifact_id,
         repo.id,
@@ -154,9 +165,9 @@ async def _artifact_in(pool: asyncpg.Pool, repo: Repository, value: Any) -> uuid
 
 def _text(body: dict[str, Any], name: str) -> str:
     value = body.get(name)
-    if not isinstance(value, str) or not value or len(value) > 255:
-        raise InvalidInput(f"'{name}' must be a non-empty string of at most 255 characters")
-    return value
+    if not isinstance(value, str):
+        raise InvalidInput(f"'{name}' must be a string")
+    return check_text(value, f"'{name}'", MAX_PACKAGE_FIELD)
 
 
 async def register_package(request: Request) -> Response:
@@ -167,21 +178,22 @@ async def register_package(request: Request) -> Response:
     group, name, version = (_text(body, k) for k in ("group", "name", "version"))
     pool = runtime_of(request).pool
     assert pool is not None
-    artifact_id = await _artifact_in(pool, repo, body.get("artifactId"))
-    row = await pool.fetchrow(
-        "INSERT INTO arkvory_packages (repository_id, group_name, name, version, artifact_id)"
-        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING artifact_id",
-        repo.id, group, name, version, artifact_id,
-        timeout=QUERY_TIMEOUT_S,
-    )
-    status = 201
-    if row is None:
-        existing = await pool.fetchval(
+    async with pooled(pool) as conn:
+        artifact_id = await _artifact_in(conn, repo, body.get("artifactId"))
+        row = await conn.fetchrow(
+            "INSERT INTO arkvory_packages (repository_id, group_name, name, version, artifact_id)"
+            " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING artifact_id",
+            repo.id, group, name, version, artifact_id,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        existing = None if row is not None else await conn.fetchval(
             "SELECT artifact_id FROM arkvory_packages WHERE repository_id = $1"
             " AND group_name = $2 AND name = $3 AND version = $4",
             repo.id, group, name, version,
             timeout=QUERY_TIMEOUT_S,
         )
+    status = 201
+    if row is None:
         if existing != artifact_id:
             raise Conflict(f"{group}/{name}/{version} is already published with another artifact")
         status = 200
@@ -194,23 +206,23 @@ async def register_package(request: Request) -> Response:
 async def point_asset(request: Request) -> Response:
     principal = principal_of(request)
     repo = await repository_for_write(request, principal)
-    path = request.query_params.get("path")
-    if not path or len(path) > 1024:
-        raise InvalidInput("query parameter 'path' is required (at most 1024 characters)")
+    path = check_asset_path(request.query_params.get("path") or "")
     body = await json_body(request)
     pool = runtime_of(request).pool
     assert pool is not None
-    artifact_id = await _artifact_in(pool, repo, body.get("artifactId"))
-    async with pool.acquire(timeout=QUERY_TIMEOUT_S) as conn, conn.transaction():
+    async with pooled(pool) as conn, conn.transaction():
+        artifact_id = await _artifact_in(conn, repo, body.get("artifactId"))
         await conn.execute(
             "INSERT INTO arkvory_assets (repository_id, path, artifact_id) VALUES ($1, $2, $3)"
             " ON CONFLICT (repository_id, path) DO UPDATE"
             " SET artifact_id = excluded.artifact_id, updated_at = now()",
             repo.id, path, artifact_id,
+            timeout=QUERY_TIMEOUT_S,
         )
         await conn.execute(
             "INSERT INTO arkvory_asset_history (repository_id, path, artifact_id) VALUES ($1, $2, $3)",
             repo.id, path, artifact_id,
+            timeout=QUERY_TIMEOUT_S,
         )
     forget_cached_lookups(request)
     return JSONResponse({"path": path, "artifactId": str(artifact_id)})
