@@ -12,6 +12,7 @@ import base64
 import logging
 import os
 import urllib.parse
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,9 +29,10 @@ from .catalog import (
     find_content,
     parse_uuid,
 )
-from .errors import Busy, InvalidInput, LeaseLost, TransferAborted, Unavailable
+from .errors import ApiError, Busy, InvalidInput, LeaseLost, TransferAborted, Unavailable
 from .http import error_response
 from .identity import Principal, authenticate
+from .protocol import HANDLE_KEY, ConnectionHandle
 from .ranges import ByteRange, not_modified, requested_range
 from .runtime import Runtime
 
@@ -41,8 +43,11 @@ _REJECTION_MESSAGES = {
     "timed_out": "no download place became free in time",
     "draining": "this process is shutting down",
 }
-UNTHROTTLED_CHUNK = 1024 * 1024
-THROTTLED_CHUNK = 64 * 1024
+UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per write
+# Below this a body is copied: headers and body then leave in one go, which beats a sendfile.
+SENDFILE_MIN_BYTES = 64 * 1024
+# When the socket is full, this much is copied into the transport to learn when it drains.
+COPY_PIECE_BYTES = 16 * 1024
 
 
 def _sha256_b64(hex_digest: str) -> str:
@@ -57,7 +62,11 @@ def content_disposition(name: str) -> str:
 
 
 class BlobResponse(Response):
-    """Streams one artifact (or one range of it) as an ASGI response."""
+    """Streams one artifact (or one range of it) as an ASGI response.
+
+    `replan` looks the content up again (permission included); it is called when the catalog
+    changed while the transfer waited for its admission place, before any header is sent.
+    """
 
     def __init__(
         self,
@@ -68,6 +77,8 @@ class BlobResponse(Response):
         headers: dict[str, str],
         byte_range: ByteRange | None,
         send_body: bool,
+        generation: int = -1,
+        replan: Callable[[], Awaitable[Response]] | None = None,
     ) -> None:
         super().__init__(status_code=status_code, headers=headers)
         self.runtime = runtime
@@ -75,22 +86,28 @@ class BlobResponse(Response):
         self.artifact = artifact
         self.byte_range = byte_range
         self.send_body = send_body
+        self.generation = generation
+        self.replan = replan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.send_body:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": b""})
             return
-        # The transfer runs in this task; a watcher cancels it if the client leaves while it waits
-        # for a place, for tokens or for the socket. (One task per request instead of two and an
-        # `asyncio.wait`: this path runs once per download, small ones included.)
-        disconnected = asyncio.Event()
+        handle: ConnectionHandle | None = scope.get("extensions", {}).get(HANDLE_KEY)
+        # The transfer runs in this task and is cancelled if the client leaves while it waits
+        # for a place, for tokens or for the socket. The protocol's handle says when the
+        # connection is lost; without one (another server), a watcher task reads `receive`.
         guard = _CancelOnDisconnect(asyncio.current_task())
-        watcher = asyncio.create_task(_watch_disconnect(receive, disconnected, guard))
+        watcher = None
+        if handle is not None:
+            handle.on_lost(guard.client_left)
+        else:
+            watcher = asyncio.create_task(_watch_disconnect(receive, guard))
         try:
             guard.armed = True
             try:
-                await self._admitted_transfer(scope, send, disconnected)
+                await self._admitted_transfer(scope, send, handle)
             finally:
                 guard.armed = False
         except asyncio.CancelledError:
@@ -98,16 +115,36 @@ class BlobResponse(Response):
                 return  # the client left while waiting or receiving
             raise  # cancelled from outside (too)
         finally:
-            watcher.cancel()
+            if handle is not None:
+                handle.on_lost(None)
+            if watcher is not None:
+                watcher.cancel()
 
-    async def _admitted_transfer(self, scope: Scope, send: Send, disconnected: asyncio.Event) -> None:
+    async def _admitted_transfer(
+        self, scope: Scope, send: Send, handle: ConnectionHandle | None
+    ) -> None:
         runtime = self.runtime
         try:
             async with runtime.admission.admit(self.principal.id):
                 if not runtime.may_serve:
                     raise Unavailable("this process cannot serve now")
-                with runtime.pins.hold(self.artifact.sha256):
-                    await self._stream(send, disconnected)
+                plan: Response = self
+                if self.replan is not None and runtime.catalog.generation != self.generation:
+                    # The catalog changed while we waited: a repository may have become private,
+                    # an asset may point elsewhere. No header is out yet, so answer afresh.
+                    try:
+                        plan = await self.replan()
+                    except ApiError as exc:
+                        plan = error_response(scope, exc)
+                if not isinstance(plan, BlobResponse):
+                    await plan(scope, _no_receive, send)
+                    return
+                if not plan.send_body:
+                    await send({"type": "http.response.start", "status": plan.status_code, "headers": plan.raw_headers})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+                with runtime.pins.hold(plan.artifact.sha256):
+                    await plan._stream(send, handle)
         except AdmissionRejected as exc:
             runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
             busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)
@@ -115,7 +152,7 @@ class BlobResponse(Response):
         except Unavailable as exc:
             await error_response(scope, exc)(scope, _no_receive, send)
 
-    async def _stream(self, send: Send, disconnected: asyncio.Event) -> None:
+    async def _stream(self, send: Send, handle: ConnectionHandle | None) -> None:
         runtime = self.runtime
         artifact = self.artifact
         start, length = (0, artifact.size) if self.byte_range is None else (
@@ -131,45 +168,143 @@ class BlobResponse(Response):
             log.error("blob %s of artifact %s is missing from storage", artifact.sha256, artifact.id)
             raise Unavailable("the artifact's content is missing from storage") from None
         try:
-            if length > THROTTLED_CHUNK:  # a hint for read-ahead; one read needs none
+            if length > SENDFILE_MIN_BYTES:  # a hint for read-ahead; one read needs none
                 os.posix_fadvise(fd, start, length, os.POSIX_FADV_SEQUENTIAL)
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            await self._send_bytes(fd, start, length, send, disconnected)
+            if handle is None:
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                await self._send_through_asgi(fd, start, length, send)
+                return
+            with runtime.transfers.track(_aborter(runtime, handle)):
+                timeout = runtime.settings.send_timeout_s
+                if not await handle.writable(timeout):
+                    self._send_timed_out(handle)
+                    return
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                if await Payload(runtime, self, handle, fd).send(start, length):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             os.close(fd)
 
-    async def _send_bytes(
-        self, fd: int, offset: int, remaining: int, send: Send, disconnected: asyncio.Event
-    ) -> None:
+    def _send_timed_out(self, handle: ConnectionHandle) -> None:
+        self.runtime.metrics.transfer_aborts.labels(direction="download", reason="send_timeout").inc()
+        log.info(
+            "download of %s aborted: the client took no byte for %d s",
+            self.artifact.sha256,
+            self.runtime.settings.send_timeout_s,
+        )
+        handle.abort()
+
+    def _short_read(self) -> TransferAborted:
+        self.runtime.metrics.short_reads.inc()
+        self.runtime.metrics.transfer_aborts.labels(direction="download", reason="short_read").inc()
+        log.error(
+            "blob %s is shorter on disk than its metadata (%d bytes): aborting the response",
+            self.artifact.sha256,
+            self.artifact.size,
+        )
+        return TransferAborted("blob shorter than its metadata")
+
+    async def _send_through_asgi(self, fd: int, offset: int, remaining: int, send: Send) -> None:
+        """Copying path through the ASGI `send` (no protocol handle: not our server)."""
         runtime = self.runtime
         bandwidth = runtime.bandwidth
-        lease = runtime.lease
-        payload = runtime.metrics.payload_bytes
-        # Metered transfers move one quantum per grant; an unmetered one reads 1 MiB at a time.
-        chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else THROTTLED_CHUNK
-        principal_id = self.principal.id
+        chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else bandwidth.quantum_bytes
         while remaining:
-            if disconnected.is_set():
-                return
             try:
-                size = await bandwidth.grant(principal_id, min(remaining, chunk))
+                size = await bandwidth.grant(self.principal.id, min(remaining, chunk))
             except LeaseLost as exc:
                 raise TransferAborted(f"lease lost: {exc}") from None
-            if lease is not None and not lease.trusted:
+            if not _payload_may_flow(runtime):
                 raise TransferAborted("lease no longer trusted")
             data = os.pread(fd, size, offset)
             if len(data) != size:
-                runtime.metrics.short_reads.inc()
-                log.error(
-                    "blob %s is shorter on disk than its metadata (%d bytes): aborting the response",
-                    self.artifact.sha256,
-                    self.artifact.size,
-                )
-                raise TransferAborted("blob shorter than its metadata")
+                raise self._short_read()
             offset += size
             remaining -= size
             await send({"type": "http.response.body", "body": data, "more_body": remaining > 0})
-            payload.inc(size)
+            runtime.metrics.payload_bytes.inc(size)
+
+
+class Payload:
+    """The body of one download, written straight to its connection.
+
+    Before every write: tokens from both buckets, the socket able to take more within the send
+    timeout, and the lease still trusted. On plain TCP the bytes go with `os.sendfile` from the
+    page cache to the socket (uvloop has no `loop.sendfile`); when the socket is full, one copied
+    piece is handed to the transport, whose flow control then says when it has left. With the
+    transport's write-buffer limits at zero "writable" means "nothing queued", so a sendfile
+    never overtakes queued bytes. TLS, and small bodies, take the copying path.
+    """
+
+    __slots__ = ("runtime", "response", "handle", "fd")
+
+    def __init__(self, runtime: Runtime, response: BlobResponse, handle: ConnectionHandle, fd: int) -> None:
+        self.runtime = runtime
+        self.response = response
+        self.handle = handle
+        self.fd = fd
+
+    async def send(self, offset: int, remaining: int) -> bool:
+        """True when every byte was handed over; False when the connection is gone or was cut."""
+        runtime, handle, fd = self.runtime, self.handle, self.fd
+        bandwidth = runtime.bandwidth
+        principal_id = self.response.principal.id
+        timeout = runtime.settings.send_timeout_s
+        payload = runtime.metrics.payload_bytes
+        chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else bandwidth.quantum_bytes
+        zero_copy = handle.can_sendfile and remaining > SENDFILE_MIN_BYTES
+        if zero_copy:
+            handle.transport.set_write_buffer_limits(high=0, low=0)
+        granted = 0  # passed the buckets, not yet handed over (a partial sendfile keeps the rest)
+        while remaining:
+            if not granted:
+                try:
+                    granted = await bandwidth.grant(principal_id, min(remaining, chunk))
+                except LeaseLost as exc:
+                    raise TransferAborted(f"lease lost: {exc}") from None
+            if not await handle.writable(timeout):
+                self.response._send_timed_out(handle)
+                return False
+            if handle.lost:
+                return False
+            if not _payload_may_flow(runtime):
+                runtime.metrics.transfer_aborts.labels(direction="download", reason="lease_lost").inc()
+                handle.abort()
+                return False
+            sent = 0
+            if zero_copy and not handle.buffered:
+                try:
+                    sent = handle.sendfile(fd, offset, granted)
+                except EOFError:
+                    raise self.response._short_read() from None
+            if not sent:
+                size = granted if not zero_copy else min(granted, COPY_PIECE_BYTES)
+                data = os.pread(fd, size, offset)
+                if len(data) != size:
+                    raise self.response._short_read()
+                handle.write(data)
+                sent = size
+            offset += sent
+            remaining -= sent
+            granted -= sent
+            payload.inc(sent)
+        if not await handle.writable(timeout):
+            self.response._send_timed_out(handle)
+            return False
+        return not handle.lost
+
+
+def _payload_may_flow(runtime: Runtime) -> bool:
+    lease = runtime.lease
+    return lease is None or lease.trusted
+
+
+def _aborter(runtime: Runtime, handle: ConnectionHandle) -> Callable[[str], None]:
+    def abort(reason: str) -> None:
+        runtime.metrics.transfer_aborts.labels(direction="download", reason=reason).inc()
+        handle.abort()
+
+    return abort
 
 
 class _CancelOnDisconnect:
@@ -190,13 +325,10 @@ class _CancelOnDisconnect:
             self.task.cancel()
 
 
-async def _watch_disconnect(
-    receive: Receive, disconnected: asyncio.Event, guard: _CancelOnDisconnect
-) -> None:
+async def _watch_disconnect(receive: Receive, guard: _CancelOnDisconnect) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            disconnected.set()
             guard.client_left()
             return
 
@@ -210,7 +342,13 @@ async def _serve(request: Request, key: ContentKey) -> Response:
     principal = authenticate(runtime.keys, request.headers.get("authorization"))
     if not runtime.may_serve:
         raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
+    return await _plan(runtime, request, principal, key)
+
+
+async def _plan(runtime: Runtime, request: Request, principal: Principal, key: ContentKey) -> Response:
+    """Look the content up (permission checked) and decide the answer; no byte is sent here."""
     assert runtime.pool is not None
+    generation = runtime.catalog.generation
     repo, artifact = await find_content(
         runtime.pool, request.path_params["repo"], principal, key, runtime.catalog
     )
@@ -224,8 +362,12 @@ async def _serve(request: Request, key: ContentKey) -> Response:
     }
     if not_modified(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
-    byte_range = requested_range(
-        request.headers.get("range"), request.headers.get("if-range"), etag, artifact.size
+    is_get = request.method == "GET"
+    # Range is defined for GET only (RFC 9110 §14.2): HEAD answers as GET without Range would.
+    byte_range = (
+        requested_range(request.headers.get("range"), request.headers.get("if-range"), etag, artifact.size)
+        if is_get
+        else None
     )
     headers["Content-Type"] = artifact.media_type
     headers["Content-Disposition"] = content_disposition(artifact.name)
@@ -234,8 +376,18 @@ async def _serve(request: Request, key: ContentKey) -> Response:
     else:
         status, headers["Content-Length"] = 206, str(byte_range.length)
         headers["Content-Range"] = f"bytes {byte_range.start}-{byte_range.end}/{artifact.size}"
-    send_body = request.method == "GET" and int(headers["Content-Length"]) > 0
-    return BlobResponse(runtime, principal, artifact, status, headers, byte_range, send_body)
+    send_body = is_get and int(headers["Content-Length"]) > 0
+    return BlobResponse(
+        runtime,
+        principal,
+        artifact,
+        status,
+        headers,
+        byte_range,
+        send_body,
+        generation,
+        lambda: _plan(runtime, request, principal, key),
+    )
 
 
 def _required(request: Request, name: str) -> str:

@@ -16,6 +16,7 @@ from types import FrameType
 import uvicorn
 from starlette.types import ASGIApp
 
+from .protocol import protocol_for
 from .runtime import Runtime
 
 log = logging.getLogger("arkvory.server")
@@ -51,7 +52,7 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         host=settings.host,
         port=settings.port,
         lifespan="off",
-        http="httptools",
+        http=protocol_for(runtime),  # httptools, with bounded request heads (shared/protocol.py)
         ws="none",
         log_config=None,
         access_log=False,
@@ -68,9 +69,11 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         if runtime.exit_status:
             server.force_exit = True  # lease lost: transfers were already cut
 
-    background.add(loop.create_task(runtime.run_heartbeat(stop)))
-    background.add(loop.create_task(stop_server()))
     try:
+        # Supervised loops (pins, lease watcher, control connection); the lease itself already
+        # renews in its own thread since it was acquired.
+        background.add(await runtime.start_background(stop))
+        background.add(loop.create_task(stop_server()))
         await server.serve()
     finally:
         for task in background:

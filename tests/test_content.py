@@ -143,12 +143,25 @@ def test_if_none_match_gives_304_without_body(site):
 def test_head_has_headers_and_no_body_and_no_budget(site):
     with site["gateway"].client() as client:
         answer = client.head(site["path"])
-        ranged = client.head(site["path"], headers={"Range": "bytes=0-9"})
         ready = client.get("/health/ready").json()
     assert answer.status_code == 200 and answer.content == b""
     assert answer.headers["Content-Length"] == str(SIZE)
-    assert ranged.status_code == 206 and ranged.headers["Content-Length"] == "10"
     assert ready["transfers"]["downloads"]["bandwidth"]["grantedBytes"] == 0
+
+
+@pytest.mark.parametrize("header", ["bytes=0-9", f"bytes={SIZE}-", "bytes=-0", "bytes=0-1,5-6"])
+def test_head_with_range_answers_as_get_without_range(site, header):
+    """RFC 9110 §14.2: Range is defined for GET only; HEAD never gives 206 or 416."""
+    etag = '"sha256:' + site["artifact"]["sha256"] + '"'
+    with site["gateway"].client() as client:
+        plain = client.get(site["path"])
+        ranged = client.head(site["path"], headers={"Range": header, "If-Range": etag})
+    assert ranged.status_code == 200, ranged.headers
+    assert ranged.content == b""
+    assert ranged.headers["Content-Length"] == str(SIZE)
+    assert "Content-Range" not in ranged.headers
+    for name in ("ETag", "Content-Type", "Content-Disposition", "Accept-Ranges", "Digest"):
+        assert ranged.headers[name] == plain.headers[name]
 
 
 def test_package_and_asset_routes(site, blob):

@@ -1,0 +1,306 @@
+"""uvicorn's httptools protocol with the bounds a public server needs on the request head, and a
+per-request handle that lets the content routes write payload straight to the connection.
+
+Head bounds (issue 6 §1): httptools joins a header value by bytes concatenation, which is
+quadratic in the number of pieces it arrives in, and llhttp sets no size limit of its own. So the
+bytes of a request line + headers are counted *before* they reach the parser: above
+`MAX_HEAD_BYTES` the request is answered `431` and the connection closed, and a head that does not
+arrive completely within the receive timeout closes the connection. Bytes of a pipelined head
+that arrive in the same read as the previous request's body are not counted; that leaves at most
+one read (256 KiB) unmetered per request, a linear cost.
+
+The handle (`scope["extensions"]["arkvory.connection"]`) is bound to the request's own
+`RequestResponseCycle` in `on_headers_complete`, so with pipelining each request sees its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+MAX_HEAD_BYTES = 64 * 1024
+LINGER_S = 2.0  # after a 431, read and discard this long so the client can read the answer
+HANDLE_KEY = "arkvory.connection"
+
+
+class ConnectionHandle:
+    """One request's view of its connection: write payload, sendfile, wait to be writable, abort.
+
+    Writes go around uvicorn's `send` (which waits for the client without a bound) but keep the
+    cycle's bookkeeping (`expected_content_length`), so the final empty `http.response.body`
+    message completes the response through uvicorn as usual.
+    """
+
+    __slots__ = ("_protocol", "transport", "cycle", "_on_lost", "_socket_fd", "_audit")
+
+    def __init__(self, protocol: ArkvoryHttpProtocol, cycle: RequestResponseCycle) -> None:
+        self._protocol = protocol
+        self.transport = protocol.transport
+        self.cycle = cycle
+        self._on_lost: Callable[[], None] | None = None
+        self._audit = protocol.audit_payload
+        self._socket_fd = -1
+        if self.transport.get_extra_info("sslcontext") is None:
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                self._socket_fd = sock.fileno()
+
+    @property
+    def lost(self) -> bool:
+        return self.cycle.disconnected or self.transport.is_closing()
+
+    @property
+    def can_sendfile(self) -> bool:
+        """Plain TCP only: TLS must encrypt in user space, so it takes the copying path."""
+        return self._socket_fd >= 0
+
+    def on_lost(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` once when the connection goes away (replaces a watcher task)."""
+        self._on_lost = callback
+
+    def _connection_lost(self) -> None:
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:
+            callback()
+
+    @property
+    def buffered(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    async def writable(self, timeout: float) -> bool:
+        """Wait until the transport takes more (uvicorn's flow control); False after `timeout`
+        seconds without that. Returns True at once when the connection is gone (callers check
+        `lost`)."""
+        flow = self.cycle.flow
+        if not flow.write_paused or self.lost:
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await flow.drain()
+        except TimeoutError:
+            return flow.write_paused is False
+        return True
+
+    def write(self, data: bytes) -> None:
+        size = len(data)
+        cycle = self.cycle
+        if size > cycle.expected_content_length:
+            raise RuntimeError("Response content longer than Content-Length")
+        self._audit(size)
+        cycle.expected_content_length -= size
+        self.transport.write(data)
+
+    def sendfile(self, fd: int, offset: int, count: int) -> int:
+        """Send up to `count` bytes of `fd` at `offset` straight from the page cache; returns how
+        many the socket took (0 when it is full; EOFError when the file ends first). Only call
+        with nothing buffered in the transport, or the bytes would overtake what is queued."""
+        cycle = self.cycle
+        if count > cycle.expected_content_length:
+            raise RuntimeError("Response content longer than Content-Length")
+        self._audit(count)
+        try:
+            sent = os.sendfile(self._socket_fd, fd, offset, count)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        if not sent:
+            raise EOFError(f"the file ends before offset {offset} + {count}")
+        cycle.expected_content_length -= sent
+        return sent
+
+    def abort(self) -> None:
+        """Drop the connection now: `close()` would wait to flush to a client that reads nothing."""
+        # Marked at once (connection_lost comes a loop turn later), so that nothing else is
+        # written and uvicorn does not report the unfinished response as an application error.
+        self.cycle.disconnected = True
+        self.transport.abort()
+
+
+class ArkvoryHttpProtocol(HttpToolsProtocol):
+    """Installed with `uvicorn.Config(http=protocol_for(...))`; class attributes are the bounds."""
+
+    head_timeout_s: float = 60.0
+    stats: HeadStats | None = None
+    may_send_payload: Callable[[], bool] = staticmethod(lambda: True)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reading_head = True
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        self._handles: list[ConnectionHandle] = []
+
+    # -- the head: counted before parsing, and timed ------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()  # a connection that never sends a byte is closed too
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # lingering after a 431: discard
+        if not self._reading_head:
+            super().data_received(data)
+            return
+        if self._head_timer is None:
+            self._arm_head_timer()
+        room = MAX_HEAD_BYTES - self._head_bytes
+        if len(data) <= room:
+            self._head_bytes += len(data)
+            super().data_received(data)
+            return
+        # Feed what fits: the head may end inside it, and then the rest is body or a next head.
+        if room:
+            self._head_bytes += room
+            super().data_received(data[:room])
+            if self.parser is None or self.transport.is_closing():
+                return
+        if self._reading_head:
+            self._refuse_head()
+            return
+        self.data_received(data[room:])
+
+    def on_headers_complete(self) -> None:
+        self._reading_head = False
+        self._cancel_head_timer()
+        previous = self.cycle
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is not previous:
+            handle = ConnectionHandle(self, cycle)
+            self._handles.append(handle)
+            cycle.scope.setdefault("extensions", {})[HANDLE_KEY] = handle  # type: ignore[typeddict-item]
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading_head = True
+        self._head_bytes = 0
+
+    def on_response_complete(self) -> None:
+        # Forget handles of finished responses (a keep-alive connection serves many).
+        self._handles = [h for h in self._handles if not h.cycle.response_complete]
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle._connection_lost()
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._reading_head or self.transport.is_closing():
+            return
+        if self._head_bytes and self.stats is not None:
+            self.stats.timed_out += 1
+        # Nothing useful to answer a client that cannot send a head in time; and a response
+        # may still be streaming on this connection (pipelining), which an answer would corrupt.
+        self.transport.close()
+        self.loop.call_later(LINGER_S, self.transport.abort)
+
+    def _refuse_head(self) -> None:
+        self._refused = True
+        self._cancel_head_timer()
+        if self.stats is not None:
+            self.stats.too_large += 1
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()  # a response is streaming here: an answer would corrupt it
+        else:
+            self.transport.write(_head_too_large_response())
+            # Lingering close (as nginx does): stop sending, keep reading and discarding for a
+            # moment, so the kernel does not reset the connection before the client reads the 431.
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            else:
+                self.transport.close()
+        self.loop.call_later(LINGER_S, self.transport.abort)
+
+    # -- payload audit -------------------------------------------------------------------------
+
+    def audit_payload(self, size: int) -> None:
+        """Count payload handed to the transport while payload may not flow (must stay 0): an
+        independent check of the gate the content routes apply before every write."""
+        if self.stats is not None and not self.may_send_payload():
+            self.stats.late_payload_chunks += 1
+
+
+def _head_too_large_response() -> bytes:
+    rid = secrets.token_hex(8)
+    body = json.dumps(
+        {
+            "code": "headers_too_large",
+            "message": f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
+            "requestId": rid,
+        }
+    ).encode()
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        b"content-type: application/json\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n"
+        b"x-request-id: " + rid.encode() + b"\r\n"
+        b"connection: close\r\n\r\n" + body
+    )
+
+
+class HeadStats(Collector):
+    """Counters of this module, exported through the process's registry."""
+
+    def __init__(self) -> None:
+        self.too_large = 0
+        self.timed_out = 0
+        self.late_payload_chunks = 0
+
+    def collect(self):
+        refused = CounterMetricFamily(
+            "arkvory_http_heads_refused",
+            "Requests whose line + headers were too large (431) or too slow (closed)",
+            labels=["reason"],
+        )
+        refused.add_metric(["too_large"], self.too_large)
+        refused.add_metric(["timeout"], self.timed_out)
+        yield refused
+        yield CounterMetricFamily(
+            "arkvory_payload_chunks_after_trust",
+            "Payload chunks handed to a connection while this process could not trust its "
+            "lease (must stay 0)",
+            value=self.late_payload_chunks,
+        )
+
+
+def protocol_for(runtime) -> type[ArkvoryHttpProtocol]:
+    """The protocol class for one process: its head timeout, its metrics, its payload gate."""
+    stats = HeadStats()
+    runtime.registry.register(stats)
+    lease = runtime.lease
+
+    def may_send_payload() -> bool:
+        # The lease's own deadline, not the serving code's gate: this is the audit of that gate.
+        return lease is None or lease.trust_remaining() > 0
+
+    return type(
+        "ArkvoryHttpProtocol",
+        (ArkvoryHttpProtocol,),
+        {
+            "head_timeout_s": float(runtime.settings.receive_timeout_s),
+            "stats": stats,
+            "may_send_payload": staticmethod(may_send_payload),
+        },
+    )
