@@ -4,7 +4,9 @@ A trigger (migration 0003) notifies channel `arkvory_catalog` when a repository,
 package or asset is updated or deleted; every process listens on its control connection and
 forgets everything at once. Only positive answers are kept (a new artifact cannot make one
 stale), permissions are still checked on every request against the remembered repository, and
-nothing is remembered while the listener is not connected.
+while the listener is not connected nothing is remembered *or answered*: a change made during
+the gap would go unnoticed. The control connection (control.py) re-listens after a loss, and
+only then is the cache flushed and trusted again.
 """
 
 from __future__ import annotations
@@ -29,10 +31,22 @@ class CatalogCache:
         self.hits = 0
         self.misses = 0
 
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
     async def listen(self, conn: asyncpg.Connection) -> None:
+        """LISTEN on `conn`, then forget what a missed notification could have made stale."""
         await conn.add_listener(CHANNEL, self._on_change)
-        conn.add_termination_listener(self._on_connection_lost)
+        # Lookups that began before this point may have read the catalog while nobody listened:
+        # the generation bump makes `put` refuse their answers.
+        self.invalidate()
         self._listening = True
+
+    def stop_listening(self) -> None:
+        """The control connection is gone (or closing): answer nothing from memory until `listen`."""
+        self._listening = False
+        self.invalidate()
 
     @property
     def generation(self) -> int:
@@ -40,7 +54,7 @@ class CatalogCache:
         return self._generation
 
     def get(self, key: Hashable) -> Any | None:
-        value = self._entries.get(key)
+        value = self._entries.get(key) if self._listening else None
         if value is None:
             self.misses += 1
         else:
@@ -59,9 +73,4 @@ class CatalogCache:
         self._entries.clear()
 
     def _on_change(self, conn: object, pid: int, channel: str, table: str) -> None:
-        self.invalidate()
-
-    def _on_connection_lost(self, conn: object) -> None:
-        log.warning("catalog change listener lost: content lookups are no longer cached")
-        self._listening = False
         self.invalidate()

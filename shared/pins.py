@@ -5,6 +5,12 @@ Pins are counted in memory and written in batches on a dedicated connection: wit
 when a new digest appears (new digests of that window share one write), and every 2 s to
 refresh. Each row expires on its own 10 s after its last refresh, so a pin outlives neither its
 transfer nor its process's lease by more than the lease time, even when the process dies.
+
+The converse needs the same care as the lease: a row we could not refresh expires while the
+blob is still being read. So pins are trusted like the lease, for 8 s after the last successful
+write was *sent* (2 s before its rows can expire); past that `healthy` is false, the process
+hands out no payload (`Runtime.payload_allowed`) until a write succeeds again, and `run` calls
+`on_unhealthy` once per outage so that transfers in flight are cut.
 """
 
 from __future__ import annotations
@@ -13,9 +19,13 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
+import anyio
 import asyncpg
+
+from .lease import TRUST_S
 
 log = logging.getLogger("arkvory.pins")
 
@@ -33,11 +43,14 @@ _DROP_OTHERS = "DELETE FROM arkvory_read_pins WHERE slot = $1 AND NOT (sha256 = 
 
 
 class ReadPins:
-    def __init__(self, slot: int) -> None:
+    def __init__(self, slot: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.slot = slot
+        self.clock = clock
         self._counts: collections.Counter[str] = collections.Counter()
         self._changed = asyncio.Event()
         self._conn: asyncpg.Connection | None = None
+        # None until `run` starts: before that no transfer exists (the port is not bound yet).
+        self._written_until: float | None = None
 
     @contextlib.contextmanager
     def hold(self, sha256: str) -> Iterator[None]:
@@ -56,15 +69,42 @@ class ReadPins:
     def digests(self) -> list[str]:
         return list(self._counts)
 
-    async def run(self, database_url: str) -> None:
+    @property
+    def healthy(self) -> bool:
+        """Pins were written recently enough that no row of ours can have expired."""
+        return self._written_until is None or self.clock() < self._written_until
+
+    async def run(
+        self,
+        database_url: str,
+        on_unhealthy: Callable[[], None] = lambda: None,
+        *,
+        task_status=anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Flush pins until cancelled; failures are logged and retried on the next round."""
+        self._written_until = self.clock() + TRUST_S
+        task_status.started()
+        reported = False
         try:
             while True:
+                # Wake up when the window runs out too, so that the cut is not late.
+                left = self._written_until - self.clock()
+                wait = min(REFRESH_S, left) if left > 0 else REFRESH_S
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), REFRESH_S)
+                    await asyncio.wait_for(self._changed.wait(), wait)
                     await asyncio.sleep(BATCH_S)  # a burst of small downloads: one write
                 self._changed.clear()
                 await self.flush(database_url)
+                if not self.healthy and not reported:
+                    reported = True
+                    log.error(
+                        "read pins could not be written for %.0f s: no payload is served until they are",
+                        TRUST_S,
+                    )
+                    on_unhealthy()
+                elif self.healthy and reported:
+                    reported = False
+                    log.info("read pins are written again: serving payload again")
         finally:
             if self._conn is not None:
                 self._conn.terminate()
@@ -72,20 +112,32 @@ class ReadPins:
 
     async def flush(self, database_url: str) -> None:
         digests = self.digests
+        sent = self.clock()
+        # A write still hanging when the window ends must not delay the cut.
+        left = FLUSH_TIMEOUT_S
+        if self._written_until is not None and self._written_until > sent:
+            left = min(FLUSH_TIMEOUT_S, self._written_until - sent)
         try:
             if self._conn is None or self._conn.is_closed():
                 self._conn = await asyncpg.connect(
                     database_url,
                     timeout=FLUSH_TIMEOUT_S,
-                    server_settings={"application_name": f"arkvory-pins-slot-{self.slot}"},
+                    # Both ends give up on a write that hangs (a locked table, a hung server).
+                    command_timeout=FLUSH_TIMEOUT_S,
+                    server_settings={
+                        "application_name": f"arkvory-pins-slot-{self.slot}",
+                        "statement_timeout": str(int(FLUSH_TIMEOUT_S * 1000)),
+                    },
                 )
-            async with asyncio.timeout(FLUSH_TIMEOUT_S):
+            async with asyncio.timeout(max(0.05, left)):
                 async with self._conn.transaction():
                     if digests:
                         await self._conn.execute(_UPSERT, self.slot, digests, PIN_SECONDS)
                     await self._conn.execute(_DROP_OTHERS, self.slot, digests)
-        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("could not write read pins: %s: %s", exc.__class__.__name__, exc)
             if self._conn is not None:
                 self._conn.terminate()
                 self._conn = None
+            return
+        self._written_until = sent + TRUST_S

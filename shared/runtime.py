@@ -4,27 +4,37 @@
 database, the writer lock or the gateway's maintenance lock, migrations or the schema check,
 storage identity, the download policy and the slot lease. Only then does the server bind its
 port, so a process that cannot serve never accepts a connection.
+
+The lease renews in its own thread from the moment it is acquired (lease.py). The other
+background loops (read pins, the lease watcher, the control connection) run supervised on the
+serving loop (supervision.py): whatever ends one of them unexpectedly stops serving at once and
+exits 75 (78 when another writer took the writer lock), never a silently dead task.
+`payload_allowed()` is the one cheap answer the streaming code asks before every chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
+import anyio
 import asyncpg
 from prometheus_client import CollectorRegistry
 
 from . import db, policy
 from .admission import Admission
 from .catalog_cache import CatalogCache
-from .errors import DatabaseUnavailable, LeaseLost, StartupRefused
+from .control import ControlConnection
+from .errors import DatabaseUnavailable, LeaseLost, StartupError, StartupRefused
 from .identity import KeyRing
 from .lease import SlotLease
 from .metrics import Metrics
 from .pins import ReadPins
 from .settings import Settings
 from .storage import Storage, prepare_storage, verify_storage
+from .supervision import supervised
 from .throttle import BandwidthScheduler
 from .transfers import Transfers
 
@@ -40,7 +50,7 @@ class Runtime:
         self.keys = keys
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        self.control: asyncpg.Connection | None = None
+        self.control: ControlConnection | None = None
         self.pool: asyncpg.Pool | None = None
         self.storage: Storage | None = None
         self.lease: SlotLease | None = None
@@ -48,6 +58,9 @@ class Runtime:
         self.schema_too_new = False
         self.draining = False
         self.exit_status = 0
+        # Why this process stopped serving for good (lease lost, a background loop failed).
+        self.failure: str | None = None
+        self._server_stop: asyncio.Event | None = None
         self.bandwidth = BandwidthScheduler(
             settings.process_bytes_per_second, settings.principal_bytes_per_second
         )
@@ -81,39 +94,38 @@ class Runtime:
 
     async def _start(self) -> None:
         settings = self.settings
-        self.control = await db.connect(
-            settings.database_url,
-            server_settings={"application_name": f"arkvory-{settings.role}-control"},
-        )
+        self.control = ControlConnection(settings.database_url, settings.role, self.catalog)
+        await self.control.open()
         if settings.is_writer:
-            await self._start_writer()
+            await self._start_writer(self.control.conn)
         else:
-            await self._start_gateway()
-        if settings.shared is not None and not self.schema_too_new:
+            await self._start_gateway(self.control.conn)
+        shared = settings.shared
+        if shared is not None and not self.schema_too_new:
             self.lease = SlotLease(
-                settings.database_url, settings.shared.slot, settings.role, report=self.metrics
+                settings.database_url,
+                shared.slot,
+                settings.role,
+                (shared.slots, shared.total_bytes_per_second, shared.per_principal_bytes_per_second),
+                report=self.metrics,
             )
-            await self.lease.acquire()
+            # Renewing starts here, in its own thread: the rest of the start-up cannot delay it.
+            await self.lease.start()
         self.pool = await db.create_pool(settings)
-        await self.catalog.listen(self.control)
+        await self.control.listen()
 
-    async def _start_writer(self) -> None:
+    async def _start_writer(self, control: asyncpg.Connection) -> None:
         assert self.control is not None
-        got_lock = await self.control.fetchval("SELECT pg_try_advisory_lock($1)", db.WRITER_LOCK)
-        if not got_lock:
-            raise StartupRefused(
-                "another Arkvory writer is already running against this database "
-                "(only one writer per database)"
-            )
-        self.schema_version = await db.migrate(self.control)
+        await self.control.take_lock("writer")
+        self.schema_version = await db.migrate(control)
         self.storage = await prepare_storage(
-            self.control, self.settings.data_dir, stale_upload_s=self.settings.receive_timeout_s
+            control, self.settings.data_dir, stale_upload_s=self.settings.receive_timeout_s
         )
-        await policy.save_or_check(self.control, self.settings.shared)
+        await policy.save_or_check(control, self.settings.shared)
 
-    async def _start_gateway(self) -> None:
+    async def _start_gateway(self, control: asyncpg.Connection) -> None:
         assert self.control is not None and self.settings.shared is not None
-        version = await db.schema_version(self.control)
+        version = await db.schema_version(control)
         if version is None or version == 0:
             raise StartupRefused(
                 "the database has no Arkvory schema yet; a gateway never migrates: "
@@ -135,13 +147,9 @@ class Runtime:
                 db.CODE_SCHEMA_VERSION,
             )
             return
-        shared_lock = await self.control.fetchval(
-            "SELECT pg_try_advisory_lock_shared($1)", db.MAINTENANCE_LOCK
-        )
-        if not shared_lock:
-            raise StartupRefused("an offline repair tool holds the maintenance lock; try later")
-        self.storage = await verify_storage(self.control, self.settings.data_dir)
-        await policy.check(self.control, self.settings.shared)
+        await self.control.take_lock("maintenance")
+        self.storage = await verify_storage(control, self.settings.data_dir)
+        await policy.check(control, self.settings.shared)
 
     def _publish_configured_shares(self) -> None:
         share = self.metrics.share_bytes_per_second
@@ -157,11 +165,20 @@ class Runtime:
 
     # -- state read by every request --------------------------------------------------------
 
+    def payload_allowed(self) -> bool:
+        """May a payload byte be handed out now? Cheap (attribute reads and a clock read),
+        correct from any thread and right after a stall: the lease is trusted, read pins are
+        written, and no background loop has failed."""
+        lease = self.lease
+        if lease is not None and not lease.trusted:
+            return False
+        return self.failure is None and self.pins.healthy
+
     @property
     def status(self) -> str:
         if self.schema_too_new or self.storage is None:
             return "unavailable"
-        if self.lease is not None and not self.lease.trusted:
+        if not self.payload_allowed():
             return "unavailable"
         if self.draining:
             return "draining"
@@ -186,35 +203,73 @@ class Runtime:
 
     # -- background work --------------------------------------------------------------------
 
-    async def run_heartbeat(self, server_stop: "asyncio.Event") -> None:
-        """Renew the lease and refresh read pins until the process stops or the lease is lost."""
-        tasks = [asyncio.create_task(self.pins.run(self.settings.database_url))]
-        if self.lease is not None:
-            tasks.append(asyncio.create_task(self._watch_lease(server_stop)))
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+    async def start_background(self, server_stop: asyncio.Event) -> asyncio.Task:
+        """Start the supervised background loops; returns once every one has started (a failure
+        to start is raised here), with the task that runs them until cancelled."""
+        self._server_stop = server_stop
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def _watch_lease(self, server_stop: asyncio.Event) -> None:
+        async def run_all() -> None:
+            try:
+                async with anyio.create_task_group() as tg:
+                    for name, run in self._background_loops():
+                        await tg.start(supervised, name, run, self._background_failed, (StartupError,))
+                    started.set_result(None)
+            except BaseException as exc:
+                if not started.done():
+                    started.set_exception(_single(exc))
+                    return
+                raise
+
+        task = asyncio.create_task(run_all())
+        await started
+        return task
+
+    def _background_loops(self) -> list[tuple[str, Any]]:
+        assert self.control is not None
+        pins = functools.partial(self.pins.run, self.settings.database_url, self._pins_unwritable)
+        loops: list[tuple[str, Any]] = [("read pins", pins), ("control connection", self.control.run)]
+        if self.lease is not None:
+            loops.append(("lease watcher", self._watch_lease))
+        return loops
+
+    async def _watch_lease(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         assert self.lease is not None
-        await self.lease.run()
-        if not self.lease.lost.is_set():
-            return  # stopped renewing on purpose (graceful drain)
-        self.bandwidth.close(LeaseLost(self.lease.lost_reason or "lease lost"))
-        self.transfers.abort_all("lease_lost")
+        task_status.started()
+        await self.lease.wait_lost()
+        await self._stop_serving(f"lease lost: {self.lease.lost_reason}", EXIT_LEASE_LOST, "lease_lost")
+
+    async def _background_failed(self, name: str, exc: BaseException) -> None:
+        status = exc.exit_status if isinstance(exc, StartupError) else EXIT_LEASE_LOST
+        await self._stop_serving(f"{name} stopped: {exc}", status, "process_failed")
+
+    def _pins_unwritable(self) -> None:
+        # payload_allowed() is already false; this cuts transfers waiting on a slow socket.
+        self.transfers.abort_all("pins_unwritable")
+
+    async def _stop_serving(self, reason: str, status: int, abort_reason: str) -> None:
+        """Stop handing out payload at once, answer 503 for a short drain, then exit `status`."""
+        if self.failure is not None:
+            return  # the first reason wins; it already schedules the exit
+        self.failure = reason
+        if self.lease is not None:
+            self.lease.abandon(reason)  # no-op when it is already lost
+        self.bandwidth.close(LeaseLost(reason))
+        self.transfers.abort_all(abort_reason)
         self.admission.drain()
-        log.error("lease lost; answering 503 for %.0f s, then exiting %d", LOST_DRAIN_S, EXIT_LEASE_LOST)
+        log.error("%s; answering 503 for %.0f s, then exiting %d", reason, LOST_DRAIN_S, status)
         await asyncio.sleep(LOST_DRAIN_S)
-        self.exit_status = EXIT_LEASE_LOST
-        server_stop.set()
+        self.exit_status = status
+        if self._server_stop is not None:
+            self._server_stop.set()
 
     async def drain(self, server_stop: asyncio.Event) -> None:
         """SIGTERM: refuse new transfers, finish those in flight (bounded), then stop."""
         if self.draining:
             return
         self.draining = True
+        if self.control is not None:
+            self.control.stopping()
         self.admission.drain()
         log.info("draining: waiting up to %d s for transfers in flight", self.settings.drain_timeout_s)
         idle = await self.admission.wait_idle(self.settings.drain_timeout_s)
@@ -228,22 +283,24 @@ class Runtime:
     # -- shutdown ---------------------------------------------------------------------------
 
     async def close(self) -> None:
-        lost = self.lease is not None and self.lease.lost.is_set()
+        # After a failure the database may be unreachable: never wait on it.
+        lost = self.failure is not None or (self.lease is not None and self.lease.lost.is_set())
         if self.lease is not None:
             await self.lease.close()
         if self.pool is not None:
             if lost:
-                self.pool.terminate()  # the database may be unreachable: never wait on it
+                self.pool.terminate()
             else:
                 try:
                     await asyncio.wait_for(self.pool.close(), 5.0)
                 except (TimeoutError, OSError, asyncpg.PostgresError):
                     self.pool.terminate()
         if self.control is not None:
-            if lost:
-                self.control.terminate()
-            else:
-                try:
-                    await asyncio.wait_for(self.control.close(), 2.0)
-                except (TimeoutError, OSError, asyncpg.PostgresError):
-                    self.control.terminate()
+            await self.control.close(wait=not lost)
+
+
+def _single(exc: BaseException) -> BaseException:
+    """The one exception inside a task group's group (the start-up error a caller expects)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -1,0 +1,171 @@
+"""The process's control connection, supervised: it holds the writer lock (writer) or the shared
+maintenance lock (gateway) and LISTENs for catalog changes (catalog_cache.py).
+
+A session-level advisory lock and a LISTEN live only as long as their backend, so a lost
+connection silently loses both. `run` pings every 2 s with a timeout (a half-open connection
+answers nothing), and on loss reconnects, re-takes the lock, re-LISTENs and flushes the cache;
+the cache answers nothing in between. A writer that finds its lock taken by another writer
+meanwhile must not go on: `run` raises StartupRefused (exit 78), as at start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Literal
+
+import anyio
+import asyncpg
+
+from . import db
+from .catalog_cache import CatalogCache
+from .errors import DatabaseUnavailable, StartupRefused
+
+log = logging.getLogger("arkvory.control")
+
+PING_EVERY_S = 2.0
+PING_TIMEOUT_S = 1.5
+RECONNECT_EVERY_S = 1.0
+# A half-open old backend of ours may still hold the writer lock; we end it and wait this long.
+OWN_BACKEND_WAIT_S = 5.0
+CLOSE_TIMEOUT_S = 2.0
+
+Lock = Literal["writer", "maintenance"]
+
+_LOCK_HOLDER = """
+SELECT pid FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+  AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid
+"""
+
+
+class ControlConnection:
+    def __init__(self, database_url: str, role: str, catalog: CatalogCache) -> None:
+        self.database_url = database_url
+        self.application_name = f"arkvory-{role}-control"
+        self.catalog = catalog
+        self.lock: Lock | None = None
+        self.reconnects = 0
+        self._conn: asyncpg.Connection | None = None
+        self._gone = asyncio.Event()
+        self._closing = False
+
+    @property
+    def conn(self) -> asyncpg.Connection:
+        assert self._conn is not None, "open() first"
+        return self._conn
+
+    async def open(self) -> asyncpg.Connection:
+        self._conn = await db.connect(
+            self.database_url, server_settings={"application_name": self.application_name}
+        )
+        self._gone.clear()
+        self._conn.add_termination_listener(self._on_terminated)
+        return self._conn
+
+    async def take_lock(self, lock: Lock, *, previous_backend: int | None = None) -> None:
+        """Take `lock` on this connection for the rest of its life, or refuse (exit 78)."""
+        conn = self.conn
+        if lock == "maintenance":
+            if not await conn.fetchval(
+                "SELECT pg_try_advisory_lock_shared($1)", db.MAINTENANCE_LOCK, timeout=db.QUERY_TIMEOUT_S
+            ):
+                raise StartupRefused("an offline repair tool holds the maintenance lock; try later")
+            self.lock = lock
+            return
+        deadline = time.monotonic() + OWN_BACKEND_WAIT_S
+        while not await conn.fetchval(
+            "SELECT pg_try_advisory_lock($1)", db.WRITER_LOCK, timeout=db.QUERY_TIMEOUT_S
+        ):
+            holder = await conn.fetchval(_LOCK_HOLDER, db.WRITER_LOCK, timeout=db.QUERY_TIMEOUT_S)
+            if previous_backend is None or holder != previous_backend or time.monotonic() > deadline:
+                raise StartupRefused(
+                    "another Arkvory writer is already running against this database "
+                    "(only one writer per database)"
+                )
+            # Our own old backend, cut off but not yet noticed by the server, still holds it.
+            await conn.execute("SELECT pg_terminate_backend($1)", holder, timeout=db.QUERY_TIMEOUT_S)
+            await asyncio.sleep(0.1)
+        self.lock = lock
+
+    async def listen(self) -> None:
+        await self.catalog.listen(self.conn)
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep the connection, its lock and its LISTEN alive until cancelled."""
+        task_status.started()
+        while True:
+            reason = await self._until_lost()
+            # While the process is stopping on purpose the database may be stopping too.
+            log.log(
+                logging.INFO if self._closing else logging.WARNING,
+                "control connection lost (%s): reconnecting; catalog lookups are not cached until then",
+                reason,
+            )
+            previous_backend = self._drop()
+            await self._reconnect(previous_backend)
+            self.reconnects += 1
+            log.info("control connection restored: %s lock held, listening again", self.lock or "no")
+
+    async def _until_lost(self) -> str:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._gone.wait(), PING_EVERY_S)
+            conn = self._conn
+            if self._gone.is_set() or conn is None or conn.is_closed():
+                return "the connection closed"
+            try:
+                await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT_S)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                return f"ping failed: {exc.__class__.__name__}: {exc}"
+
+    async def _reconnect(self, previous_backend: int | None) -> None:
+        while True:
+            try:
+                await self.open()
+                if self.lock is not None:
+                    await self.take_lock(self.lock, previous_backend=previous_backend)
+                await self.listen()
+                return
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable) as exc:
+                log.warning("control connection: reconnect failed: %s: %s", exc.__class__.__name__, exc)
+                self._drop()
+                await asyncio.sleep(RECONNECT_EVERY_S)
+
+    def _on_terminated(self, conn: object) -> None:
+        # Called by asyncpg when the backend goes away; a planned close detaches first.
+        self.catalog.stop_listening()
+        self._gone.set()
+
+    def _drop(self) -> int | None:
+        """Forget the current connection without waiting on it; returns its backend pid."""
+        self.catalog.stop_listening()
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return None
+        pid = conn.get_server_pid()
+        conn.remove_termination_listener(self._on_terminated)
+        conn.terminate()
+        return pid
+
+    def stopping(self) -> None:
+        """The process stops on purpose (drain): a loss from now on is no news."""
+        self._closing = True
+
+    async def close(self, *, wait: bool = True) -> None:
+        """Planned stop: not a loss, so nothing is logged as one."""
+        self._closing = True
+        self.catalog.stop_listening()
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        conn.remove_termination_listener(self._on_terminated)
+        if not wait:
+            conn.terminate()
+            return
+        try:
+            await asyncio.wait_for(conn.close(), CLOSE_TIMEOUT_S)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            conn.terminate()
