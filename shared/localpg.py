@@ -76,6 +76,7 @@ class LocalPostgres:
     source: str  # "env" | "testcontainers" | "wheel" | "system"
     data_dir: pathlib.Path | None = None
     _stop: Callable[[], None] | None = dataclasses.field(default=None, repr=False, compare=False)
+    _remove: Callable[[], None] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         return f"LocalPostgres(url={_mask_password(self.url)!r}, source={self.source!r})"
@@ -85,6 +86,17 @@ class LocalPostgres:
         stop, self._stop = self._stop, None
         if stop is not None:
             stop()
+
+    def destroy(self) -> None:
+        """Stop, then delete the data directory and all around it (throwaway servers: tests).
+
+        As root the data lives on the shelf, outside `base_dir`: deleting `base_dir` alone
+        would leave it there, hundreds of megabytes per run, until a later start noticed.
+        """
+        self.stop()
+        remove, self._remove = self._remove, None
+        if remove is not None:
+            remove()
 
     def create_database(self, name: str) -> str:
         """CREATE DATABASE `name` and return its URL; tests take one database each."""
@@ -347,6 +359,19 @@ def _server_home(base_dir: pathlib.Path, user: pwd.struct_passwd | None) -> path
     return home
 
 
+def remove_orphaned_homes() -> None:
+    """As root, delete the shelf's data of servers whose base_dir is gone (pytest's tmp dirs)."""
+    homes = pathlib.Path(tempfile.gettempdir()) / "arkvory-postgres" / "homes"
+    if os.geteuid() == 0 and homes.is_dir():
+        _forget_orphaned_homes(_root_shelf() / "homes")  # _root_shelf checks who owns it
+
+
+def _remove_home(link: pathlib.Path, home: pathlib.Path) -> None:
+    if link.is_symlink():
+        link.unlink()  # first: a home without its claim is an orphan anyone may delete
+    shutil.rmtree(home, ignore_errors=True)
+
+
 def _forget_orphaned_homes(homes: pathlib.Path) -> None:
     """Delete homes whose base_dir no longer claims them: pytest removes old tmp dirs."""
     for home in homes.iterdir():
@@ -490,6 +515,7 @@ def _start_server(install: _Install, base_dir: pathlib.Path, *, fsync: bool) -> 
                 source=install.source,
                 data_dir=data_dir,
                 _stop=server.stop,
+                _remove=lambda: _remove_home(base_dir / "postgres", home),
             )
         if not _PORT_TAKEN.search(_tail_of_file(log_path)):
             break

@@ -1,10 +1,16 @@
-"""`arkvory dev`, the README's one command: PostgreSQL, a writer and a gateway, then a clean stop."""
+"""`arkvory dev`, the README's one command, as a new user meets it: it starts PostgreSQL, a writer
+and a gateway, serves, tells the admin tools where its database is, refuses in one line what
+cannot work (a second run on the same directory or ports, another gateway count), and stops."""
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -14,40 +20,162 @@ import pytest
 
 from .harness import ROOT, free_port
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+BANNER = "Arkvory is running"
+# What a user's shell has: no ARKVORY_* variables, so `arkvory dev` brings its own PostgreSQL.
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("ARKVORY_") and k != "DATABASE_URL"}
 
 
-def test_dev_cluster_starts_serves_and_stops(tmp_path):
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ARKVORY_") and k != "DATABASE_URL"}
-    log = tmp_path / "dev.log"
-    with open(log, "wb") as out:
-        dev = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "dev", "--dir", str(tmp_path / "state"),
-             "--gateways", "1", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while "Press Ctrl-C" not in log.read_text() and time.monotonic() < deadline:
-            assert dev.poll() is None, log.read_text()
-            time.sleep(0.2)
-        text = log.read_text()
-        token = re.search(r"admin key: (\S+)", text).group(1)
-        headers = {"Authorization": f"Bearer {token}"}
-        with httpx.Client(headers=headers, timeout=10) as client:
-            created = client.post(f"http://127.0.0.1:{port}/api/v1/repositories", json={"name": "demo"})
-            assert created.status_code == 201
-            uploaded = client.post(
-                f"http://127.0.0.1:{port}/api/v1/repositories/demo/artifacts",
-                params={"name": "hello.txt"}, content=b"hello",
-            ).json()
-            got = client.get(
-                f"http://127.0.0.1:{port + 1}/api/v1/repositories/demo/artifacts/{uploaded['id']}/content"
+class Dev:
+    """One `arkvory dev` process with its output in a file."""
+
+    def __init__(self, state: pathlib.Path, port: int, *args: str, cwd: pathlib.Path = ROOT) -> None:
+        self.state, self.port = state, port
+        self.log = state.parent / f"dev-{state.name}-{port}.log"
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "shared.cli", "dev", "--dir", str(state),
+                 "--port", str(port), *args],
+                cwd=cwd, env=ENV, stdout=out, stderr=subprocess.STDOUT,
             )
-            assert got.status_code == 200 and got.content == b"hello"
-            assert client.get(f"http://127.0.0.1:{port + 1}/health/ready").json()["role"] == "reader"
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_running(self, limit_s: float = 120) -> str:
+        deadline = time.monotonic() + limit_s
+        while "Press Ctrl-C" not in self.output:
+            assert self.process.poll() is None, self.output
+            assert time.monotonic() < deadline, self.output
+            time.sleep(0.2)
+        return re.search(r"admin key: (\S+)", self.output).group(1)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(60)
+
+
+def run_dev_to_the_end(state: pathlib.Path, port: int, *args: str, limit_s: float = 30) -> tuple[int, str, float]:
+    began = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "dev", "--dir", str(state), "--port", str(port), *args],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=limit_s,
+    )
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - began
+
+
+def remove_state(state: pathlib.Path) -> None:
+    """As root the PostgreSQL data lives outside the state directory, behind a symlink."""
+    data = state / "postgres"
+    if data.is_symlink():
+        shutil.rmtree(data.resolve(), ignore_errors=True)
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def one_line_refusal(output: str) -> str:
+    assert "Traceback" not in output and BANNER not in output, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    """One dev cluster for the module (a start costs an initdb), in a directory named as by
+    default, so that `--dev` without a DIR finds it from its parent."""
+    home = tmp_path_factory.mktemp("devhome")
+    dev = Dev(home / ".arkvory-dev", free_port(), "--gateways", "1")
+    try:
+        dev.token = dev.wait_running()
+        yield dev
     finally:
-        dev.send_signal(signal.SIGTERM)
-        status = dev.wait(60)
-    assert status == 0, log.read_text()
+        status = dev.stop()
+        remove_state(dev.state)
+    assert status == 0, dev.output
+
+
+def test_it_serves_through_the_writer_and_the_gateway(running):
+    headers = {"Authorization": f"Bearer {running.token}"}
+    writer, gateway = f"http://127.0.0.1:{running.port}", f"http://127.0.0.1:{running.port + 1}"
+    with httpx.Client(headers=headers, timeout=10) as client:
+        assert client.post(f"{writer}/api/v1/repositories", json={"name": "demo"}).status_code == 201
+        uploaded = client.post(
+            f"{writer}/api/v1/repositories/demo/artifacts", params={"name": "hello.txt"}, content=b"hello"
+        ).json()
+        got = client.get(f"{gateway}/api/v1/repositories/demo/artifacts/{uploaded['id']}/content")
+        assert got.status_code == 200 and got.content == b"hello"
+        assert client.get(f"{gateway}/health/ready").json()["role"] == "reader"
+
+
+def test_a_second_dev_on_the_same_directory_is_refused_before_it_starts_anything(running):
+    status, output, took = run_dev_to_the_end(running.state, free_port(), "--gateways", "1")
+    line = one_line_refusal(output)
+    assert status == 3
+    assert line == (
+        f"arkvory dev: another arkvory dev uses {running.state} (pid {running.process.pid}):"
+        " stop it first, or use --dir"
+    )
+    assert took < 10  # no waiting for PostgreSQL to give up on a data directory in use
+
+
+def test_a_second_dev_on_ports_in_use_is_refused_before_it_starts_anything(running, tmp_path):
+    other = tmp_path / "other"
+    status, output, _ = run_dev_to_the_end(other, running.port, "--gateways", "1")
+    assert status == 2
+    assert one_line_refusal(output) == f"arkvory dev: port {running.port} is in use: pass --port (2 free ports from it)"
+    assert not (other / "postgres").exists()  # no PostgreSQL was started, no data made
+    # The gateway's port alone is enough to refuse too.
+    status, output, _ = run_dev_to_the_end(other, running.port - 1, "--gateways", "2")
+    assert status == 2 and f"port {running.port} is in use" in one_line_refusal(output)
+
+
+def test_the_admin_tools_find_the_dev_database(running):
+    env_file = running.state / "env"
+    assert f"arkvory admin status --dev {running.state}" in running.output
+    assert str(env_file) in running.output
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert re.search(r"^ARKVORY_DATABASE_URL=postgresql://", env_file.read_text(), re.M)
+
+    def admin(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "shared.cli", "admin", "status", *args],
+            cwd=running.state.parent, env=ENV, capture_output=True, text=True, timeout=30,
+        )
+
+    table = admin("--dev")  # the default directory, from where the user ran `arkvory dev`
+    assert table.returncode == 0, table.stderr
+    assert "2 slots" in table.stdout
+    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines() if re.match(r"\d+ ", line)}
+    assert rows["0"][1] == "api" and rows["1"][1] == "reader"
+    assert all(" ".join(row[5:]).startswith("expires in") for row in rows.values())
+    assert not re.search(r"Record|datetime|\{|\.\d{6}", table.stdout)  # no reprs, no microseconds
+
+    machine = admin("--dev", str(running.state), "--json")
+    assert machine.returncode == 0, machine.stderr
+    report = json.loads(machine.stdout)
+    assert report["downloadPolicy"]["slots"] == 2
+    assert [(lease["slot"], lease["role"], lease["live"]) for lease in report["leases"]] == [
+        (0, "api", True), (1, "reader", True)
+    ]
+
+
+def test_a_state_made_with_another_gateway_count_is_refused_in_one_line(tmp_path):
+    state, port = tmp_path / "state", free_port()
+    first = Dev(state, port, "--gateways", "1")
+    try:
+        first.wait_running()
+    finally:
+        assert first.stop() == 0, first.output
+    assert not (state / "env").exists()  # stale once stopped: the database port changes per run
+    try:
+        status, output, _ = run_dev_to_the_end(state, port, "--gateways", "0", limit_s=60)
+        assert status == 2
+        assert one_line_refusal(output) == (
+            f"arkvory dev: this state was made with --gateways 1: use --gateways 1,"
+            f" or delete {state}/ (its artifacts are lost)"
+        )
+    finally:
+        remove_state(state)

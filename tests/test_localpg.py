@@ -58,7 +58,7 @@ def is_gone(pid: int) -> bool:
 def server(tmp_path: pathlib.Path):
     postgres = start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)
     yield postgres
-    postgres.stop()
+    postgres.destroy()
 
 
 @pytest.mark.timeout(120)
@@ -263,3 +263,32 @@ def test_as_root_an_install_its_user_cannot_reach_is_copied(tmp_path: pathlib.Pa
         assert localpg._reachable_install(unreachable, user) == reachable  # reused, not recopied
     finally:
         shutil.rmtree(reachable.tree[0])
+
+
+@pytest.mark.timeout(120)
+def test_destroy_deletes_the_data_wherever_it_lives(tmp_path: pathlib.Path) -> None:
+    # As root in pytest's 0700 tmp dir the data sits on the shelf, outside tmp_path: deleting
+    # tmp_path would leave it behind (what made a test run leave ~1.4 GB under /tmp).
+    postgres = start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)
+    home = postgres.data_dir.resolve().parent
+    assert fetchval(postgres.url, "select 1") == 1
+    postgres.destroy()
+    postgres.destroy()  # idempotent, like stop
+    assert not home.exists()
+    assert not (tmp_path / "postgres").is_symlink() and not (tmp_path / "postgres").exists()
+    with pytest.raises(OSError):
+        fetchval(postgres.url, "select 1")
+
+
+@as_root_only
+@pytest.mark.timeout(120)
+def test_as_root_data_whose_directory_is_gone_is_removed(tmp_path: pathlib.Path) -> None:
+    base = tmp_path / "base"
+    start_local_postgres(base, fsync=False, environ=NO_ENV).stop()
+    home = (base / "postgres").resolve()
+    if home == (base / "postgres").absolute():
+        pytest.skip("the server's user reaches tmp_path: the data lived inside it")
+    shutil.rmtree(base)  # what pytest does with a passing test's tmp_path
+    assert home.exists()
+    localpg.remove_orphaned_homes()
+    assert not home.exists()
