@@ -245,8 +245,11 @@ def run_dev_cluster(directory: str, *, gateways: int, base_port: int) -> int:
 def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
     from .localpg import start_local_postgres
 
-    state.mkdir(parents=True, exist_ok=True)
-    lock = _take_lock(state)
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        lock = _take_lock(state)
+    except OSError as exc:
+        raise DevRefused(f"cannot use {state} as the state directory ({exc.strerror}): use --dir") from None
     processes: list[subprocess.Popen] = []
     database = None
     try:
