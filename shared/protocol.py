@@ -19,6 +19,8 @@ import asyncio
 import json
 import os
 import secrets
+import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +29,10 @@ from prometheus_client.registry import Collector
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 MAX_HEAD_BYTES = 64 * 1024
-LINGER_S = 2.0  # after a 431, read and discard this long so the client can read the answer
+# After a 431, read and discard at most this long and this much, so that the kernel does not
+# reset the connection (losing the answer) while the client is still sending its head.
+LINGER_S = 2.0
+LINGER_MAX_BYTES = 1024 * 1024
 HANDLE_KEY = "arkvory.connection"
 
 
@@ -120,6 +125,14 @@ class ConnectionHandle:
         # Marked at once (connection_lost comes a loop turn later), so that nothing else is
         # written and uvicorn does not report the unfinished response as an application error.
         self.cycle.disconnected = True
+        # A reset, not an orderly close: what the kernel still holds for this client is dropped
+        # too, so a cut transfer stops at once instead of draining megabytes at the client's pace.
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass  # already gone
         self.transport.abort()
 
 
@@ -145,8 +158,11 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         self._arm_head_timer()  # a connection that never sends a byte is closed too
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return  # lingering after a 431: discard
+        if self._refused:  # lingering after a 431: discard
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES + LINGER_MAX_BYTES:
+                self.transport.abort()
+            return
         if not self._reading_head:
             super().data_received(data)
             return

@@ -3,6 +3,11 @@ principal's bucket; principals that have to wait are served round-robin by one d
 
 Bucket state is kept in integer byte-nanoseconds, so the guarantee "bytes granted (taken from a
 bucket) in any interval ≤ rate × elapsed + burst" holds exactly, without floating-point slack.
+
+Grants are sized from the rate (issue 6 §6, which overrides SPEC §4's fixed 64 KiB quanta): about
+10 ms of the smaller configured rate, between 64 KiB and 1 MiB, never above a bucket's burst. A
+fast share then moves 1 MiB per grant, so the Python work per GiB stays small on any CPU, while a
+slow one keeps fine-grained turns; fairness is unchanged (one grant per turn, round-robin).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("arkvory.throttle")
 
-QUANTUM_BYTES = 64 * 1024  # the most one grant hands out
+MIN_QUANTUM_BYTES = 64 * 1024  # the smallest most-one-grant-hands-out (unless a burst is smaller)
+MAX_QUANTUM_BYTES = 1024 * 1024
+QUANTUM_NS = 10_000_000  # a quantum is about this much time at the smaller configured rate
 MAX_BURST_BYTES = 1024 * 1024
 
 _NS = 1_000_000_000
@@ -34,6 +41,17 @@ def burst_for(rate: int) -> int:
     """Bucket size for `rate` bytes/s: a tenth of a second of traffic, at most 1 MiB."""
     _check_rate("rate", rate)
     return max(1, min(rate // 10, MAX_BURST_BYTES))
+
+
+def quantum_for(process_rate: int | None, per_principal_rate: int | None) -> int:
+    """The most one grant hands out: ~10 ms of the smaller rate, within [64 KiB, 1 MiB], and
+    never more than either bucket's burst (a grant must fit in a full bucket)."""
+    rates = [rate for rate in (process_rate, per_principal_rate) if rate is not None]
+    if not rates:
+        return MAX_QUANTUM_BYTES  # unmetered: grant() does not cut at all
+    slowest = min(rates)
+    quantum = min(max(slowest * QUANTUM_NS // _NS, MIN_QUANTUM_BYTES), MAX_QUANTUM_BYTES)
+    return min(quantum, *(burst_for(rate) for rate in rates))
 
 
 def _check_rate(name: str, value: object) -> None:
@@ -185,12 +203,7 @@ class BandwidthScheduler:
             TokenBucket(process_rate, burst_for(process_rate), clock) if process_rate else None
         )
         self._unlimited = process_rate is None and per_principal_rate is None
-        quantum = QUANTUM_BYTES
-        if self._process is not None:
-            quantum = min(quantum, self._process.burst)
-        if self._per_principal_burst is not None:
-            quantum = min(quantum, self._per_principal_burst)
-        self._quantum = quantum
+        self._quantum = quantum_for(process_rate, per_principal_rate)
 
         self._principals: dict[str, _Principal] = {}
         self._ring: deque[_Principal] = deque()  # own bucket ready, waiting for the process bucket

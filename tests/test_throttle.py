@@ -10,7 +10,8 @@ import pytest
 
 from shared.throttle import (
     MAX_BURST_BYTES,
-    QUANTUM_BYTES,
+    MAX_QUANTUM_BYTES,
+    MIN_QUANTUM_BYTES,
     BandwidthScheduler,
     TokenBucket,
     burst_for,
@@ -109,13 +110,16 @@ async def test_unlimited_mode_grants_at_once_and_only_counts() -> None:
 @pytest.mark.parametrize(
     ("process_rate", "principal_rate", "quantum"),
     [
-        (100 * MAX_BURST_BYTES, None, QUANTUM_BYTES),
+        (100 * MAX_BURST_BYTES, None, MAX_QUANTUM_BYTES),  # 10 ms = 1 MiB, also the burst
+        (1000 * MAX_BURST_BYTES, None, MAX_QUANTUM_BYTES),  # 10 ms = 10 MiB: capped at 1 MiB
         (100_000, None, 10_000),  # burst 10 000 < 64 KiB
+        (1_000_000, None, MIN_QUANTUM_BYTES),  # 10 ms = 10 000: raised to 64 KiB (burst 100 000)
         (100 * MAX_BURST_BYTES, 200_000, 20_000),  # the principal's burst is the smaller one
-        (None, 50 * MAX_BURST_BYTES, QUANTUM_BYTES),
+        (None, 50 * MAX_BURST_BYTES, 50 * MAX_BURST_BYTES // 100),  # 10 ms of the principal's rate
+        (100 * MAX_BURST_BYTES, 20 * MAX_BURST_BYTES, 20 * MAX_BURST_BYTES // 100),  # the smaller rate
     ],
 )
-async def test_quanta_never_exceed_64_kib_or_any_burst(
+async def test_quanta_are_10_ms_of_the_smaller_rate_within_bounds_and_bursts(
     process_rate: int | None, principal_rate: int | None, quantum: int
 ) -> None:
     fake = FakeTime()
@@ -131,7 +135,7 @@ async def test_quanta_never_exceed_64_kib_or_any_burst(
         for principal in ("a", "a", "b"):
             tg.create_task(transfer(principal))
     assert set(sizes) == {quantum}
-    assert quantum <= QUANTUM_BYTES
+    assert quantum <= MAX_QUANTUM_BYTES
     for rate in (process_rate, principal_rate):
         if rate is not None:
             assert quantum <= burst_for(rate)
@@ -216,7 +220,7 @@ async def test_round_robin_serves_principals_not_transfers() -> None:
 
     async def transfer(principal: str) -> None:
         while not stop.is_set():
-            await scheduler.grant(principal, QUANTUM_BYTES)
+            await scheduler.grant(principal, MIN_QUANTUM_BYTES)
             grants[principal] += 1
             if grants["a"] + grants["b"] >= 600:
                 stop.set()
@@ -239,7 +243,7 @@ async def test_no_transfer_of_a_principal_starves() -> None:
 
     async def transfer(index: int) -> None:
         while not stop.is_set():
-            await scheduler.grant("a", QUANTUM_BYTES)
+            await scheduler.grant("a", MIN_QUANTUM_BYTES)
             counts[index] += 1
             if sum(counts) >= 800:
                 stop.set()
@@ -324,8 +328,8 @@ async def test_dispatcher_sleeps_exactly_until_the_deficit_is_refilled() -> None
     fake = FakeTime()
     scheduler = BandwidthScheduler(1_000_000, None, clock=fake.clock, sleep=fake.sleep)
     assert scheduler.burst_bytes == 100_000
-    assert await scheduler.grant("a", QUANTUM_BYTES) == QUANTUM_BYTES  # 34 464 left
-    assert await scheduler.grant("a", QUANTUM_BYTES) == QUANTUM_BYTES  # waits for 31 072 bytes
+    assert await scheduler.grant("a", MIN_QUANTUM_BYTES) == MIN_QUANTUM_BYTES  # 34 464 left
+    assert await scheduler.grant("a", MIN_QUANTUM_BYTES) == MIN_QUANTUM_BYTES  # waits for 31 072 bytes
     assert fake.sleeps == [pytest.approx(0.031072, abs=1e-9)]
     assert scheduler.wait_seconds == pytest.approx(0.031072, abs=1e-9)
     await settle()
@@ -450,7 +454,7 @@ async def test_real_clock_and_sleep() -> None:
 
     async def transfer(principal: str) -> None:
         while not stop.is_set():
-            await scheduler.grant(principal, QUANTUM_BYTES)
+            await scheduler.grant(principal, MIN_QUANTUM_BYTES)
 
     start = time.monotonic()
     async with asyncio.TaskGroup() as tg:
@@ -460,5 +464,5 @@ async def test_real_clock_and_sleep() -> None:
         stop.set()
     elapsed = time.monotonic() - start
     granted = scheduler.granted_bytes
-    assert granted <= rate * elapsed + burst_for(rate) + 4 * QUANTUM_BYTES
+    assert granted <= rate * elapsed + burst_for(rate) + 4 * MIN_QUANTUM_BYTES
     assert granted >= 0.7 * rate * 0.3
