@@ -82,3 +82,51 @@ def test_a_change_made_by_sql_also_reaches_the_gateway(site, cluster):
     assert httpx.get(path).status_code == 200
     db_execute(cluster.database_url, "UPDATE arkvory_repositories SET public = false WHERE name = 'cache'")
     assert eventually(lambda: httpx.get(path).status_code == 401, timeout=1.0)
+
+
+def test_no_cached_answer_while_the_listener_is_gone_and_caching_after_it_is_back(database_url):
+    """The control connection's backend dies: from that moment nothing is answered from memory
+    (a change in the gap would go unseen); once it re-LISTENs, caching works again."""
+    import asyncio
+
+    import anyio
+
+    from shared import db
+    from shared.catalog_cache import CatalogCache
+    from shared.control import ControlConnection
+
+    async def scenario():
+        setup = await db.connect(database_url)
+        await db.migrate(setup)
+        cache = CatalogCache()
+        control = ControlConnection(database_url, "test", cache)
+        await control.open()
+        await control.listen()
+        cache.put("key", "value", cache.generation)
+        assert cache.get("key") == "value"
+        # The backend dies before the supervisor runs, so the gap can be looked at.
+        await setup.execute("SELECT pg_terminate_backend($1)", control.conn.get_server_pid())
+        async with asyncio.timeout(5):
+            while cache.listening:
+                await asyncio.sleep(0.01)
+        assert cache.get("key") is None
+        cache.put("key", "stale", cache.generation)
+        assert cache.get("key") is None  # nothing is remembered while nobody listens
+        async with anyio.create_task_group() as tg:
+            await tg.start(control.run)
+            async with asyncio.timeout(10):
+                while not cache.listening:
+                    await asyncio.sleep(0.05)
+            assert control.reconnects == 1
+            cache.put("key", "fresh", cache.generation)
+            assert cache.get("key") == "fresh"
+            # Notifications arrive on the new connection.
+            await setup.execute("NOTIFY arkvory_catalog, 'arkvory_repositories'")
+            async with asyncio.timeout(5):
+                while cache.get("key") is not None:
+                    await asyncio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        await control.close()
+        await setup.close()
+
+    asyncio.run(scenario())
