@@ -1,6 +1,8 @@
 """Authorized 64 KiB downloads from one gateway vs nginx serving the same blob file, with wrk.
 
-Goal (issue): gateway req/s ≥ 0.15 × nginx req/s (64 connections, 2 wrk threads, ~10 s).
+Goals (issue 6 §6): gateway req/s ≥ 0.5 × a bare uvicorn app serving the same file
+(`bench/bare_app.py`, uvicorn's defaults for the installed extras) and ≥ 0.15 × nginx req/s
+(64 connections, 2 wrk threads, ~10 s).
 
 The gateway is effectively unthrottled (total 2^40 B/s) and its admission is opened up so that
 it is not the limit (ARKVORY_MAX_DOWNLOADS=256, per principal 256, queue 1024). A second gateway
@@ -15,7 +17,12 @@ nginx runs with 1 worker (one process, like the gateway) and with `auto` (one pe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import socket
 import subprocess
+import sys
+import time
 
 from cluster import (
     ADMIN_TOKEN,
@@ -120,6 +127,23 @@ def main() -> int:
             auth,
             lambda: cpu_seconds(default_gateway.proc.pid),
         )
+        bare_port = _free_port()
+        bare = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "bench"), "bare_app:app",
+             "--host", "127.0.0.1", "--port", str(bare_port), "--no-access-log", "--log-level", "warning"],
+            env={**os.environ, "BARE_APP_FILE": str(blob)},
+        )
+        try:
+            _wait_listening(bare_port, bare)
+            measure(
+                "bare uvicorn app (pread + send)",
+                f"http://127.0.0.1:{bare_port}/",
+                {},
+                lambda: cpu_seconds(bare.pid),
+            )
+        finally:
+            bare.terminate()
+            bare.wait(10)
         for workers in ("1", "auto"):
             nginx = Nginx(bench.data_dir, bench.workdir, workers=workers)
             try:
@@ -156,7 +180,9 @@ def main() -> int:
     names = list(results)
     gw = results[names[0]]["rps"]
     ratios = []
-    for nginx_name in names[2:]:
+    bare_ratio = gw / results[names[2]]["rps"]
+    ratios.append((f"gateway (open admission) / {names[2]}", f"{bare_ratio:.3f}", "≥ 0.5", verdict(bare_ratio >= 0.5)))
+    for nginx_name in names[3:]:
         ratio = gw / results[nginx_name]["rps"]
         ratios.append((f"gateway (open admission) / {nginx_name}", f"{ratio:.3f}", "≥ 0.15", verdict(ratio >= 0.15)))
     print()
@@ -169,6 +195,23 @@ def main() -> int:
         print("ERROR: the open-admission gateway answered errors", flush=True)
         return 1
     return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_listening(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"the bare uvicorn app exited {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise BenchError("the bare uvicorn app did not listen within 15 s")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import os
 import urllib.parse
 from collections.abc import Awaitable, Callable
 
-from starlette.requests import Request
+from starlette.datastructures import QueryParams
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -179,8 +179,14 @@ class BlobResponse(Response):
                 if not await handle.writable(timeout):
                     self._send_timed_out(handle)
                     return
-                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-                if await Payload(runtime, self, handle, fd).send(start, length):
+                if length <= SENDFILE_MIN_BYTES:
+                    handle.hold_head()  # head and body leave in one write
+                try:
+                    await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                    done = await Payload(runtime, self, handle, fd).send(start, length)
+                finally:
+                    handle.release_head()
+                if done:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             os.close(fd)
@@ -295,8 +301,7 @@ class Payload:
 
 
 def _payload_may_flow(runtime: Runtime) -> bool:
-    lease = runtime.lease
-    return lease is None or lease.trusted
+    return runtime.payload_allowed()
 
 
 def _aborter(runtime: Runtime, handle: ConnectionHandle) -> Callable[[str], None]:
@@ -337,20 +342,55 @@ async def _no_receive() -> dict:
     return {"type": "http.disconnect"}
 
 
-async def _serve(request: Request, key: ContentKey) -> Response:
-    runtime: Runtime = request.app.state.runtime
-    principal = authenticate(runtime.keys, request.headers.get("authorization"))
-    if not runtime.may_serve:
-        raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
-    return await _plan(runtime, request, principal, key)
+class _Ask:
+    """What a content request says, read in one pass over its headers (this path runs once per
+    download, small ones included, so it skips building a Starlette `Request`)."""
+
+    __slots__ = ("method", "repo", "authorization", "range", "if_range", "if_none_match")
+
+    def __init__(self, scope: Scope) -> None:
+        self.method = scope["method"]
+        self.repo = scope["path_params"]["repo"]
+        authorization = range_ = if_range = if_none_match = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"range":
+                range_ = value.decode("latin-1")
+            elif name == b"if-range":
+                if_range = value.decode("latin-1")
+            elif name == b"if-none-match":
+                if_none_match = value.decode("latin-1")
+        self.authorization = authorization
+        self.range = range_
+        self.if_range = if_range
+        self.if_none_match = if_none_match
 
 
-async def _plan(runtime: Runtime, request: Request, principal: Principal, key: ContentKey) -> Response:
+class _ContentEndpoint:
+    """A content route as a plain ASGI app: Starlette's router calls it directly (no request
+    wrapper); errors propagate to the app's exception handlers like any route's."""
+
+    def __init__(self, key_of: Callable[[Scope], ContentKey]) -> None:
+        self.key_of = key_of
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime: Runtime = scope["app"].state.runtime
+        key = self.key_of(scope)  # a malformed id or parameter is 400 whoever asks
+        ask = _Ask(scope)
+        principal = authenticate(runtime.keys, ask.authorization)
+        if not runtime.may_serve:
+            raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
+        response = await _plan(runtime, ask, principal, key)
+        await response(scope, receive, send)
+
+
+async def _plan(runtime: Runtime, ask: _Ask, principal: Principal, key: ContentKey) -> Response:
     """Look the content up (permission checked) and decide the answer; no byte is sent here."""
     assert runtime.pool is not None
     generation = runtime.catalog.generation
     repo, artifact = await find_content(
-        runtime.pool, request.path_params["repo"], principal, key, runtime.catalog
+        runtime.pool, ask.repo, principal, key, runtime.catalog
     )
     etag = f'"sha256:{artifact.sha256}"'
     headers = {
@@ -360,12 +400,12 @@ async def _plan(runtime: Runtime, request: Request, principal: Principal, key: C
         "Repr-Digest": f"sha-256=:{_sha256_b64(artifact.sha256)}:",
         "Cache-Control": "public, max-age=0, must-revalidate" if repo.public else "private, max-age=0, must-revalidate",
     }
-    if not_modified(request.headers.get("if-none-match"), etag):
+    if not_modified(ask.if_none_match, etag):
         return Response(status_code=304, headers=headers)
-    is_get = request.method == "GET"
+    is_get = ask.method == "GET"
     # Range is defined for GET only (RFC 9110 §14.2): HEAD answers as GET without Range would.
     byte_range = (
-        requested_range(request.headers.get("range"), request.headers.get("if-range"), etag, artifact.size)
+        requested_range(ask.range, ask.if_range, etag, artifact.size)
         if is_get
         else None
     )
@@ -386,39 +426,49 @@ async def _plan(runtime: Runtime, request: Request, principal: Principal, key: C
         byte_range,
         send_body,
         generation,
-        lambda: _plan(runtime, request, principal, key),
+        lambda: _plan(runtime, ask, principal, key),
     )
 
 
-def _required(request: Request, name: str) -> str:
-    value = request.query_params.get(name)
+def _required(params: QueryParams, name: str) -> str:
+    value = params.get(name)
     if not value:
         raise InvalidInput(f"query parameter {name!r} is required")
     return value
 
 
-async def artifact_content(request: Request) -> Response:
-    artifact_id = parse_uuid(request.path_params["artifact_id"], "artifact id")
-    return await _serve(request, by_artifact_id(artifact_id))
+def _artifact_key(scope: Scope) -> ContentKey:
+    return by_artifact_id(parse_uuid(scope["path_params"]["artifact_id"], "artifact id"))
 
 
-async def package_content(request: Request) -> Response:
-    group, name, version = (_required(request, p) for p in ("group", "name", "version"))
-    return await _serve(request, by_package(group, name, version))
+def _package_key(scope: Scope) -> ContentKey:
+    params = QueryParams(scope["query_string"])
+    group, name, version = (_required(params, p) for p in ("group", "name", "version"))
+    return by_package(group, name, version)
 
 
-async def asset_content(request: Request) -> Response:
-    path = _required(request, "path")
-    return await _serve(request, by_asset(path))
+def _asset_key(scope: Scope) -> ContentKey:
+    return by_asset(_required(QueryParams(scope["query_string"]), "path"))
 
 
 CONTENT_METHODS = ["GET", "HEAD"]
 routes = [
     Route(
         "/api/v1/repositories/{repo}/artifacts/{artifact_id}/content",
-        artifact_content,
+        _ContentEndpoint(_artifact_key),
         methods=CONTENT_METHODS,
+        name="artifact_content",
     ),
-    Route("/api/v1/repositories/{repo}/packages/content", package_content, methods=CONTENT_METHODS),
-    Route("/api/v1/repositories/{repo}/asset/content", asset_content, methods=CONTENT_METHODS),
+    Route(
+        "/api/v1/repositories/{repo}/packages/content",
+        _ContentEndpoint(_package_key),
+        methods=CONTENT_METHODS,
+        name="package_content",
+    ),
+    Route(
+        "/api/v1/repositories/{repo}/asset/content",
+        _ContentEndpoint(_asset_key),
+        methods=CONTENT_METHODS,
+        name="asset_content",
+    ),
 ]

@@ -7,6 +7,7 @@ must cost a function call, not a task and a queue.
 from __future__ import annotations
 
 import json
+from typing import Any
 import logging
 import re
 import time
@@ -190,7 +191,11 @@ class RequestGuard:
 
 
 class RequestContext:
-    """Gives each request an id, echoes it in `X-Request-Id`, and counts it in the metrics."""
+    """Gives each request an id, echoes it in `X-Request-Id`, and counts it in the metrics.
+
+    The labelled metric children are cached: a prometheus `labels()` lookup takes a lock and
+    builds a key on every call, and this runs for every request, small downloads included.
+    """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -198,6 +203,8 @@ class RequestContext:
         # Unique per process start and cheap: a random prefix and a counter (ids are not secrets).
         prefix = secrets.token_hex(6)
         self._ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
+        self._counted: dict[tuple[str, str, int], Any] = {}
+        self._timed: dict[tuple[str, str], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -220,13 +227,28 @@ class RequestContext:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = scope["method"]
-            self.metrics.http_requests.labels(method, template, str(status)).inc()
-            self.metrics.http_duration.labels(method, template).observe(
-                time.perf_counter() - started
-            )
+            self._observe(scope, status, time.perf_counter() - started)
+
+    def _observe(self, scope: Scope, status: int, seconds: float) -> None:
+        route = scope.get("route")
+        template = getattr(route, "path", None) or "unmatched"
+        method = scope["method"]
+        # Bounded: methods are parsed tokens, templates are the app's routes, statuses < 1000;
+        # an unknown method is counted under one label so a client cannot grow the cache.
+        if method not in _KNOWN_METHODS:
+            method = "OTHER"
+        key = (method, template, status)
+        counter = self._counted.get(key)
+        if counter is None:
+            counter = self._counted[key] = self.metrics.http_requests.labels(method, template, str(status))
+        counter.inc()
+        timed = self._timed.get(key[:2])
+        if timed is None:
+            timed = self._timed[key[:2]] = self.metrics.http_duration.labels(method, template)
+        timed.observe(seconds)
+
+
+_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
