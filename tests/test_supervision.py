@@ -239,3 +239,28 @@ def test_a_failing_loop_is_logged_once_and_leaves_its_siblings_running(caplog):
     assert failures == [("failing", "boom")]
     records = [r for r in caplog.records if "failing" in r.getMessage()]
     assert len(records) == 1 and records[0].exc_info is not None
+
+
+def test_writer_whose_lock_another_writer_took_meanwhile_stops_with_78(cluster):
+    writer = cluster.writer().wait_ready()
+    [old] = backend_pids(cluster.database_url, "arkvory-api-control")
+
+    async def take_the_lock_in_the_gap() -> None:
+        import asyncpg
+
+        rival = await asyncpg.connect(cluster.database_url)
+        try:
+            await rival.execute("SELECT pg_terminate_backend($1)", old)
+            async with asyncio.timeout(5):
+                while not await rival.fetchval("SELECT pg_try_advisory_lock($1)", db.WRITER_LOCK):
+                    pass  # no sleep: the lock is free only until the writer reconnects
+            # The writer must notice and stop (78) while we hold it.
+            async with asyncio.timeout(20):
+                while writer.proc.poll() is None:
+                    await asyncio.sleep(0.1)
+        finally:
+            await rival.close()
+
+    asyncio.run(take_the_lock_in_the_gap())
+    assert writer.wait_exit(5) == 78, writer.stderr
+    assert "another Arkvory writer" in writer.stderr
