@@ -56,6 +56,7 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         ws="none",
         log_config=None,
         access_log=False,
+        proxy_headers=False,  # nothing reads the client address; the middleware costs per request
         server_header=False,
         timeout_graceful_shutdown=5,
         ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
