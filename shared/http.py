@@ -63,7 +63,7 @@ def _large_unread_body(scope: Scope) -> bool:
     length = _header(scope, b"content-length")
     if length is None:
         return _header(scope, b"transfer-encoding") is not None
-    return not length.isdigit() or len(length) > 9 or int(length) > _DISCARD_LIMIT
+    return not (length.isascii() and length.isdigit()) or len(length) > 9 or int(length) > _DISCARD_LIMIT
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:

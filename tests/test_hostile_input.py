@@ -155,6 +155,8 @@ def test_hostile_requests_cost_no_lease_no_readiness_and_no_download(site):
     assert results["gateway deep admin"] == 405
     assert results["gateway 50 MB header"] in (431, None)
     for process in (writer, gateway):
+        twice = f"Authorization: Bearer {READER_TOKEN}\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n".encode()
+        assert push(process.port, f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode() + twice + b"\r\n", b"", 0, seconds=5) == 400
         assert hashlib.sha256(downloads[process.name]).digest() == hashlib.sha256(blob).digest(), process.name
         assert leases_lost(process) == 0
         assert process.status() == (200, "ready")
