@@ -13,9 +13,9 @@ import logging
 import os
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.datastructures import QueryParams
-from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -43,6 +43,7 @@ _REJECTION_MESSAGES = {
     "timed_out": "no download place became free in time",
     "draining": "this process is shutting down",
 }
+_LAST_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
 UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per write
 # Below this a body is copied: headers and body then leave in one go, which beats a sendfile.
 SENDFILE_MIN_BYTES = 64 * 1024
@@ -61,7 +62,46 @@ def content_disposition(name: str) -> str:
     return f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quoted}"
 
 
-class BlobResponse(Response):
+class _Headers:
+    """The response headers of one artifact as seen from one repository, encoded once: they
+    depend only on the artifact (immutable) and on the repository being public."""
+
+    __slots__ = ("etag", "common", "full")
+
+    def __init__(self, artifact: Artifact, public: bool) -> None:
+        b64 = _sha256_b64(artifact.sha256)
+        self.etag = f'"sha256:{artifact.sha256}"'
+        cache_control = "public" if public else "private"
+        self.common = (
+            (b"etag", self.etag.encode()),
+            (b"accept-ranges", b"bytes"),
+            (b"digest", f"sha-256={b64}".encode()),
+            (b"repr-digest", f"sha-256=:{b64}:".encode()),
+            (b"cache-control", f"{cache_control}, max-age=0, must-revalidate".encode()),
+        )
+        self.full = (
+            *self.common,
+            (b"content-type", artifact.media_type.encode("latin-1")),
+            (b"content-disposition", content_disposition(artifact.name).encode("latin-1")),
+            (b"content-length", str(artifact.size).encode()),
+        )
+
+
+_HEADERS_CACHED = 4096
+_headers_cache: dict[tuple[Artifact, bool], _Headers] = {}
+
+
+def _headers_of(artifact: Artifact, public: bool) -> _Headers:
+    key = (artifact, public)
+    found = _headers_cache.get(key)
+    if found is None:
+        if len(_headers_cache) >= _HEADERS_CACHED:
+            _headers_cache.clear()
+        found = _headers_cache[key] = _Headers(artifact, public)
+    return found
+
+
+class BlobResponse:
     """Streams one artifact (or one range of it) as an ASGI response.
 
     `replan` looks the content up again (permission included); it is called when the catalog
@@ -74,13 +114,14 @@ class BlobResponse(Response):
         principal: Principal,
         artifact: Artifact,
         status_code: int,
-        headers: dict[str, str],
+        raw_headers: tuple[tuple[bytes, bytes], ...],
         byte_range: ByteRange | None,
         send_body: bool,
         generation: int = -1,
-        replan: Callable[[], Awaitable[Response]] | None = None,
+        replan: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
-        super().__init__(status_code=status_code, headers=headers)
+        self.status_code = status_code
+        self.raw_headers = raw_headers
         self.runtime = runtime
         self.principal = principal
         self.artifact = artifact
@@ -128,7 +169,7 @@ class BlobResponse(Response):
             async with runtime.admission.admit(self.principal.id):
                 if not runtime.may_serve:
                     raise Unavailable("this process cannot serve now")
-                plan: Response = self
+                plan: Any = self
                 if self.replan is not None and runtime.catalog.generation != self.generation:
                     # The catalog changed while we waited: a repository may have become private,
                     # an asset may point elsewhere. No header is out yet, so answer afresh.
@@ -174,7 +215,9 @@ class BlobResponse(Response):
                 await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
                 await self._send_through_asgi(fd, start, length, send)
                 return
-            with runtime.transfers.track(_aborter(runtime, handle)):
+            aborter = _aborter(runtime, handle)
+            runtime.transfers.add(aborter)
+            try:
                 timeout = runtime.settings.send_timeout_s
                 if not await handle.writable(timeout):
                     self._send_timed_out(handle)
@@ -187,7 +230,10 @@ class BlobResponse(Response):
                 finally:
                     handle.release_head()
                 if done:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    # Straight to uvicorn: the middlewares' wrappers only look at the start.
+                    await handle.cycle.send(_LAST_BODY)
+            finally:
+                runtime.transfers.discard(aborter)
         finally:
             os.close(fd)
 
@@ -385,38 +431,44 @@ class _ContentEndpoint:
         await response(scope, receive, send)
 
 
-async def _plan(runtime: Runtime, ask: _Ask, principal: Principal, key: ContentKey) -> Response:
+class _Plain:
+    """A body-less answer (304) with the given headers."""
+
+    __slots__ = ("status", "headers")
+
+    def __init__(self, status: int, headers: tuple[tuple[bytes, bytes], ...]) -> None:
+        self.status = status
+        self.headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _plan(runtime: Runtime, ask: _Ask, principal: Principal, key: ContentKey) -> Any:
     """Look the content up (permission checked) and decide the answer; no byte is sent here."""
     assert runtime.pool is not None
     generation = runtime.catalog.generation
     repo, artifact = await find_content(
         runtime.pool, ask.repo, principal, key, runtime.catalog
     )
-    etag = f'"sha256:{artifact.sha256}"'
-    headers = {
-        "ETag": etag,
-        "Accept-Ranges": "bytes",
-        "Digest": f"sha-256={_sha256_b64(artifact.sha256)}",
-        "Repr-Digest": f"sha-256=:{_sha256_b64(artifact.sha256)}:",
-        "Cache-Control": "public, max-age=0, must-revalidate" if repo.public else "private, max-age=0, must-revalidate",
-    }
+    encoded = _headers_of(artifact, repo.public)
+    etag = encoded.etag
     if not_modified(ask.if_none_match, etag):
-        return Response(status_code=304, headers=headers)
+        return _Plain(304, encoded.common)
     is_get = ask.method == "GET"
     # Range is defined for GET only (RFC 9110 §14.2): HEAD answers as GET without Range would.
-    byte_range = (
-        requested_range(ask.range, ask.if_range, etag, artifact.size)
-        if is_get
-        else None
-    )
-    headers["Content-Type"] = artifact.media_type
-    headers["Content-Disposition"] = content_disposition(artifact.name)
+    byte_range = requested_range(ask.range, ask.if_range, etag, artifact.size) if is_get else None
     if byte_range is None:
-        status, headers["Content-Length"] = 200, str(artifact.size)
+        status, headers, length = 200, encoded.full, artifact.size
     else:
-        status, headers["Content-Length"] = 206, str(byte_range.length)
-        headers["Content-Range"] = f"bytes {byte_range.start}-{byte_range.end}/{artifact.size}"
-    send_body = is_get and int(headers["Content-Length"]) > 0
+        status, length = 206, byte_range.length
+        headers = (
+            *encoded.full[:-1],
+            (b"content-length", str(length).encode()),
+            (b"content-range", f"bytes {byte_range.start}-{byte_range.end}/{artifact.size}".encode()),
+        )
+    send_body = is_get and length > 0
     return BlobResponse(
         runtime,
         principal,

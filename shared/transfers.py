@@ -29,6 +29,13 @@ class Transfers:
         finally:
             self._aborters.discard(aborter)
 
+    def add(self, aborter: Aborter) -> None:
+        """`track` without a context manager, for the per-download path (pair with `discard`)."""
+        self._aborters.add(aborter)
+
+    def discard(self, aborter: Aborter) -> None:
+        self._aborters.discard(aborter)
+
     def abort_all(self, reason: str) -> int:
         """Cut every registered transfer now; returns how many were cut."""
         aborters, self._aborters = self._aborters, set()
