@@ -15,9 +15,11 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette._exception_handler import _lookup_exception_handler
 from starlette.datastructures import QueryParams
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.requests import Request
+from starlette.routing import Match, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .admission import AdmissionRejected
 from .catalog import (
@@ -30,7 +32,7 @@ from .catalog import (
     parse_uuid,
 )
 from .errors import ApiError, Busy, InvalidInput, LeaseLost, TransferAborted, Unavailable
-from .http import error_response
+from .http import EXCEPTION_HANDLERS, error_response
 from .identity import Principal, authenticate
 from .protocol import HANDLE_KEY, ConnectionHandle
 from .ranges import ByteRange, not_modified, requested_range
@@ -524,3 +526,47 @@ routes = [
         name="asset_content",
     ),
 ]
+
+
+class ContentDispatch:
+    """The three content routes without Starlette's router: the innermost middleware of the app
+    (after every gate), so only the routing and Starlette's per-request wrappers are skipped.
+    Matching uses the same `Route` objects, and errors go through the same exception handlers.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._handlers = dict(EXCEPTION_HANDLERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].endswith("/content") and scope["method"] in _READ:
+            for route in routes:
+                match, child = route.matches(scope)
+                if match is Match.FULL:
+                    scope.update(child)
+                    scope["route"] = route
+                    await self._call(route, scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _call(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def sender(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await route.app(scope, receive, sender)
+        except Exception as exc:
+            handler = _lookup_exception_handler(self._handlers, exc)
+            if handler is None or started:
+                raise
+            response = await handler(Request(scope, receive), exc)
+            await response(scope, receive, sender)
+            exc.__traceback__ = None
+
+
+_READ = frozenset({"GET", "HEAD"})
