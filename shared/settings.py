@@ -84,6 +84,10 @@ class Settings:
     drain_timeout_s: int = 30
     send_timeout_s: int = 60
     receive_timeout_s: int = 60
+    max_artifact_bytes: int = 64 * 1024**3
+    min_free_bytes: int = 1024**3
+    upload_expiry_s: int = 86400
+    session_lifetime_s: int = 12 * 3600
 
     def __repr__(self) -> str:
         # The DSN may carry a password: show it masked, never raw.
@@ -160,6 +164,11 @@ class Settings:
             # this long gives its place back.
             send_timeout_s=reader.integer("ARKVORY_SEND_TIMEOUT_SECONDS", 1, 3600, 60),
             receive_timeout_s=reader.integer("ARKVORY_RECEIVE_TIMEOUT_SECONDS", 1, 3600, 60),
+            max_artifact_bytes=reader.integer("ARKVORY_MAX_ARTIFACT_BYTES", 1, 2**50, 64 * 1024**3),
+            # Uploads stop short of filling the disk: this much stays free for everything else.
+            min_free_bytes=reader.integer("ARKVORY_MIN_FREE_BYTES", 0, 2**50, 1024**3),
+            upload_expiry_s=reader.duration("ARKVORY_UPLOAD_EXPIRY", "24h"),
+            session_lifetime_s=reader.duration("ARKVORY_SESSION_LIFETIME", "12h"),
         )
         cert, key = values["tls_cert_file"], values["tls_key_file"]
         tls_failed = {"ARKVORY_TLS_CERT_FILE", "ARKVORY_TLS_KEY_FILE"} & reader.failed

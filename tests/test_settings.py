@@ -154,10 +154,18 @@ SINGLE_RULES = [
     # slow or silent peers
     *range_cases("ARKVORY_SEND_TIMEOUT_SECONDS", 1, 3600),
     *range_cases("ARKVORY_RECEIVE_TIMEOUT_SECONDS", 1, 3600),
+    # uploads
+    *range_cases("ARKVORY_MAX_ARTIFACT_BYTES", 1, 2**50),
+    *range_cases("ARKVORY_MIN_FREE_BYTES", 0, 2**50),
     # durations
     *[
         case(f"{name}-{label}", {name: value}, (name, "expected a duration such as 7d", value))
-        for name in ("ARKVORY_TASK_RETENTION", "ARKVORY_IDEMPOTENCY_RETENTION")
+        for name in (
+            "ARKVORY_TASK_RETENTION",
+            "ARKVORY_IDEMPOTENCY_RETENTION",
+            "ARKVORY_UPLOAD_EXPIRY",
+            "ARKVORY_SESSION_LIFETIME",
+        )
         for label, value in (
             ("no-unit", "7"), ("bad-unit", "2w"), ("words", "7 days"), ("zero", "0d"),
             ("negative", "-1h"), ("fraction", "1.5h"), ("upper-case", "24H"),
