@@ -44,7 +44,7 @@ class ConnectionHandle:
     message completes the response through uvicorn as usual.
     """
 
-    __slots__ = ("transport", "cycle", "_on_lost", "_socket_fd", "_audit")
+    __slots__ = ("transport", "cycle", "_on_lost", "_socket_fd", "_audit", "_stats")
 
     def __init__(self, protocol: ArkvoryHttpProtocol, cycle: RequestResponseCycle) -> None:
         self.transport = protocol.transport
@@ -52,6 +52,7 @@ class ConnectionHandle:
         self._on_lost: Callable[[], None] | None = None
         self._audit = protocol.audit_payload
         self._socket_fd = protocol.socket_fd
+        self._stats = protocol.stats
 
     @property
     def lost(self) -> bool:
@@ -130,6 +131,8 @@ class ConnectionHandle:
         if not sent:
             raise EOFError(f"the file ends before offset {offset} + {count}")
         cycle.expected_content_length -= sent
+        if self._stats is not None:
+            self._stats.sendfile_bytes += sent
         return sent
 
     def abort(self) -> None:
@@ -326,6 +329,7 @@ class HeadStats(Collector):
         self.too_large = 0
         self.timed_out = 0
         self.late_payload_chunks = 0
+        self.sendfile_bytes = 0
 
     def collect(self):
         refused = CounterMetricFamily(
@@ -341,6 +345,11 @@ class HeadStats(Collector):
             "Payload chunks handed to a connection while this process could not trust its "
             "lease (must stay 0)",
             value=self.late_payload_chunks,
+        )
+        yield CounterMetricFamily(
+            "arkvory_download_sendfile_bytes",
+            "Payload bytes sent with sendfile (zero-copy; plain TCP only, TLS copies)",
+            value=self.sendfile_bytes,
         )
 
 
