@@ -102,7 +102,7 @@ async def receive_into_store(
 
 
 async def upload_artifact(request: Request) -> Response:
-    principal = principal_of(request)
+    principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
     name = check_artifact_name(request.query_params.get("name", ""))
     media_type = upload_media_type(
@@ -150,8 +150,9 @@ async def show_artifact(request: Request) -> Response:
     runtime = runtime_of(request)
     assert runtime.pool is not None
     artifact_id = parse_uuid(request.path_params["artifact_id"], "artifact id")
+    principal = await principal_of(request)
     async with pooled(runtime.pool) as conn:
-        repo = await repository_for_read(conn, request.path_params["repo"], principal_of(request))
+        repo = await repository_for_read(conn, request.path_params["repo"], principal)
         row = await conn.fetchrow(
             f"{_SELECT} WHERE repository_id = $1 AND id = $2", repo.id, artifact_id, timeout=QUERY_TIMEOUT_S
         )
@@ -163,8 +164,9 @@ async def show_artifact(request: Request) -> Response:
 async def list_artifacts(request: Request) -> Response:
     runtime = runtime_of(request)
     assert runtime.pool is not None
+    principal = await principal_of(request)
     async with pooled(runtime.pool) as conn:
-        repo = await repository_for_read(conn, request.path_params["repo"], principal_of(request))
+        repo = await repository_for_read(conn, request.path_params["repo"], principal)
         rows = await conn.fetch(
             f"{_SELECT} WHERE repository_id = $1 ORDER BY created_at, id LIMIT 1000",
             repo.id,

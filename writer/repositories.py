@@ -36,7 +36,7 @@ def forget_cached_lookups(request: Request) -> None:
     runtime_of(request).catalog.invalidate()
 
 
-def principal_of(request: Request) -> Principal:
+async def principal_of(request: Request) -> Principal:
     return authenticate(runtime_of(request).keys, request.headers.get("authorization"))
 
 
@@ -66,7 +66,7 @@ def may_write_somewhere(principal: Principal) -> bool:
 
 
 async def create_repository(request: Request) -> Response:
-    principal = principal_of(request)
+    principal = await principal_of(request)
     # Refused before the body is read: who may create nothing sends nothing we must parse.
     if principal.is_anonymous:
         raise Unauthorized("this request needs credentials")
@@ -99,7 +99,7 @@ async def create_repository(request: Request) -> Response:
 
 
 async def list_repositories(request: Request) -> Response:
-    principal = principal_of(request)
+    principal = await principal_of(request)
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
@@ -113,12 +113,12 @@ async def list_repositories(request: Request) -> Response:
 async def show_repository(request: Request) -> Response:
     runtime = runtime_of(request)
     assert runtime.pool is not None
-    repo = await repository_for_read(runtime.pool, request.path_params["repo"], principal_of(request))
+    repo = await repository_for_read(runtime.pool, request.path_params["repo"], await principal_of(request))
     return JSONResponse(repository_json(repo))
 
 
 async def update_repository(request: Request) -> Response:
-    principal = principal_of(request)
+    principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
     body = await json_body(request)
     public = body.get("public")
@@ -136,7 +136,7 @@ async def update_repository(request: Request) -> Response:
 
 
 async def delete_repository(request: Request) -> Response:
-    principal = principal_of(request)
+    principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
     if not principal.is_admin:
         raise Forbidden("deleting a repository needs the admin scope")
@@ -172,7 +172,7 @@ def _text(body: dict[str, Any], name: str) -> str:
 
 async def register_package(request: Request) -> Response:
     """A version is immutable once published: re-registering the same artifact is harmless."""
-    principal = principal_of(request)
+    principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
     body = await json_body(request)
     group, name, version = (_text(body, k) for k in ("group", "name", "version"))
@@ -204,7 +204,7 @@ async def register_package(request: Request) -> Response:
 
 
 async def point_asset(request: Request) -> Response:
-    principal = principal_of(request)
+    principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
     path = check_asset_path(request.query_params.get("path") or "")
     body = await json_body(request)
