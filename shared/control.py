@@ -1,10 +1,11 @@
 """The process's control connection, supervised: it holds the writer lock (writer) or the shared
-maintenance lock (gateway) and LISTENs for catalog changes (catalog_cache.py).
+maintenance lock (gateway), LISTENs for catalog changes (catalog_cache.py) and credential changes
+(credentials.py), and writes the batched last-used times of credentials once per ping.
 
 A session-level advisory lock and a LISTEN live only as long as their backend, so a lost
 connection silently loses both. `run` pings every 2 s with a timeout (a half-open connection
-answers nothing), and on loss reconnects, re-takes the lock, re-LISTENs and flushes the cache;
-the cache answers nothing in between. A writer that finds its lock taken by another writer
+answers nothing), and on loss reconnects, re-takes the lock, re-LISTENs and flushes both caches;
+the caches answer nothing in between. A writer that finds its lock taken by another writer
 meanwhile must not go on: `run` raises StartupRefused (exit 78), as at start-up.
 """
 
@@ -21,6 +22,7 @@ import asyncpg
 
 from . import db
 from .catalog_cache import CatalogCache
+from .credentials import CredentialCache
 from .errors import DatabaseUnavailable, StartupRefused
 
 log = logging.getLogger("arkvory.control")
@@ -46,6 +48,8 @@ class ControlConnection:
         self.database_url = database_url
         self.application_name = f"arkvory-{role}-control"
         self.catalog = catalog
+        # Owned here because its trust follows this connection's LISTEN, like the catalog's.
+        self.credentials = CredentialCache()
         self.lock: Lock | None = None
         self.reconnects = 0
         self._conn: asyncpg.Connection | None = None
@@ -92,6 +96,11 @@ class ControlConnection:
 
     async def listen(self) -> None:
         await self.catalog.listen(self.conn)
+        await self.credentials.listen(self.conn)
+
+    def _stop_listening(self) -> None:
+        self.catalog.stop_listening()
+        self.credentials.stop_listening()
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the connection, its lock and its LISTEN alive until cancelled."""
@@ -120,6 +129,15 @@ class ControlConnection:
                 await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT_S)
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 return f"ping failed: {exc.__class__.__name__}: {exc}"
+            await self._record_last_used(conn)
+
+    async def _record_last_used(self, conn: asyncpg.Connection) -> None:
+        # Last-used times are bookkeeping: a failed batch is logged and dropped, never a loss
+        # of the connection by itself (the next ping decides that).
+        try:
+            await self.credentials.flush_last_used(conn, PING_TIMEOUT_S)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("could not record credential last-used times: %s: %s", exc.__class__.__name__, exc)
 
     async def _reconnect(self, previous_backend: int | None) -> None:
         while True:
@@ -136,12 +154,12 @@ class ControlConnection:
 
     def _on_terminated(self, conn: object) -> None:
         # Called by asyncpg when the backend goes away; a planned close detaches first.
-        self.catalog.stop_listening()
+        self._stop_listening()
         self._gone.set()
 
     def _drop(self) -> int | None:
         """Forget the current connection without waiting on it; returns its backend pid."""
-        self.catalog.stop_listening()
+        self._stop_listening()
         conn, self._conn = self._conn, None
         if conn is None:
             return None
@@ -157,7 +175,7 @@ class ControlConnection:
     async def close(self, *, wait: bool = True) -> None:
         """Planned stop: not a loss, so nothing is logged as one."""
         self._closing = True
-        self.catalog.stop_listening()
+        self._stop_listening()
         conn, self._conn = self._conn, None
         if conn is None:
             return

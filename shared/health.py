@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .errors import Unauthorized
-from .identity import authenticate
+from .credentials import resolve
 from .runtime import Runtime
 
 RETRY_AFTER = {"Retry-After": "2"}
@@ -18,8 +18,10 @@ def _runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-def _require_key(request: Request) -> None:
-    principal = authenticate(_runtime(request).keys, request.headers.get("authorization"))
+async def _require_key(request: Request) -> None:
+    # Any credential kind will do (keys file, managed key, token, session): health is not secret
+    # from a known principal, only from the anonymous internet.
+    principal = await resolve(_runtime(request), request.headers.get("authorization"))
     if principal.is_anonymous:
         raise Unauthorized("this endpoint needs a key")
 
@@ -36,7 +38,7 @@ async def live(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    _require_key(request)
+    await _require_key(request)
     runtime = _runtime(request)
     bandwidth = runtime.bandwidth
     body = {
@@ -65,7 +67,7 @@ async def ready(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     runtime = _runtime(request)
     if not runtime.settings.public_metrics:
-        _require_key(request)
+        await _require_key(request)
     return Response(generate_latest(runtime.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -11,6 +11,7 @@ import hashlib
 import pathlib
 import re
 import tomllib
+import uuid
 from collections.abc import Iterable
 
 from .errors import Unauthorized
@@ -19,15 +20,31 @@ _SCOPE = re.compile(r"^(admin|(read|write):(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,99}))
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
+def is_scope(value: str) -> bool:
+    """A scope as the keys file and managed service keys accept it."""
+    return bool(_SCOPE.match(value))
+
+
 class KeysFileError(Exception):
     """ARKVORY_KEYS_FILE cannot be used; the message names the problem."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Principal:
+    """`id` is stable per account or key: it names the per-principal budget.
+
+    Scopes use the keys-file grammar; an account's repository permissions become scopes too
+    (`read` → read:<repo>, `write` → write:<repo>, `admin` → write:<repo> and admin:<repo>, the
+    last one never accepted from a keys file). Database credentials carry `credential_id`, and
+    sessions and personal tokens the `account_id` they act for.
+    """
+
     id: str
-    kind: str  # "key" | "anonymous" (accounts and managed keys join in the writer issue)
+    kind: str  # "key" (keys file) | "service" (managed key) | "account" | "anonymous"
     scopes: frozenset[str]
+    account_id: uuid.UUID | None = None
+    credential_id: uuid.UUID | None = None
+    credential_kind: str | None = None  # "session" | "pat" | "service_key" for database credentials
 
     @property
     def is_anonymous(self) -> bool:
@@ -44,6 +61,10 @@ class Principal:
 
     def may_write(self, repository: str) -> bool:
         return self.is_admin or bool(self.scopes & {"write:*", f"write:{repository}"})
+
+    def may_administer(self, repository: str) -> bool:
+        """May manage the repository's permissions: an administrator or its repository admin."""
+        return self.is_admin or f"admin:{repository}" in self.scopes
 
 
 ANONYMOUS = Principal(id="anonymous", kind="anonymous", scopes=frozenset())
@@ -119,7 +140,8 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 def authenticate(keys: KeyRing, authorization: str | None) -> Principal:
-    """The principal behind the request; ANONYMOUS when no credentials were sent."""
+    """The principal behind a keys-file token; ANONYMOUS when no credentials were sent.
+    Every request path uses `credentials.resolve`, which also knows database credentials."""
     token = bearer_token(authorization)
     if token is None:
         return ANONYMOUS

@@ -23,7 +23,8 @@ from shared.catalog import (
     repository_for_read,
 )
 from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from shared.identity import Principal, authenticate
+from shared.credentials import SESSION_COOKIE, resolve
+from shared.identity import Principal
 from shared.runtime import Runtime
 
 
@@ -37,7 +38,13 @@ def forget_cached_lookups(request: Request) -> None:
 
 
 async def principal_of(request: Request) -> Principal:
-    return authenticate(runtime_of(request).keys, request.headers.get("authorization"))
+    """Any credential kind (shared/credentials.py); on the writer also the session cookie of the
+    console (SameSite=Strict, so other sites cannot make a browser send it)."""
+    return await resolve(
+        runtime_of(request),
+        request.headers.get("authorization"),
+        request.cookies.get(SESSION_COOKIE),
+    )
 
 
 async def json_body(request: Request) -> dict[str, Any]:
