@@ -11,14 +11,20 @@ from shared.app import build_app
 from shared.http import RequestGuard
 from shared.runtime import Runtime
 
-from . import artifacts, repositories
+from . import artifacts, openapi, repositories
+from .idempotency import InFlightKeys
+
+# Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
+ROUTE_MODULES = (repositories, artifacts, openapi)
 
 
 def build_writer_app(runtime: Runtime) -> Starlette:
     app = build_app(
         runtime,
-        routes=[*repositories.routes, *artifacts.routes],
+        routes=[route for module in ROUTE_MODULES for route in module.routes],
         middleware=[Middleware(RequestGuard)],
     )
     app.state.upload_slots = asyncio.Semaphore(runtime.settings.max_uploads)
+    app.state.idempotency_keys = InFlightKeys()
+    app.state.openapi_json = openapi.document_bytes(ROUTE_MODULES)
     return app
