@@ -13,6 +13,7 @@
     │   ├── PayloadTooLarge        413 payload_too_large
     │   ├── RangeNotSatisfiable    416 range_not_satisfiable
     │   ├── RequestHeaderTooLarge  431 request_header_too_large
+    │   ├── InsufficientStorage    507 insufficient_storage (disk full or below the free-space reserve)
     │   ├── Busy                   503 busy           (Retry-After)
     │   └── Unavailable            503 unavailable    (Retry-After)
     └── StartupError               (exit_status; the process refuses to start)
@@ -116,6 +117,15 @@ class RequestHeaderTooLarge(ApiError):
 
     def headers(self) -> dict[str, str]:
         return {"Connection": "close"}
+
+
+class InsufficientStorage(ApiError):
+    """The storage directory is full or would fall below ARKVORY_MIN_FREE_BYTES; nothing was kept."""
+
+    status, code = 507, "insufficient_storage"
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}  # the rest of an upload body is not worth reading
 
 
 class Busy(ApiError):

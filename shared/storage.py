@@ -7,6 +7,7 @@ serving an empty store.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pathlib
@@ -16,13 +17,36 @@ import uuid
 
 import asyncpg
 
-from .errors import StartupRefused
+from .errors import InsufficientStorage, StartupRefused
 
 log = logging.getLogger("arkvory.storage")
 
 ID_FILE = "arkvory-storage-id"
 UPLOAD_PREFIX = "upload-"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# errno values that mean "no room": the disk, or the user's or project's quota.
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Make a rename or a new entry in `path` durable (the file's own fsync does not)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_out_of_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _NO_SPACE
+
+
+def out_of_space(exc: OSError | None = None) -> InsufficientStorage:
+    """The one 507 every writing path raises, whether the disk said ENOSPC or our reserve did."""
+    reason = "the storage directory is full" if exc is not None else (
+        "the upload would leave less free space than ARKVORY_MIN_FREE_BYTES"
+    )
+    return InsufficientStorage(f"{reason}; nothing was kept: free space or retry later")
 
 
 class Storage:
@@ -31,6 +55,7 @@ class Storage:
         self.blobs = root / "blobs" / "sha256"
         self._blobs_prefix = str(self.blobs)
         self.tmp = root / "tmp"
+        self.uploads = root / "uploads"  # resumable upload sessions (writer only)
 
     def blob_path(self, sha256: str) -> pathlib.Path:
         return pathlib.Path(self.blob_file(sha256))
@@ -42,6 +67,50 @@ class Storage:
             raise ValueError(f"not a SHA-256 hex digest: {sha256!r}")
         return f"{self._blobs_prefix}/{sha256[:2]}/{sha256[2:4]}/{sha256}"
 
+    def free_bytes(self) -> int:
+        """Bytes an unprivileged writer may still use in the storage directory."""
+        stats = os.statvfs(self.root)
+        return stats.f_bavail * stats.f_frsize
+
+    def require_room(self, incoming: int, reserve: int) -> None:
+        """Refuse (507) before writing `incoming` more bytes would leave under `reserve` free.
+
+        Checked before an upload starts (from its declared size) and again per written batch,
+        so a disk that fills meanwhile is noticed within one batch, not at ENOSPC."""
+        if self.free_bytes() - incoming < reserve:
+            raise out_of_space()
+
+    def place_blob(self, source: str | os.PathLike, sha256: str, *, link: bool = False) -> pathlib.Path:
+        """Move (or hard-link) a complete, fsynced file into the store under its digest.
+
+        Durable before it returns: a new `ab/` or `ab/cd/` directory is fsynced in its parent
+        (a crash must not lose the directory entry the metadata row will point through), then
+        the blob's own directory. Identical content may already be there: same bytes, kept.
+        With `link`, the source stays where it is (a retried publish can link it again)."""
+        final = self.blob_path(sha256)
+        self._make_durable_dirs(final.parent)
+        if link:
+            try:
+                os.link(source, final)
+            except FileExistsError:
+                pass
+        else:
+            os.replace(source, final)
+        fsync_directory(final.parent)
+        return final
+
+    def _make_durable_dirs(self, directory: pathlib.Path) -> None:
+        missing = []
+        while not directory.is_dir():
+            missing.append(directory)
+            directory = directory.parent
+        for new in reversed(missing):
+            try:
+                new.mkdir()
+            except FileExistsError:
+                pass  # made meanwhile by a concurrent publish, which fsyncs its parent too
+            fsync_directory(new.parent)
+
     def read_id_file(self) -> str | None:
         try:
             return (self.root / ID_FILE).read_text().strip()
@@ -51,6 +120,7 @@ class Storage:
     def create_layout(self, storage_id: str) -> None:
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
+        self.uploads.mkdir(parents=True, exist_ok=True)
         if self.read_id_file() is None:
             # Write then rename, so a crash never leaves an empty id file behind.
             partial = self.root / f".{ID_FILE}.{os.getpid()}"

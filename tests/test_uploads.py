@@ -1,0 +1,266 @@
+"""Resumable uploads on a real writer: parts in any order, cuts and crashes at every point, then a
+resume that publishes exactly one artifact with the right digest; hashes checked per part."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import socket
+import time
+import uuid
+
+import httpx
+import pytest
+
+from .harness import OTHER_TOKEN, db_fetch
+
+pytestmark = pytest.mark.timeout(180)
+
+MiB = 1024 * 1024
+BASE = "/api/v1/repositories/builds/uploads"
+
+
+@pytest.fixture
+def writer(cluster):
+    writer = cluster.writer(ARKVORY_RECEIVE_TIMEOUT_SECONDS="3").wait_ready()
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
+    return writer
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def create(client: httpx.Client, data: bytes, key: str | None = None, **extra) -> dict:
+    descriptor = {"name": "app.bin", "size": len(data), "sha256": sha(data), "partSize": MiB, **extra}
+    answer = client.post(BASE, json=descriptor, headers={"Idempotency-Key": key or uuid.uuid4().hex})
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def put_part(client: httpx.Client, session: dict, index: int, data: bytes, digest: str | None = None):
+    part = data[index * MiB:(index + 1) * MiB]
+    return client.put(
+        f"{BASE}/{session['id']}/parts/{index}",
+        content=part,
+        headers={"X-Content-SHA256": digest or sha(part), "Content-Type": "application/octet-stream"},
+    )
+
+
+def complete(client: httpx.Client, session: dict, **kwargs) -> httpx.Response:
+    return client.post(f"{BASE}/{session['id']}/complete", **kwargs)
+
+
+def artifacts(database_url: str) -> list:
+    return db_fetch(database_url, "SELECT id, sha256, size FROM arkvory_artifacts")
+
+
+def assert_one_artifact(writer, database_url: str, data: bytes) -> None:
+    rows = artifacts(database_url)
+    assert len(rows) == 1, rows
+    assert rows[0]["sha256"] == sha(data) and rows[0]["size"] == len(data)
+    with writer.client() as client:
+        body = client.get(f"/api/v1/repositories/builds/artifacts/{rows[0]['id']}/content").content
+    assert body == data
+
+
+def send_half_a_part(port: int, session: dict, index: int, part: bytes) -> None:
+    """A client that sends the head and half the body of a part, then goes away."""
+    head = (
+        f"PUT {BASE}/{session['id']}/parts/{index} HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer arkvory_key_test_admin_token_0000000000000001\r\n"
+        f"X-Content-SHA256: {sha(part)}\r\nContent-Length: {len(part)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head + part[: len(part) // 2])
+        time.sleep(0.3)  # let the server take in what was sent before the cut
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_parts_in_any_order_an_identical_resend_and_a_repeated_complete_make_one_artifact(writer, database_url):
+    data = os.urandom(3 * MiB + 1234)
+    with writer.client() as client:
+        session = create(client, data)
+        assert session["partCount"] == 4 and session["receivedParts"] == [] and session["status"] == "open"
+        for index in (3, 1, 0, 2):
+            answer = put_part(client, session, index, data)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["alreadyReceived"] is False
+        again = put_part(client, session, 1, data)
+        assert again.status_code == 200 and again.json()["alreadyReceived"] is True
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == [0, 1, 2, 3]
+        first = complete(client, session)
+        assert first.status_code == 201, first.text
+        assert first.json()["sha256"] == sha(data) and first.json()["size"] == len(data)
+        repeat = complete(client, session)
+        assert repeat.status_code == 200 and repeat.json() == first.json()
+        assert repeat.headers["Idempotent-Replayed"] == "true"
+        assert client.get(f"{BASE}/{session['id']}").json()["status"] == "completed"
+    assert_one_artifact(writer, database_url, data)
+    # Nothing of the session is left on disk once it is published.
+    assert list((pathlib.Path(writer.env["ARKVORY_DATA_DIR"]) / "uploads").iterdir()) == []
+
+
+def test_whole_content_put_publishes_and_checks_the_declared_digest(writer, database_url):
+    data = os.urandom(2 * MiB + 7)
+    with writer.client() as client:
+        session = create(client, data)
+        answer = client.put(f"{BASE}/{session['id']}/content", content=data)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["receivedParts"] == [0, 1, 2]
+        assert complete(client, session).status_code == 201
+        wrong = create(client, data, sha256=sha(b"other"))
+        answer = client.put(f"{BASE}/{wrong['id']}/content", content=data)
+        assert answer.status_code == 422 and answer.json()["code"] == "digest_mismatch"
+        assert complete(client, wrong).status_code == 422
+    assert_one_artifact(writer, database_url, data)
+
+
+def test_wrong_part_hash_is_422_and_other_bytes_for_a_sent_part_409(writer, database_url):
+    data = os.urandom(2 * MiB)
+    with writer.client() as client:
+        session = create(client, data)
+        wrong = put_part(client, session, 0, data, digest=sha(b"not these bytes"))
+        assert wrong.status_code == 422 and wrong.json()["code"] == "digest_mismatch", wrong.text
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == []
+        assert put_part(client, session, 0, data).status_code == 200
+        other = os.urandom(MiB)
+        answer = client.put(
+            f"{BASE}/{session['id']}/parts/0", content=other, headers={"X-Content-SHA256": sha(other)}
+        )
+        assert answer.status_code == 409 and answer.json()["code"] == "conflict", answer.text
+        # The same via a whole-content PUT: the received part is compared, never overwritten.
+        changed = other + data[MiB:]
+        answer = client.put(f"{BASE}/{session['id']}/content", content=changed)
+        assert answer.status_code == 409, answer.text
+        assert put_part(client, session, 1, data).status_code == 200
+        assert complete(client, session).status_code == 201
+    assert_one_artifact(writer, database_url, data)
+
+
+def test_an_upload_cut_at_every_point_resumes_into_exactly_one_artifact(writer, database_url):
+    data = os.urandom(3 * MiB + 99)
+    with writer.client() as client:
+        # Cut before the first byte: the create's answer was lost; the retry replays it.
+        key = uuid.uuid4().hex
+        session = create(client, data, key=key)
+        replay = client.post(
+            BASE, json={"name": "app.bin", "size": len(data), "sha256": sha(data), "partSize": MiB},
+            headers={"Idempotency-Key": key},
+        )
+        assert replay.status_code == 201 and replay.json()["id"] == session["id"]
+        assert replay.headers["Idempotent-Replayed"] == "true"
+        # Cut in the middle of a part: nothing of it counts.
+        assert put_part(client, session, 0, data).status_code == 200
+        send_half_a_part(writer.port, session, 1, data[MiB:2 * MiB])
+        wait_for(lambda: not client.get(f"{BASE}/{session['id']}").json()["receivedParts"][1:])
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == [0]
+        # Resume: the session says what is missing; after all parts, cut before complete.
+        missing = set(range(4)) - set(client.get(f"{BASE}/{session['id']}").json()["receivedParts"])
+        for index in sorted(missing):
+            assert put_part(client, session, index, data).status_code == 200
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == [0, 1, 2, 3]
+        # Cut during complete: the client gives up at once; the retry gets the same artifact.
+        with pytest.raises(httpx.TimeoutException):
+            complete(client, session, timeout=0.001)
+        answer = complete(client, session)
+        assert answer.status_code in (200, 201), answer.text
+        assert answer.json()["sha256"] == sha(data)
+        assert complete(client, session).json()["id"] == answer.json()["id"]
+    assert_one_artifact(writer, database_url, data)
+
+
+def test_kill_9_of_the_writer_mid_upload_then_restart_and_resume_makes_one_artifact(cluster, database_url):
+    data = os.urandom(4 * MiB + 5)
+    writer = cluster.writer().wait_ready()
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
+        session = create(client, data)
+        assert put_part(client, session, 2, data).status_code == 200
+        assert put_part(client, session, 0, data).status_code == 200
+    head = (
+        f"PUT {BASE}/{session['id']}/parts/1 HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer arkvory_key_test_admin_token_0000000000000001\r\n"
+        f"X-Content-SHA256: {sha(data[MiB:2 * MiB])}\r\nContent-Length: {MiB}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", writer.port), timeout=10) as sock:
+        sock.sendall(head + data[MiB:MiB + MiB // 2])
+        time.sleep(0.3)
+        writer.kill()  # SIGKILL in the middle of a part
+    writer = cluster.writer().wait_ready()
+    with writer.client() as client:
+        state = client.get(f"{BASE}/{session['id']}").json()
+        assert state["receivedParts"] == [0, 2]
+        for index in set(range(state["partCount"])) - set(state["receivedParts"]):
+            assert put_part(client, session, index, data).status_code == 200
+        assert complete(client, session).status_code == 201
+    assert_one_artifact(writer, database_url, data)
+
+
+def test_a_session_needs_a_key_a_valid_descriptor_and_belongs_to_its_creator(writer, database_url):
+    data = os.urandom(MiB)
+    with writer.client() as client:
+        no_key = client.post(BASE, json={"name": "a", "size": 1})
+        assert no_key.status_code == 400 and no_key.json()["code"] == "invalid_input"
+        key = uuid.uuid4().hex
+        session = create(client, data, key=key)
+        other = client.post(BASE, json={"name": "b", "size": 1}, headers={"Idempotency-Key": key})
+        assert other.status_code == 422 and other.json()["code"] == "IdempotentParameterMismatch"
+        for bad in ({"name": "a/b", "size": 1}, {"name": "a", "size": -1}, {"name": "a", "size": 1, "partSize": 10},
+                    {"name": "a", "size": 1, "sha256": "xyz"}, {"name": "a", "size": True}):
+            answer = client.post(BASE, json=bad, headers={"Idempotency-Key": uuid.uuid4().hex})
+            assert answer.status_code == 400, (bad, answer.text)
+        too_big = client.post(BASE, json={"name": "a", "size": 2**60}, headers={"Idempotency-Key": "k2"})
+        assert too_big.status_code == 413 and too_big.json()["code"] == "payload_too_large"
+        assert put_part(client, session, 5, data).status_code == 400  # past the last part
+        assert client.put(f"{BASE}/{session['id']}/parts/0", content=b"x").status_code == 400  # no hash
+        assert client.get(f"{BASE}/not-a-uuid").status_code == 400
+    with writer.client(OTHER_TOKEN) as stranger:
+        assert stranger.get(f"{BASE}/{session['id']}").status_code in (403, 404)
+    with writer.client() as client:
+        assert client.delete(f"{BASE}/{session['id']}").status_code == 204
+        assert client.get(f"{BASE}/{session['id']}").status_code == 404
+    assert db_fetch(database_url, "SELECT id FROM arkvory_uploads") == []
+
+
+def test_an_expired_session_is_404_and_its_bytes_are_removed(cluster, database_url):
+    writer = cluster.writer(ARKVORY_UPLOAD_EXPIRY="2s").wait_ready()
+    data = os.urandom(2 * MiB)
+    uploads = cluster.data_dir / "uploads"
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
+        abandoned = create(client, data)
+        session = create(client, data)
+        assert put_part(client, session, 0, data).status_code == 200
+        assert len(list(uploads.iterdir())) == 2
+        time.sleep(2.5)
+        assert client.get(f"{BASE}/{session['id']}").status_code == 404
+        assert put_part(client, session, 1, data).status_code == 404
+        assert not (uploads / session["id"]).exists()
+    # The other abandoned session is removed by the sweep of the next writer's first request.
+    writer.kill()
+    writer = cluster.writer(ARKVORY_UPLOAD_EXPIRY="2s").wait_ready()
+    with writer.client() as client:
+        fresh = create(client, data)
+    assert not (uploads / abandoned["id"]).exists() and (uploads / fresh["id"]).exists()
+    assert [r["id"] for r in db_fetch(database_url, "SELECT id FROM arkvory_uploads")] == [uuid.UUID(fresh["id"])]
+    assert artifacts(database_url) == []
+
+
+def test_a_multipart_form_to_a_part_is_415(writer):
+    data = os.urandom(MiB)
+    with writer.client() as client:
+        session = create(client, data)
+        answer = client.put(f"{BASE}/{session['id']}/parts/0", files={"file": data},
+                            headers={"X-Content-SHA256": sha(data)})
+        assert answer.status_code == 415, answer.text
+        assert "--data-binary" in answer.json()["message"]
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == []

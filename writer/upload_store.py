@@ -1,0 +1,205 @@
+"""Receiving upload bytes into files without stalling the event loop, and the errors of uploads.
+
+Hashing and writing run in a worker thread in batches of at least `BATCH` bytes (hashlib and
+`os.pwrite` release the GIL), one batch in flight while the loop receives the next: the loop
+only copies chunks into a buffer, so the lease, pins and downloads keep their turns while a
+1 GiB upload arrives at full speed. Every writing path checks the free-space reserve and turns
+ENOSPC into 507 `insufficient_storage`; the caller removes what it wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+from collections.abc import Callable
+
+from starlette.requests import Request
+
+from shared.bodies import ReceiveTimedOut, body_chunks
+from shared.errors import ApiError, Conflict, InvalidInput, PayloadTooLarge
+from shared.metrics import Metrics
+from shared.storage import Storage, is_out_of_space, out_of_space
+
+BATCH = 1024 * 1024
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+class UnsupportedMediaType(ApiError):
+    status, code = 415, "unsupported_media_type"
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}
+
+
+class DigestMismatch(ApiError):
+    """The bytes received do not have the SHA-256 the client declared; nothing was kept."""
+
+    status, code = 422, "digest_mismatch"
+
+
+def refuse_form_upload(request: Request) -> None:
+    """A browser form or `curl -F` wraps the file in a multipart envelope that we would store
+    as the artifact: refuse it instead (415). curl's `--data-binary` default type,
+    x-www-form-urlencoded, is the raw bytes and stays allowed."""
+    content_type = (request.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+    if content_type == _FORM_TYPES[0]:
+        raise UnsupportedMediaType(
+            "send the raw bytes as the body (curl --data-binary @file), not a multipart form"
+        )
+
+
+def parse_sha256(value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if not _SHA256_HEX.fullmatch(value):
+        raise InvalidInput(f"{what} must be a SHA-256 as 64 hex digits")
+    return value
+
+
+def _write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+class Region:
+    """One run of bytes the body fills: a part (or the whole one-shot body) at `offset`.
+
+    `recorded` is the SHA-256 already stored for it: then its bytes are only hashed and
+    compared, never written, so a re-send can neither change nor tear a received part."""
+
+    def __init__(
+        self, index: int, offset: int, size: int, recorded: str | None, declared: str | None = None
+    ) -> None:
+        self.index, self.offset, self.size, self.recorded = index, offset, size, recorded
+        self.declared = declared  # the client's X-Content-SHA256: checked before it is recorded
+        self.filled = 0
+        self.digest = hashlib.sha256()
+
+
+class BatchedReceiver:
+    """Writes a body into `fd` over consecutive regions, hashing each (and optionally the
+    whole body), one batch in a worker thread while the loop gathers the next.
+
+    `on_region` runs on the loop after each region's bytes are hashed and (when written)
+    fdatasync'd: the caller records it there, so a cut body keeps every region it finished."""
+
+    def __init__(
+        self,
+        fd: int,
+        regions: list[Region],
+        *,
+        storage: Storage,
+        reserve: int,
+        check_room: bool,
+        whole: hashlib._Hash | None = None,
+        open_ended: bool = False,
+    ) -> None:
+        self.fd = fd
+        self.regions = regions
+        self.storage = storage
+        self.reserve = reserve
+        self.check_room = check_room
+        self.whole = whole
+        # One-shot uploads without Content-Length: the one region is the size cap, and the
+        # body may end anywhere before it.
+        self.open_ended = open_ended
+        self._current = 0
+        self._buffer = bytearray()
+        self._in_flight: asyncio.Future | None = None
+
+    @property
+    def received(self) -> int:
+        return sum(r.filled for r in self.regions)
+
+    @property
+    def expected(self) -> int:
+        return sum(r.size for r in self.regions)
+
+    def _room_left_in_region(self) -> int:
+        region = self.regions[self._current]
+        return region.size - region.filled - len(self._buffer)
+
+    async def receive(
+        self, request: Request, timeout_s: float, on_region: Callable, metrics: Metrics
+    ) -> None:
+        try:
+            async for chunk in body_chunks(request, timeout_s):
+                view = memoryview(chunk)
+                while view:
+                    if self._current >= len(self.regions):
+                        raise PayloadTooLarge(f"the body has more than the expected {self.expected} bytes")
+                    take = min(len(view), self._room_left_in_region())
+                    self._buffer += view[:take]
+                    view = view[take:]
+                    if len(self._buffer) >= BATCH or self._room_left_in_region() == 0:
+                        await self._flush(on_region)
+            await self._flush(on_region)
+            await self._settle(on_region)
+        except ReceiveTimedOut:
+            metrics.transfer_aborts.labels(direction="upload", reason="receive_timeout").inc()
+            raise
+        finally:
+            # Never leave a thread writing into a file the caller is about to remove.
+            if self._in_flight is not None:
+                await asyncio.wait([self._in_flight])
+                if not self._in_flight.cancelled():
+                    self._in_flight.exception()  # retrieved: the body's own error wins
+        if self._current < len(self.regions) and not self.open_ended:
+            raise InvalidInput(f"the body ended before its {self.expected} bytes arrived")
+
+    async def _flush(self, on_region: Callable) -> None:
+        if not self._buffer or self._current >= len(self.regions):
+            return
+        await self._settle(on_region)
+        region = self.regions[self._current]
+        batch, self._buffer = bytes(self._buffer), bytearray()
+        closes = region.filled + len(batch) == region.size
+        region.filled += len(batch)
+        if closes:
+            self._current += 1
+        self._in_flight = asyncio.ensure_future(
+            asyncio.to_thread(self._absorb, region, batch, region.filled - len(batch), closes)
+        )
+        self._in_flight.region = region if closes else None  # type: ignore[attr-defined]
+
+    async def _settle(self, on_region: Callable) -> None:
+        """Wait for the batch in flight; report the region it closed, if any."""
+        future, self._in_flight = self._in_flight, None
+        if future is None:
+            return
+        await future
+        if future.region is not None:  # type: ignore[attr-defined]
+            await on_region(future.region)  # type: ignore[attr-defined]
+
+    def _absorb(self, region: Region, batch: bytes, at: int, closes: bool) -> None:
+        """Worker thread: hash the batch and, unless the region is already recorded, write it."""
+        region.digest.update(batch)
+        if self.whole is not None:
+            self.whole.update(batch)
+        if closes and region.declared is not None and region.digest.hexdigest() != region.declared:
+            raise DigestMismatch(
+                f"part {region.index} has sha256 {region.digest.hexdigest()}, not the"
+                " X-Content-SHA256 sent; nothing was kept: resend it"
+            )
+        if region.recorded is None:
+            try:
+                if self.check_room:
+                    self.storage.require_room(len(batch), self.reserve)
+                _write_at(self.fd, batch, region.offset + at)
+                if closes:
+                    os.fdatasync(self.fd)  # the part's row is inserted next: bytes first
+            except OSError as exc:
+                if is_out_of_space(exc):
+                    raise out_of_space(exc) from None
+                raise
+        elif closes and region.digest.hexdigest() != region.recorded:
+            raise Conflict(
+                f"part {region.index} was already received with other bytes"
+                f" (sha256 {region.recorded}); parts cannot be replaced"
+            )

@@ -1,0 +1,642 @@
+"""Resumable uploads (SPEC §6): sessions, parts in any order, complete, expiry.
+
+A session's bytes live in one preallocated file, `<data>/uploads/<id>`; part `i` covers
+`[i * partSize, min(size, (i + 1) * partSize))` and is written at its offset. A part's row is
+inserted only after its bytes are fdatasync'd, so after a cut, a crash or a `kill -9` the rows
+say exactly which parts a resume may skip. A recorded part is never written again: a re-send
+is only hashed and compared (identical: harmless; other bytes: 409). One process (the writer,
+under its lock) serves uploads, so an in-process registry keeps two requests from writing the
+same part at once, and makes a repeated `complete` wait for the one already running.
+
+`complete` hashes the whole file, hard-links it into the blob store (directories fsynced),
+and in one transaction inserts the blob and the artifact and marks the session completed: a
+crash anywhere before that commit leaves no artifact and a session that `complete` finishes.
+Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files by
+`sweep_expired_uploads` (at the first upload request of a writer, on access, and by the
+worker of the next issue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import os
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
+from shared.errors import ApiError, Busy, Conflict, InvalidInput, NotFound, PayloadTooLarge
+from shared.media_types import upload_media_type
+from shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
+
+from .artifacts import artifact_json, check_artifact_name
+from .idempotency import Result, idempotent, key_of
+from .repositories import json_body, principal_of, repository_for_write, runtime_of
+from .upload_store import BatchedReceiver, DigestMismatch, Region, parse_sha256, refuse_form_upload
+
+log = logging.getLogger("arkvory.uploads")
+
+MiB = 1024 * 1024
+MIN_PART = 1 * MiB
+MAX_PART = 64 * MiB
+DEFAULT_PART = 8 * MiB
+MAX_PARTS = 10_000  # bounds a session's rows and its JSON; with 64 MiB parts: 625 GiB
+SWEEP_BATCH = 100
+HASH_READ = 8 * MiB
+
+
+def check_key(request: Request) -> None:
+    """Routes that are idempotent by nature (a part, complete) still refuse a malformed key."""
+    key_of(request)
+
+
+# -- the in-process registry: who is writing what --------------------------------------------
+
+
+class ActiveUploads:
+    """Parts being received and completions running, per session (this process only)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[uuid.UUID, set[int]] = {}
+        self.completing: dict[uuid.UUID, asyncio.Task] = {}
+        self.swept_at_start = False
+
+    def claim(self, session: uuid.UUID, indexes: range) -> None:
+        busy = self.parts.setdefault(session, set())
+        if session in self.completing or busy.intersection(indexes):
+            raise Conflict("this part (or the session) is being received or completed right now; retry")
+        busy.update(indexes)
+
+    def release(self, session: uuid.UUID, indexes: range) -> None:
+        busy = self.parts.get(session)
+        if busy is not None:
+            busy.difference_update(indexes)
+            if not busy:
+                del self.parts[session]
+
+    def busy(self, session: uuid.UUID) -> bool:
+        return bool(self.parts.get(session)) or session in self.completing
+
+
+def active_uploads(request: Request) -> ActiveUploads:
+    state = request.app.state
+    registry = getattr(state, "active_uploads", None)
+    if registry is None:
+        registry = state.active_uploads = ActiveUploads()
+    return registry
+
+
+# -- sessions ----------------------------------------------------------------------------------
+
+_COLUMNS = (
+    "id, repository_id, principal_id, name, size, sha256, media_type, part_size,"
+    " status, artifact_id, created_at, expires_at"
+)
+
+
+def part_count(size: int, part_size: int) -> int:
+    return math.ceil(size / part_size)
+
+
+def part_span(session: asyncpg.Record, index: int) -> tuple[int, int]:
+    """(offset, size) of part `index`."""
+    offset = index * session["part_size"]
+    return offset, min(session["size"], offset + session["part_size"]) - offset
+
+
+def session_path(storage: Storage, session_id: uuid.UUID) -> str:
+    return os.path.join(storage.uploads, str(session_id))
+
+
+def session_json(session: asyncpg.Record, received: list[int], repo: Repository) -> dict[str, Any]:
+    count = part_count(session["size"], session["part_size"])
+    return {
+        "id": str(session["id"]),
+        "repository": repo.name,
+        "name": session["name"],
+        "size": session["size"],
+        "sha256": session["sha256"],
+        "mediaType": session["media_type"],
+        "partSize": session["part_size"],
+        "partCount": count,
+        "receivedParts": received,
+        "status": session["status"],
+        "artifactId": str(session["artifact_id"]) if session["artifact_id"] else None,
+        "createdAt": session["created_at"].isoformat(),
+        "expiresAt": session["expires_at"].isoformat(),
+    }
+
+
+def _descriptor(body: dict[str, Any], max_bytes: int) -> dict[str, Any]:
+    name = body.get("name")
+    if not isinstance(name, str):
+        raise InvalidInput("'name' is required")
+    check_artifact_name(name)
+    size = body.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise InvalidInput("'size' must be a whole number of bytes, 0 or more")
+    if size > max_bytes:
+        raise PayloadTooLarge(f"an artifact may have at most {max_bytes} bytes (ARKVORY_MAX_ARTIFACT_BYTES)")
+    sha256 = body.get("sha256")
+    if sha256 is not None and not isinstance(sha256, str):
+        raise InvalidInput("'sha256' must be a string")
+    media_type = body.get("mediaType")
+    if media_type is not None and not isinstance(media_type, str):
+        raise InvalidInput("'mediaType' must be a string")
+    part_size = body.get("partSize")
+    smallest = max(MIN_PART, math.ceil(size / MAX_PARTS))
+    if part_size is None:
+        part_size = max(DEFAULT_PART, smallest)
+    if not isinstance(part_size, int) or isinstance(part_size, bool) or not MIN_PART <= part_size <= MAX_PART:
+        raise InvalidInput(f"'partSize' must be {MIN_PART}..{MAX_PART} bytes")
+    if part_size < smallest:
+        if smallest > MAX_PART:
+            raise PayloadTooLarge(f"a resumable upload may have at most {MAX_PARTS * MAX_PART} bytes")
+        raise InvalidInput(f"'partSize' must be at least {smallest} for {size} bytes ({MAX_PARTS} parts at most)")
+    return {
+        "name": name,
+        "size": size,
+        "sha256": parse_sha256(sha256, "'sha256'"),
+        "mediaType": upload_media_type(media_type, None),
+        "partSize": part_size,
+    }
+
+
+def _allocate(path: str, size: int, storage: Storage, reserve: int) -> None:
+    """Worker thread: the session's file, with its space reserved now, so that a full disk is
+    a 507 at creation rather than in the middle of the upload, and concurrent sessions cannot
+    promise the same free space twice (statvfs counts what fallocate took)."""
+    try:
+        storage.require_room(size, reserve)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            if size:
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as exc:
+                    if is_out_of_space(exc):
+                        raise
+                    os.ftruncate(fd, size)  # a filesystem without fallocate: sparse
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_directory(storage.uploads)
+    except BaseException as exc:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        if is_out_of_space(exc):
+            raise out_of_space(exc) from None  # type: ignore[arg-type]
+        raise
+
+
+async def create_upload(request: Request) -> Response:
+    principal = await principal_of(request)
+    repo = await repository_for_write(request, principal)
+    if key_of(request) is None:
+        raise InvalidInput("creating an upload session needs an Idempotency-Key header")
+    runtime = runtime_of(request)
+    settings, storage = runtime.settings, runtime.storage
+    assert storage is not None
+    descriptor = _descriptor(await json_body(request), settings.max_artifact_bytes)
+    await _sweep_once(request)
+
+    async def work(conn: asyncpg.Connection) -> Result:
+        session_id = uuid.uuid4()
+        row = await conn.fetchrow(
+            "INSERT INTO arkvory_uploads (id, repository_id, principal_id, name, size, sha256,"
+            " media_type, part_size, expires_at)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9))"
+            f" RETURNING {_COLUMNS}",
+            session_id, repo.id, principal.id, descriptor["name"], descriptor["size"],
+            descriptor["sha256"], descriptor["mediaType"], descriptor["partSize"],
+            float(settings.upload_expiry_s), timeout=QUERY_TIMEOUT_S,
+        )
+        # Inside the transaction that records the key: a full disk rolls the row back, and a
+        # crash before the commit leaves only a file without a row (the sweep removes it).
+        await asyncio.to_thread(
+            _allocate, session_path(storage, session_id), descriptor["size"], storage, settings.min_free_bytes
+        )
+        return Result(201, session_json(row, [], repo), {"Location": _location(request, session_id)})
+
+    return await idempotent(request, principal, {"body": descriptor}, work)
+
+
+def _location(request: Request, session_id: uuid.UUID) -> str:
+    return f"/api/v1/repositories/{request.path_params['repo']}/uploads/{session_id}"
+
+
+async def _received(conn: asyncpg.Connection, session_id: uuid.UUID) -> list[int]:
+    rows = await conn.fetch(
+        "SELECT index FROM arkvory_upload_parts WHERE upload_id = $1 ORDER BY index",
+        session_id, timeout=QUERY_TIMEOUT_S,
+    )
+    return [r["index"] for r in rows]
+
+
+async def _session_for(request: Request) -> tuple[Repository, asyncpg.Record]:
+    """The caller's session in this repository; an expired one is removed here and is 404.
+    Sessions belong to the principal that created them: another one gets 404, as for none."""
+    principal = await principal_of(request)
+    repo = await repository_for_write(request, principal)
+    session_id = parse_uuid(request.path_params["upload_id"], "upload id")
+    await _sweep_once(request)
+    runtime = runtime_of(request)
+    assert runtime.pool is not None and runtime.storage is not None
+    async with pooled(runtime.pool) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_COLUMNS}, expires_at < now() AS expired FROM arkvory_uploads"
+            " WHERE id = $1 AND repository_id = $2 AND principal_id = $3",
+            session_id, repo.id, principal.id, timeout=QUERY_TIMEOUT_S,
+        )
+        if row is not None and row["expired"] and not active_uploads(request).busy(session_id):
+            await _remove_sessions(conn, runtime.storage, [session_id])
+            raise NotFound(f"upload {session_id} expired and was removed; start a new one")
+    if row is None:
+        raise NotFound(f"no upload {session_id} in {repo.name!r}")
+    return repo, row
+
+
+async def show_upload(request: Request) -> Response:
+    repo, session = await _session_for(request)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        received = await _received(conn, session["id"])
+    return JSONResponse(session_json(session, received, repo))
+
+
+async def delete_upload(request: Request) -> Response:
+    check_key(request)
+    _, session = await _session_for(request)
+    runtime = runtime_of(request)
+    assert runtime.pool is not None and runtime.storage is not None
+    if active_uploads(request).busy(session["id"]):
+        raise Conflict("this upload is receiving a part or completing; retry when it is done")
+    async with pooled(runtime.pool) as conn:
+        await _remove_sessions(conn, runtime.storage, [session["id"]])
+    return Response(status_code=204)
+
+
+# -- receiving parts ---------------------------------------------------------------------------
+
+
+def _upload_place(request: Request) -> asyncio.Semaphore:
+    limiter: asyncio.Semaphore = request.app.state.upload_slots
+    # Not waiting is the bound on waiting: the client retries after Retry-After, and a place is
+    # held at most until its body goes silent (receive timeout). Shared with the one-shot upload.
+    if limiter.locked():
+        raise Busy("too many uploads at once (ARKVORY_MAX_UPLOADS)", retry_after=5)
+    return limiter
+
+
+async def put_part(request: Request) -> Response:
+    refuse_form_upload(request)
+    check_key(request)
+    raw_index = request.path_params["index"]
+    if not raw_index.isascii() or not raw_index.isdigit() or len(raw_index) > 5:
+        raise InvalidInput("the part index must be a whole number")
+    index = int(raw_index)
+    declared = parse_sha256(request.headers.get("x-content-sha256"), "X-Content-SHA256")
+    if declared is None:
+        raise InvalidInput("a part needs its X-Content-SHA256 header")
+    repo, session = await _session_for(request)
+    if session["status"] != "open":
+        raise Conflict("this upload is completed; its parts cannot change")
+    if index >= part_count(session["size"], session["part_size"]):
+        raise InvalidInput(f"this upload has parts 0..{part_count(session['size'], session['part_size']) - 1}")
+    offset, size = part_span(session, index)
+    _check_length(request, size)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with _receiving(request, session["id"], range(index, index + 1)):
+        # Looked up after the claim: no other request can record this part until we are done.
+        async with pooled(pool) as conn:
+            recorded = await conn.fetchval(
+                "SELECT sha256 FROM arkvory_upload_parts WHERE upload_id = $1 AND index = $2",
+                session["id"], index, timeout=QUERY_TIMEOUT_S,
+            )
+        if recorded is not None and recorded != declared:
+            raise Conflict(f"part {index} was already received with other bytes (sha256 {recorded})")
+        region = Region(index, offset, size, recorded, declared)
+        await _receive_regions(request, session, [region])
+    return JSONResponse(
+        {"index": index, "size": size, "sha256": declared, "alreadyReceived": recorded is not None}
+    )
+
+
+async def put_content(request: Request) -> Response:
+    """The whole body at once; recorded part by part as it streams, so a cut one resumes."""
+    refuse_form_upload(request)
+    check_key(request)
+    repo, session = await _session_for(request)
+    if session["status"] != "open":
+        raise Conflict("this upload is completed; its content cannot change")
+    _check_length(request, session["size"])
+    pool = runtime_of(request).pool
+    assert pool is not None
+    count = part_count(session["size"], session["part_size"])
+    whole = hashlib.sha256()
+    async with _receiving(request, session["id"], range(count)):
+        async with pooled(pool) as conn:
+            rows = await conn.fetch(
+                "SELECT index, sha256 FROM arkvory_upload_parts WHERE upload_id = $1",
+                session["id"], timeout=QUERY_TIMEOUT_S,
+            )
+        recorded = {r["index"]: r["sha256"] for r in rows}
+        regions = [Region(i, *part_span(session, i), recorded.get(i)) for i in range(count)]
+        await _receive_regions(request, session, regions, whole)
+    if session["sha256"] is not None and whole.hexdigest() != session["sha256"]:
+        raise DigestMismatch(
+            f"the content has sha256 {whole.hexdigest()}, not the session's {session['sha256']}"
+        )
+    async with pooled(pool) as conn:
+        received = await _received(conn, session["id"])
+    return JSONResponse(session_json(session, received, repo))
+
+
+def _check_length(request: Request, expected: int) -> None:
+    value = request.headers.get("content-length")
+    if value is not None and value != str(expected):
+        raise InvalidInput(f"this body must have exactly {expected} bytes (Content-Length: {value})")
+
+
+@contextlib.asynccontextmanager
+async def _receiving(request: Request, session_id: uuid.UUID, indexes: range):
+    """An upload place (shared with the one-shot upload) and the claim on these parts."""
+    limiter = _upload_place(request)
+    registry = active_uploads(request)
+    registry.claim(session_id, indexes)
+    try:
+        async with limiter:
+            yield
+    finally:
+        registry.release(session_id, indexes)
+
+
+async def _receive_regions(
+    request: Request, session: asyncpg.Record, regions: list[Region], whole=None
+) -> None:
+    runtime = runtime_of(request)
+    storage, pool = runtime.storage, runtime.pool
+    assert storage is not None and pool is not None
+    try:
+        fd = os.open(session_path(storage, session["id"]), os.O_WRONLY)
+    except FileNotFoundError:
+        raise NotFound("this upload was removed meanwhile; start a new one") from None
+
+    async def record(region: Region) -> None:
+        if region.recorded is not None:
+            return
+        async with pooled(pool) as conn:
+            await conn.execute(
+                "WITH part AS (INSERT INTO arkvory_upload_parts (upload_id, index, size, sha256)"
+                " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING)"
+                " UPDATE arkvory_uploads SET expires_at = now() + make_interval(secs => $5)"
+                " WHERE id = $1",
+                session["id"], region.index, region.size, region.digest.hexdigest(),
+                float(runtime.settings.upload_expiry_s), timeout=QUERY_TIMEOUT_S,
+            )
+
+    try:
+        receiver = BatchedReceiver(fd, regions, storage=storage, reserve=0, check_room=False, whole=whole)
+        await receiver.receive(request, runtime.settings.receive_timeout_s, record, runtime.metrics)
+    except ClientDisconnect:
+        raise InvalidInput("the client went away; the parts it finished are kept") from None
+    finally:
+        os.close(fd)
+
+
+# -- complete ----------------------------------------------------------------------------------
+
+
+def _hash_file(path: str, size: int) -> str:
+    """Worker thread: the SHA-256 of the session file's first `size` bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as file:
+        left = size
+        while left:
+            chunk = file.read(min(HASH_READ, left))
+            if not chunk:
+                raise OSError(f"{path} is shorter than {size} bytes")
+            digest.update(chunk)
+            left -= len(chunk)
+    return digest.hexdigest()
+
+
+async def complete_upload(request: Request) -> Response:
+    check_key(request)
+    repo, session = await _session_for(request)
+    registry = active_uploads(request)
+    if session["status"] == "completed":
+        return await _completed_answer(request, session, replay=True)
+    if registry.parts.get(session["id"]):
+        raise Conflict("parts of this upload are still being received; complete when they are done")
+    task = registry.completing.get(session["id"])
+    if task is None:
+        # The publication runs to its end even if this client goes away: a repeat (from this
+        # client's retry) waits for the same task instead of hashing and publishing again.
+        task = asyncio.ensure_future(_publish(request, repo, session))
+        registry.completing[session["id"]] = task
+        task.add_done_callback(lambda done: _completion_ended(registry, session["id"], done))
+    row = await asyncio.shield(task)
+    return JSONResponse(artifact_json(row), status_code=201)
+
+
+def _completion_ended(registry: ActiveUploads, session_id: uuid.UUID, task: asyncio.Task) -> None:
+    registry.completing.pop(session_id, None)
+    if not task.cancelled():
+        task.exception()  # retrieved here: the client that started it may be gone
+
+
+async def _completed_answer(request: Request, session: asyncpg.Record, replay: bool) -> Response:
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        row = await conn.fetchrow(
+            "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_artifacts WHERE id = $1",
+            session["artifact_id"], timeout=QUERY_TIMEOUT_S,
+        ) if session["artifact_id"] else None
+    if row is None:
+        raise NotFound("this upload was published, but its artifact has been deleted since")
+    return JSONResponse(artifact_json(row), headers={"Idempotent-Replayed": "true"} if replay else None)
+
+
+async def _publish(request: Request, repo: Repository, session: asyncpg.Record) -> asyncpg.Record:
+    runtime = runtime_of(request)
+    storage, pool = runtime.storage, runtime.pool
+    assert storage is not None and pool is not None
+    session_id = session["id"]
+    async with pooled(pool) as conn:
+        received = await _received(conn, session_id)
+    missing = part_count(session["size"], session["part_size"]) - len(received)
+    if missing:
+        have = set(received)
+        first = [i for i in range(part_count(session["size"], session["part_size"])) if i not in have][:10]
+        raise Conflict(f"{missing} part(s) missing, e.g. {first}; send them, then complete")
+    path = session_path(storage, session_id)
+    try:
+        actual_size = os.stat(path).st_size
+        sha256 = await asyncio.to_thread(_hash_file, path, session["size"])
+    except FileNotFoundError:
+        raise NotFound("this upload's bytes are gone (removed or expired); start a new one") from None
+    if actual_size != session["size"]:
+        raise Conflict(f"the received bytes are {actual_size}, not the declared {session['size']}")
+    if session["sha256"] is not None and sha256 != session["sha256"]:
+        raise DigestMismatch(
+            f"the parts add up to sha256 {sha256}, not the declared {session['sha256']};"
+            " delete this upload and start again"
+        )
+    try:
+        # A link, not a rename: if the commit below fails, the session still has its file and
+        # a repeated complete links it again (the same bytes under the same name).
+        await asyncio.to_thread(storage.place_blob, path, sha256, link=True)
+    except OSError as exc:
+        if is_out_of_space(exc):
+            raise out_of_space(exc) from None
+        raise
+    async with pooled(pool) as conn, conn.transaction():
+        status = await conn.fetchval(
+            "SELECT status FROM arkvory_uploads WHERE id = $1 FOR UPDATE", session_id,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        if status != "open":
+            raise NotFound("this upload was removed meanwhile; start a new one")
+        await conn.execute(
+            "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            sha256, session["size"], timeout=QUERY_TIMEOUT_S,
+        )
+        row = await conn.fetchrow(
+            "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
+            " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, name, sha256, size, media_type, created_at",
+            uuid.uuid4(), repo.id, session["name"], sha256, session["size"], session["media_type"],
+            timeout=QUERY_TIMEOUT_S,
+        )
+        # Kept for the idempotency retention, so a late repeat still finds its artifact.
+        await conn.execute(
+            "UPDATE arkvory_uploads SET status = 'completed', artifact_id = $2,"
+            " expires_at = now() + make_interval(secs => $3) WHERE id = $1",
+            session_id, row["id"], float(runtime.settings.idempotency_retention_s),
+            timeout=QUERY_TIMEOUT_S,
+        )
+        await conn.execute(
+            "DELETE FROM arkvory_upload_parts WHERE upload_id = $1", session_id, timeout=QUERY_TIMEOUT_S
+        )
+    _unlink_quietly(path)
+    return row
+
+
+# -- expiry ------------------------------------------------------------------------------------
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+async def _remove_sessions(conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID]) -> None:
+    """Rows first, then files: a crash in between leaves an orphan file, which the sweep's
+    directory pass removes; never a row whose file is gone while it is still in use."""
+    await conn.execute("DELETE FROM arkvory_uploads WHERE id = ANY($1::uuid[])", ids, timeout=QUERY_TIMEOUT_S)
+    for session_id in ids:
+        _unlink_quietly(session_path(storage, session_id))
+
+
+async def sweep_expired_uploads(
+    pool: asyncpg.Pool, storage: Storage, *, orphans_older_than_s: float | None = None,
+    busy: ActiveUploads | None = None,
+) -> int:
+    """Remove sessions past their expiry with their files; returns how many.
+
+    For the worker's periodic cleanup too (writer process only: the writer is the one process
+    that writes session files). With `orphans_older_than_s`, also removes session files with
+    no row (a crash before the create committed, a repository deleted with its sessions) once
+    they are that old, so an upload being created right now is never touched."""
+    removed = 0
+    while True:
+        async with pooled(pool) as conn:
+            ids = [
+                r["id"] for r in await conn.fetch(
+                    "SELECT id FROM arkvory_uploads WHERE expires_at < now() ORDER BY expires_at LIMIT $1",
+                    SWEEP_BATCH, timeout=QUERY_TIMEOUT_S,
+                )
+                if busy is None or not busy.busy(r["id"])
+            ]
+            if ids:
+                await _remove_sessions(conn, storage, ids)
+        removed += len(ids)
+        if len(ids) < SWEEP_BATCH:
+            break
+    if orphans_older_than_s is not None:
+        removed += await _sweep_orphan_files(pool, storage, orphans_older_than_s)
+    if removed:
+        log.info("removed %d expired or orphaned upload session(s)", removed)
+    return removed
+
+
+async def _sweep_orphan_files(pool: asyncpg.Pool, storage: Storage, older_than_s: float) -> int:
+    cutoff = time.time() - older_than_s
+    try:
+        entries = await asyncio.to_thread(lambda: list(os.scandir(storage.uploads)))
+    except FileNotFoundError:
+        return 0
+    candidates: dict[uuid.UUID, str] = {}
+    for entry in entries:
+        try:
+            session_id = uuid.UUID(entry.name)
+            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                candidates[session_id] = entry.path
+        except (ValueError, FileNotFoundError):
+            continue
+    if not candidates:
+        return 0
+    async with pooled(pool) as conn:
+        known = {
+            r["id"] for r in await conn.fetch(
+                "SELECT id FROM arkvory_uploads WHERE id = ANY($1::uuid[])", list(candidates),
+                timeout=QUERY_TIMEOUT_S,
+            )
+        }
+    orphans = [path for session_id, path in candidates.items() if session_id not in known]
+    for path in orphans:
+        _unlink_quietly(path)
+    return len(orphans)
+
+
+async def _sweep_once(request: Request) -> None:
+    """The writer's start sweep, run by its first session request (the routes have no start
+    hook of their own; bounded: batches of SWEEP_BATCH rows)."""
+    registry = active_uploads(request)
+    if registry.swept_at_start:
+        return
+    registry.swept_at_start = True
+    runtime = runtime_of(request)
+    assert runtime.pool is not None and runtime.storage is not None
+    await sweep_expired_uploads(
+        runtime.pool, runtime.storage,
+        orphans_older_than_s=runtime.settings.receive_timeout_s, busy=registry,
+    )
+
+
+_BASE = "/api/v1/repositories/{repo}/uploads"
+
+routes = [
+    Route(_BASE, create_upload, methods=["POST"]),
+    Route(_BASE + "/{upload_id}", show_upload, methods=["GET"]),
+    Route(_BASE + "/{upload_id}", delete_upload, methods=["DELETE"]),
+    Route(_BASE + "/{upload_id}/content", put_content, methods=["PUT"]),
+    Route(_BASE + "/{upload_id}/parts/{index}", put_part, methods=["PUT"]),
+    Route(_BASE + "/{upload_id}/complete", complete_upload, methods=["POST"]),
+]
