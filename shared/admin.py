@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -53,6 +54,25 @@ async def reset_download_policy(conn: asyncpg.Connection) -> int:
         await conn.execute("DELETE FROM arkvory_gateway_leases")
         await conn.execute("DELETE FROM arkvory_download_policy")
     print("download policy and leases deleted; start the writer with the new settings")
+    return 0
+
+
+async def create_user(conn: asyncpg.Connection, *, name: str, hashed: Any, admin: bool) -> int:
+    """Add an account (`hashed`: a writer.passwords.PasswordHash, made before connecting)."""
+    version = await db.schema_version(conn)
+    if not version or version < 4:
+        print("arkvory: the database has no accounts yet: start the writer once first", file=sys.stderr)
+        return 1
+    try:
+        await conn.execute(
+            "INSERT INTO arkvory_accounts (id, name, password_hash, password_salt, scrypt_n, scrypt_r,"
+            " scrypt_p, is_admin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            uuid.uuid4(), name, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, admin,
+        )
+    except asyncpg.UniqueViolationError:
+        print(f"arkvory: account {name!r} already exists", file=sys.stderr)
+        return 1
+    print(f"account {name!r} created{' (administrator)' if admin else ''}")
     return 0
 
 

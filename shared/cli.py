@@ -100,12 +100,48 @@ def _admin_tool(name: str):
         except StartupError as exc:
             print(f"arkvory: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        tool = getattr(admin, name)
+        tool = getattr(args, name, None) or getattr(admin, name)
         if getattr(args, "json", False):
             tool = functools.partial(tool, as_json=True)
         return asyncio.run(admin.run_tool(url, tool))
 
     return run
+
+
+def _read_password() -> str | None:
+    """The password from standard input (a prompt on a terminal), never from the command line,
+    where other users could read it in the process list."""
+    if sys.stdin.isatty():
+        import getpass
+
+        first = getpass.getpass("password: ")
+        return first if getpass.getpass("again: ") == first else None
+    return sys.stdin.readline().rstrip("\r\n")
+
+
+def cmd_create_user(args: argparse.Namespace) -> int:
+    from writer.accounts import ACCOUNT_NAME
+    from writer.passwords import MAX_PASSWORD, MIN_PASSWORD, hash_password
+
+    if not ACCOUNT_NAME.fullmatch(args.name):
+        print("arkvory: NAME must be 1-64 letters, digits, '.', '_', '@' and '-'", file=sys.stderr)
+        return EXIT_USAGE
+    password = _read_password()
+    if password is None or not MIN_PASSWORD <= len(password) <= MAX_PASSWORD:
+        print(
+            f"arkvory: expected a password of {MIN_PASSWORD}-{MAX_PASSWORD} characters on standard input",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    hashed = hash_password(password)
+    args.create_user = functools.partial(_create_user_tool, name=args.name, hashed=hashed, admin=args.admin)
+    return _admin_tool("create_user")(args)
+
+
+def _create_user_tool(conn, *, name, hashed, admin):
+    from .admin import create_user
+
+    return create_user(conn, name=name, hashed=hashed, admin=admin)
 
 
 def _database_options(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -145,6 +181,12 @@ def parser() -> argparse.ArgumentParser:
     status = admin.add_parser("status", help="show the policy and the slot leases")
     status.add_argument("--json", action="store_true", help="print JSON for machines")
     _database_options(status).set_defaults(func=_admin_tool("show_status"))
+    create_user = admin.add_parser(
+        "create-user", help="add an account; the password is read from standard input, never an argument"
+    )
+    create_user.add_argument("name", metavar="NAME")
+    create_user.add_argument("--admin", action="store_true", help="an administrator (every repository)")
+    _database_options(create_user).set_defaults(func=cmd_create_user)
     return top
 
 

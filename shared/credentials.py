@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import logging
 import re
+import secrets
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -63,6 +64,26 @@ def digest_of(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+@dataclasses.dataclass(frozen=True)
+class NewToken:
+    """A freshly minted database credential: `token` is shown once and never stored."""
+
+    id: uuid.UUID
+    token: str
+    digest: bytes
+
+
+def mint(kind: str) -> NewToken:
+    """A new token of `kind` ("session", "pat" or "service_key") in the shape DATABASE_TOKEN takes."""
+    credential_id = uuid.uuid4()
+    secret = secrets.token_urlsafe(32)
+    prefix = {"session": f"dps_{credential_id.hex}", "pat": f"pat_{credential_id.hex}",
+              "service_key": f"arkvory_{credential_id}"}[kind]
+    token = f"{prefix}.{secret}"
+    assert DATABASE_TOKEN.fullmatch(token)
+    return NewToken(credential_id, token, digest_of(token))
+
+
 def account_scopes(is_admin: bool, permissions: list[str], read_only: bool) -> frozenset[str]:
     """An account's permissions as scopes; `read_only` (a `read` personal token) keeps only
     reading, whatever the account may do otherwise."""
@@ -95,6 +116,7 @@ def principal_from_row(row: asyncpg.Record) -> Principal:
         id=f"account:{row['account_id']}",  # a session and a token of one account share a budget
         kind="account",
         scopes=account_scopes(row["is_admin"], list(row["permissions"]), read_only),
+        read_only=read_only,
         account_id=row["account_id"],
         credential_id=row["id"],
         credential_kind=row["kind"],
@@ -175,6 +197,13 @@ class CredentialCache:
 
     def _on_change(self, conn: object, pid: int, channel: str, table: str) -> None:
         self.invalidate()
+
+
+def forget_cached(runtime: Runtime) -> None:
+    """After committing a credential change: this process's next request must not wait for the
+    notification to come back (other processes hear of it by NOTIFY)."""
+    if runtime.control is not None:
+        runtime.control.credentials.invalidate()
 
 
 def token_of(authorization: str | None, session_cookie: str | None = None) -> str | None:

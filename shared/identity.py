@@ -43,6 +43,7 @@ class Principal:
     kind: str  # "key" (keys file) | "service" (managed key) | "account" | "anonymous"
     scopes: frozenset[str]
     account_id: uuid.UUID | None = None
+    read_only: bool = False  # a `read` personal token: never writes, whatever its account may do
     credential_id: uuid.UUID | None = None
     credential_kind: str | None = None  # "session" | "pat" | "service_key" for database credentials
 

@@ -1,0 +1,323 @@
+"""Accounts on the writer (SPEC §5): login, logout, self-registration, password change, and the
+administrators' account management (create, list, disable, enable).
+
+A failed login says the same thing whether the account exists or not, and takes as long: an
+unknown name is verified against a dummy hash. Attempts are limited per name and per client
+address before anything is hashed (login_limits.py); scrypt runs off the event loop, bounded
+(passwords.py).
+
+Idempotency: routes whose answer holds a secret (login) or whose input is a password (register,
+create, password change) never record their request or result with the Idempotency-Key, since
+the idempotency table keeps results and request digests in the clear and a digest of a password
+is a guessable hash of it. Their key is still checked (400 when malformed); a retried login makes
+a second session (the lost one expires), a retried create or register answers 409 (the name
+exists), a retried password change 401 (the old password changed). Disable and enable record
+their key like every other change.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import asyncpg
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from shared.catalog import QUERY_TIMEOUT_S, pooled
+from shared.credentials import SESSION_COOKIE, forget_cached, mint
+from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from shared.identity import Principal
+
+from .idempotency import idempotent, key_of
+from .login_limits import LoginLimits
+from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text
+from .repositories import json_body, principal_of, runtime_of
+
+ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+LOGIN_FAILED = "wrong account name or password"
+
+
+class AccountsState:
+    """The writer's login state: one hasher (bounded threads) and the attempt limits."""
+
+    def __init__(self) -> None:
+        self.hasher = PasswordHasher()
+        self.limits = LoginLimits()
+
+
+def accounts_state(request: Request) -> AccountsState:
+    state = getattr(request.app.state, "accounts", None)
+    if state is None:
+        state = request.app.state.accounts = AccountsState()
+    return state
+
+
+def check_account_name(name: object) -> str:
+    if not isinstance(name, str) or not ACCOUNT_NAME.fullmatch(name):
+        raise InvalidInput(
+            "'name' must be 1-64 characters of letters, digits, '.', '_', '@' and '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def account_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "admin": row["is_admin"],
+        "disabled": row["disabled"],
+        "createdAt": row["created_at"].isoformat(),
+    }
+
+
+_ACCOUNT_COLUMNS = "id, name, is_admin, disabled, created_at"
+
+
+def _client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def _stored_hash(row: asyncpg.Record | None) -> PasswordHash:
+    if row is None:
+        return DUMMY
+    return PasswordHash(
+        bytes(row["password_hash"]), bytes(row["password_salt"]), row["scrypt_n"], row["scrypt_r"], row["scrypt_p"]
+    )
+
+
+async def insert_account(conn: asyncpg.Connection, name: str, hashed: PasswordHash, admin: bool) -> asyncpg.Record:
+    """Also used by `arkvory admin create-user`; a taken name is 409 (UniqueViolationError)."""
+    try:
+        return await conn.fetchrow(
+            "INSERT INTO arkvory_accounts (id, name, password_hash, password_salt, scrypt_n, scrypt_r,"
+            f" scrypt_p, is_admin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {_ACCOUNT_COLUMNS}",
+            uuid.uuid4(), name, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, admin,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    except asyncpg.UniqueViolationError:
+        raise Conflict(f"account {name!r} already exists") from None
+
+
+def _session_cookie(request: Request, token: str, max_age: int) -> str:
+    secure = "; Secure" if runtime_of(request).settings.tls_cert_file is not None else ""
+    return f"{SESSION_COOKIE}={token}; Max-Age={max_age}; Path=/; HttpOnly; SameSite=Strict{secure}"
+
+
+async def login(request: Request) -> Response:
+    key_of(request)  # checked, never recorded (see the module docstring)
+    body = await json_body(request)
+    name, password = body.get("name"), body.get("password")
+    # Only shapes are refused here, never anything that depends on the account.
+    if not isinstance(name, str) or not 1 <= len(name) <= 64:
+        raise InvalidInput("'name' must be a string of 1-64 characters")
+    if not isinstance(password, str) or not 1 <= len(password) <= MAX_PASSWORD:
+        raise InvalidInput(f"'password' must be a string of 1-{MAX_PASSWORD} characters")
+    state = accounts_state(request)
+    state.limits.check(name, _client_address(request))
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    async with pooled(runtime.pool) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_ACCOUNT_COLUMNS}, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
+            " FROM arkvory_accounts WHERE name = $1",
+            name,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    matches = await state.hasher.verify(password, _stored_hash(row))
+    if row is None or not matches or row["disabled"]:
+        state.limits.failed(name)
+        raise Unauthorized(LOGIN_FAILED)
+    lifetime = runtime.settings.session_lifetime_s
+    session = mint("session")
+    async with pooled(runtime.pool) as conn:
+        expires_at = await conn.fetchval(
+            "INSERT INTO arkvory_credentials (id, kind, digest, account_id, expires_at, created_by)"
+            " VALUES ($1, 'session', $2, $3, now() + make_interval(secs => $4), $5) RETURNING expires_at",
+            session.id, session.digest, row["id"], float(lifetime), _client_address(request),
+            timeout=QUERY_TIMEOUT_S,
+        )
+    answer = JSONResponse(
+        {"token": session.token, "sessionId": str(session.id), "expiresAt": expires_at.isoformat(),
+         "account": account_json(row)},
+        headers={"Cache-Control": "no-store"},
+    )
+    answer.headers["Set-Cookie"] = _session_cookie(request, session.token, lifetime)
+    return answer
+
+
+async def logout(request: Request) -> Response:
+    principal = await principal_of(request)
+    if principal.is_anonymous:
+        raise Unauthorized("log in first")
+    if principal.credential_kind != "session":
+        raise InvalidInput("logout ends a session; revoke a token with DELETE /api/v1/tokens/{id}")
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    async with pooled(runtime.pool) as conn:
+        await conn.execute(
+            "DELETE FROM arkvory_credentials WHERE id = $1", principal.credential_id, timeout=QUERY_TIMEOUT_S
+        )
+    forget_cached(runtime)
+    answer = Response(status_code=204)
+    answer.headers["Set-Cookie"] = _session_cookie(request, "", 0)
+    return answer
+
+
+async def register(request: Request) -> Response:
+    if not runtime_of(request).settings.allow_signup:
+        # As if the route did not exist: an installation without sign-up shows no sign-up.
+        raise NotFound("self-registration is not enabled on this installation (ARKVORY_ALLOW_SIGNUP)")
+    key_of(request)
+    body = await json_body(request)
+    name = check_account_name(body.get("name"))
+    password = check_password_text(body.get("password"))
+    state = accounts_state(request)
+    # Sign-up costs a hash like a login: the same per-address limit applies.
+    state.limits.check(name, _client_address(request))
+    hashed = await state.hasher.hash(password)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        row = await insert_account(conn, name, hashed, admin=False)
+    return JSONResponse(account_json(row), status_code=201)
+
+
+def _require_account(principal: Principal) -> uuid.UUID:
+    if principal.is_anonymous:
+        raise Unauthorized("log in first")
+    if principal.account_id is None:
+        raise Forbidden("only an account has a password")
+    if principal.read_only:
+        raise Forbidden("a read-only token cannot change the account")
+    return principal.account_id
+
+
+async def change_password(request: Request) -> Response:
+    """Needs the old password; ends every other session of the account (not its tokens)."""
+    principal = await principal_of(request)
+    account_id = _require_account(principal)
+    key_of(request)
+    body = await json_body(request)
+    old = body.get("oldPassword")
+    if not isinstance(old, str) or not 1 <= len(old) <= MAX_PASSWORD:
+        raise InvalidInput(f"'oldPassword' must be a string of 1-{MAX_PASSWORD} characters")
+    new = check_password_text(body.get("newPassword"), "'newPassword'")
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    async with pooled(runtime.pool) as conn:
+        row = await conn.fetchrow(
+            "SELECT name, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
+            " FROM arkvory_accounts WHERE id = $1",
+            account_id,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    if row is None:
+        raise Unauthorized("the account no longer exists")
+    state = accounts_state(request)
+    state.limits.check(row["name"], _client_address(request))
+    if not await state.hasher.verify(old, _stored_hash(row)):
+        state.limits.failed(row["name"])
+        raise Unauthorized("the old password is wrong")
+    hashed = await state.hasher.hash(new)
+    async with pooled(runtime.pool) as conn, conn.transaction():
+        await conn.execute(
+            "UPDATE arkvory_accounts SET password_hash = $2, password_salt = $3, scrypt_n = $4,"
+            " scrypt_r = $5, scrypt_p = $6, password_changed_at = now() WHERE id = $1",
+            account_id, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        await conn.execute(
+            "DELETE FROM arkvory_credentials WHERE account_id = $1 AND kind = 'session'"
+            " AND id IS DISTINCT FROM $2",
+            account_id,
+            principal.credential_id if principal.credential_kind == "session" else None,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    forget_cached(runtime)
+    return Response(status_code=204)
+
+
+def _require_admin(principal: Principal) -> None:
+    if principal.is_anonymous:
+        raise Unauthorized("this request needs credentials")
+    if not principal.is_admin:
+        raise Forbidden("managing accounts needs the admin scope")
+
+
+async def create_account(request: Request) -> Response:
+    principal = await principal_of(request)
+    _require_admin(principal)
+    key_of(request)
+    body = await json_body(request)
+    name = check_account_name(body.get("name"))
+    password = check_password_text(body.get("password"))
+    admin = body.get("admin", False)
+    if not isinstance(admin, bool):
+        raise InvalidInput("'admin' must be true or false")
+    hashed = await accounts_state(request).hasher.hash(password)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        row = await insert_account(conn, name, hashed, admin)
+    return JSONResponse(account_json(row), status_code=201)
+
+
+async def list_accounts(request: Request) -> Response:
+    principal = await principal_of(request)
+    _require_admin(principal)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        rows = await conn.fetch(
+            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts ORDER BY name LIMIT 10000", timeout=QUERY_TIMEOUT_S
+        )
+    return JSONResponse({"items": [account_json(r) for r in rows]})
+
+
+async def _set_disabled(request: Request, disabled: bool) -> Response:
+    principal = await principal_of(request)
+    _require_admin(principal)
+    name = check_account_name(request.path_params["name"])
+
+    async def work(conn: asyncpg.Connection):
+        row = await conn.fetchrow(
+            f"UPDATE arkvory_accounts SET disabled = $2 WHERE name = $1 RETURNING {_ACCOUNT_COLUMNS}",
+            name, disabled,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        if row is None:
+            raise NotFound(f"no account {name!r}")
+        if disabled:
+            # Its sessions and tokens end now, on every process (the delete notifies).
+            await conn.execute(
+                "DELETE FROM arkvory_credentials WHERE account_id = $1", row["id"], timeout=QUERY_TIMEOUT_S
+            )
+        return 200, account_json(row)
+
+    answer = await idempotent(request, principal, {"disabled": disabled}, work)
+    forget_cached(runtime_of(request))
+    return answer
+
+
+async def disable_account(request: Request) -> Response:
+    return await _set_disabled(request, True)
+
+
+async def enable_account(request: Request) -> Response:
+    return await _set_disabled(request, False)
+
+
+routes = [
+    Route("/api/v1/login", login, methods=["POST"]),
+    Route("/api/v1/logout", logout, methods=["POST"]),
+    Route("/api/v1/register", register, methods=["POST"]),
+    Route("/api/v1/account/password", change_password, methods=["POST"]),
+    Route("/api/v1/accounts", create_account, methods=["POST"]),
+    Route("/api/v1/accounts", list_accounts, methods=["GET"]),
+    Route("/api/v1/accounts/{name}/disable", disable_account, methods=["POST"]),
+    Route("/api/v1/accounts/{name}/enable", enable_account, methods=["POST"]),
+]

@@ -1,0 +1,110 @@
+"""Repository permissions for accounts (`read`, `write`, `admin`) and their management API.
+
+Only an administrator or the repository's own admins manage them. A repository the caller may
+not read answers as if it did not exist (shared/catalog.py), so management cannot probe names.
+A change notifies `arkvory_credentials` (migration 0004): every process drops the principals it
+cached, and the account's next request has exactly its new permissions.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from shared.credentials import forget_cached
+from shared.catalog import QUERY_TIMEOUT_S, pooled, repository_for_read
+from shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+
+from .accounts import check_account_name
+from .idempotency import idempotent
+from .repositories import json_body, principal_of, runtime_of
+
+LEVELS = ("read", "write", "admin")
+
+
+async def _administered(request: Request):
+    principal = await principal_of(request)
+    if principal.is_anonymous:
+        raise Unauthorized("this request needs credentials")
+    pool = runtime_of(request).pool
+    assert pool is not None
+    repo = await repository_for_read(pool, request.path_params["repo"], principal)
+    if not principal.may_administer(repo.name):
+        raise Forbidden(f"managing permissions of {repo.name!r} needs its admin permission")
+    return principal, repo
+
+
+async def list_permissions(request: Request) -> Response:
+    _, repo = await _administered(request)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT a.name, p.level FROM arkvory_repository_permissions p"
+            " JOIN arkvory_accounts a ON a.id = p.account_id WHERE p.repository_id = $1 ORDER BY a.name",
+            repo.id,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    return JSONResponse({"items": [{"account": r["name"], "level": r["level"]} for r in rows]})
+
+
+async def _account_id(conn: asyncpg.Connection, name: str):
+    account_id = await conn.fetchval(
+        "SELECT id FROM arkvory_accounts WHERE name = $1", name, timeout=QUERY_TIMEOUT_S
+    )
+    if account_id is None:
+        raise NotFound(f"no account {name!r}")
+    return account_id
+
+
+async def set_permission(request: Request) -> Response:
+    principal, repo = await _administered(request)
+    name = check_account_name(request.path_params["account"])
+    body = await json_body(request)
+    level = body.get("level")
+    if level not in LEVELS:
+        raise InvalidInput("'level' must be 'read', 'write' or 'admin'")
+
+    async def work(conn: asyncpg.Connection):
+        account_id = await _account_id(conn, name)
+        await conn.execute(
+            "INSERT INTO arkvory_repository_permissions (repository_id, account_id, level)"
+            " VALUES ($1, $2, $3) ON CONFLICT (repository_id, account_id) DO UPDATE SET level = excluded.level",
+            repo.id, account_id, level,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        return 200, {"repository": repo.name, "account": name, "level": level}
+
+    answer = await idempotent(request, principal, {"level": level}, work)
+    forget_cached(runtime_of(request))
+    return answer
+
+
+async def delete_permission(request: Request) -> Response:
+    principal, repo = await _administered(request)
+    name = check_account_name(request.path_params["account"])
+
+    async def work(conn: asyncpg.Connection):
+        account_id = await _account_id(conn, name)
+        deleted = await conn.fetchval(
+            "DELETE FROM arkvory_repository_permissions WHERE repository_id = $1 AND account_id = $2"
+            " RETURNING level",
+            repo.id, account_id,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        if deleted is None:
+            raise NotFound(f"{name!r} has no permission on {repo.name!r}")
+        return 204, None
+
+    answer = await idempotent(request, principal, {}, work)
+    forget_cached(runtime_of(request))
+    return answer
+
+
+routes = [
+    Route("/api/v1/repositories/{repo}/permissions", list_permissions, methods=["GET"]),
+    Route("/api/v1/repositories/{repo}/permissions/{account}", set_permission, methods=["PUT"]),
+    Route("/api/v1/repositories/{repo}/permissions/{account}", delete_permission, methods=["DELETE"]),
+]

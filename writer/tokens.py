@@ -1,0 +1,212 @@
+"""Personal tokens (`pat_<id>.<secret>`, for an account) and managed service keys
+(`arkvory_<uuid>.<secret>`, scoped like the keys file) on the writer (SPEC §5).
+
+The token is in the creation answer once and nowhere else: only its SHA-256 is stored, lists
+never show it. Revoking deletes the row; the delete notifies every process, which forget what
+they cached (shared/credentials.py), so the next request with it is 401 everywhere.
+
+Creation answers hold the secret, so they are never recorded with an Idempotency-Key (the key is
+checked, see accounts.py); a retry makes a second token and the lost one can be revoked from
+the list. Revocation records its key like every other change.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+import asyncpg
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from shared.catalog import QUERY_TIMEOUT_S, check_text, parse_uuid, pooled
+from shared.credentials import forget_cached, mint
+from shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from shared.identity import Principal, is_scope
+
+from .idempotency import idempotent, key_of
+from .repositories import json_body, principal_of, runtime_of
+
+DEFAULT_EXPIRY_S = 90 * 86400
+MAX_EXPIRY_S = 366 * 86400
+MAX_LABEL = 200
+MAX_SCOPES = 100
+ACCESS = ("read", "read-write")
+_COLUMNS = "id, kind, label, access, scopes, created_by, created_at, expires_at, last_used_at"
+
+
+def _iso(moment: datetime.datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def credential_json(row: asyncpg.Record) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": str(row["id"]),
+        "label": row["label"],
+        "createdBy": row["created_by"],
+        "createdAt": _iso(row["created_at"]),
+        "expiresAt": _iso(row["expires_at"]),
+        "lastUsedAt": _iso(row["last_used_at"]),
+    }
+    if row["kind"] == "pat":
+        body["access"] = row["access"]
+    else:
+        body["scopes"] = list(row["scopes"])
+    return body
+
+
+def _label(body: dict[str, Any]) -> str:
+    label = body.get("label", "")
+    if not isinstance(label, str):
+        raise InvalidInput("'label' must be a string")
+    return check_text(label, "'label'", MAX_LABEL) if label else ""
+
+
+def _expiry(body: dict[str, Any]) -> int:
+    seconds = body.get("expiresInSeconds", DEFAULT_EXPIRY_S)
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= MAX_EXPIRY_S:
+        raise InvalidInput(f"'expiresInSeconds' must be an integer of 1-{MAX_EXPIRY_S}")
+    return seconds
+
+
+async def _create(
+    request: Request, kind: str, account_id: uuid.UUID | None, principal: Principal,
+    label: str, expires_in: int, access: str | None, scopes: list[str],
+) -> Response:
+    new = mint(kind)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        row = await conn.fetchrow(
+            "INSERT INTO arkvory_credentials (id, kind, digest, account_id, label, access, scopes,"
+            " created_by, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
+            f" now() + make_interval(secs => $9)) RETURNING {_COLUMNS}",
+            new.id, kind, new.digest, account_id, label, access, scopes, principal.id, float(expires_in),
+            timeout=QUERY_TIMEOUT_S,
+        )
+    return JSONResponse(
+        {**credential_json(row), "token": new.token}, status_code=201, headers={"Cache-Control": "no-store"}
+    )
+
+
+def _token_owner(principal: Principal) -> uuid.UUID:
+    if principal.is_anonymous:
+        raise Unauthorized("log in first")
+    if principal.account_id is None:
+        raise Forbidden("personal tokens belong to accounts; service keys use /api/v1/keys")
+    return principal.account_id
+
+
+async def create_token(request: Request) -> Response:
+    principal = await principal_of(request)
+    account_id = _token_owner(principal)
+    if principal.read_only:
+        raise Forbidden("a read-only token cannot make tokens")
+    key_of(request)
+    body = await json_body(request)
+    access = body.get("access", "read")
+    if access not in ACCESS:
+        raise InvalidInput("'access' must be 'read' or 'read-write'")
+    return await _create(request, "pat", account_id, principal, _label(body), _expiry(body), access, [])
+
+
+async def list_tokens(request: Request) -> Response:
+    principal = await principal_of(request)
+    account_id = _token_owner(principal)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE account_id = $1 AND kind = 'pat'"
+            " ORDER BY created_at LIMIT 10000",
+            account_id,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    return JSONResponse({"items": [credential_json(r) for r in rows]})
+
+
+async def _revoke(request: Request, principal: Principal, kind: str, owner: uuid.UUID | None) -> Response:
+    credential_id = parse_uuid(request.path_params["id"], "id")
+
+    async def work(conn: asyncpg.Connection):
+        deleted = await conn.fetchval(
+            "DELETE FROM arkvory_credentials WHERE id = $1 AND kind = $2"
+            " AND ($3::uuid IS NULL OR account_id = $3) RETURNING id",
+            credential_id, kind, owner,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        if deleted is None:
+            raise NotFound(f"no {'token' if kind == 'pat' else 'key'} {credential_id}")
+        return 204, None
+
+    answer = await idempotent(request, principal, {}, work)
+    forget_cached(runtime_of(request))
+    return answer
+
+
+async def revoke_token(request: Request) -> Response:
+    principal = await principal_of(request)
+    if principal.is_admin:
+        # An administrator (account or key) may revoke anyone's token; others only their own.
+        return await _revoke(request, principal, "pat", None)
+    account_id = _token_owner(principal)
+    if principal.read_only:
+        raise Forbidden("a read-only token cannot revoke tokens")
+    return await _revoke(request, principal, "pat", account_id)
+
+
+def _require_admin(principal: Principal) -> None:
+    if principal.is_anonymous:
+        raise Unauthorized("this request needs credentials")
+    if not principal.is_admin:
+        raise Forbidden("managing service keys needs the admin scope")
+
+
+async def create_key(request: Request) -> Response:
+    principal = await principal_of(request)
+    _require_admin(principal)
+    key_of(request)
+    body = await json_body(request)
+    scopes = body.get("scopes")
+    if (
+        not isinstance(scopes, list) or not 1 <= len(scopes) <= MAX_SCOPES
+        or not all(isinstance(s, str) and is_scope(s) for s in scopes)
+    ):
+        raise InvalidInput(
+            f"'scopes' must be a list of 1-{MAX_SCOPES} of admin, read:*, write:*, read:<repo>, write:<repo>"
+        )
+    return await _create(
+        request, "service_key", None, principal, _label(body), _expiry(body), None, sorted(set(scopes))
+    )
+
+
+async def list_keys(request: Request) -> Response:
+    principal = await principal_of(request)
+    _require_admin(principal)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE kind = 'service_key'"
+            " ORDER BY created_at LIMIT 10000",
+            timeout=QUERY_TIMEOUT_S,
+        )
+    return JSONResponse({"items": [credential_json(r) for r in rows]})
+
+
+async def revoke_key(request: Request) -> Response:
+    principal = await principal_of(request)
+    _require_admin(principal)
+    return await _revoke(request, principal, "service_key", None)
+
+
+routes = [
+    Route("/api/v1/tokens", create_token, methods=["POST"]),
+    Route("/api/v1/tokens", list_tokens, methods=["GET"]),
+    Route("/api/v1/tokens/{id}", revoke_token, methods=["DELETE"]),
+    Route("/api/v1/keys", create_key, methods=["POST"]),
+    Route("/api/v1/keys", list_keys, methods=["GET"]),
+    Route("/api/v1/keys/{id}", revoke_key, methods=["DELETE"]),
+]
