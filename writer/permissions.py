@@ -8,16 +8,19 @@ cached, and the account's next request has exactly its new permissions.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.credentials import forget_cached
 from shared.catalog import QUERY_TIMEOUT_S, pooled, repository_for_read
+from shared.credentials import forget_cached
 from shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 
 from .accounts import check_account_name
+from . import openapi
 from .idempotency import idempotent
 from .repositories import json_body, principal_of, runtime_of
 
@@ -108,3 +111,40 @@ routes = [
     Route("/api/v1/repositories/{repo}/permissions/{account}", set_permission, methods=["PUT"]),
     Route("/api/v1/repositories/{repo}/permissions/{account}", delete_permission, methods=["DELETE"]),
 ]
+
+
+_ACCOUNT_PARAM = {"name": "account", "in": "path", "required": True, "description": "Account name.",
+                  "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"}}
+_LEVEL = {"type": "string", "enum": list(LEVELS)}
+
+OPENAPI_PATHS: dict[str, Any] = {
+    "/api/v1/repositories/{repo}/permissions": {"get": {
+        "summary": "The accounts' permissions on a repository (admin or its repository admins)",
+        "parameters": [openapi.repo_param()],
+        "responses": {
+            "200": {"description": "Permissions", "content": openapi.json_content({
+                "type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": {
+                    "type": "object", "required": ["account", "level"],
+                    "properties": {"account": {"type": "string"}, "level": _LEVEL}}}}})},
+            **openapi.errors(400, 401, 403, 404),
+        },
+    }},
+    "/api/v1/repositories/{repo}/permissions/{account}": {
+        "put": {
+            "summary": "Give an account read, write or admin on the repository (replaces its level)",
+            "parameters": [openapi.repo_param(), _ACCOUNT_PARAM, openapi.IDEMPOTENCY_KEY],
+            "requestBody": openapi.json_body({"type": "object", "required": ["level"], "properties": {"level": _LEVEL}}),
+            "responses": {
+                "200": {"description": "Set", "content": openapi.json_content({
+                    "type": "object", "required": ["repository", "account", "level"],
+                    "properties": {"repository": {"type": "string"}, "account": {"type": "string"}, "level": _LEVEL}})},
+                **openapi.errors(400, 401, 403, 404, 409, 413, 422),
+            },
+        },
+        "delete": {
+            "summary": "Take an account's permission on the repository away",
+            "parameters": [openapi.repo_param(), _ACCOUNT_PARAM, openapi.IDEMPOTENCY_KEY],
+            "responses": {"204": {"description": "Removed"}, **openapi.errors(400, 401, 403, 404, 409, 422)},
+        },
+    },
+}

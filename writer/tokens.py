@@ -26,6 +26,7 @@ from shared.credentials import forget_cached, mint
 from shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from shared.identity import Principal, is_scope
 
+from . import openapi
 from .idempotency import idempotent, key_of
 from .repositories import json_body, principal_of, runtime_of
 
@@ -210,3 +211,63 @@ routes = [
     Route("/api/v1/keys", list_keys, methods=["GET"]),
     Route("/api/v1/keys/{id}", revoke_key, methods=["DELETE"]),
 ]
+
+
+_CREDENTIAL = {
+    "type": "object",
+    "required": ["id", "label", "createdBy", "createdAt", "expiresAt", "lastUsedAt"],
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "label": {"type": "string"},
+        "createdBy": {"type": "string", "description": "the principal that made it"},
+        "createdAt": {"type": "string", "format": "date-time"},
+        "expiresAt": {"type": "string", "format": "date-time"},
+        "lastUsedAt": {"type": ["string", "null"], "format": "date-time", "description": "recorded every few seconds"},
+        "access": {"type": "string", "enum": list(ACCESS), "description": "personal tokens"},
+        "scopes": {"type": "array", "items": {"type": "string"}, "description": "service keys"},
+    },
+}
+_CREATED = {**_CREDENTIAL, "required": [*_CREDENTIAL["required"], "token"],
+            "properties": {**_CREDENTIAL["properties"], "token": {"type": "string", "description": "shown once"}}}
+_EXPIRY = {"type": "integer", "minimum": 1, "maximum": MAX_EXPIRY_S, "default": DEFAULT_EXPIRY_S}
+_LABEL = {"type": "string", "maxLength": MAX_LABEL}
+_ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+_LIST = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": _CREDENTIAL}}}
+
+
+def _family(what: str, create_body: dict[str, Any], who: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": f"Create a {what} ({who}); the token is in this answer only (never recorded by Idempotency-Key)",
+            "parameters": [openapi.IDEMPOTENCY_KEY],
+            "requestBody": openapi.json_body(create_body),
+            "responses": {"201": {"description": "Created", "content": openapi.json_content(_CREATED)},
+                          **openapi.errors(400, 401, 403, 413)},
+        },
+        "get": {
+            "summary": f"List {what}s ({who}); never the token",
+            "responses": {"200": {"description": "List", "content": openapi.json_content(_LIST)},
+                          **openapi.errors(401, 403)},
+        },
+    }
+
+
+def _revocation(what: str) -> dict[str, Any]:
+    return {"delete": {
+        "summary": f"Revoke a {what}: the next request with it fails on every process",
+        "parameters": [_ID_PARAM, openapi.IDEMPOTENCY_KEY],
+        "responses": {"204": {"description": "Revoked"}, **openapi.errors(400, 401, 403, 404, 409, 422)},
+    }}
+
+
+OPENAPI_PATHS: dict[str, Any] = {
+    "/api/v1/tokens": _family("personal token", {"type": "object", "properties": {
+        "label": _LABEL, "access": {"type": "string", "enum": list(ACCESS), "default": "read"},
+        "expiresInSeconds": _EXPIRY}}, "an account's session or read-write token"),
+    "/api/v1/tokens/{id}": _revocation("personal token (yours; an admin: anyone's)"),
+    "/api/v1/keys": _family("managed service key", {"type": "object", "required": ["scopes"], "properties": {
+        "label": _LABEL, "scopes": {"type": "array", "minItems": 1, "maxItems": MAX_SCOPES, "items": {
+            "type": "string", "description": "admin, read:*, write:*, read:<repo>, write:<repo>"}},
+        "expiresInSeconds": _EXPIRY}}, "admin"),
+    "/api/v1/keys/{id}": _revocation("managed service key (admin)"),
+}
