@@ -1,7 +1,7 @@
 """Receiving upload bytes into files without stalling the event loop, and the errors of uploads.
 
-Hashing and writing run in a worker thread in batches of at least `BATCH` bytes (hashlib and
-`os.pwrite` release the GIL), one batch in flight while the loop receives the next: the loop
+Hashing and writing run in a worker thread in batches of `BATCH` bytes (smaller only where a
+part ends; hashlib and `os.pwrite` release the GIL), one batch in flight while the loop receives the next: the loop
 only copies chunks into a buffer, so the lease, pins and downloads keep their turns while a
 1 GiB upload arrives at full speed. Every writing path checks the free-space reserve and turns
 ENOSPC into 507 `insufficient_storage`; the caller removes what it wrote.
@@ -22,7 +22,8 @@ from shared.errors import ApiError, Conflict, InvalidInput, PayloadTooLarge
 from shared.metrics import Metrics
 from shared.storage import Storage, is_out_of_space, out_of_space
 
-BATCH = 1024 * 1024
+# A thread hop costs ~50 µs; at 1 MiB or more per hop it is lost in the hashing (~1 ms/MiB).
+BATCH = 2 * 1024 * 1024
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
@@ -158,7 +159,8 @@ class BatchedReceiver:
             return
         await self._settle(on_region)
         region = self.regions[self._current]
-        batch, self._buffer = bytes(self._buffer), bytearray()
+        # Handed over as is (no copy): the loop fills a fresh buffer meanwhile.
+        batch, self._buffer = self._buffer, bytearray()
         closes = region.filled + len(batch) == region.size
         region.filled += len(batch)
         if closes:
@@ -177,7 +179,7 @@ class BatchedReceiver:
         if future.region is not None:  # type: ignore[attr-defined]
             await on_region(future.region)  # type: ignore[attr-defined]
 
-    def _absorb(self, region: Region, batch: bytes, at: int, closes: bool) -> None:
+    def _absorb(self, region: Region, batch: bytearray, at: int, closes: bool) -> None:
         """Worker thread: hash the batch and, unless the region is already recorded, write it."""
         region.digest.update(batch)
         if self.whole is not None:

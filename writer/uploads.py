@@ -64,13 +64,43 @@ def check_key(request: Request) -> None:
 # -- the in-process registry: who is writing what --------------------------------------------
 
 
+class PrefixHash:
+    """The whole file's SHA-256 over its first parts, advanced in a worker thread as parts are
+    recorded, so `complete` hashes only what is left (usually nothing) instead of the whole
+    file after the last part. Recorded parts never change on disk, so hashing them early is
+    the same as hashing them at the end. In memory only: after a restart `complete` hashes
+    from the start."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self.next_index = 0
+        self.recorded: set[int] = set()
+        self.task: asyncio.Task | None = None
+
+
 class ActiveUploads:
-    """Parts being received and completions running, per session (this process only)."""
+    """Parts being received, completions running and prefix hashes, per session (this process only)."""
+
+    MAX_PREFIXES = 64  # a bound on memory; a session without one is hashed at complete
 
     def __init__(self) -> None:
         self.parts: dict[uuid.UUID, set[int]] = {}
         self.completing: dict[uuid.UUID, asyncio.Task] = {}
+        self.prefixes: dict[uuid.UUID, PrefixHash] = {}
         self.swept_at_start = False
+
+    def part_recorded(self, session: asyncpg.Record, index: int, path: str) -> None:
+        prefix = self.prefixes.get(session["id"])
+        if prefix is None:
+            if index != 0 or len(self.prefixes) >= self.MAX_PREFIXES:
+                return  # a prefix starts with part 0 received in this process
+            prefix = self.prefixes[session["id"]] = PrefixHash()
+        prefix.recorded.add(index)
+        if prefix.task is None or prefix.task.done():
+            prefix.task = asyncio.ensure_future(_advance(prefix, session, path))
+
+    def forget(self, session_id: uuid.UUID) -> None:
+        self.prefixes.pop(session_id, None)
 
     def claim(self, session: uuid.UUID, indexes: range) -> None:
         busy = self.parts.setdefault(session, set())
@@ -87,6 +117,18 @@ class ActiveUploads:
 
     def busy(self, session: uuid.UUID) -> bool:
         return bool(self.parts.get(session)) or session in self.completing
+
+
+async def _advance(prefix: PrefixHash, session: asyncpg.Record, path: str) -> None:
+    while prefix.next_index in prefix.recorded:
+        offset, size = part_span(session, prefix.next_index)
+        try:
+            await asyncio.to_thread(_hash_range, path, offset, size, prefix.digest)
+        except OSError:
+            prefix.next_index = -1  # the file is gone (deleted, expired): complete will say so
+            return
+        prefix.recorded.discard(prefix.next_index)
+        prefix.next_index += 1
 
 
 def active_uploads(request: Request) -> ActiveUploads:
@@ -262,6 +304,7 @@ async def _session_for(request: Request) -> tuple[Repository, asyncpg.Record]:
             session_id, repo.id, principal.id, timeout=QUERY_TIMEOUT_S,
         )
         if row is not None and row["expired"] and not active_uploads(request).busy(session_id):
+            active_uploads(request).forget(session_id)
             await _remove_sessions(conn, runtime.storage, [session_id])
             raise NotFound(f"upload {session_id} expired and was removed; start a new one")
     if row is None:
@@ -286,6 +329,7 @@ async def delete_upload(request: Request) -> Response:
     if active_uploads(request).busy(session["id"]):
         raise Conflict("this upload is receiving a part or completing; retry when it is done")
     async with pooled(runtime.pool) as conn:
+        active_uploads(request).forget(session["id"])
         await _remove_sessions(conn, runtime.storage, [session["id"]])
     return Response(status_code=204)
 
@@ -392,8 +436,9 @@ async def _receive_regions(
     runtime = runtime_of(request)
     storage, pool = runtime.storage, runtime.pool
     assert storage is not None and pool is not None
+    path = session_path(storage, session["id"])
     try:
-        fd = os.open(session_path(storage, session["id"]), os.O_WRONLY)
+        fd = os.open(path, os.O_WRONLY)
     except FileNotFoundError:
         raise NotFound("this upload was removed meanwhile; start a new one") from None
 
@@ -409,6 +454,7 @@ async def _receive_regions(
                 session["id"], region.index, region.size, region.digest.hexdigest(),
                 float(runtime.settings.upload_expiry_s), timeout=QUERY_TIMEOUT_S,
             )
+        active_uploads(request).part_recorded(session, region.index, path)
 
     try:
         receiver = BatchedReceiver(fd, regions, storage=storage, reserve=0, check_room=False, whole=whole)
@@ -422,17 +468,29 @@ async def _receive_regions(
 # -- complete ----------------------------------------------------------------------------------
 
 
-def _hash_file(path: str, size: int) -> str:
-    """Worker thread: the SHA-256 of the session file's first `size` bytes."""
-    digest = hashlib.sha256()
+def _hash_range(path: str, offset: int, size: int, digest) -> None:
+    """Worker thread: feed `size` bytes of the file from `offset` into `digest`."""
     with open(path, "rb", buffering=0) as file:
+        file.seek(offset)
         left = size
         while left:
             chunk = file.read(min(HASH_READ, left))
             if not chunk:
-                raise OSError(f"{path} is shorter than {size} bytes")
+                raise OSError(f"{path} is shorter than {offset + size} bytes")
             digest.update(chunk)
             left -= len(chunk)
+
+
+async def _whole_digest(registry: ActiveUploads, session: asyncpg.Record, path: str) -> str:
+    """The file's SHA-256: the prefix hashed while parts arrived, then the rest."""
+    prefix = registry.prefixes.get(session["id"])
+    if prefix is not None and prefix.task is not None:
+        await prefix.task
+    if prefix is None or prefix.next_index < 0:
+        prefix = PrefixHash()
+    offset = min(session["size"], prefix.next_index * session["part_size"])
+    digest = prefix.digest.copy()  # the prefix stays as it is for a repeated complete
+    await asyncio.to_thread(_hash_range, path, offset, session["size"] - offset, digest)
     return digest.hexdigest()
 
 
@@ -457,6 +515,7 @@ async def complete_upload(request: Request) -> Response:
 
 def _completion_ended(registry: ActiveUploads, session_id: uuid.UUID, task: asyncio.Task) -> None:
     registry.completing.pop(session_id, None)
+    registry.forget(session_id)
     if not task.cancelled():
         task.exception()  # retrieved here: the client that started it may be gone
 
@@ -489,7 +548,7 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
     path = session_path(storage, session_id)
     try:
         actual_size = os.stat(path).st_size
-        sha256 = await asyncio.to_thread(_hash_file, path, session["size"])
+        sha256 = await _whole_digest(active_uploads(request), session, path)
     except FileNotFoundError:
         raise NotFound("this upload's bytes are gone (removed or expired); start a new one") from None
     if actual_size != session["size"]:
@@ -577,6 +636,9 @@ async def sweep_expired_uploads(
                 if busy is None or not busy.busy(r["id"])
             ]
             if ids:
+                for session_id in ids:
+                    if busy is not None:
+                        busy.forget(session_id)
                 await _remove_sessions(conn, storage, ids)
         removed += len(ids)
         if len(ids) < SWEEP_BATCH:
