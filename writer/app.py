@@ -11,11 +11,11 @@ from shared.app import build_app
 from shared.http import RequestGuard
 from shared.runtime import Runtime
 
-from . import accounts, artifacts, openapi, permissions, repositories, tokens, uploads
+from . import accounts, artifacts, assets, openapi, packages, permissions, repositories, tokens, uploads
 from .idempotency import InFlightKeys
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
-ROUTE_MODULES = (repositories, artifacts, uploads, accounts, tokens, permissions, openapi)
+ROUTE_MODULES = (repositories, packages, assets, artifacts, accounts, tokens, permissions, uploads, openapi)
 
 
 def build_writer_app(runtime: Runtime) -> Starlette:

@@ -1,4 +1,5 @@
-"""Writer routes for repositories, packages and assets (SPEC §6)."""
+"""Writer routes for repositories (SPEC §6), and what every writer route uses: the principal,
+the bounded JSON body, the repository checked for writing."""
 
 from __future__ import annotations
 
@@ -12,12 +13,9 @@ from starlette.routing import Route
 
 from shared.bodies import read_json_object
 from shared.catalog import (
-    MAX_PACKAGE_FIELD,
     QUERY_TIMEOUT_S,
     Repository,
-    check_asset_path,
     check_repository_name,
-    check_text,
     parse_uuid,
     pooled,
     repository_for_read,
@@ -26,6 +24,10 @@ from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthori
 from shared.credentials import SESSION_COOKIE, resolve
 from shared.identity import Principal
 from shared.runtime import Runtime
+
+from . import openapi
+from .idempotency import Result, idempotent
+from .pagination import page, page_cursor, page_limit
 
 
 def runtime_of(request: Request) -> Runtime:
@@ -62,14 +64,62 @@ async def repository_for_write(request: Request, principal: Principal) -> Reposi
     return repo
 
 
+async def writable_name(request: Request, principal: Principal) -> str:
+    """The path's repository name once the principal's scopes allow writing it. No query: the
+    repository itself is found by the change (`repository_in`), so that a retry replays its
+    recorded result with one lookup, even after the change deleted the repository. A refusal
+    is exactly `repository_for_write`'s (401/404 that hide existence, or 403)."""
+    name = check_repository_name(request.path_params["repo"])
+    if not principal.may_write(name):
+        await repository_for_write(request, principal)
+        raise Forbidden(f"no write permission on {name!r}")
+    return name
+
+
+async def repository_in(conn: asyncpg.Connection, name: str) -> Repository:
+    """The repository a change applies to, found in the change's transaction."""
+    row = await conn.fetchrow(
+        "SELECT id, name, public FROM arkvory_repositories WHERE name = $1", name, timeout=QUERY_TIMEOUT_S
+    )
+    if row is None:
+        raise NotFound(f"no repository {name!r}")
+    return Repository(**row)
+
+
+async def artifact_in(conn: asyncpg.Connection, repo: Repository, value: Any) -> uuid.UUID:
+    """The `artifactId` of a body, which must name an artifact of `repo`."""
+    if not isinstance(value, str):
+        raise InvalidInput("'artifactId' is required")
+    artifact_id = parse_uuid(value, "artifactId")
+    found = await conn.fetchval(
+        "SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
+        artifact_id, repo.id,
+        timeout=QUERY_TIMEOUT_S,
+    )
+    if not found:
+        raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
+    return artifact_id
+
+
 def repository_json(repo: Repository | asyncpg.Record) -> dict[str, Any]:
     if not isinstance(repo, Repository):
         repo = Repository(**repo)
     return {"id": str(repo.id), "name": repo.name, "public": repo.public}
 
 
+def repository_location(name: str) -> str:
+    return f"/api/v1/repositories/{name}"
+
+
 def may_write_somewhere(principal: Principal) -> bool:
     return principal.is_admin or any(scope.startswith("write:") for scope in principal.scopes)
+
+
+def flag(request: Request, name: str) -> bool:
+    raw = request.query_params.get(name, "false")
+    if raw not in ("true", "false"):
+        raise InvalidInput(f"query parameter '{name}' must be true or false")
+    return raw == "true"
 
 
 async def create_repository(request: Request) -> Response:
@@ -88,151 +138,117 @@ async def create_repository(request: Request) -> Response:
         raise InvalidInput("'public' must be true or false")
     if not principal.may_write(name):
         raise Forbidden(f"no permission to create {name!r}")
-    pool = runtime_of(request).pool
-    assert pool is not None
-    try:
-        async with pooled(pool) as conn:
+
+    async def work(conn: asyncpg.Connection) -> Result:
+        try:
             row = await conn.fetchrow(
                 "INSERT INTO arkvory_repositories (id, name, public) VALUES ($1, $2, $3)"
                 " RETURNING id, name, public",
-                uuid.uuid4(),
-                name,
-                public,
+                uuid.uuid4(), name, public,
                 timeout=QUERY_TIMEOUT_S,
             )
-    except asyncpg.UniqueViolationError:
-        raise Conflict(f"repository {name!r} already exists") from None
-    return JSONResponse(repository_json(row), status_code=201)
+        except asyncpg.UniqueViolationError:
+            raise Conflict(f"repository {name!r} already exists") from None
+        return Result(201, repository_json(row), {"Location": repository_location(name)})
+
+    return await idempotent(request, principal, {"name": name, "public": public}, work)
+
+
+def _readable_filter(principal: Principal) -> tuple[bool, list[str]]:
+    """(sees every repository, names its scopes name): a pre-filter for SQL; `may_read` decides."""
+    every = principal.is_admin or bool(principal.scopes & {"read:*", "write:*"})
+    names = [s.split(":", 1)[1] for s in principal.scopes if ":" in s and not s.endswith(":*")]
+    return every, names
 
 
 async def list_repositories(request: Request) -> Response:
     principal = await principal_of(request)
+    limit = page_limit(request)
+    after = page_cursor(request, ("name",))
+    every, names = _readable_filter(principal)
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
         rows = await conn.fetch(
-            "SELECT id, name, public FROM arkvory_repositories ORDER BY name", timeout=QUERY_TIMEOUT_S
+            "SELECT id, name, public FROM arkvory_repositories"
+            " WHERE (public OR $1 OR name = ANY($2::text[])) AND ($3::text IS NULL OR name > $3)"
+            " ORDER BY name LIMIT $4",
+            every, names, after and after[0], limit + 1,
+            timeout=QUERY_TIMEOUT_S,
         )
-    visible = [repository_json(r) for r in rows if r["public"] or principal.may_read(r["name"])]
-    return JSONResponse({"items": visible})
+    return JSONResponse(
+        page(rows, limit, repository_json, lambda r: [r["name"]], keep=lambda r: r["public"] or principal.may_read(r["name"]))
+    )
 
 
 async def show_repository(request: Request) -> Response:
     runtime = runtime_of(request)
     assert runtime.pool is not None
-    repo = await repository_for_read(runtime.pool, request.path_params["repo"], await principal_of(request))
+    principal = await principal_of(request)
+    repo = await repository_for_read(runtime.pool, request.path_params["repo"], principal)
     return JSONResponse(repository_json(repo))
 
 
 async def update_repository(request: Request) -> Response:
     principal = await principal_of(request)
-    repo = await repository_for_write(request, principal)
+    name = await writable_name(request, principal)
     body = await json_body(request)
     public = body.get("public")
     if not isinstance(public, bool):
         raise InvalidInput("'public' must be true or false")
-    pool = runtime_of(request).pool
-    assert pool is not None
-    async with pooled(pool) as conn:
-        await conn.execute(
-            "UPDATE arkvory_repositories SET public = $2 WHERE id = $1", repo.id, public,
+
+    async def work(conn: asyncpg.Connection) -> Result:
+        row = await conn.fetchrow(
+            "UPDATE arkvory_repositories SET public = $2 WHERE name = $1 RETURNING id, name, public",
+            name, public,
             timeout=QUERY_TIMEOUT_S,
         )
+        if row is None:
+            raise NotFound(f"no repository {name!r}")
+        return Result(200, repository_json(row))
+
+    response = await idempotent(request, principal, {"public": public}, work)
     forget_cached_lookups(request)
-    return JSONResponse({**repository_json(repo), "public": public})
+    return response
 
 
 async def delete_repository(request: Request) -> Response:
+    """Deleting removes the metadata at once (artifacts, packages, assets); blobs stay for the
+    cleanup task. A repository that holds artifacts needs `?force=true`."""
     principal = await principal_of(request)
-    repo = await repository_for_write(request, principal)
+    name = await writable_name(request, principal)
     if not principal.is_admin:
         raise Forbidden("deleting a repository needs the admin scope")
-    pool = runtime_of(request).pool
-    assert pool is not None
-    async with pooled(pool) as conn:
-        await conn.execute("DELETE FROM arkvory_repositories WHERE id = $1", repo.id, timeout=QUERY_TIMEOUT_S)
-    forget_cached_lookups(request)
-    return Response(status_code=204)
+    force = flag(request, "force")
 
-
-async def _artifact_in(conn: asyncpg.Connection, repo: Repository, value: Any) -> uuid.UUID:
-    if not isinstance(value, str):
-        raise InvalidInput("'artifactId' is required")
-    artifact_id = parse_uuid(value, "artifactId")
-    found = await conn.fetchval(
-        "SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
-        artifact_id,
-        repo.id,
-        timeout=QUERY_TIMEOUT_S,
-    )
-    if not found:
-        raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
-    return artifact_id
-
-
-def _text(body: dict[str, Any], name: str) -> str:
-    value = body.get(name)
-    if not isinstance(value, str):
-        raise InvalidInput(f"'{name}' must be a string")
-    return check_text(value, f"'{name}'", MAX_PACKAGE_FIELD)
-
-
-async def register_package(request: Request) -> Response:
-    """A version is immutable once published: re-registering the same artifact is harmless."""
-    principal = await principal_of(request)
-    repo = await repository_for_write(request, principal)
-    body = await json_body(request)
-    group, name, version = (_text(body, k) for k in ("group", "name", "version"))
-    pool = runtime_of(request).pool
-    assert pool is not None
-    async with pooled(pool) as conn:
-        artifact_id = await _artifact_in(conn, repo, body.get("artifactId"))
+    async def work(conn: asyncpg.Connection) -> Result:
+        # The row lock orders us after uploads in flight: their artifact INSERT holds a key-share
+        # lock on it (foreign key), so the count below sees every artifact that will exist.
         row = await conn.fetchrow(
-            "INSERT INTO arkvory_packages (repository_id, group_name, name, version, artifact_id)"
-            " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING artifact_id",
-            repo.id, group, name, version, artifact_id,
+            "SELECT id, name, public FROM arkvory_repositories WHERE name = $1 FOR UPDATE", name,
             timeout=QUERY_TIMEOUT_S,
         )
-        existing = None if row is not None else await conn.fetchval(
-            "SELECT artifact_id FROM arkvory_packages WHERE repository_id = $1"
-            " AND group_name = $2 AND name = $3 AND version = $4",
-            repo.id, group, name, version,
-            timeout=QUERY_TIMEOUT_S,
-        )
-    status = 201
-    if row is None:
-        if existing != artifact_id:
-            raise Conflict(f"{group}/{name}/{version} is already published with another artifact")
-        status = 200
-    return JSONResponse(
-        {"group": group, "name": name, "version": version, "artifactId": str(artifact_id)},
-        status_code=status,
-    )
+        if row is None:
+            raise NotFound(f"no repository {name!r}")
+        repo = Repository(**row)
+        if not force:
+            held = await conn.fetchval(
+                "SELECT count(*) FROM (SELECT 1 FROM arkvory_artifacts WHERE repository_id = $1 LIMIT 1001) a",
+                repo.id,
+                timeout=QUERY_TIMEOUT_S,
+            )
+            if held:
+                many = "more than 1000" if held > 1000 else str(held)
+                raise Conflict(
+                    f"repository {repo.name!r} still holds {many} artifact(s): delete them first, "
+                    "or send DELETE with ?force=true to delete it with everything in it"
+                )
+        await conn.execute("DELETE FROM arkvory_repositories WHERE id = $1", repo.id, timeout=QUERY_TIMEOUT_S)
+        return Result(204)
 
-
-async def point_asset(request: Request) -> Response:
-    principal = await principal_of(request)
-    repo = await repository_for_write(request, principal)
-    path = check_asset_path(request.query_params.get("path") or "")
-    body = await json_body(request)
-    pool = runtime_of(request).pool
-    assert pool is not None
-    async with pooled(pool) as conn, conn.transaction():
-        artifact_id = await _artifact_in(conn, repo, body.get("artifactId"))
-        await conn.execute(
-            "INSERT INTO arkvory_assets (repository_id, path, artifact_id) VALUES ($1, $2, $3)"
-            " ON CONFLICT (repository_id, path) DO UPDATE"
-            " SET artifact_id = excluded.artifact_id, updated_at = now()",
-            repo.id, path, artifact_id,
-            timeout=QUERY_TIMEOUT_S,
-        )
-        await conn.execute(
-            "INSERT INTO arkvory_asset_history (repository_id, path, artifact_id) VALUES ($1, $2, $3)",
-            repo.id, path, artifact_id,
-            timeout=QUERY_TIMEOUT_S,
-        )
+    response = await idempotent(request, principal, {"force": force}, work)
     forget_cached_lookups(request)
-    return JSONResponse({"path": path, "artifactId": str(artifact_id)})
+    return response
 
 
 routes = [
@@ -241,6 +257,69 @@ routes = [
     Route("/api/v1/repositories/{repo}", show_repository, methods=["GET"]),
     Route("/api/v1/repositories/{repo}", update_repository, methods=["PATCH"]),
     Route("/api/v1/repositories/{repo}", delete_repository, methods=["DELETE"]),
-    Route("/api/v1/repositories/{repo}/packages", register_package, methods=["PUT", "POST"]),
-    Route("/api/v1/repositories/{repo}/assets", point_asset, methods=["PUT"]),
 ]
+
+_REPOSITORY = {
+    "type": "object",
+    "required": ["id", "name", "public"],
+    "properties": {"id": {"type": "string", "format": "uuid"}, "name": {"type": "string"}, "public": {"type": "boolean"}},
+}
+_REPOSITORY_OK = {"content": openapi.json_content(_REPOSITORY)}
+
+OPENAPI_PATHS: dict[str, Any] = {
+    "/api/v1/repositories": {
+        "post": {
+            "summary": "Create a repository (any write scope; the name must be writable by you)",
+            "parameters": [openapi.IDEMPOTENCY_KEY],
+            "requestBody": openapi.json_body({
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"},
+                    "public": {"type": "boolean", "default": False},
+                },
+            }),
+            "responses": {
+                "201": {"description": "Created", "headers": {"Location": {"schema": {"type": "string"}}}, **_REPOSITORY_OK},
+                **openapi.errors(400, 401, 403, 409, 413, 422),
+            },
+        },
+        "get": {
+            "summary": "List the repositories you may read, by name",
+            "security": openapi.ANONYMOUS_TOO,
+            "parameters": openapi.page_params(),
+            "responses": {
+                "200": {"description": "One page", "content": openapi.json_content(openapi.page_of(_REPOSITORY))},
+                **openapi.errors(400, 401),
+            },
+        },
+    },
+    "/api/v1/repositories/{repo}": {
+        "get": {
+            "summary": "Show a repository",
+            "security": openapi.ANONYMOUS_TOO,
+            "parameters": [openapi.repo_param()],
+            "responses": {"200": {"description": "The repository", **_REPOSITORY_OK}, **openapi.errors(400, 401, 404)},
+        },
+        "patch": {
+            "summary": "Make a repository public (anonymous reads) or private",
+            "parameters": [openapi.repo_param(), openapi.IDEMPOTENCY_KEY],
+            "requestBody": openapi.json_body(
+                {"type": "object", "required": ["public"], "properties": {"public": {"type": "boolean"}}}
+            ),
+            "responses": {"200": {"description": "Updated", **_REPOSITORY_OK}, **openapi.errors(400, 401, 403, 404, 409, 413, 422)},
+        },
+        "delete": {
+            "summary": "Delete a repository (admin); one that holds artifacts needs force=true",
+            "parameters": [
+                openapi.repo_param(),
+                openapi.query_param(
+                    "force", "Delete even when it holds artifacts (their metadata goes at once).",
+                    schema={"type": "string", "enum": ["true", "false"]},
+                ),
+                openapi.IDEMPOTENCY_KEY,
+            ],
+            "responses": {"204": {"description": "Deleted"}, **openapi.errors(400, 401, 403, 404, 409, 422)},
+        },
+    },
+}

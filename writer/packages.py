@@ -1,0 +1,234 @@
+"""Writer routes for packages: `group/name/version` pointing at an artifact (SPEC §6).
+
+A version is immutable once published: registering it again with the same artifact answers the
+existing one (200), with another artifact 409. Deleting a version removes its metadata at once
+(an administrator's correction; the artifact and its blob stay), after which it may be
+registered again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from shared.catalog import MAX_PACKAGE_FIELD, QUERY_TIMEOUT_S, check_text, pooled, repository_for_read
+from shared.errors import Conflict, InvalidInput, NotFound
+
+from . import openapi
+from .idempotency import Result, idempotent
+from .pagination import page, page_cursor, page_limit
+from .repositories import (
+    artifact_in,
+    forget_cached_lookups,
+    json_body,
+    principal_of,
+    repository_in,
+    runtime_of,
+    writable_name,
+)
+
+FIELDS = ("group", "name", "version")
+
+
+def _text(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str):
+        raise InvalidInput(f"'{name}' must be a string")
+    return check_text(value, f"'{name}'", MAX_PACKAGE_FIELD)
+
+
+def _query_text(request: Request, name: str, required: bool) -> str | None:
+    value = request.query_params.get(name)
+    if value is None:
+        if required:
+            raise InvalidInput(f"query parameter '{name}' is required")
+        return None
+    return check_text(value, f"query parameter '{name}'", MAX_PACKAGE_FIELD)
+
+
+def package_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "group": row["group_name"],
+        "name": row["name"],
+        "version": row["version"],
+        "artifactId": str(row["artifact_id"]),
+        "publishedAt": row["published_at"].isoformat(),
+    }
+
+
+_COLUMNS = "group_name, name, version, artifact_id, published_at"
+
+
+async def register_package(request: Request) -> Response:
+    principal = await principal_of(request)
+    repo_name = await writable_name(request, principal)
+    body = await json_body(request)
+    group, name, version = (_text(body, k) for k in FIELDS)
+    artifact_value = body.get("artifactId")
+
+    async def work(conn: asyncpg.Connection) -> Result:
+        repo = await repository_in(conn, repo_name)
+        artifact_id = await artifact_in(conn, repo, artifact_value)
+        row = await conn.fetchrow(
+            "INSERT INTO arkvory_packages (repository_id, group_name, name, version, artifact_id)"
+            f" VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING {_COLUMNS}",
+            repo.id, group, name, version, artifact_id,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        if row is not None:
+            return Result(201, package_json(row))
+        existing = await conn.fetchrow(
+            f"SELECT {_COLUMNS} FROM arkvory_packages WHERE repository_id = $1"
+            " AND group_name = $2 AND name = $3 AND version = $4",
+            repo.id, group, name, version,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        if existing is None:  # deleted between the two statements
+            raise Conflict("the request conflicts with a concurrent change; read the state and retry")
+        if existing["artifact_id"] != artifact_id:
+            raise Conflict(f"{group}/{name}/{version} is already published with another artifact")
+        return Result(200, package_json(existing))
+
+    parts = {"group": group, "name": name, "version": version, "artifactId": artifact_value}
+    return await idempotent(request, principal, parts, work)
+
+
+async def list_packages(request: Request) -> Response:
+    """Sorted by group, name, version (as text); `group` and `name` narrow the list."""
+    principal = await principal_of(request)
+    group, name = _query_text(request, "group", False), _query_text(request, "name", False)
+    limit = page_limit(request)
+    after = page_cursor(request, FIELDS) or (None, None, None)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        repo = await repository_for_read(conn, request.path_params["repo"], principal)
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS} FROM arkvory_packages WHERE repository_id = $1"
+            " AND ($2::text IS NULL OR group_name = $2) AND ($3::text IS NULL OR name = $3)"
+            " AND ($4::text IS NULL OR (group_name, name, version) > ($4, $5, $6))"
+            " ORDER BY group_name, name, version LIMIT $7",
+            repo.id, group, name, *after, limit + 1,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    return JSONResponse(
+        page(rows, limit, package_json, lambda r: [r["group_name"], r["name"], r["version"]])
+    )
+
+
+async def show_package(request: Request) -> Response:
+    principal = await principal_of(request)
+    group, name, version = (_query_text(request, k, True) for k in FIELDS)
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        repo = await repository_for_read(conn, request.path_params["repo"], principal)
+        row = await conn.fetchrow(
+            f"SELECT {_COLUMNS} FROM arkvory_packages WHERE repository_id = $1"
+            " AND group_name = $2 AND name = $3 AND version = $4",
+            repo.id, group, name, version,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    if row is None:
+        raise NotFound(f"no package {group}/{name}/{version} in {repo.name!r}")
+    return JSONResponse(package_json(row))
+
+
+async def delete_package(request: Request) -> Response:
+    principal = await principal_of(request)
+    repo_name = await writable_name(request, principal)
+    group, name, version = (_query_text(request, k, True) for k in FIELDS)
+
+    async def work(conn: asyncpg.Connection) -> Result:
+        repo = await repository_in(conn, repo_name)
+        deleted = await conn.fetchval(
+            "DELETE FROM arkvory_packages WHERE repository_id = $1"
+            " AND group_name = $2 AND name = $3 AND version = $4 RETURNING 1",
+            repo.id, group, name, version,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        if not deleted:
+            raise NotFound(f"no package {group}/{name}/{version} in {repo.name!r}")
+        return Result(204)
+
+    response = await idempotent(request, principal, {"group": group, "name": name, "version": version}, work)
+    forget_cached_lookups(request)
+    return response
+
+
+routes = [
+    Route("/api/v1/repositories/{repo}/packages", register_package, methods=["PUT", "POST"]),
+    Route("/api/v1/repositories/{repo}/packages", list_packages, methods=["GET"]),
+    Route("/api/v1/repositories/{repo}/package", show_package, methods=["GET"]),
+    Route("/api/v1/repositories/{repo}/package", delete_package, methods=["DELETE"]),
+]
+
+_FIELD = {"type": "string", "minLength": 1, "maxLength": MAX_PACKAGE_FIELD}
+_PACKAGE = {
+    "type": "object",
+    "required": ["group", "name", "version", "artifactId", "publishedAt"],
+    "properties": {
+        "group": _FIELD, "name": _FIELD, "version": _FIELD,
+        "artifactId": {"type": "string", "format": "uuid"},
+        "publishedAt": {"type": "string", "format": "date-time"},
+    },
+}
+
+
+def _register(method: str) -> dict[str, Any]:
+    return {
+        "summary": "Register an artifact as group/name/version (immutable once published)",
+        "operationId": f"{method}Package",
+        "parameters": [openapi.repo_param(), openapi.IDEMPOTENCY_KEY],
+        "requestBody": openapi.json_body({
+            "type": "object",
+            "required": ["group", "name", "version", "artifactId"],
+            "properties": {"group": _FIELD, "name": _FIELD, "version": _FIELD, "artifactId": {"type": "string", "format": "uuid"}},
+        }),
+        "responses": {
+            "201": {"description": "Published", "content": openapi.json_content(_PACKAGE)},
+            "200": {"description": "Already published with this artifact", "content": openapi.json_content(_PACKAGE)},
+            **openapi.errors(400, 401, 403, 404, 409, 413, 422),
+        },
+    }
+
+
+def _coordinates(required: bool) -> list[dict[str, Any]]:
+    return [openapi.query_param(k, f"Package {k}.", required=required, schema=_FIELD) for k in FIELDS]
+
+
+OPENAPI_PATHS: dict[str, Any] = {
+    "/api/v1/repositories/{repo}/packages": {
+        "put": _register("put"),
+        "post": _register("post"),
+        "get": {
+            "summary": "List package versions (sorted by group, name, version)",
+            "security": openapi.ANONYMOUS_TOO,
+            "parameters": [openapi.repo_param(), *_coordinates(False)[:2], *openapi.page_params()],
+            "responses": {
+                "200": {"description": "One page", "content": openapi.json_content(openapi.page_of(_PACKAGE))},
+                **openapi.errors(400, 401, 404),
+            },
+        },
+    },
+    "/api/v1/repositories/{repo}/package": {
+        "get": {
+            "summary": "Show one package version",
+            "security": openapi.ANONYMOUS_TOO,
+            "parameters": [openapi.repo_param(), *_coordinates(True)],
+            "responses": {
+                "200": {"description": "The version", "content": openapi.json_content(_PACKAGE)},
+                **openapi.errors(400, 401, 404),
+            },
+        },
+        "delete": {
+            "summary": "Delete one package version (metadata at once; the artifact stays)",
+            "parameters": [openapi.repo_param(), *_coordinates(True), openapi.IDEMPOTENCY_KEY],
+            "responses": {"204": {"description": "Deleted"}, **openapi.errors(400, 401, 403, 404, 409, 422)},
+        },
+    },
+}
