@@ -314,16 +314,16 @@ class Payload:
             if not granted:
                 try:
                     granted = await bandwidth.grant(principal_id, min(remaining, chunk))
-                except LeaseLost as exc:
-                    raise TransferAborted(f"lease lost: {exc}") from None
+                except LeaseLost:
+                    self._cut_for_lease()  # usually done already by the registry's abort_all
+                    return False
             if not await handle.writable(timeout):
                 self.response._send_timed_out(handle)
                 return False
             if handle.lost:
                 return False
             if not _payload_may_flow(runtime):
-                runtime.metrics.transfer_aborts.labels(direction="download", reason="lease_lost").inc()
-                handle.abort()
+                self._cut_for_lease()
                 return False
             sent = 0
             if zero_copy and not handle.buffered:
@@ -346,6 +346,12 @@ class Payload:
             self.response._send_timed_out(handle)
             return False
         return not handle.lost
+
+
+    def _cut_for_lease(self) -> None:
+        if not self.handle.lost:
+            self.runtime.metrics.transfer_aborts.labels(direction="download", reason="lease_lost").inc()
+            self.handle.abort()
 
 
 def _payload_may_flow(runtime: Runtime) -> bool:
