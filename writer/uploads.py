@@ -499,6 +499,10 @@ async def complete_upload(request: Request) -> Response:
     repo, session = await _session_for(request)
     registry = active_uploads(request)
     if session["status"] == "completed":
+        # A crash right after the publishing commit may have left the session's own link.
+        storage = runtime_of(request).storage
+        assert storage is not None
+        _unlink_quietly(session_path(storage, session["id"]))
         return await _completed_answer(request, session, replay=True)
     if registry.parts.get(session["id"]):
         raise Conflict("parts of this upload are still being received; complete when they are done")
