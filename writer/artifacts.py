@@ -1,29 +1,41 @@
-"""Writer routes for artifacts: the small-file upload shortcut and metadata (SPEC §6).
+"""Writer routes for artifacts: the small-file upload shortcut, list, show and delete (SPEC §6).
 
 An upload streams into a temporary file inside the storage directory while its SHA-256 is
-computed, is renamed into the content-addressed store only once complete, and its metadata row
-is committed last: an interrupted body leaves neither an artifact nor a stray file.
+computed (in batches, in a worker thread: writer/upload_store.py), is placed into the
+content-addressed store only once complete, and its metadata row is committed last, with its
+Idempotency-Key: an interrupted body leaves neither an artifact nor a stray file, and a retry
+with the same key replays the first artifact instead of creating a second.
+
+Delete removes the metadata at once; the blob stays for the cleanup task. An artifact that a
+package version or an asset still points at cannot be deleted (409): a published version is
+immutable, and an asset would otherwise point at nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import datetime
 import os
 import uuid
 
+import asyncpg
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.bodies import ReceiveTimedOut, body_chunks, declared_length
+from shared.bodies import declared_length
 from shared.catalog import QUERY_TIMEOUT_S, check_text, parse_uuid, pooled, repository_for_read
-from shared.errors import Busy, InvalidInput, NotFound
+from shared.errors import Busy, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
+from shared.settings import Settings
 from shared.metrics import Metrics
-from shared.storage import Storage
+from shared.storage import Storage, is_out_of_space, out_of_space
 
+from .idempotency import Result, holding_key, idempotent
+from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
+from .pagination import page, page_cursor, page_limit
 from .repositories import principal_of, repository_for_write, runtime_of
+from .upload_store import BatchedReceiver, Region, refuse_form_upload
 
 MAX_NAME = 255
 
@@ -47,63 +59,55 @@ def artifact_json(row) -> dict:
     }
 
 
-def _fsync_directory(path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 async def receive_into_store(
-    request: Request, storage: Storage, timeout_s: float, metrics: Metrics
+    request: Request, storage: Storage, settings: Settings, metrics: Metrics
 ) -> tuple[str, int]:
-    """Stream the body to a temp file, then rename it to its digest; returns (sha256, size).
+    """Stream the body to a temp file, then place it under its digest; returns (sha256, size).
 
-    A body that sends no byte for `timeout_s` is aborted (its temp file removed), so a client
-    that declared a large body and went silent cannot hold an upload place."""
+    Bounded before and while reading: a declared length above ARKVORY_MAX_ARTIFACT_BYTES is
+    413 before a byte is read, a sent body as soon as it passes it; a disk that is full or
+    would fall below ARKVORY_MIN_FREE_BYTES is 507 (checked per batch). A body that sends no
+    byte for the receive timeout is 408. In every case the temp file is removed."""
     expected = declared_length(request)
-    digest = hashlib.sha256()
-    size = 0
+    limit = settings.max_artifact_bytes
+    if expected is not None and expected > limit:
+        raise PayloadTooLarge(f"an artifact may have at most {limit} bytes (ARKVORY_MAX_ARTIFACT_BYTES)")
+    storage.require_room(expected or 0, settings.min_free_bytes)
+    size = limit if expected is None else expected
+    regions = [Region(0, 0, size, None)] if size else []
     partial = storage.tmp / f"upload-{uuid.uuid4().hex}"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            async for chunk in body_chunks(request, timeout_s):
-                # uvicorn hands over at most 64 KiB at a time: hashing and a page-cache write
-                # of that is well under a millisecond, cheaper than a thread hop.
-                digest.update(chunk)
-                _write_all(fd, chunk)
-                size += len(chunk)
+            receiver = BatchedReceiver(
+                fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
+                open_ended=expected is None,
+            )
+            await receiver.receive(request, settings.receive_timeout_s, _nothing_to_record, metrics)
             await asyncio.to_thread(os.fsync, fd)
-        except ReceiveTimedOut:
-            metrics.transfer_aborts.labels(direction="upload", reason="receive_timeout").inc()
-            raise
         finally:
             os.close(fd)
-        if expected is not None and expected != size:
-            raise InvalidInput("the body ended before Content-Length bytes arrived")
-        sha256 = digest.hexdigest()
-        final = storage.blob_path(sha256)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(partial, final)  # identical content may already be there: same bytes
-        # The metadata row is committed next: the rename must be on disk before it can point here.
-        await asyncio.to_thread(_fsync_directory, final.parent)
-        return sha256, size
-    except BaseException:
-        partial.unlink(missing_ok=True)
+        region = regions[0] if regions else Region(0, 0, 0, None)
+        sha256, received = region.digest.hexdigest(), region.filled
+        # The metadata row is committed next: the blob (and any new directory) is durable first.
+        await asyncio.to_thread(storage.place_blob, partial, sha256)
+        return sha256, received
+    except OSError as exc:
+        if is_out_of_space(exc):
+            raise out_of_space(exc) from None
         raise
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+async def _nothing_to_record(region: Region) -> None:
+    """A one-shot body is one region; it is recorded by the artifact row."""
 
 
 async def upload_artifact(request: Request) -> Response:
     principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
+    refuse_form_upload(request)
     name = check_artifact_name(request.query_params.get("name", ""))
     media_type = upload_media_type(
         request.query_params.get("mediaType"), request.headers.get("content-type")
@@ -115,32 +119,37 @@ async def upload_artifact(request: Request) -> Response:
     if limiter.locked():
         raise Busy("too many uploads at once (ARKVORY_MAX_UPLOADS)", retry_after=5)
     runtime = runtime_of(request)
-    assert runtime.storage is not None and runtime.pool is not None
-    async with limiter:
+    assert runtime.storage is not None
+    # The key is held while the body streams (a concurrent duplicate gets 409 at once) and
+    # recorded in the transaction that inserts the artifact (a retry replays it).
+    async with holding_key(request, principal) as held, limiter:
         try:
             sha256, size = await receive_into_store(
-                request, runtime.storage, runtime.settings.receive_timeout_s, runtime.metrics
+                request, runtime.storage, runtime.settings, runtime.metrics
             )
         except ClientDisconnect:
             return Response(status_code=400)  # nobody is listening; nothing was kept
-        async with pooled(runtime.pool) as conn, conn.transaction():
+
+        async def publish(conn: asyncpg.Connection) -> Result:
             await conn.execute(
                 "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                sha256,
-                size,
+                sha256, size, timeout=QUERY_TIMEOUT_S,
             )
             row = await conn.fetchrow(
                 "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
                 " VALUES ($1, $2, $3, $4, $5, $6)"
                 " RETURNING id, name, sha256, size, media_type, created_at",
-                uuid.uuid4(),
-                repo.id,
-                name,
-                sha256,
-                size,
-                media_type,
+                uuid.uuid4(), repo.id, name, sha256, size, media_type,
+                timeout=QUERY_TIMEOUT_S,
             )
-    return JSONResponse(artifact_json(row), status_code=201)
+            return Result(201, artifact_json(row), {"Location": _location(repo.name, row["id"])})
+
+        parts = {"query": {"name": name, "mediaType": media_type}, "sha256": sha256, "size": size}
+        return await held.run(parts, publish)
+
+
+def _location(repo_name: str, artifact_id: uuid.UUID) -> str:
+    return f"/api/v1/repositories/{repo_name}/artifacts/{artifact_id}"
 
 
 _SELECT = "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_artifacts"
@@ -162,21 +171,124 @@ async def show_artifact(request: Request) -> Response:
 
 
 async def list_artifacts(request: Request) -> Response:
+    """Oldest first, `?limit=` per page and `?cursor=` to go on; `?name=` keeps one name."""
     runtime = runtime_of(request)
     assert runtime.pool is not None
+    limit = page_limit(request)
+    after = page_cursor(request, ("createdAt", "id"))
+    name = request.query_params.get("name")
+    if name is not None:
+        check_text(name, "query parameter 'name'", MAX_NAME)
+    after_time, after_id = None, None
+    if after is not None:
+        try:
+            after_time = datetime.datetime.fromisoformat(after[0])
+            after_id = uuid.UUID(after[1])
+        except ValueError:
+            raise InvalidInput("query parameter 'cursor' is not a cursor this list returned") from None
+        if after_time.tzinfo is None:
+            raise InvalidInput("query parameter 'cursor' is not a cursor this list returned")
     principal = await principal_of(request)
     async with pooled(runtime.pool) as conn:
         repo = await repository_for_read(conn, request.path_params["repo"], principal)
         rows = await conn.fetch(
-            f"{_SELECT} WHERE repository_id = $1 ORDER BY created_at, id LIMIT 1000",
-            repo.id,
+            f"{_SELECT} WHERE repository_id = $1 AND ($2::text IS NULL OR name = $2)"
+            " AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid))"
+            " ORDER BY created_at, id LIMIT $5",
+            repo.id, name, after_time, after_id, limit + 1,
             timeout=QUERY_TIMEOUT_S,
         )
-    return JSONResponse({"items": [artifact_json(r) for r in rows]})
+    return JSONResponse(
+        page(rows, limit, artifact_json, lambda r: [r["created_at"].isoformat(), str(r["id"])])
+    )
+
+
+async def delete_artifact(request: Request) -> Response:
+    """Metadata goes at once (the blob stays for cleanup); 409 while a package or asset uses it."""
+    artifact_id = parse_uuid(request.path_params["artifact_id"], "artifact id")
+    principal = await principal_of(request)
+    repo = await repository_for_write(request, principal)
+
+    async def work(conn: asyncpg.Connection) -> Result:
+        row = await conn.fetchrow(
+            "SELECT EXISTS (SELECT 1 FROM arkvory_packages WHERE artifact_id = $1) AS packaged,"
+            " EXISTS (SELECT 1 FROM arkvory_assets WHERE artifact_id = $1) AS pointed,"
+            " EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2) AS found",
+            artifact_id, repo.id, timeout=QUERY_TIMEOUT_S,
+        )
+        if not row["found"]:
+            raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
+        if row["packaged"] or row["pointed"]:
+            what = "a package version" if row["packaged"] else "an asset"
+            raise Conflict(f"artifact {artifact_id} is still used by {what}; remove that first")
+        # A package or asset that starts pointing here meanwhile fails this delete on its
+        # foreign key (409 too): never a dangling reference.
+        await conn.execute(
+            "DELETE FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
+            artifact_id, repo.id, timeout=QUERY_TIMEOUT_S,
+        )
+        return Result(204)
+
+    response = await idempotent(request, principal, {}, work)
+    runtime_of(request).catalog.invalidate()  # our own next download must not find it
+    return response
 
 
 routes = [
     Route("/api/v1/repositories/{repo}/artifacts", upload_artifact, methods=["POST"]),
     Route("/api/v1/repositories/{repo}/artifacts", list_artifacts, methods=["GET"]),
     Route("/api/v1/repositories/{repo}/artifacts/{artifact_id}", show_artifact, methods=["GET"]),
+    Route("/api/v1/repositories/{repo}/artifacts/{artifact_id}", delete_artifact, methods=["DELETE"]),
 ]
+
+
+def _openapi_paths() -> dict:
+    artifact = {"type": "object", "required": ["id", "name", "sha256", "size", "mediaType", "createdAt"],
+                "properties": {"id": {"type": "string", "format": "uuid"}, "name": {"type": "string"},
+                               "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                               "size": {"type": "integer"}, "mediaType": {"type": "string"},
+                               "createdAt": {"type": "string", "format": "date-time"}}}
+    artifact_id = {"name": "artifact_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+    name = {"type": "string", "minLength": 1, "maxLength": MAX_NAME}
+    return {
+        "/api/v1/repositories/{repo}/artifacts": {
+            "post": {
+                "summary": "Upload a small file in one request (the raw body; not a multipart form)",
+                "description": "The body is the file (`curl --data-binary @file`); a multipart form is 415. "
+                               "At most ARKVORY_MAX_ARTIFACT_BYTES (413); a full disk or one that would fall below "
+                               "ARKVORY_MIN_FREE_BYTES is 507 and keeps nothing. With an Idempotency-Key a retry "
+                               "replays the first artifact.",
+                "parameters": [
+                    repo_param(), query_param("name", "The artifact's file name.", required=True, schema=name),
+                    query_param("mediaType", "Media type (else Content-Type, else application/octet-stream)."),
+                    IDEMPOTENCY_KEY,
+                ],
+                "requestBody": {"required": True, "content": {"application/octet-stream": {
+                    "schema": {"type": "string", "format": "binary"}}}},
+                "responses": {"201": {"description": "Stored.", "headers": {"Location": {"schema": {"type": "string"}}},
+                                      "content": json_content(artifact)},
+                              "415": ERROR, **errors(400, 401, 403, 404, 408, 409, 413, 422, 507)},
+            },
+            "get": {
+                "summary": "List artifacts, oldest first, a page at a time",
+                "security": [{}, {"bearer": []}],
+                "parameters": [repo_param(), query_param("name", "Only artifacts with this name.", schema=name),
+                               *page_params()],
+                "responses": {"200": {"description": "A page.", "content": json_content(page_of(artifact))},
+                              **errors(400, 401, 404)},
+            },
+        },
+        "/api/v1/repositories/{repo}/artifacts/{artifact_id}": {
+            "get": {"summary": "One artifact's metadata", "security": [{}, {"bearer": []}],
+                    "parameters": [repo_param(), artifact_id],
+                    "responses": {"200": {"description": "The artifact.", "content": json_content(artifact)},
+                                  **errors(400, 401, 404)}},
+            "delete": {"summary": "Delete an artifact's metadata (the blob stays for cleanup); 409 while a package "
+                                  "version or an asset points at it",
+                       "parameters": [repo_param(), artifact_id, IDEMPOTENCY_KEY],
+                       "responses": {"204": {"description": "Deleted."}, **errors(400, 401, 403, 404, 409, 422)}},
+        },
+    }
+
+
+OPENAPI_PATHS = _openapi_paths()
