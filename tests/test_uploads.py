@@ -238,12 +238,16 @@ def test_a_session_needs_a_key_a_valid_descriptor_and_belongs_to_its_creator(wri
         assert put_part(client, session, 5, data).status_code == 400  # past the last part
         assert client.put(f"{BASE}/{session['id']}/parts/0", content=b"x").status_code == 400  # no hash
         assert client.get(f"{BASE}/not-a-uuid").status_code == 400
+        empty = create(client, b"")
+        assert empty["partCount"] == 0
+        published = complete(client, empty)
+        assert published.status_code == 201 and published.json()["sha256"] == sha(b"")
     with writer.client(OTHER_TOKEN) as stranger:
         assert stranger.get(f"{BASE}/{session['id']}").status_code in (403, 404)
     with writer.client() as client:
         assert client.delete(f"{BASE}/{session['id']}").status_code == 204
         assert client.get(f"{BASE}/{session['id']}").status_code == 404
-    assert db_fetch(database_url, "SELECT id FROM arkvory_uploads") == []
+    assert db_fetch(database_url, "SELECT id FROM arkvory_uploads WHERE status = 'open'") == []
 
 
 def test_an_expired_session_is_404_and_its_bytes_are_removed(cluster, database_url):
@@ -279,3 +283,13 @@ def test_a_multipart_form_to_a_part_is_415(writer):
         assert answer.status_code == 415, answer.text
         assert "--data-binary" in answer.json()["message"]
         assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == []
+
+
+def test_one_principal_has_at_most_100_open_sessions(writer):
+    with writer.client() as client:
+        sessions = [create(client, b"x") for _ in range(100)]
+        answer = client.post(BASE, json={"name": "one-more", "size": 1}, headers={"Idempotency-Key": "k"})
+        assert answer.status_code == 409 and "at most 100" in answer.json()["message"], answer.text
+        assert client.delete(f"{BASE}/{sessions[0]['id']}").status_code == 204
+        answer = client.post(BASE, json={"name": "one-more", "size": 1}, headers={"Idempotency-Key": "k"})
+        assert answer.status_code == 201, answer.text

@@ -52,6 +52,9 @@ MIN_PART = 1 * MiB
 MAX_PART = 64 * MiB
 DEFAULT_PART = 8 * MiB
 MAX_PARTS = 10_000  # bounds a session's rows and its JSON; with 64 MiB parts: 625 GiB
+# Open sessions per principal: each reserves its space until it completes or expires, so one
+# client cannot take the disk (down to the reserve) with sessions it never finishes.
+MAX_OPEN_SESSIONS = 100
 SWEEP_BATCH = 100
 HASH_READ = 8 * MiB
 
@@ -256,6 +259,15 @@ async def create_upload(request: Request) -> Response:
     await _sweep_once(request)
 
     async def work(conn: asyncpg.Connection) -> Result:
+        open_sessions = await conn.fetchval(
+            "SELECT count(*) FROM arkvory_uploads WHERE principal_id = $1 AND status = 'open'",
+            principal.id, timeout=QUERY_TIMEOUT_S,
+        )
+        if open_sessions >= MAX_OPEN_SESSIONS:
+            raise Conflict(
+                f"{open_sessions} upload sessions of yours are open (at most {MAX_OPEN_SESSIONS}):"
+                " complete or delete some first"
+            )
         session_id = uuid.uuid4()
         row = await conn.fetchrow(
             "INSERT INTO arkvory_uploads (id, repository_id, principal_id, name, size, sha256,"

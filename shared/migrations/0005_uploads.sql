@@ -19,6 +19,7 @@ CREATE TABLE arkvory_uploads (
     expires_at timestamptz NOT NULL
 );
 CREATE INDEX arkvory_uploads_expiry ON arkvory_uploads (expires_at);
+CREATE INDEX arkvory_uploads_open ON arkvory_uploads (principal_id) WHERE status = 'open';
 
 CREATE TABLE arkvory_upload_parts (
     upload_id uuid NOT NULL REFERENCES arkvory_uploads (id) ON DELETE CASCADE,
