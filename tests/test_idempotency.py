@@ -268,3 +268,15 @@ def test_a_writer_killed_before_commit_does_the_change_once(cluster, database_ur
         replay = client.post("/api/v1/repositories", json={"name": "once"}, headers={KEY: "crash"})
         assert replay.headers["idempotent-replayed"] == "true"
     assert db_fetch(database_url, "SELECT count(*) FROM arkvory_repositories WHERE name = 'once'")[0][0] == 1
+
+
+def test_concurrent_replays_of_a_finished_change_all_replay(writer):
+    """Only a request still running holds its key: replays of a finished one run side by side."""
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "many"}, headers={KEY: "many"}).status_code == 201
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(
+                lambda _: client.post("/api/v1/repositories", json={"name": "many"}, headers={KEY: "many"}),
+                range(64),
+            ))
+    assert {(a.status_code, a.headers.get("idempotent-replayed")) for a in answers} == {(201, "true")}

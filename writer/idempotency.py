@@ -201,11 +201,6 @@ class HeldKey:
             return _response(result, result.encoded(), replayed=False)
         expected = fingerprint(self.request, parts)
         async with pooled(pool) as conn:
-            # A retry of a finished change costs this one indexed lookup. Rows are committed
-            # together with their result, so any row found is complete.
-            row = await conn.fetchrow(_LOOKUP, self.principal.id, self.key, timeout=QUERY_TIMEOUT_S)
-            if row is not None:
-                return _replay(row, expected)
             async with conn.transaction():
                 locked = await conn.fetchval(
                     "SELECT pg_try_advisory_xact_lock($1, $2)",
@@ -214,7 +209,7 @@ class HeldKey:
                 )
                 if not locked:
                     raise KeyInUse("a request with this Idempotency-Key is still running; retry after it ends")
-                # Under the lock: a request that finished between the lookup and the lock is seen now.
+                # Under the lock: a request that finished since any earlier lookup is seen now.
                 row = await conn.fetchrow(_LOOKUP, self.principal.id, self.key, timeout=QUERY_TIMEOUT_S)
                 if row is not None:
                     return _replay(row, expected)
@@ -260,6 +255,17 @@ async def holding_key(request: Request, principal: Principal) -> AsyncIterator[H
 
 async def idempotent(request: Request, principal: Principal, parts: Any, work: Work) -> Response:
     """Run `work(conn)` in a transaction, recording and replaying it by Idempotency-Key."""
+    key = key_of(request)
+    if key is not None:
+        # A retry of a finished change costs this one indexed lookup, and is not held: any
+        # number of replays of one key may run at once. Rows are committed together with
+        # their result, so any row found is complete.
+        pool = request.app.state.runtime.pool
+        assert pool is not None
+        async with pooled(pool) as conn:
+            row = await conn.fetchrow(_LOOKUP, principal.id, key, timeout=QUERY_TIMEOUT_S)
+        if row is not None:
+            return _replay(row, fingerprint(request, parts))
     async with holding_key(request, principal) as held:
         return await held.run(parts, work)
 
