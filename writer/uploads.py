@@ -14,6 +14,9 @@ crash anywhere before that commit leaves no artifact and a session that `complet
 Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files by
 `sweep_expired_uploads` (at the first upload request of a writer, on access, and by the
 worker of the next issue).
+
+Session files and in-process bookkeeping are in upload_sessions.py, receiving bytes in
+upload_store.py, the OpenAPI fragment in uploads_openapi.py.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import hashlib
 import logging
 import math
 import os
-import time
 import uuid
 from typing import Any
 
@@ -34,29 +36,36 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
-from shared.errors import ApiError, Busy, Conflict, InvalidInput, NotFound, PayloadTooLarge
+from shared.errors import Busy, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
-from shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
+from shared.storage import is_out_of_space, out_of_space
 
 from .artifacts import artifact_json, check_artifact_name
 from .idempotency import Result, idempotent, key_of
-from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, repo_param
-from .openapi import json_body as body_of
 from .repositories import json_body, principal_of, repository_for_write, runtime_of
+from .upload_sessions import (
+    DEFAULT_PART,
+    MAX_PART,
+    MAX_PARTS,
+    MIN_PART,
+    ActiveUploads,
+    allocate_session_file,
+    part_count,
+    part_span,
+    remove_sessions,
+    session_path,
+    sweep_expired_uploads,
+    unlink_quietly,
+    whole_digest,
+)
 from .upload_store import BatchedReceiver, DigestMismatch, Region, parse_sha256, refuse_form_upload
+from .uploads_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 
 log = logging.getLogger("arkvory.uploads")
 
-MiB = 1024 * 1024
-MIN_PART = 1 * MiB
-MAX_PART = 64 * MiB
-DEFAULT_PART = 8 * MiB
-MAX_PARTS = 10_000  # bounds a session's rows and its JSON; with 64 MiB parts: 625 GiB
 # Open sessions per principal: each reserves its space until it completes or expires, so one
 # client cannot take the disk (down to the reserve) with sessions it never finishes.
 MAX_OPEN_SESSIONS = 100
-SWEEP_BATCH = 100
-HASH_READ = 8 * MiB
 
 
 def check_key(request: Request) -> None:
@@ -65,73 +74,6 @@ def check_key(request: Request) -> None:
 
 
 # -- the in-process registry: who is writing what --------------------------------------------
-
-
-class PrefixHash:
-    """The whole file's SHA-256 over its first parts, advanced in a worker thread as parts are
-    recorded, so `complete` hashes only what is left (usually nothing) instead of the whole
-    file after the last part. Recorded parts never change on disk, so hashing them early is
-    the same as hashing them at the end. In memory only: after a restart `complete` hashes
-    from the start."""
-
-    def __init__(self) -> None:
-        self.digest = hashlib.sha256()
-        self.next_index = 0
-        self.recorded: set[int] = set()
-        self.task: asyncio.Task | None = None
-
-
-class ActiveUploads:
-    """Parts being received, completions running and prefix hashes, per session (this process only)."""
-
-    MAX_PREFIXES = 64  # a bound on memory; a session without one is hashed at complete
-
-    def __init__(self) -> None:
-        self.parts: dict[uuid.UUID, set[int]] = {}
-        self.completing: dict[uuid.UUID, asyncio.Task] = {}
-        self.prefixes: dict[uuid.UUID, PrefixHash] = {}
-        self.swept_at_start = False
-
-    def part_recorded(self, session: asyncpg.Record, index: int, path: str) -> None:
-        prefix = self.prefixes.get(session["id"])
-        if prefix is None:
-            if index != 0 or len(self.prefixes) >= self.MAX_PREFIXES:
-                return  # a prefix starts with part 0 received in this process
-            prefix = self.prefixes[session["id"]] = PrefixHash()
-        prefix.recorded.add(index)
-        if prefix.task is None or prefix.task.done():
-            prefix.task = asyncio.ensure_future(_advance(prefix, session, path))
-
-    def forget(self, session_id: uuid.UUID) -> None:
-        self.prefixes.pop(session_id, None)
-
-    def claim(self, session: uuid.UUID, indexes: range) -> None:
-        busy = self.parts.setdefault(session, set())
-        if session in self.completing or busy.intersection(indexes):
-            raise Conflict("this part (or the session) is being received or completed right now; retry")
-        busy.update(indexes)
-
-    def release(self, session: uuid.UUID, indexes: range) -> None:
-        busy = self.parts.get(session)
-        if busy is not None:
-            busy.difference_update(indexes)
-            if not busy:
-                del self.parts[session]
-
-    def busy(self, session: uuid.UUID) -> bool:
-        return bool(self.parts.get(session)) or session in self.completing
-
-
-async def _advance(prefix: PrefixHash, session: asyncpg.Record, path: str) -> None:
-    while prefix.next_index in prefix.recorded:
-        offset, size = part_span(session, prefix.next_index)
-        try:
-            await asyncio.to_thread(_hash_range, path, offset, size, prefix.digest)
-        except OSError:
-            prefix.next_index = -1  # the file is gone (deleted, expired): complete will say so
-            return
-        prefix.recorded.discard(prefix.next_index)
-        prefix.next_index += 1
 
 
 def active_uploads(request: Request) -> ActiveUploads:
@@ -148,20 +90,6 @@ _COLUMNS = (
     "id, repository_id, principal_id, name, size, sha256, media_type, part_size,"
     " status, artifact_id, created_at, expires_at"
 )
-
-
-def part_count(size: int, part_size: int) -> int:
-    return math.ceil(size / part_size)
-
-
-def part_span(session: asyncpg.Record, index: int) -> tuple[int, int]:
-    """(offset, size) of part `index`."""
-    offset = index * session["part_size"]
-    return offset, min(session["size"], offset + session["part_size"]) - offset
-
-
-def session_path(storage: Storage, session_id: uuid.UUID) -> str:
-    return os.path.join(storage.uploads, str(session_id))
 
 
 def session_json(session: asyncpg.Record, received: list[int], repo: Repository) -> dict[str, Any]:
@@ -218,35 +146,6 @@ def _descriptor(body: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     }
 
 
-def _allocate(path: str, size: int, storage: Storage, reserve: int) -> None:
-    """Worker thread: the session's file, with its space reserved now, so that a full disk is
-    a 507 at creation rather than in the middle of the upload, and concurrent sessions cannot
-    promise the same free space twice (statvfs counts what fallocate took)."""
-    try:
-        storage.require_room(size, reserve)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            if size:
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                except OSError as exc:
-                    if is_out_of_space(exc):
-                        raise
-                    os.ftruncate(fd, size)  # a filesystem without fallocate: sparse
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        fsync_directory(storage.uploads)
-    except BaseException as exc:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        if is_out_of_space(exc):
-            raise out_of_space(exc) from None  # type: ignore[arg-type]
-        raise
-
-
 async def create_upload(request: Request) -> Response:
     principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
@@ -281,7 +180,7 @@ async def create_upload(request: Request) -> Response:
         # Inside the transaction that records the key: a full disk rolls the row back, and a
         # crash before the commit leaves only a file without a row (the sweep removes it).
         await asyncio.to_thread(
-            _allocate, session_path(storage, session_id), descriptor["size"], storage, settings.min_free_bytes
+            allocate_session_file, session_path(storage, session_id), descriptor["size"], storage, settings.min_free_bytes
         )
         return Result(201, session_json(row, [], repo), {"Location": _location(request, session_id)})
 
@@ -317,7 +216,7 @@ async def _session_for(request: Request) -> tuple[Repository, asyncpg.Record]:
         )
         if row is not None and row["expired"] and not active_uploads(request).busy(session_id):
             active_uploads(request).forget(session_id)
-            await _remove_sessions(conn, runtime.storage, [session_id])
+            await remove_sessions(conn, runtime.storage, [session_id])
             raise NotFound(f"upload {session_id} expired and was removed; start a new one")
     if row is None:
         raise NotFound(f"no upload {session_id} in {repo.name!r}")
@@ -342,7 +241,7 @@ async def delete_upload(request: Request) -> Response:
         raise Conflict("this upload is receiving a part or completing; retry when it is done")
     async with pooled(runtime.pool) as conn:
         active_uploads(request).forget(session["id"])
-        await _remove_sessions(conn, runtime.storage, [session["id"]])
+        await remove_sessions(conn, runtime.storage, [session["id"]])
     return Response(status_code=204)
 
 
@@ -480,32 +379,6 @@ async def _receive_regions(
 # -- complete ----------------------------------------------------------------------------------
 
 
-def _hash_range(path: str, offset: int, size: int, digest) -> None:
-    """Worker thread: feed `size` bytes of the file from `offset` into `digest`."""
-    with open(path, "rb", buffering=0) as file:
-        file.seek(offset)
-        left = size
-        while left:
-            chunk = file.read(min(HASH_READ, left))
-            if not chunk:
-                raise OSError(f"{path} is shorter than {offset + size} bytes")
-            digest.update(chunk)
-            left -= len(chunk)
-
-
-async def _whole_digest(registry: ActiveUploads, session: asyncpg.Record, path: str) -> str:
-    """The file's SHA-256: the prefix hashed while parts arrived, then the rest."""
-    prefix = registry.prefixes.get(session["id"])
-    if prefix is not None and prefix.task is not None:
-        await prefix.task
-    if prefix is None or prefix.next_index < 0:
-        prefix = PrefixHash()
-    offset = min(session["size"], prefix.next_index * session["part_size"])
-    digest = prefix.digest.copy()  # the prefix stays as it is for a repeated complete
-    await asyncio.to_thread(_hash_range, path, offset, session["size"] - offset, digest)
-    return digest.hexdigest()
-
-
 async def complete_upload(request: Request) -> Response:
     check_key(request)
     repo, session = await _session_for(request)
@@ -514,7 +387,7 @@ async def complete_upload(request: Request) -> Response:
         # A crash right after the publishing commit may have left the session's own link.
         storage = runtime_of(request).storage
         assert storage is not None
-        _unlink_quietly(session_path(storage, session["id"]))
+        unlink_quietly(session_path(storage, session["id"]))
         return await _completed_answer(request, session, replay=True)
     if registry.parts.get(session["id"]):
         raise Conflict("parts of this upload are still being received; complete when they are done")
@@ -564,7 +437,7 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
     path = session_path(storage, session_id)
     try:
         actual_size = os.stat(path).st_size
-        sha256 = await _whole_digest(active_uploads(request), session, path)
+        sha256 = await whole_digest(active_uploads(request), session, path)
     except FileNotFoundError:
         raise NotFound("this upload's bytes are gone (removed or expired); start a new one") from None
     if actual_size != session["size"]:
@@ -609,90 +482,11 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
         await conn.execute(
             "DELETE FROM arkvory_upload_parts WHERE upload_id = $1", session_id, timeout=QUERY_TIMEOUT_S
         )
-    _unlink_quietly(path)
+    unlink_quietly(path)
     return row
 
 
 # -- expiry ------------------------------------------------------------------------------------
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-async def _remove_sessions(conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID]) -> None:
-    """Rows first, then files: a crash in between leaves an orphan file, which the sweep's
-    directory pass removes; never a row whose file is gone while it is still in use."""
-    await conn.execute("DELETE FROM arkvory_uploads WHERE id = ANY($1::uuid[])", ids, timeout=QUERY_TIMEOUT_S)
-    for session_id in ids:
-        _unlink_quietly(session_path(storage, session_id))
-
-
-async def sweep_expired_uploads(
-    pool: asyncpg.Pool, storage: Storage, *, orphans_older_than_s: float | None = None,
-    busy: ActiveUploads | None = None,
-) -> int:
-    """Remove sessions past their expiry with their files; returns how many.
-
-    For the worker's periodic cleanup too (writer process only: the writer is the one process
-    that writes session files). With `orphans_older_than_s`, also removes session files with
-    no row (a crash before the create committed, a repository deleted with its sessions) once
-    they are that old, so an upload being created right now is never touched."""
-    removed = 0
-    while True:
-        async with pooled(pool) as conn:
-            ids = [
-                r["id"] for r in await conn.fetch(
-                    "SELECT id FROM arkvory_uploads WHERE expires_at < now() ORDER BY expires_at LIMIT $1",
-                    SWEEP_BATCH, timeout=QUERY_TIMEOUT_S,
-                )
-                if busy is None or not busy.busy(r["id"])
-            ]
-            if ids:
-                for session_id in ids:
-                    if busy is not None:
-                        busy.forget(session_id)
-                await _remove_sessions(conn, storage, ids)
-        removed += len(ids)
-        if len(ids) < SWEEP_BATCH:
-            break
-    if orphans_older_than_s is not None:
-        removed += await _sweep_orphan_files(pool, storage, orphans_older_than_s)
-    if removed:
-        log.info("removed %d expired or orphaned upload session(s)", removed)
-    return removed
-
-
-async def _sweep_orphan_files(pool: asyncpg.Pool, storage: Storage, older_than_s: float) -> int:
-    cutoff = time.time() - older_than_s
-    try:
-        entries = await asyncio.to_thread(lambda: list(os.scandir(storage.uploads)))
-    except FileNotFoundError:
-        return 0
-    candidates: dict[uuid.UUID, str] = {}
-    for entry in entries:
-        try:
-            session_id = uuid.UUID(entry.name)
-            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                candidates[session_id] = entry.path
-        except (ValueError, FileNotFoundError):
-            continue
-    if not candidates:
-        return 0
-    async with pooled(pool) as conn:
-        known = {
-            r["id"] for r in await conn.fetch(
-                "SELECT id FROM arkvory_uploads WHERE id = ANY($1::uuid[])", list(candidates),
-                timeout=QUERY_TIMEOUT_S,
-            )
-        }
-    orphans = [path for session_id, path in candidates.items() if session_id not in known]
-    for path in orphans:
-        _unlink_quietly(path)
-    return len(orphans)
 
 
 async def _sweep_once(request: Request) -> None:
@@ -720,87 +514,3 @@ routes = [
     Route(_BASE + "/{upload_id}/parts/{index}", put_part, methods=["PUT"]),
     Route(_BASE + "/{upload_id}/complete", complete_upload, methods=["POST"]),
 ]
-
-
-# -- OpenAPI -----------------------------------------------------------------------------------
-
-def _openapi_paths() -> dict[str, Any]:
-    upload_id = {"name": "upload_id", "in": "path", "required": True, "description": "Upload session id.",
-                 "schema": {"type": "string", "format": "uuid"}}
-    sha256 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
-    session = {
-        "type": "object",
-        "required": ["id", "name", "size", "partSize", "partCount", "receivedParts", "status", "expiresAt"],
-        "properties": {
-            "id": {"type": "string", "format": "uuid"}, "repository": {"type": "string"},
-            "name": {"type": "string"}, "size": {"type": "integer"}, "sha256": {"type": ["string", "null"]},
-            "mediaType": {"type": "string"}, "partSize": {"type": "integer"}, "partCount": {"type": "integer"},
-            "receivedParts": {"type": "array", "items": {"type": "integer"}},
-            "status": {"type": "string", "enum": ["open", "completed"]},
-            "artifactId": {"type": ["string", "null"], "format": "uuid"},
-            "createdAt": {"type": "string", "format": "date-time"},
-            "expiresAt": {"type": "string", "format": "date-time"},
-        },
-    }
-    artifact = {"type": "object", "required": ["id", "name", "sha256", "size", "mediaType", "createdAt"],
-                "properties": {"id": {"type": "string", "format": "uuid"}, "name": {"type": "string"},
-                               "sha256": sha256, "size": {"type": "integer"}, "mediaType": {"type": "string"},
-                               "createdAt": {"type": "string", "format": "date-time"}}}
-    raw = {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
-    key_required = {**IDEMPOTENCY_KEY}
-    base = [repo_param(), upload_id]
-    return {
-        _BASE: {"post": {
-            "summary": "Start a resumable upload (needs an Idempotency-Key)",
-            "description": f"Parts are `partSize` bytes ({MIN_PART}..{MAX_PART}, default {DEFAULT_PART} or more, "
-                           f"at most {MAX_PARTS} parts), the last one shorter. The file's space is reserved now: "
-                           "a full disk or one that would fall below ARKVORY_MIN_FREE_BYTES is 507. A session expires "
-                           "ARKVORY_UPLOAD_EXPIRY after its last received part.",
-            "parameters": [repo_param(), key_required],
-            "requestBody": body_of({"type": "object", "required": ["name", "size"], "properties": {
-                "name": {"type": "string", "minLength": 1, "maxLength": 255}, "size": {"type": "integer", "minimum": 0},
-                "sha256": sha256, "mediaType": {"type": "string"},
-                "partSize": {"type": "integer", "minimum": MIN_PART, "maximum": MAX_PART}}}),
-            "responses": {"201": {"description": "The session (a replay has `Idempotent-Replayed: true`).",
-                                  "headers": {"Location": {"schema": {"type": "string"}}},
-                                  "content": json_content(session)},
-                          **errors(400, 401, 403, 404, 409, 413, 422, 507)},
-        }},
-        _BASE + "/{upload_id}": {
-            "get": {"summary": "An upload session and the parts it has", "parameters": base,
-                    "responses": {"200": {"description": "The session.", "content": json_content(session)},
-                                  **errors(400, 401, 403, 404)}},
-            "delete": {"summary": "Abandon an upload session and its bytes", "parameters": [*base, IDEMPOTENCY_KEY],
-                       "responses": {"204": {"description": "Removed."}, **errors(400, 401, 403, 404, 409)}},
-        },
-        _BASE + "/{upload_id}/content": {"put": {
-            "summary": "Send the whole file at once (recorded part by part: a cut one resumes with parts)",
-            "parameters": [*base, IDEMPOTENCY_KEY], "requestBody": raw,
-            "responses": {"200": {"description": "The session.", "content": json_content(session)},
-                          "415": ERROR, **errors(400, 401, 403, 404, 408, 409, 413, 422)},
-        }},
-        _BASE + "/{upload_id}/parts/{index}": {"put": {
-            "summary": "Send one part (any order; an identical re-send is harmless, other bytes are 409)",
-            "parameters": [*base, {"name": "index", "in": "path", "required": True,
-                                   "schema": {"type": "integer", "minimum": 0, "maximum": MAX_PARTS - 1}},
-                           {"name": "X-Content-SHA256", "in": "header", "required": True,
-                            "description": "SHA-256 of the part (hex); a mismatch is 422 digest_mismatch.",
-                            "schema": sha256}, IDEMPOTENCY_KEY],
-            "requestBody": raw,
-            "responses": {"200": {"description": "The part is stored.", "content": json_content({
-                "type": "object", "properties": {"index": {"type": "integer"}, "size": {"type": "integer"},
-                                                 "sha256": sha256, "alreadyReceived": {"type": "boolean"}}})},
-                          "415": ERROR, **errors(400, 401, 403, 404, 408, 409, 413, 422)},
-        }},
-        _BASE + "/{upload_id}/complete": {"post": {
-            "summary": "Check coverage, size and SHA-256, and publish the artifact (a repeat returns it again)",
-            "parameters": [*base, IDEMPOTENCY_KEY],
-            "responses": {"201": {"description": "Published.", "content": json_content(artifact)},
-                          "200": {"description": "Published before (`Idempotent-Replayed: true`).",
-                                  "content": json_content(artifact)},
-                          **errors(400, 401, 403, 404, 409, 422, 507)},
-        }},
-    }
-
-
-OPENAPI_PATHS = _openapi_paths()

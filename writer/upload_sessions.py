@@ -1,0 +1,250 @@
+"""Upload sessions on disk and in this process: the preallocated session file, the hash of
+its recorded prefix, who is writing which part, and the sweep of expired sessions.
+
+A session's bytes live in one file, `<data>/uploads/<id>`, preallocated at creation (its
+space is reserved then, so a full disk is a 507 at creation, not in the middle of an upload);
+part `i` covers `[i * partSize, min(size, (i + 1) * partSize))`. One process (the writer,
+under its lock) writes session files, so the in-process registry is the whole truth about
+which parts are being received and which completions are running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import os
+import time
+import uuid
+
+import asyncpg
+
+from shared.catalog import QUERY_TIMEOUT_S, pooled
+from shared.errors import Conflict
+from shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
+
+log = logging.getLogger("arkvory.uploads")
+
+MiB = 1024 * 1024
+MIN_PART = 1 * MiB
+MAX_PART = 64 * MiB
+DEFAULT_PART = 8 * MiB
+MAX_PARTS = 10_000  # bounds a session's rows and its JSON; with 64 MiB parts: 625 GiB
+SWEEP_BATCH = 100
+HASH_READ = 8 * MiB
+
+
+class PrefixHash:
+    """The whole file's SHA-256 over its first parts, advanced in a worker thread as parts are
+    recorded, so `complete` hashes only what is left (usually nothing) instead of the whole
+    file after the last part. Recorded parts never change on disk, so hashing them early is
+    the same as hashing them at the end. In memory only: after a restart `complete` hashes
+    from the start."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self.next_index = 0
+        self.recorded: set[int] = set()
+        self.task: asyncio.Task | None = None
+
+
+class ActiveUploads:
+    """Parts being received, completions running and prefix hashes, per session (this process only)."""
+
+    MAX_PREFIXES = 64  # a bound on memory; a session without one is hashed at complete
+
+    def __init__(self) -> None:
+        self.parts: dict[uuid.UUID, set[int]] = {}
+        self.completing: dict[uuid.UUID, asyncio.Task] = {}
+        self.prefixes: dict[uuid.UUID, PrefixHash] = {}
+        self.swept_at_start = False
+
+    def part_recorded(self, session: asyncpg.Record, index: int, path: str) -> None:
+        prefix = self.prefixes.get(session["id"])
+        if prefix is None:
+            if index != 0 or len(self.prefixes) >= self.MAX_PREFIXES:
+                return  # a prefix starts with part 0 received in this process
+            prefix = self.prefixes[session["id"]] = PrefixHash()
+        prefix.recorded.add(index)
+        if prefix.task is None or prefix.task.done():
+            prefix.task = asyncio.ensure_future(_advance(prefix, session, path))
+
+    def forget(self, session_id: uuid.UUID) -> None:
+        self.prefixes.pop(session_id, None)
+
+    def claim(self, session: uuid.UUID, indexes: range) -> None:
+        busy = self.parts.setdefault(session, set())
+        if session in self.completing or busy.intersection(indexes):
+            raise Conflict("this part (or the session) is being received or completed right now; retry")
+        busy.update(indexes)
+
+    def release(self, session: uuid.UUID, indexes: range) -> None:
+        busy = self.parts.get(session)
+        if busy is not None:
+            busy.difference_update(indexes)
+            if not busy:
+                del self.parts[session]
+
+    def busy(self, session: uuid.UUID) -> bool:
+        return bool(self.parts.get(session)) or session in self.completing
+
+
+async def _advance(prefix: PrefixHash, session: asyncpg.Record, path: str) -> None:
+    while prefix.next_index in prefix.recorded:
+        offset, size = part_span(session, prefix.next_index)
+        try:
+            await asyncio.to_thread(hash_range, path, offset, size, prefix.digest)
+        except OSError:
+            prefix.next_index = -1  # the file is gone (deleted, expired): complete will say so
+            return
+        prefix.recorded.discard(prefix.next_index)
+        prefix.next_index += 1
+
+
+def part_count(size: int, part_size: int) -> int:
+    return math.ceil(size / part_size)
+
+
+def part_span(session: asyncpg.Record, index: int) -> tuple[int, int]:
+    """(offset, size) of part `index`."""
+    offset = index * session["part_size"]
+    return offset, min(session["size"], offset + session["part_size"]) - offset
+
+
+def session_path(storage: Storage, session_id: uuid.UUID) -> str:
+    return os.path.join(storage.uploads, str(session_id))
+
+
+def allocate_session_file(path: str, size: int, storage: Storage, reserve: int) -> None:
+    """Worker thread: the session's file, with its space reserved now, so that a full disk is
+    a 507 at creation rather than in the middle of the upload, and concurrent sessions cannot
+    promise the same free space twice (statvfs counts what fallocate took)."""
+    try:
+        storage.require_room(size, reserve)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            if size:
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as exc:
+                    if is_out_of_space(exc):
+                        raise
+                    os.ftruncate(fd, size)  # a filesystem without fallocate: sparse
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_directory(storage.uploads)
+    except BaseException as exc:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        if is_out_of_space(exc):
+            raise out_of_space(exc) from None  # type: ignore[arg-type]
+        raise
+
+
+def hash_range(path: str, offset: int, size: int, digest) -> None:
+    """Worker thread: feed `size` bytes of the file from `offset` into `digest`."""
+    with open(path, "rb", buffering=0) as file:
+        file.seek(offset)
+        left = size
+        while left:
+            chunk = file.read(min(HASH_READ, left))
+            if not chunk:
+                raise OSError(f"{path} is shorter than {offset + size} bytes")
+            digest.update(chunk)
+            left -= len(chunk)
+
+
+async def whole_digest(registry: ActiveUploads, session: asyncpg.Record, path: str) -> str:
+    """The file's SHA-256: the prefix hashed while parts arrived, then the rest."""
+    prefix = registry.prefixes.get(session["id"])
+    if prefix is not None and prefix.task is not None:
+        await prefix.task
+    if prefix is None or prefix.next_index < 0:
+        prefix = PrefixHash()
+    offset = min(session["size"], prefix.next_index * session["part_size"])
+    digest = prefix.digest.copy()  # the prefix stays as it is for a repeated complete
+    await asyncio.to_thread(hash_range, path, offset, session["size"] - offset, digest)
+    return digest.hexdigest()
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+async def remove_sessions(conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID]) -> None:
+    """Rows first, then files: a crash in between leaves an orphan file, which the sweep's
+    directory pass removes; never a row whose file is gone while it is still in use."""
+    await conn.execute("DELETE FROM arkvory_uploads WHERE id = ANY($1::uuid[])", ids, timeout=QUERY_TIMEOUT_S)
+    for session_id in ids:
+        unlink_quietly(session_path(storage, session_id))
+
+
+async def sweep_expired_uploads(
+    pool: asyncpg.Pool, storage: Storage, *, orphans_older_than_s: float | None = None,
+    busy: ActiveUploads | None = None,
+) -> int:
+    """Remove sessions past their expiry with their files; returns how many.
+
+    For the worker's periodic cleanup too (writer process only: the writer is the one process
+    that writes session files). With `orphans_older_than_s`, also removes session files with
+    no row (a crash before the create committed, a repository deleted with its sessions) once
+    they are that old, so an upload being created right now is never touched."""
+    removed = 0
+    while True:
+        async with pooled(pool) as conn:
+            ids = [
+                r["id"] for r in await conn.fetch(
+                    "SELECT id FROM arkvory_uploads WHERE expires_at < now() ORDER BY expires_at LIMIT $1",
+                    SWEEP_BATCH, timeout=QUERY_TIMEOUT_S,
+                )
+                if busy is None or not busy.busy(r["id"])
+            ]
+            if ids:
+                for session_id in ids:
+                    if busy is not None:
+                        busy.forget(session_id)
+                await remove_sessions(conn, storage, ids)
+        removed += len(ids)
+        if len(ids) < SWEEP_BATCH:
+            break
+    if orphans_older_than_s is not None:
+        removed += await _sweep_orphan_files(pool, storage, orphans_older_than_s)
+    if removed:
+        log.info("removed %d expired or orphaned upload session(s)", removed)
+    return removed
+
+
+async def _sweep_orphan_files(pool: asyncpg.Pool, storage: Storage, older_than_s: float) -> int:
+    cutoff = time.time() - older_than_s
+    try:
+        entries = await asyncio.to_thread(lambda: list(os.scandir(storage.uploads)))
+    except FileNotFoundError:
+        return 0
+    candidates: dict[uuid.UUID, str] = {}
+    for entry in entries:
+        try:
+            session_id = uuid.UUID(entry.name)
+            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                candidates[session_id] = entry.path
+        except (ValueError, FileNotFoundError):
+            continue
+    if not candidates:
+        return 0
+    async with pooled(pool) as conn:
+        known = {
+            r["id"] for r in await conn.fetch(
+                "SELECT id FROM arkvory_uploads WHERE id = ANY($1::uuid[])", list(candidates),
+                timeout=QUERY_TIMEOUT_S,
+            )
+        }
+    orphans = [path for session_id, path in candidates.items() if session_id not in known]
+    for path in orphans:
+        unlink_quietly(path)
+    return len(orphans)
