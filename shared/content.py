@@ -33,7 +33,8 @@ from .catalog import (
 )
 from .errors import ApiError, Busy, InvalidInput, LeaseLost, TransferAborted, Unavailable
 from .http import EXCEPTION_HANDLERS, error_response
-from .identity import Principal, authenticate
+from .credentials import resolve
+from .identity import Principal
 from .protocol import HANDLE_KEY, ConnectionHandle
 from .ranges import ByteRange, not_modified, requested_range
 from .runtime import Runtime
@@ -432,7 +433,7 @@ class _ContentEndpoint:
         runtime: Runtime = scope["app"].state.runtime
         key = self.key_of(scope)  # a malformed id or parameter is 400 whoever asks
         ask = _Ask(scope)
-        principal = authenticate(runtime.keys, ask.authorization)
+        principal = await resolve(runtime, ask.authorization)
         if not runtime.may_serve:
             raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
         response = await _plan(runtime, ask, principal, key)

@@ -308,7 +308,7 @@ def _head_too_large_response() -> bytes:
     rid = secrets.token_hex(8)
     body = json.dumps(
         {
-            "code": "headers_too_large",
+            "code": "request_header_too_large",
             "message": f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
             "requestId": rid,
         }

@@ -14,11 +14,6 @@ from .test_accounts import make_account, session_of
 
 pytestmark = pytest.mark.timeout(180)
 
-GATEWAY_CONTENT = pytest.mark.xfail(
-    strict=True,
-    reason="shared/content.py (writer and gateway content routes) still resolves only keys-file tokens; it needs "
-    "`principal = await credentials.resolve(runtime, ask.authorization)`",
-)
 
 
 @pytest.fixture
@@ -73,7 +68,6 @@ def test_a_file_key_reads_the_artifact_through_the_writer_and_a_gateway(setup):
         assert answer.status_code == 200 and answer.content == b"private bytes"
 
 
-@GATEWAY_CONTENT
 @pytest.mark.parametrize("kind", ["managed key", "personal token", "session"])
 def test_a_database_credential_reads_the_artifact_through_the_writer_and_a_gateway(setup, kind):
     writer, gateway, path, tokens, _ = setup

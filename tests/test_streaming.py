@@ -95,7 +95,7 @@ def test_a_head_above_64_kib_gets_431_and_a_closed_connection(cluster):
         status, headers, body = _read_response(sock)
         assert status == 431
         assert headers["connection"] == "close"
-        assert json.loads(body)["code"] == "headers_too_large"
+        assert json.loads(body)["code"] == "request_header_too_large"
         assert _closed_within(sock, 5) is not None
     # A head just below the limit is still served.
     with socket.create_connection(("127.0.0.1", writer.port), timeout=10) as sock:
