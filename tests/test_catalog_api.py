@@ -119,7 +119,12 @@ def test_deleting_a_repository_with_artifacts_needs_force(site, database_url):
         assert client.get(BASE).status_code == 200
         assert read.get(f"{BASE}/artifacts/{a}/content").status_code == 200
 
+        # Packages and assets pointing at its artifacts go with it.
+        assert client.put(f"{BASE}/packages", json={"group": "g", "name": "n", "version": "1", "artifactId": a}).status_code == 201
+        assert client.put(f"{BASE}/assets", params={"path": "p"}, json={"artifactId": a}).status_code == 200
         assert client.delete(BASE, params={"force": "true"}).status_code == 204
+        for table in ("arkvory_packages", "arkvory_assets", "arkvory_asset_history"):
+            assert db_fetch(database_url, f"SELECT count(*) FROM {table}")[0][0] == 0, table
         assert client.get(BASE).status_code == 404
         assert read.get(f"{BASE}/artifacts/{a}/content").status_code == 404
         # The metadata went; the blobs stay for the cleanup task.
