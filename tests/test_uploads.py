@@ -167,15 +167,19 @@ def test_an_upload_cut_at_every_point_resumes_into_exactly_one_artifact(writer, 
         )
         assert replay.status_code == 201 and replay.json()["id"] == session["id"]
         assert replay.headers["Idempotent-Replayed"] == "true"
-        # Cut in the middle of a part: nothing of it counts.
-        assert put_part(client, session, 0, data).status_code == 200
+        # Cut before the first byte of a part (its head only), then in the middle of one:
+        # nothing of either counts.
+        send_and_leave(writer.port, f"PUT {BASE}/{session['id']}/parts/0", b"", MiB, sha(data[:MiB]))
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == []
+        # (409 while the server has not yet noticed that the cut request's client went away)
+        wait_for(lambda: put_part(client, session, 0, data).status_code == 200)
         send_half_a_part(writer.port, session, 1, data[MiB:2 * MiB])
         wait_for(lambda: not client.get(f"{BASE}/{session['id']}").json()["receivedParts"][1:])
         assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == [0]
         # Resume: the session says what is missing; after all parts, cut before complete.
         missing = set(range(4)) - set(client.get(f"{BASE}/{session['id']}").json()["receivedParts"])
         for index in sorted(missing):
-            assert put_part(client, session, index, data).status_code == 200
+            wait_for(lambda: put_part(client, session, index, data).status_code == 200)
         assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == [0, 1, 2, 3]
         # Cut during complete: the client sends it and goes away at once; the retry (which may
         # arrive while the first still runs) gets the same artifact.
