@@ -280,3 +280,33 @@ def test_concurrent_replays_of_a_finished_change_all_replay(writer):
                 range(64),
             ))
     assert {(a.status_code, a.headers.get("idempotent-replayed")) for a in answers} == {(201, "true")}
+
+
+def test_a_streaming_upload_holds_its_key_while_the_body_arrives(writer, database_url):
+    """`holding_key`: a duplicate of an upload whose body is still arriving gets 409 at once
+    (it does not stream a second copy); once published, the retry replays the same artifact."""
+    import threading
+
+    go_on = threading.Event()
+
+    def slow_body():
+        yield b"x" * 1024
+        go_on.wait(20)
+        yield b"y" * 1024
+
+    url = "/api/v1/repositories/builds/artifacts"
+    with writer.client() as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, url, params={"name": "slow"}, content=slow_body(), headers={KEY: "up"})
+        time.sleep(0.5)  # the first body is under way
+        started = time.monotonic()
+        duplicate = client.post(url, params={"name": "slow"}, content=b"x" * 1024 + b"y" * 1024, headers={KEY: "up"})
+        assert time.monotonic() - started < 2
+        go_on.set()
+        created = first.result(20)
+        assert duplicate.status_code == 409 and duplicate.json()["code"] == "idempotency_key_in_use"
+        assert created.status_code == 201, created.text
+        retry = client.post(url, params={"name": "slow"}, content=b"x" * 1024 + b"y" * 1024, headers={KEY: "up"})
+        assert retry.headers["idempotent-replayed"] == "true" and retry.json()["id"] == created.json()["id"]
+        other = client.post(url, params={"name": "slow"}, content=b"other bytes", headers={KEY: "up"})
+        assert other.status_code == 422
+    assert db_fetch(database_url, "SELECT count(*) FROM arkvory_artifacts WHERE name = 'slow'")[0][0] == 1
