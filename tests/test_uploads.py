@@ -7,6 +7,7 @@ import hashlib
 import os
 import pathlib
 import socket
+import threading
 import time
 import uuid
 
@@ -297,3 +298,47 @@ def test_one_principal_has_at_most_100_open_sessions(writer):
         assert client.delete(f"{BASE}/{sessions[0]['id']}").status_code == 204
         answer = client.post(BASE, json={"name": "one-more", "size": 1}, headers={"Idempotency-Key": "k"})
         assert answer.status_code == 201, answer.text
+
+
+def test_hashing_a_large_upload_does_not_stall_the_event_loop(writer):
+    """A 512 MiB complete whose whole file must be hashed then (parts sent last-first, so no
+    prefix was hashed early) leaves /health/live answering quickly throughout: inline, the
+    hash alone would block the loop for most of a second."""
+    part = os.urandom(64 * MiB)
+    count = 8
+    size = count * len(part)
+    whole = hashlib.sha256()
+    for _ in range(count):
+        whole.update(part)
+    with writer.client(timeout=120) as client:
+        answer = client.post(BASE, json={"name": "big", "size": size, "partSize": len(part)},
+                             headers={"Idempotency-Key": uuid.uuid4().hex})
+        session = answer.json()
+        for index in reversed(range(count)):
+            answer = client.put(f"{BASE}/{session['id']}/parts/{index}", content=part,
+                                headers={"X-Content-SHA256": sha(part)})
+            assert answer.status_code == 200, answer.text
+        latencies: list[float] = []
+        done = threading.Event()
+
+        def probe() -> None:
+            with httpx.Client(base_url=writer.url, timeout=10) as prober:
+                while not done.is_set():
+                    started = time.monotonic()
+                    assert prober.get("/health/live").status_code == 200
+                    latencies.append(time.monotonic() - started)
+                    time.sleep(0.01)
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        try:
+            time.sleep(0.2)
+            started = time.monotonic()
+            answer = complete(client, session)
+            took = time.monotonic() - started
+        finally:
+            done.set()
+            prober.join(10)
+        assert answer.status_code == 201 and answer.json()["sha256"] == whole.hexdigest()
+    print(f"complete took {took:.2f} s; /health/live max {max(latencies) * 1000:.0f} ms over {len(latencies)}")
+    assert max(latencies) < 0.25, sorted(latencies)[-5:]
