@@ -342,3 +342,62 @@ def test_hashing_a_large_upload_does_not_stall_the_event_loop(writer):
         assert answer.status_code == 201 and answer.json()["sha256"] == whole.hexdigest()
     print(f"complete took {took:.2f} s; /health/live max {max(latencies) * 1000:.0f} ms over {len(latencies)}")
     assert max(latencies) < 0.25, sorted(latencies)[-5:]
+
+
+def test_random_input_to_the_upload_routes_never_gets_a_5xx(writer):
+    """Hypothesis (derandomized, bounded): random descriptors, ids, part indexes, hashes, keys
+    and bodies; every answer is below 500 (or a 503 with Retry-After) and errors are JSON."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    with writer.client() as client:
+        session = create(client, os.urandom(2 * MiB))
+    text = st.text(max_size=40)
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | text,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+        max_leaves=8,
+    )
+    descriptors = st.fixed_dictionaries(
+        {}, optional={"name": json_values | text, "size": json_values | st.integers(-5, 2**64),
+                      "sha256": json_values | st.just("a" * 64), "mediaType": json_values | text,
+                      "partSize": json_values | st.integers(0, 2**40)},
+    )
+    ids = st.sampled_from([session["id"], str(uuid.uuid4()), "x", "%00", "..", "0" * 300])
+    indexes = st.sampled_from(["0", "1", "2", "-1", "99999", "1e3", "٣", "0x1", "9" * 30])
+    hashes = st.none() | st.sampled_from(["a" * 64, "z" * 64, "", "A" * 64, "a" * 65])
+    keys = st.none() | st.sampled_from(["k", "", "k" * 65, "ключ", "k k"])
+    problems: list[str] = []
+
+    @settings(max_examples=150, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @given(which=st.sampled_from(["create", "part", "content", "complete", "get", "delete"]),
+           descriptor=descriptors, upload_id=ids, index=indexes, digest=hashes, key=keys,
+           body=st.binary(max_size=2000))
+    def check(which, descriptor, upload_id, index, digest, key, body):
+        headers = {}
+        if key is not None:
+            headers["Idempotency-Key"] = key.encode("utf-8")  # raw bytes on the wire
+        if digest is not None:
+            headers["X-Content-SHA256"] = digest
+        url = f"{BASE}/{upload_id}"
+        if which == "create":
+            answer = http.post(BASE, json=descriptor, headers=headers)
+        elif which == "part":
+            answer = http.put(f"{url}/parts/{index}", content=body, headers=headers)
+        elif which == "content":
+            answer = http.put(f"{url}/content", content=body, headers=headers)
+        elif which == "complete":
+            answer = http.post(f"{url}/complete", headers=headers)
+        elif which == "get":
+            answer = http.get(url)
+        else:
+            answer = http.delete(url, headers=headers)
+        if answer.status_code >= 500 and not (answer.status_code == 503 and "retry-after" in answer.headers):
+            problems.append(f"{which} {upload_id} {index} {descriptor!r} -> {answer.status_code} {answer.text[:200]}")
+        elif answer.status_code >= 400:
+            assert answer.json()["code"], answer.text
+
+    with writer.client() as http:
+        check()
+    assert not problems, "\n".join(problems[:10])
