@@ -12,26 +12,29 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import math
 import os
-import time
 import uuid
 
 import asyncpg
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
+from shared.catalog import pooled
 from shared.errors import Conflict
-from shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
+from shared.storage import (
+    Storage,
+    fsync_directory,
+    is_out_of_space,
+    out_of_space,
+    remove_upload_sessions,
+    sweep_upload_sessions,
+)
 
-log = logging.getLogger("arkvory.uploads")
 
 MiB = 1024 * 1024
 MIN_PART = 1 * MiB
 MAX_PART = 64 * MiB
 DEFAULT_PART = 8 * MiB
 MAX_PARTS = 10_000  # bounds a session's rows and its JSON; with 64 MiB parts: 625 GiB
-SWEEP_BATCH = 100
 HASH_READ = 8 * MiB
 
 
@@ -58,7 +61,6 @@ class ActiveUploads:
         self.parts: dict[uuid.UUID, set[int]] = {}
         self.completing: dict[uuid.UUID, asyncio.Task] = {}
         self.prefixes: dict[uuid.UUID, PrefixHash] = {}
-        self.swept_at_start = False
 
     def part_recorded(self, session: asyncpg.Record, index: int, path: str) -> None:
         prefix = self.prefixes.get(session["id"])
@@ -113,7 +115,7 @@ def part_span(session: asyncpg.Record, index: int) -> tuple[int, int]:
 
 
 def session_path(storage: Storage, session_id: uuid.UUID) -> str:
-    return os.path.join(storage.uploads, str(session_id))
+    return storage.upload_session_file(session_id)
 
 
 def allocate_session_file(path: str, size: int, storage: Storage, reserve: int) -> None:
@@ -179,72 +181,19 @@ def unlink_quietly(path: str) -> None:
 
 
 async def remove_sessions(conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID]) -> None:
-    """Rows first, then files: a crash in between leaves an orphan file, which the sweep's
-    directory pass removes; never a row whose file is gone while it is still in use."""
-    await conn.execute("DELETE FROM arkvory_uploads WHERE id = ANY($1::uuid[])", ids, timeout=QUERY_TIMEOUT_S)
-    for session_id in ids:
-        unlink_quietly(session_path(storage, session_id))
+    await remove_upload_sessions(conn, storage, ids)
 
 
 async def sweep_expired_uploads(
     pool: asyncpg.Pool, storage: Storage, *, orphans_older_than_s: float | None = None,
     busy: ActiveUploads | None = None,
 ) -> int:
-    """Remove sessions past their expiry with their files; returns how many.
-
-    For the worker's periodic cleanup too (writer process only: the writer is the one process
-    that writes session files). With `orphans_older_than_s`, also removes session files with
-    no row (a crash before the create committed, a repository deleted with its sessions) once
-    they are that old, so an upload being created right now is never touched."""
-    removed = 0
-    while True:
-        async with pooled(pool) as conn:
-            ids = [
-                r["id"] for r in await conn.fetch(
-                    "SELECT id FROM arkvory_uploads WHERE expires_at < now() ORDER BY expires_at LIMIT $1",
-                    SWEEP_BATCH, timeout=QUERY_TIMEOUT_S,
-                )
-                if busy is None or not busy.busy(r["id"])
-            ]
-            if ids:
-                for session_id in ids:
-                    if busy is not None:
-                        busy.forget(session_id)
-                await remove_sessions(conn, storage, ids)
-        removed += len(ids)
-        if len(ids) < SWEEP_BATCH:
-            break
-    if orphans_older_than_s is not None:
-        removed += await _sweep_orphan_files(pool, storage, orphans_older_than_s)
-    if removed:
-        log.info("removed %d expired or orphaned upload session(s)", removed)
-    return removed
-
-
-async def _sweep_orphan_files(pool: asyncpg.Pool, storage: Storage, older_than_s: float) -> int:
-    cutoff = time.time() - older_than_s
-    try:
-        entries = await asyncio.to_thread(lambda: list(os.scandir(storage.uploads)))
-    except FileNotFoundError:
-        return 0
-    candidates: dict[uuid.UUID, str] = {}
-    for entry in entries:
-        try:
-            session_id = uuid.UUID(entry.name)
-            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                candidates[session_id] = entry.path
-        except (ValueError, FileNotFoundError):
-            continue
-    if not candidates:
-        return 0
+    """Remove sessions past their expiry with their files; returns how many. For the worker's
+    periodic cleanup (on the writer's host) and the writer's own sweeps; sessions `busy` in
+    this process are left alone (shared/storage.py holds the rules)."""
     async with pooled(pool) as conn:
-        known = {
-            r["id"] for r in await conn.fetch(
-                "SELECT id FROM arkvory_uploads WHERE id = ANY($1::uuid[])", list(candidates),
-                timeout=QUERY_TIMEOUT_S,
-            )
-        }
-    orphans = [path for session_id, path in candidates.items() if session_id not in known]
-    for path in orphans:
-        unlink_quietly(path)
-    return len(orphans)
+        return await sweep_upload_sessions(
+            conn, storage, orphans_older_than_s=orphans_older_than_s,
+            skip=busy.busy if busy is not None else None,
+            removed=busy.forget if busy is not None else None,
+        )

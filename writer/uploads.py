@@ -11,9 +11,9 @@ same part at once, and makes a repeated `complete` wait for the one already runn
 `complete` hashes the whole file, hard-links it into the blob store (directories fsynced),
 and in one transaction inserts the blob and the artifact and marks the session completed: a
 crash anywhere before that commit leaves no artifact and a session that `complete` finishes.
-Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files by
-`sweep_expired_uploads` (at the first upload request of a writer, on access, and by the
-worker of the next issue).
+Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files at the
+writer's start (shared/storage.py), on access, by each new session, and by the worker of the
+next issue (`upload_sessions.sweep_expired_uploads`).
 
 Session files and in-process bookkeeping are in upload_sessions.py, receiving bytes in
 upload_store.py, the OpenAPI fragment in uploads_openapi.py.
@@ -155,7 +155,7 @@ async def create_upload(request: Request) -> Response:
     settings, storage = runtime.settings, runtime.storage
     assert storage is not None
     descriptor = _descriptor(await json_body(request), settings.max_artifact_bytes)
-    await _sweep_once(request)
+    await _sweep_some(request)
 
     async def work(conn: asyncpg.Connection) -> Result:
         open_sessions = await conn.fetchval(
@@ -205,7 +205,6 @@ async def _session_for(request: Request) -> tuple[Repository, asyncpg.Record]:
     principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
     session_id = parse_uuid(request.path_params["upload_id"], "upload id")
-    await _sweep_once(request)
     runtime = runtime_of(request)
     assert runtime.pool is not None and runtime.storage is not None
     async with pooled(runtime.pool) as conn:
@@ -489,19 +488,13 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
 # -- expiry ------------------------------------------------------------------------------------
 
 
-async def _sweep_once(request: Request) -> None:
-    """The writer's start sweep, run by its first session request (the routes have no start
-    hook of their own; bounded: batches of SWEEP_BATCH rows)."""
-    registry = active_uploads(request)
-    if registry.swept_at_start:
-        return
-    registry.swept_at_start = True
+async def _sweep_some(request: Request) -> None:
+    """Expired sessions go at the writer's start (shared/storage.py) and when accessed; each
+    new session also sweeps those expired since (one indexed query when there are none), so
+    a writer that runs for weeks without the worker still frees their space."""
     runtime = runtime_of(request)
     assert runtime.pool is not None and runtime.storage is not None
-    await sweep_expired_uploads(
-        runtime.pool, runtime.storage,
-        orphans_older_than_s=runtime.settings.receive_timeout_s, busy=registry,
-    )
+    await sweep_expired_uploads(runtime.pool, runtime.storage, busy=active_uploads(request))
 
 
 _BASE = "/api/v1/repositories/{repo}/uploads"
