@@ -310,3 +310,37 @@ def test_a_streaming_upload_holds_its_key_while_the_body_arrives(writer, databas
         other = client.post(url, params={"name": "slow"}, content=b"other bytes", headers={KEY: "up"})
         assert other.status_code == 422
     assert db_fetch(database_url, "SELECT count(*) FROM arkvory_artifacts WHERE name = 'slow'")[0][0] == 1
+
+
+def test_a_restarted_writer_replays_from_the_table(cluster, database_url):
+    """Recorded results live in the database: a new writer (nothing in memory) replays them,
+    and still answers 422 for other parameters."""
+    first = cluster.writer().wait_ready()
+    with first.client() as client:
+        created = client.post("/api/v1/repositories", json={"name": "kept"}, headers={KEY: "kept"})
+        assert created.status_code == 201
+    first.kill()
+    second = cluster.writer().wait_ready()
+    with second.client() as client:
+        replay = client.post("/api/v1/repositories", json={"name": "kept"}, headers={KEY: "kept"})
+        assert replay.status_code == 201 and replay.headers["idempotent-replayed"] == "true"
+        assert replay.json() == created.json() and replay.headers["location"] == created.headers["location"]
+        other = client.post("/api/v1/repositories", json={"name": "other-name"}, headers={KEY: "kept"})
+        assert other.status_code == 422
+    assert repository_count(database_url) == 1
+
+
+def test_recorded_results_expire_by_deadline_and_stay_bounded():
+    from writer.idempotency import RecordedResults, _Recorded
+
+    now = [100.0]
+    results = RecordedResults(capacity=2, max_body=10, clock=lambda: now[0])
+    results.put("p", "a", _Recorded("f", 201, b"{}", {}, deadline=105.0))
+    results.put("p", "big", _Recorded("f", 201, b"x" * 11, {}, deadline=105.0))
+    assert results.get("p", "a") is not None and results.get("p", "big") is None  # too large to keep
+    assert results.get("q", "a") is None  # scoped to the principal
+    now[0] = 105.0
+    assert results.get("p", "a") is None  # gone at its deadline
+    for key in ("k1", "k2", "k3"):
+        results.put("p", key, _Recorded("f", 200, None, {}, deadline=200.0))
+    assert results.get("p", "k1") is None and results.get("p", "k3") is not None  # oldest evicted

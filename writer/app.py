@@ -12,7 +12,7 @@ from shared.http import RequestGuard
 from shared.runtime import Runtime
 
 from . import accounts, artifacts, assets, openapi, packages, permissions, repositories, tokens, uploads
-from .idempotency import InFlightKeys
+from .idempotency import InFlightKeys, RecordedResults
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (repositories, packages, assets, artifacts, accounts, tokens, permissions, uploads, openapi)
@@ -26,5 +26,6 @@ def build_writer_app(runtime: Runtime) -> Starlette:
     )
     app.state.upload_slots = asyncio.Semaphore(runtime.settings.max_uploads)
     app.state.idempotency_keys = InFlightKeys()
+    app.state.idempotency_results = RecordedResults()
     app.state.openapi_json = openapi.document_bytes(ROUTE_MODULES)
     return app

@@ -51,7 +51,9 @@ is part of the fingerprint, so the same key with other bytes is a mismatch.
 Concurrency: only one writer runs per database (its advisory lock), so the keys in flight are
 known in this process (`InFlightKeys`, one per app); a transaction-scoped advisory lock on a hash
 of (principal, key), taken with `pg_try_advisory_xact_lock` before anything else in the recording
-transaction, and the primary key of the table make it hold across processes too.
+transaction, and the primary key of the table make it hold across processes too. Replays of
+results this writer recorded or read lately come from memory (`RecordedResults`, which says why
+that is exact); otherwise a replay is one indexed lookup.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ import dataclasses
 import hashlib
 import json
 import re
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -120,6 +124,49 @@ class InFlightKeys:
             self._held.discard(entry)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Recorded:
+    fingerprint: str
+    status: int
+    body: bytes | None
+    headers: dict[str, str]
+    deadline: float  # local monotonic time by which the row has surely not expired yet
+
+
+class RecordedResults:
+    """Recently recorded results, so that a replay on this writer costs no query.
+
+    Exact, not a guess: only this process records keys (one writer per database, held by its
+    advisory lock), a recorded row never changes before it expires, an entry is added only after
+    its transaction committed, and it is dropped no later than the row expires by the database's
+    clock (its deadline is measured as time left, from a local instant taken before the database
+    read `now()`). A new writer starts empty and reads the table. Bounded in entries and bytes.
+    """
+
+    def __init__(self, capacity: int = 4096, max_body: int = 16 * 1024, clock=time.monotonic) -> None:
+        self._entries: OrderedDict[tuple[str, str], _Recorded] = OrderedDict()
+        self._capacity = capacity
+        self._max_body = max_body
+        self.clock = clock
+
+    def get(self, principal_id: str, key: str) -> _Recorded | None:
+        entry = self._entries.get((principal_id, key))
+        if entry is None:
+            return None
+        if self.clock() >= entry.deadline:
+            del self._entries[(principal_id, key)]
+            return None
+        return entry
+
+    def put(self, principal_id: str, key: str, entry: _Recorded) -> None:
+        if entry.body is not None and len(entry.body) > self._max_body:
+            return
+        self._entries[(principal_id, key)] = entry
+        self._entries.move_to_end((principal_id, key))
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+
+
 def key_of(request: Request) -> str | None:
     """The request's Idempotency-Key, checked; None when it sent none."""
     values = request.headers.getlist(HEADER)
@@ -136,8 +183,9 @@ def key_of(request: Request) -> str | None:
 def fingerprint(request: Request, parts: Any) -> str:
     """SHA-256 of the method, route template, path parameters and the route's own parts."""
     route = request.scope.get("route")
+    template = route.path if route is not None else request.url.path
     canonical = json.dumps(
-        [request.method, getattr(route, "path", request.url.path), request.path_params, parts],
+        [request.method, template, request.path_params, parts],
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=True,  # lone surrogates in a body must not break the encoding
@@ -169,18 +217,26 @@ def _response(result: Result, body: bytes | None, replayed: bool) -> Response:
 
 
 _LOOKUP = (
-    "SELECT fingerprint, status, body, headers FROM arkvory_idempotency_keys"
-    " WHERE principal_id = $1 AND key = $2 AND expires_at > now()"
+    "SELECT fingerprint, status, body, headers, extract(epoch FROM expires_at - now())::float8 AS seconds_left"
+    " FROM arkvory_idempotency_keys WHERE principal_id = $1 AND key = $2 AND expires_at > now()"
 )
 
 
-def _replay(row: asyncpg.Record, expected: str) -> Response:
-    if row["fingerprint"] != expected:
+def _from_row(row: asyncpg.Record, started: float) -> _Recorded:
+    body = None if row["body"] is None else row["body"].encode()
+    return _Recorded(row["fingerprint"], row["status"], body, json.loads(row["headers"]), started + row["seconds_left"])
+
+
+def _replay(recorded: _Recorded, expected: str) -> Response:
+    if recorded.fingerprint != expected:
         raise ParameterMismatch(
             "this Idempotency-Key was used for another request; reuse its parameters or send a new key"
         )
-    body = None if row["body"] is None else row["body"].encode()
-    return _response(Result(row["status"], None, json.loads(row["headers"])), body, replayed=True)
+    return _response(Result(recorded.status, None, recorded.headers), recorded.body, replayed=True)
+
+
+def _results(request: Request) -> RecordedResults:
+    return request.app.state.idempotency_results
 
 
 @dataclasses.dataclass
@@ -200,6 +256,9 @@ class HeldKey:
                 result = _as_result(await work(conn))
             return _response(result, result.encoded(), replayed=False)
         expected = fingerprint(self.request, parts)
+        results = _results(self.request)
+        # Before the transaction (and so before its now()): the row expires after this + retention.
+        started = results.clock()
         async with pooled(pool) as conn:
             async with conn.transaction():
                 locked = await conn.fetchval(
@@ -212,7 +271,7 @@ class HeldKey:
                 # Under the lock: a request that finished since any earlier lookup is seen now.
                 row = await conn.fetchrow(_LOOKUP, self.principal.id, self.key, timeout=QUERY_TIMEOUT_S)
                 if row is not None:
-                    return _replay(row, expected)
+                    return _replay(_from_row(row, results.clock()), expected)
                 result = _as_result(await work(conn))
                 body = result.encoded()
                 recorded = {k: v for k, v in result.headers.items() if k.lower() in _RECORDED_HEADERS}
@@ -238,6 +297,9 @@ class HeldKey:
                 )
                 if not stored:
                     raise Conflict("a concurrent request recorded this Idempotency-Key; retry to see its result")
+        # Committed: from now on a replay may come from memory.
+        deadline = started + runtime.settings.idempotency_retention_s
+        results.put(self.principal.id, self.key, _Recorded(expected, result.status, body, recorded, deadline))
         return _response(result, body, replayed=False)
 
 
@@ -257,15 +319,22 @@ async def idempotent(request: Request, principal: Principal, parts: Any, work: W
     """Run `work(conn)` in a transaction, recording and replaying it by Idempotency-Key."""
     key = key_of(request)
     if key is not None:
-        # A retry of a finished change costs this one indexed lookup, and is not held: any
-        # number of replays of one key may run at once. Rows are committed together with
-        # their result, so any row found is complete.
-        pool = request.app.state.runtime.pool
-        assert pool is not None
-        async with pooled(pool) as conn:
-            row = await conn.fetchrow(_LOOKUP, principal.id, key, timeout=QUERY_TIMEOUT_S)
-        if row is not None:
-            return _replay(row, fingerprint(request, parts))
+        # A retry of a finished change is not held (any number of replays of one key may run at
+        # once) and costs one indexed lookup, or none when this writer recorded or read it
+        # lately. Rows are committed together with their result, so any row found is complete.
+        results = _results(request)
+        recorded = results.get(principal.id, key)
+        if recorded is None:
+            pool = request.app.state.runtime.pool
+            assert pool is not None
+            started = results.clock()
+            async with pooled(pool) as conn:
+                row = await conn.fetchrow(_LOOKUP, principal.id, key, timeout=QUERY_TIMEOUT_S)
+            if row is not None:
+                recorded = _from_row(row, started)
+                results.put(principal.id, key, recorded)
+        if recorded is not None:
+            return _replay(recorded, fingerprint(request, parts))
     async with holding_key(request, principal) as held:
         return await held.run(parts, work)
 
