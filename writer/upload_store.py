@@ -112,11 +112,9 @@ class BatchedReceiver:
         self.open_ended = open_ended
         self._current = 0
         self._buffer = bytearray()
+        # The batch being hashed and written in the thread, and the region it closes (if any).
         self._in_flight: asyncio.Future | None = None
-
-    @property
-    def received(self) -> int:
-        return sum(r.filled for r in self.regions)
+        self._closing: Region | None = None
 
     @property
     def expected(self) -> int:
@@ -147,10 +145,11 @@ class BatchedReceiver:
             raise
         finally:
             # Never leave a thread writing into a file the caller is about to remove.
-            if self._in_flight is not None:
-                await asyncio.wait([self._in_flight])
-                if not self._in_flight.cancelled():
-                    self._in_flight.exception()  # retrieved: the body's own error wins
+            future = self._in_flight
+            if future is not None:
+                await asyncio.wait([future])
+                if not future.cancelled():
+                    future.exception()  # retrieved: the body's own error wins
         if self._current < len(self.regions) and not self.open_ended:
             raise InvalidInput(f"the body ended before its {self.expected} bytes arrived")
 
@@ -168,16 +167,17 @@ class BatchedReceiver:
         self._in_flight = asyncio.ensure_future(
             asyncio.to_thread(self._absorb, region, batch, region.filled - len(batch), closes)
         )
-        self._in_flight.region = region if closes else None  # type: ignore[attr-defined]
+        self._closing = region if closes else None
 
     async def _settle(self, on_region: Callable) -> None:
         """Wait for the batch in flight; report the region it closed, if any."""
         future, self._in_flight = self._in_flight, None
+        closing, self._closing = self._closing, None
         if future is None:
             return
         await future
-        if future.region is not None:  # type: ignore[attr-defined]
-            await on_region(future.region)  # type: ignore[attr-defined]
+        if closing is not None:
+            await on_region(closing)
 
     def _absorb(self, region: Region, batch: bytearray, at: int, closes: bool) -> None:
         """Worker thread: hash the batch and, unless the region is already recorded, write it."""
