@@ -407,3 +407,23 @@ def test_random_input_to_the_upload_routes_never_gets_a_5xx(writer):
     with writer.client() as http:
         check()
     assert not problems, "\n".join(problems[:10])
+
+
+def test_a_silent_part_is_cut_after_the_receive_timeout_and_frees_its_place(writer):
+    """ARKVORY_RECEIVE_TIMEOUT_SECONDS=3: a part whose client stops sending gets 408, is not
+    recorded, and neither its claim nor its upload place outlives it."""
+    data = os.urandom(MiB)
+    with writer.client() as client:
+        session = create(client, data)
+        head = request_head(f"PUT {BASE}/{session['id']}/parts/0", MiB, sha(data))
+        with socket.create_connection(("127.0.0.1", writer.port), timeout=15) as sock:
+            sock.sendall(head + data[: MiB // 4])
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                received = sock.recv(65536)
+                if not received:
+                    break
+                answer += received
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == []
+        assert put_part(client, session, 0, data).status_code == 200
