@@ -427,3 +427,20 @@ def test_a_silent_part_is_cut_after_the_receive_timeout_and_frees_its_place(writ
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == []
         assert put_part(client, session, 0, data).status_code == 200
+
+
+def test_parts_and_one_shot_uploads_share_the_upload_places(cluster):
+    writer = cluster.writer(ARKVORY_MAX_UPLOADS="1", ARKVORY_RECEIVE_TIMEOUT_SECONDS="3").wait_ready()
+    data = os.urandom(2 * MiB)
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
+        session = create(client, data)
+        head = request_head(f"PUT {BASE}/{session['id']}/parts/0", MiB, sha(data[:MiB]))
+        with socket.create_connection(("127.0.0.1", writer.port), timeout=15) as sock:
+            sock.sendall(head + data[:1000])  # holds the one place until the receive timeout
+            time.sleep(0.3)
+            busy = client.post("/api/v1/repositories/builds/artifacts", params={"name": "f"}, content=b"x")
+            assert busy.status_code == 503 and busy.json()["code"] == "busy" and "retry-after" in busy.headers
+            busy = put_part(client, session, 1, data)
+            assert busy.status_code == 503 and busy.json()["code"] == "busy"
+        wait_for(lambda: put_part(client, session, 1, data).status_code == 200)
