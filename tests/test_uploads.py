@@ -274,7 +274,8 @@ def test_an_expired_session_is_404_and_its_bytes_are_removed(cluster, database_u
     # committed), once older than the receive timeout.
     orphan = uploads / str(uuid.uuid4())
     orphan.write_bytes(b"left by a crash")
-    os.utime(orphan, (time.time() - 60, time.time() - 60))
+    os.utime(orphan, (time.time() - 600, time.time() - 600))
+    assert (uploads / abandoned["id"]).exists()
     writer.kill()
     writer = cluster.writer(ARKVORY_UPLOAD_EXPIRY="2s").wait_ready()
     assert list(uploads.iterdir()) == []
