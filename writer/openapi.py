@@ -121,6 +121,12 @@ COMPONENTS: dict[str, Any] = {
             "schema": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[\\x20-\\x7e]{1,64}$"},
         },
     },
+    "headers": {
+        "IdempotentReplayed": {
+            "description": "`true` when this answer is the recorded result of an earlier request with the same Idempotency-Key.",
+            "schema": {"type": "string", "enum": ["true"]},
+        },
+    },
     "responses": {
         "Error": {
             "description": "An error (see `code`); 429 and 503 carry `Retry-After`.",
@@ -230,6 +236,16 @@ def _operation_id(method: str, path: str) -> str:
     return method + "".join(w[:1].upper() + w[1:].replace("_", "") for w in words) or method
 
 
+def _document_idempotency(operation: dict[str, Any]) -> None:
+    """What every operation taking an Idempotency-Key may answer because of it."""
+    responses = operation["responses"]
+    for status, response in responses.items():
+        if status.startswith("2") and "$ref" not in response:
+            response.setdefault("headers", {})["Idempotent-Replayed"] = {"$ref": "#/components/headers/IdempotentReplayed"}
+    for status in ("400", "409", "422"):  # malformed key, key in use, other parameters
+        responses.setdefault(status, ERROR)
+
+
 def build_document(modules: Iterable[ModuleType]) -> dict[str, Any]:
     """The whole document: shared fragments, then every module's `OPENAPI_PATHS` (this module's
     own route is one of them when it is in `modules`, as in the writer app)."""
@@ -246,6 +262,8 @@ def build_document(modules: Iterable[ModuleType]) -> dict[str, Any]:
                     operation.setdefault("security", [{"bearer": []}])
                     if not operation.get("operationId"):
                         operation["operationId"] = _operation_id(method, path)
+                    if IDEMPOTENCY_KEY in operation.get("parameters", []):
+                        _document_idempotency(operation)
                 merged[method] = operation
     return {
         "openapi": "3.1.0",
