@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -27,6 +28,29 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive free ports (for `arkvory dev`, which takes P, P+1, ...).
+
+    Chosen below the kernel's ephemeral range (32768+): there, the local end of any client
+    connection (say, to PostgreSQL) may sit on P+1 and make the run unusable a moment later.
+    """
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 32_000 - count)
+        if all(_bindable(base + offset) for offset in range(count)):
+            return base
+    raise RuntimeError(f"no run of {count} free ports found")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def keys_file_text(keys: Mapping[str, tuple[str, list[str]]]) -> str:

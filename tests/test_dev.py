@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from .harness import ROOT, free_port
+from .harness import ROOT, free_port_run
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -87,7 +87,7 @@ def running(tmp_path_factory):
     """One dev cluster for the module (a start costs an initdb), in a directory named as by
     default, so that `--dev` without a DIR finds it from its parent."""
     home = tmp_path_factory.mktemp("devhome")
-    dev = Dev(home / ".arkvory-dev", free_port(), "--gateways", "1")
+    dev = Dev(home / ".arkvory-dev", free_port_run(2), "--gateways", "1")
     try:
         dev.token = dev.wait_running()
         yield dev
@@ -111,7 +111,7 @@ def test_it_serves_through_the_writer_and_the_gateway(running):
 
 
 def test_a_second_dev_on_the_same_directory_is_refused_before_it_starts_anything(running):
-    status, output, took = run_dev_to_the_end(running.state, free_port(), "--gateways", "1")
+    status, output, took = run_dev_to_the_end(running.state, free_port_run(2), "--gateways", "1")
     line = one_line_refusal(output)
     assert status == 3
     assert line == (
@@ -163,7 +163,7 @@ def test_the_admin_tools_find_the_dev_database(running):
 
 
 def test_a_state_made_with_another_gateway_count_is_refused_in_one_line(tmp_path):
-    state, port = tmp_path / "state", free_port()
+    state, port = tmp_path / "state", free_port_run(2)
     first = Dev(state, port, "--gateways", "1")
     try:
         first.wait_running()
