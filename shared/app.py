@@ -41,7 +41,6 @@ def build_app(
     app = Starlette(
         routes=[*health.routes, *content.routes, *routes],
         middleware=[
-            Middleware(RequestContext, metrics=runtime.metrics),
             *middleware,
             Middleware(ServingGate, runtime=runtime),
         ],
@@ -49,3 +48,10 @@ def build_app(
     )
     app.state.runtime = runtime
     return app
+
+
+def serving_app(app: Starlette) -> ASGIApp:
+    """What the server runs: request ids and metrics around everything, then the content
+    routes' fast path (content.ContentDispatch), then the Starlette program."""
+    runtime: Runtime = app.state.runtime
+    return RequestContext(content.ContentDispatch(app), metrics=runtime.metrics)

@@ -179,15 +179,19 @@ class RequestGuard:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            seen = 0
-            for key, _ in scope["headers"]:
-                if key == b"authorization":
-                    seen += 1
-            if seen > 1:
-                await send_error(scope, send, InvalidInput("send at most one Authorization header"))
-                return
+        if scope["type"] == "http" and ambiguous_credentials(scope):
+            await send_error(scope, send, InvalidInput("send at most one Authorization header"))
+            return
         await self.app(scope, receive, send)
+
+
+def ambiguous_credentials(scope: Scope) -> bool:
+    """Two or more `Authorization` headers."""
+    seen = 0
+    for key, _ in scope["headers"]:
+        if key == b"authorization":
+            seen += 1
+    return seen > 1
 
 
 class RequestContext:

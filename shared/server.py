@@ -16,6 +16,7 @@ from types import FrameType
 import uvicorn
 from starlette.types import ASGIApp
 
+from .app import serving_app
 from .protocol import protocol_for
 from .runtime import Runtime
 
@@ -48,7 +49,7 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         background.add(task)
 
     config = uvicorn.Config(
-        app,
+        serving_app(app),
         host=settings.host,
         port=settings.port,
         lifespan="off",

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import asyncpg
 
 from .errors import InsufficientStorage, StartupRefused
+from .open_blobs import OpenBlobs
 
 log = logging.getLogger("arkvory.storage")
 
@@ -57,6 +58,7 @@ class Storage:
         self._blobs_prefix = str(self.blobs)
         self.tmp = root / "tmp"
         self.uploads = root / "uploads"  # resumable upload sessions (writer only)
+        self.open_blobs = OpenBlobs(self.blob_file)  # descriptors the download path reuses
 
     def blob_path(self, sha256: str) -> pathlib.Path:
         return pathlib.Path(self.blob_file(sha256))
