@@ -46,6 +46,8 @@ def build_app(
         ],
         exception_handlers=EXCEPTION_HANDLERS,
     )
+    # SPEC §6: an unknown route is 404. Starlette would answer `/path/` with a 307 to `/path`.
+    app.router.redirect_slashes = False
     app.state.runtime = runtime
     return app
 

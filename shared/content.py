@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.routing import Match, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from .admission import AdmissionRejected
 from .catalog import (

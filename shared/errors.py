@@ -10,8 +10,13 @@
     │   ├── ReadOnly               405 read_only      (gateway: Allow: GET, HEAD)
     │   ├── RequestTimeout         408 request_timeout (a body sent no byte for the receive timeout)
     │   ├── Conflict               409 conflict
+    │   ├── IdempotencyKeyInUse    409 idempotency_key_in_use (the first request with the key still runs)
     │   ├── PayloadTooLarge        413 payload_too_large
+    │   ├── UnsupportedMediaType   415 unsupported_media_type (a multipart form sent as an upload)
     │   ├── RangeNotSatisfiable    416 range_not_satisfiable
+    │   ├── IdempotentParameterMismatch 422 IdempotentParameterMismatch (a used key, other parameters)
+    │   ├── DigestMismatch         422 digest_mismatch (the bytes are not the declared SHA-256)
+    │   ├── RateLimited            429 rate_limited   (Retry-After)
     │   ├── RequestHeaderTooLarge  431 request_header_too_large
     │   ├── InsufficientStorage    507 insufficient_storage (disk full or below the free-space reserve)
     │   ├── Busy                   503 busy           (Retry-After)
@@ -90,6 +95,31 @@ class RequestTimeout(ApiError):
 
 class Conflict(ApiError):
     status, code = 409, "conflict"
+
+
+class IdempotencyKeyInUse(ApiError):
+    status, code = 409, "idempotency_key_in_use"
+
+
+class IdempotentParameterMismatch(ApiError):
+    status, code = 422, "IdempotentParameterMismatch"
+
+
+class UnsupportedMediaType(ApiError):
+    status, code = 415, "unsupported_media_type"
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}  # the unread form body is not worth receiving
+
+
+class DigestMismatch(ApiError):
+    """The bytes received do not have the SHA-256 the client declared; nothing was kept."""
+
+    status, code = 422, "digest_mismatch"
+
+
+class RateLimited(ApiError):
+    status, code = 429, "rate_limited"
 
 
 class PayloadTooLarge(ApiError):

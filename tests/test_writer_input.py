@@ -241,6 +241,12 @@ def test_405_lists_every_method_of_the_path(writer):
         assert "Retry-After" not in answer.headers
 
 
+def test_a_trailing_slash_is_an_unknown_route_not_a_redirect(writer):
+    with writer.client() as client:
+        assert_error(client.get("/api/v1/repositories/"), 404, "not_found")
+        assert_error(client.get("/api/v1/repositories/priv/artifacts/"), 404, "not_found")
+
+
 def test_duplicate_authorization_headers_are_400(writer):
     request = (
         b"GET /api/v1/repositories HTTP/1.1\r\nHost: x\r\n"

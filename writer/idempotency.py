@@ -73,7 +73,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.errors import ApiError, Conflict, InvalidInput
+from shared.errors import Conflict, IdempotencyKeyInUse, IdempotentParameterMismatch, InvalidInput
 from shared.identity import Principal
 
 HEADER = "Idempotency-Key"
@@ -81,14 +81,6 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 _KEY = re.compile(r"[\x20-\x7e]{1,64}")
 # Response headers a replay repeats; everything else (X-Request-Id, Date) belongs to the retry.
 _RECORDED_HEADERS = frozenset({"location", "etag", "content-location"})
-
-
-class KeyInUse(ApiError):
-    status, code = 409, "idempotency_key_in_use"
-
-
-class ParameterMismatch(ApiError):
-    status, code = 422, "IdempotentParameterMismatch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +108,7 @@ class InFlightKeys:
     def hold(self, principal_id: str, key: str):
         entry = (principal_id, key)
         if entry in self._held:
-            raise KeyInUse("a request with this Idempotency-Key is still running; retry after it ends")
+            raise IdempotencyKeyInUse("a request with this Idempotency-Key is still running; retry after it ends")
         self._held.add(entry)
         try:
             yield
@@ -229,7 +221,7 @@ def _from_row(row: asyncpg.Record, started: float) -> _Recorded:
 
 def _replay(recorded: _Recorded, expected: str) -> Response:
     if recorded.fingerprint != expected:
-        raise ParameterMismatch(
+        raise IdempotentParameterMismatch(
             "this Idempotency-Key was used for another request; reuse its parameters or send a new key"
         )
     return _response(Result(recorded.status, None, recorded.headers), recorded.body, replayed=True)
@@ -267,7 +259,7 @@ class HeldKey:
                     timeout=QUERY_TIMEOUT_S,
                 )
                 if not locked:
-                    raise KeyInUse("a request with this Idempotency-Key is still running; retry after it ends")
+                    raise IdempotencyKeyInUse("a request with this Idempotency-Key is still running; retry after it ends")
                 # Under the lock: a request that finished since any earlier lookup is seen now.
                 row = await conn.fetchrow(_LOOKUP, self.principal.id, self.key, timeout=QUERY_TIMEOUT_S)
                 if row is not None:

@@ -17,16 +17,12 @@ import math
 import time
 from collections.abc import Callable
 
-from shared.errors import ApiError
+from shared.errors import RateLimited
 
 ACCOUNT_LIMIT = 5  # attempts per account name per window
 ADDRESS_LIMIT = 20  # attempts per client address per window
 WINDOW_S = 60.0
 MAX_KEYS = 50_000
-
-
-class RateLimited(ApiError):
-    status, code = 429, "rate_limited"
 
 
 class AttemptLimiter:

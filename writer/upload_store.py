@@ -18,7 +18,7 @@ from collections.abc import Callable
 from starlette.requests import Request
 
 from shared.bodies import ReceiveTimedOut, body_chunks
-from shared.errors import ApiError, Conflict, InvalidInput, PayloadTooLarge
+from shared.errors import Conflict, DigestMismatch, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from shared.metrics import Metrics
 from shared.storage import Storage, is_out_of_space, out_of_space
 
@@ -26,19 +26,6 @@ from shared.storage import Storage, is_out_of_space, out_of_space
 BATCH = 2 * 1024 * 1024
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
-
-
-class UnsupportedMediaType(ApiError):
-    status, code = 415, "unsupported_media_type"
-
-    def headers(self) -> dict[str, str]:
-        return {"Connection": "close"}
-
-
-class DigestMismatch(ApiError):
-    """The bytes received do not have the SHA-256 the client declared; nothing was kept."""
-
-    status, code = 422, "digest_mismatch"
 
 
 def refuse_form_upload(request: Request) -> None:

@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
-from shared.errors import Busy, Conflict, InvalidInput, NotFound, PayloadTooLarge
+from shared.errors import Busy, Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
 from shared.storage import is_out_of_space, out_of_space
 
@@ -58,7 +58,7 @@ from .upload_sessions import (
     unlink_quietly,
     whole_digest,
 )
-from .upload_store import BatchedReceiver, DigestMismatch, Region, parse_sha256, refuse_form_upload
+from .upload_store import BatchedReceiver, Region, parse_sha256, refuse_form_upload
 from .uploads_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 
 log = logging.getLogger("arkvory.uploads")
