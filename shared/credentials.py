@@ -33,6 +33,7 @@ import asyncpg
 from .catalog import QUERY_TIMEOUT_S, pooled
 from .errors import Unauthorized
 from .identity import ANONYMOUS, Principal, bearer_token
+from .notified_cache import NotifiedCache
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -129,42 +130,19 @@ class _Entry:
     expires_at: float  # epoch seconds, from the database (same host, same clock)
 
 
-class CredentialCache:
+class CredentialCache(NotifiedCache):
     """Resolved database credentials, trusted only while the NOTIFY listener is up."""
 
+    channel = CHANNEL
+    max_entries = MAX_ENTRIES
+
     def __init__(self, clock=time.time) -> None:
+        super().__init__()
         self._clock = clock
-        self._entries: dict[bytes, _Entry] = {}
-        self._generation = 0
-        self._listening = False
         self._used: set[uuid.UUID] = set()
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def listening(self) -> bool:
-        return self._listening
-
-    @property
-    def generation(self) -> int:
-        return self._generation
-
-    async def listen(self, conn: asyncpg.Connection) -> None:
-        await conn.add_listener(CHANNEL, self._on_change)
-        # A revocation committed while nobody listened must not survive in memory.
-        self.invalidate()
-        self._listening = True
-
-    def stop_listening(self) -> None:
-        self._listening = False
-        self.invalidate()
-
-    def invalidate(self) -> None:
-        self._generation += 1
-        self._entries.clear()
 
     def get(self, digest: bytes) -> Principal | None:
-        entry = self._entries.get(digest) if self._listening else None
+        entry = self._lookup(digest)
         if entry is None or entry.expires_at <= self._clock():
             self.misses += 1
             return None
@@ -173,11 +151,7 @@ class CredentialCache:
 
     def put(self, digest: bytes, principal: Principal, expires_at: float, generation: int) -> None:
         # An answer read before a change notified (generation moved on) may be stale: not kept.
-        if not self._listening or generation != self._generation:
-            return
-        if len(self._entries) >= MAX_ENTRIES:
-            self._entries.clear()
-        self._entries[digest] = _Entry(principal, expires_at)
+        self._store(digest, _Entry(principal, expires_at), generation)
 
     def note_used(self, credential_id: uuid.UUID) -> None:
         if len(self._used) < MAX_PENDING_LAST_USED:
@@ -194,9 +168,6 @@ class CredentialCache:
             timeout=timeout,
         )
         return len(used)
-
-    def _on_change(self, conn: object, pid: int, channel: str, table: str) -> None:
-        self.invalidate()
 
 
 def forget_cached(runtime: Runtime) -> None:
