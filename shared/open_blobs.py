@@ -3,34 +3,51 @@
 Opening a blob resolves four directories, a noticeable share of a small download. Blobs are
 content-addressed and immutable, so a descriptor kept open serves the right bytes for as long as
 it is open, even if the file is unlinked meanwhile (a transfer starts only after the catalog
-lookup found its artifact, and holds a read pin while it streams). At most `capacity` blobs
-are kept; one still in use when it is pushed out is closed by its last user.
+lookup found its artifact, and holds a read pin while it streams). At most `capacity` blobs are
+kept, and none longer than `idle_s` after its last use (checked on every acquire), so a blob that
+cleanup deleted does not keep its disk space for long; one still in use when it is pushed out is
+closed by its last user.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import time
 from collections.abc import Callable
+
+IDLE_S = 10.0
 
 
 class OpenBlobs:
-    def __init__(self, path_of: Callable[[str], str], capacity: int = 128) -> None:
+    def __init__(
+        self,
+        path_of: Callable[[str], str],
+        capacity: int = 128,
+        idle_s: float = IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._path_of = path_of
         self.capacity = capacity
-        self._open: collections.OrderedDict[str, list[int]] = collections.OrderedDict()  # [fd, users]
-        self._evicted: dict[int, list[int]] = {}  # pushed out while in use, by fd
+        self.idle_s = idle_s
+        self._clock = clock
+        # sha256 -> [fd, users, last used], least recently used first
+        self._open: collections.OrderedDict[str, list] = collections.OrderedDict()
+        self._evicted: dict[int, list] = {}  # pushed out while in use, by fd
 
     def acquire(self, sha256: str) -> int:
         """An open descriptor of the blob (FileNotFoundError when it is missing); give it back
         with `release`."""
+        now = self._clock()
+        self._close_idle(now)
         entry = self._open.get(sha256)
         if entry is None:
-            entry = self._open[sha256] = [os.open(self._path_of(sha256), os.O_RDONLY), 0]
+            entry = self._open[sha256] = [os.open(self._path_of(sha256), os.O_RDONLY), 0, now]
             self._evict()
         else:
             self._open.move_to_end(sha256)
         entry[1] += 1
+        entry[2] = now
         return entry[0]
 
     def release(self, sha256: str, fd: int) -> None:
@@ -43,22 +60,36 @@ class OpenBlobs:
                 os.close(fd)
             return
         entry[1] -= 1
+        entry[2] = self._clock()
 
     def close(self) -> None:
-        for fd, users in self._open.values():
-            if users == 0:
-                os.close(fd)
-            else:
-                self._evicted[fd] = [fd, users]
+        for entry in self._open.values():
+            self._drop(entry)
         self._open.clear()
 
     def __len__(self) -> int:
         return len(self._open)
 
+    def _close_idle(self, now: float) -> None:
+        # The least recently used come first: stop at the first one still fresh. One in use is
+        # not idle: it goes to the back (each entry is looked at once per call at most).
+        for _ in range(len(self._open)):
+            sha256, entry = next(iter(self._open.items()))
+            if now - entry[2] < self.idle_s:
+                return
+            if entry[1]:
+                self._open.move_to_end(sha256)
+                continue
+            del self._open[sha256]
+            os.close(entry[0])
+
     def _evict(self) -> None:
         while len(self._open) > self.capacity:
             _, entry = self._open.popitem(last=False)
-            if entry[1] == 0:
-                os.close(entry[0])
-            else:
-                self._evicted[entry[0]] = entry
+            self._drop(entry)
+
+    def _drop(self, entry: list) -> None:
+        if entry[1] == 0:
+            os.close(entry[0])
+        else:
+            self._evicted[entry[0]] = entry

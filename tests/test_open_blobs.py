@@ -64,3 +64,19 @@ def test_a_missing_blob_is_an_error_and_not_remembered(blobs, tmp_path):
     fd = blobs.acquire("missing")
     assert os.pread(fd, 3, 0) == b"now"
     blobs.release("missing", fd)
+
+
+def test_a_blob_idle_longer_than_the_bound_is_closed_on_the_next_acquire(tmp_path):
+    for name in "ab":
+        (tmp_path / name).write_bytes(b"x")
+    now = [0.0]
+    blobs = OpenBlobs(lambda sha: str(tmp_path / sha), capacity=8, idle_s=10.0, clock=lambda: now[0])
+    idle = blobs.acquire("a")
+    blobs.release("a", idle)
+    busy = blobs.acquire("b")  # in use: never closed under its reader
+    now[0] = 11.0
+    other = blobs.acquire("b")
+    assert other == busy
+    assert not is_open(idle) and is_open(busy) and len(blobs) == 1
+    blobs.release("b", busy)
+    blobs.release("b", other)
