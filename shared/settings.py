@@ -88,6 +88,11 @@ class Settings:
     min_free_bytes: int = 1024**3
     upload_expiry_s: int = 86400
     session_lifetime_s: int = 12 * 3600
+    cleanup_interval_s: int = 3600  # 0: the writer dispatches no cleanup on its own
+    verify_interval_s: int = 0  # 0: no scheduled verify
+    cleanup_grace_s: int = 3600
+    verify_bytes_per_second: int = 64 * 1024 * 1024  # 0: unthrottled
+    worker_port: int = 8090
 
     def __repr__(self) -> str:
         # The DSN may carry a password: show it masked, never raw.
@@ -169,6 +174,14 @@ class Settings:
             min_free_bytes=reader.integer("ARKVORY_MIN_FREE_BYTES", 0, 2**50, 1024**3),
             upload_expiry_s=reader.duration("ARKVORY_UPLOAD_EXPIRY", "24h"),
             session_lifetime_s=reader.duration("ARKVORY_SESSION_LIFETIME", "12h"),
+            cleanup_interval_s=reader.optional_duration("ARKVORY_CLEANUP_INTERVAL", "1h"),
+            verify_interval_s=reader.optional_duration("ARKVORY_VERIFY_INTERVAL", "off"),
+            # A blob unreferenced for less than this is kept: an upload may be about to use it.
+            cleanup_grace_s=reader.duration("ARKVORY_CLEANUP_GRACE", "1h"),
+            verify_bytes_per_second=reader.integer(
+                "ARKVORY_VERIFY_BYTES_PER_SECOND", 0, MAX_RATE, 64 * 1024 * 1024
+            ),
+            worker_port=reader.integer("ARKVORY_WORKER_PORT", 1, 65535, 8090),
         )
         cert, key = values["tls_cert_file"], values["tls_key_file"]
         tls_failed = {"ARKVORY_TLS_CERT_FILE", "ARKVORY_TLS_KEY_FILE"} & reader.failed
@@ -335,6 +348,21 @@ class _Reader:
             self.problem(name, "expected a duration such as 7d, 24h, 90m or 30s")
             match = _DURATION.match(default)
         assert match is not None
+        return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+    def optional_duration(self, name: str, default: str) -> int:
+        """A duration, or `off` for 0 (the feature is disabled)."""
+        value = self._raw(name) or default
+        if value.lower() == "off":
+            return 0
+        match = _DURATION.match(value)
+        if match is None:
+            self.problem(name, "expected a duration such as 7d, 24h, 90m or 30s, or off")
+            value = default
+            if value == "off":
+                return 0
+            match = _DURATION.match(value)
+            assert match is not None
         return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
     def existing_file(self, name: str) -> pathlib.Path | None:

@@ -1,0 +1,63 @@
+"""What a task kind's code sees while it runs: the contract between the worker and the kinds.
+
+A kind is a module with `validate_params(params: dict) -> dict` (raises `shared.errors.InvalidInput`
+on bad params; the API calls it before a task is stored) and `async def run(ctx: TaskContext) ->
+dict` (the task's result). The worker implements `TaskContext`; every budget check, event and
+checkpoint goes through it, so a kind never writes task rows itself.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Protocol
+
+import asyncpg
+
+from shared.settings import Settings
+from shared.storage import Storage
+
+
+class TaskCancelled(Exception):
+    """Raised by `progress`/`checkpoint` when the task was asked to cancel: the kind stops
+    where it is (it may clean up in a `finally`) and the worker records `cancelled`."""
+
+
+class BudgetExceeded(Exception):
+    """Raised by `progress`/`checkpoint` when a budget limit is exceeded: the worker fails the
+    task at once with code `budget_exceeded`, never retried."""
+
+    def __init__(self, limit: str, allowed: int, used: int) -> None:
+        super().__init__(f"{limit} exceeded: {used} > {allowed}")
+        self.limit, self.allowed, self.used = limit, allowed, used
+
+
+class TaskContext(Protocol):
+    task_id: uuid.UUID
+    kind: str
+    params: dict[str, Any]
+    # The state last saved with `checkpoint` (a `resume` task restarted from it), else None.
+    resumed_from: dict[str, Any] | None
+    pool: asyncpg.Pool
+    storage: Storage
+    settings: Settings
+
+    async def progress(
+        self,
+        *,
+        items: int = 0,
+        bytes: int = 0,
+        cost_units: int = 0,
+        message: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """Count work done (adds to the budget usage and checks every limit), and record a
+        `task.progress` event (the worker may coalesce events to at most a few per second,
+        but the usage is always exact). Raises TaskCancelled or BudgetExceeded."""
+
+    async def checkpoint(self, state: dict[str, Any]) -> None:
+        """Save `state` (JSON) as the point a `resume` task continues from, with a
+        `task.checkpoint` event, in one transaction; counts one transition and checks
+        `max_state_bytes`. Raises TaskCancelled or BudgetExceeded."""
+
+    def cancel_requested(self) -> bool:
+        """True once the task was asked to cancel (cheap: no database round trip)."""

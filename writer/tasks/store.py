@@ -1,0 +1,178 @@
+"""The task store: every status change of a task and its event in one transaction (SPEC §7).
+
+Event numbers come from the task row itself: the UPDATE that changes the status (or records
+progress) also bumps `last_event`, and the event takes that number. The row lock the UPDATE
+holds until commit serializes concurrent writers of one task, so the numbers are 1, 2, 3...
+with no gap and no duplicate. A transition is conditional on the status found (`WHERE status
+= ANY(...)`): two racing transitions (cancel and complete) cannot both win.
+
+JSON columns travel as text (no codec is registered on the pool); `decode` turns a row into a
+plain dict with them parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import asyncpg
+
+UNFINISHED = ("queued", "loading", "running", "cancelling")
+FINISHED = ("completed", "failed", "cancelled")
+STATUSES = UNFINISHED + FINISHED
+
+_JSON_COLUMNS = ("params", "budget", "usage", "checkpoint", "result")
+# Columns a transition may set besides the status; fixed names, never from input.
+_SETTABLE = frozenset(
+    {
+        "checkpoint", "result", "error_code", "error_message", "worker", "heartbeat_at",
+        "started_at", "attempts", "usage",
+    }
+)
+
+
+def encode_json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def decode(row: asyncpg.Record | None) -> dict[str, Any] | None:
+    """A task row as a dict, with its JSON columns parsed."""
+    if row is None:
+        return None
+    task = dict(row)
+    for column in _JSON_COLUMNS:
+        if isinstance(task.get(column), str):
+            task[column] = json.loads(task[column])
+    return task
+
+
+async def insert_task(
+    conn: asyncpg.Connection,
+    *,
+    kind: str,
+    params: Mapping[str, Any],
+    on_restart: str,
+    definition_version: str | None,
+    definition_hash: str,
+    budget: Mapping[str, Any],
+    idempotency_key: str | None,
+    created_by: str | None,
+) -> dict[str, Any]:
+    """A new `queued` task with its `task.queued` event (number 1), in the caller's
+    transaction, so the task is committed, with its event, before anyone answers 202."""
+    assert conn.is_in_transaction(), "insert_task must run inside a transaction"
+    task_id = uuid.uuid4()
+    row = await conn.fetchrow(
+        """
+        INSERT INTO arkvory_tasks (id, kind, params, on_restart, definition_version,
+            definition_hash, budget, idempotency_key, created_by, status, last_event)
+        VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7::jsonb, $8, $9, 'queued', 1)
+        RETURNING *
+        """,
+        task_id, kind, encode_json(dict(params)), on_restart, definition_version,
+        definition_hash, encode_json(dict(budget)), idempotency_key, created_by,
+    )
+    await _insert_event(conn, task_id, 1, "task.queued", {"status": "queued"})
+    return decode(row)
+
+
+async def transition(
+    conn: asyncpg.Connection,
+    task_id: uuid.UUID,
+    *,
+    allowed_from: Iterable[str],
+    to: str,
+    event: str,
+    data: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """Move the task from one of `allowed_from` to `to` and append `event`, in one transaction.
+
+    None when the task is not in an allowed status: another transition won, and nothing was
+    written. `fields` sets other columns in the same UPDATE (JSON ones are encoded here)."""
+    assert to in STATUSES, to
+    sets, args = _set_clause(fields or {}, first_arg=4)
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            f"""
+            UPDATE arkvory_tasks
+            SET status = $2, last_event = last_event + 1, updated_at = now(),
+                finished_at = CASE WHEN $2 = ANY('{{completed,failed,cancelled}}'::text[])
+                                   THEN now() ELSE NULL END{sets}
+            WHERE id = $1 AND status = ANY($3::text[])
+            RETURNING *
+            """,
+            task_id, to, list(allowed_from), *args,
+        )
+        if row is None:
+            return None
+        event_data = {"status": to, **(data or {})}
+        await _insert_event(conn, task_id, row["last_event"], event, event_data)
+    return decode(row)
+
+
+async def append_event(
+    conn: asyncpg.Connection,
+    task_id: uuid.UUID,
+    event: str,
+    data: Mapping[str, Any] | None = None,
+    *,
+    only_in: Iterable[str] = UNFINISHED,
+    fields: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """An event that changes no status (`task.progress`, `task.checkpoint`), with optional
+    column updates in the same transaction; None when the task is no longer in `only_in`."""
+    sets, args = _set_clause(fields or {}, first_arg=3)
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            f"""
+            UPDATE arkvory_tasks SET last_event = last_event + 1, updated_at = now(){sets}
+            WHERE id = $1 AND status = ANY($2::text[])
+            RETURNING *
+            """,
+            task_id, list(only_in), *args,
+        )
+        if row is None:
+            return None
+        await _insert_event(conn, task_id, row["last_event"], event, dict(data or {}))
+    return decode(row)
+
+
+async def fetch_task(conn: asyncpg.Connection | asyncpg.Pool, task_id: uuid.UUID) -> dict[str, Any] | None:
+    return decode(await conn.fetchrow("SELECT * FROM arkvory_tasks WHERE id = $1", task_id))
+
+
+async def fetch_events(
+    conn: asyncpg.Connection | asyncpg.Pool, task_id: uuid.UUID, after: int = 0, limit: int = 1000
+) -> list[dict[str, Any]]:
+    rows = await conn.fetch(
+        "SELECT seq, type, data, created_at FROM arkvory_task_events"
+        " WHERE task_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        task_id, after, limit,
+    )
+    return [
+        {"seq": r["seq"], "type": r["type"], "data": json.loads(r["data"]), "created_at": r["created_at"]}
+        for r in rows
+    ]
+
+
+async def _insert_event(
+    conn: asyncpg.Connection, task_id: uuid.UUID, seq: int, event: str, data: Mapping[str, Any]
+) -> None:
+    await conn.execute(
+        "INSERT INTO arkvory_task_events (task_id, seq, type, data) VALUES ($1, $2, $3, $4::jsonb)",
+        task_id, seq, event, encode_json(dict(data)),
+    )
+
+
+def _set_clause(fields: Mapping[str, Any], *, first_arg: int) -> tuple[str, list[Any]]:
+    parts, args = [], []
+    for number, (column, value) in enumerate(fields.items(), start=first_arg):
+        if column not in _SETTABLE:
+            raise ValueError(f"a transition cannot set {column!r}")
+        cast = "::jsonb" if column in _JSON_COLUMNS else ""
+        parts.append(f", {column} = ${number}{cast}")
+        args.append(encode_json(value) if column in _JSON_COLUMNS else value)
+    return "".join(parts), args
