@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib
 import os
 import secrets
 import sys
@@ -14,6 +15,9 @@ from .errors import StartupError
 from .settings import Settings, SettingsError, format_problems
 
 EXIT_USAGE = 2
+# Packages whose `commands.register` adds their subcommands: the worker, the offline repair
+# tools, and the client's get/put/ls/stat/rm.
+_COMMAND_PACKAGES = ("writer.worker", "writer.maintenance", "shared.client")
 
 
 def _settings_or_exit(environ) -> Settings:
@@ -187,6 +191,8 @@ def parser() -> argparse.ArgumentParser:
     create_user.add_argument("name", metavar="NAME")
     create_user.add_argument("--admin", action="store_true", help="an administrator (every repository)")
     _database_options(create_user).set_defaults(func=cmd_create_user)
+    for package in _COMMAND_PACKAGES:
+        importlib.import_module(f"{package}.commands").register(sub, admin)
     return top
 
 

@@ -1,0 +1,1 @@
+"""The Arkvory client library (SPEC §10)."""

@@ -1,0 +1,59 @@
+"""Task budgets (SPEC §7): limits a task may not exceed, and the usage counted against them.
+
+Each limit has the usage counter it bounds. `transitions` counts the task's steps: every
+`progress` and every `checkpoint` call of its kind's code is one. `state_bytes` is the size of
+the last checkpoint as canonical JSON. Exceeding a limit fails the task at once with
+`budget_exceeded`; it is never retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shared.errors import InvalidInput
+
+# limit name -> usage counter it bounds
+LIMITS = {
+    "max_items": "items",
+    "max_bytes": "bytes",
+    "max_transitions": "transitions",
+    "max_cost_units": "cost_units",
+    "max_state_bytes": "state_bytes",
+}
+MAX_LIMIT = 2**62
+
+
+def validate_budget(budget: Any) -> dict[str, int]:
+    """The budget as given in a dispatch: an object of known limits, each a positive integer."""
+    if budget is None:
+        return {}
+    if not isinstance(budget, dict):
+        raise InvalidInput("budget must be an object")
+    unknown = sorted(set(budget) - set(LIMITS))
+    if unknown:
+        raise InvalidInput(f"unknown budget limit {unknown[0]!r}; known: {', '.join(LIMITS)}")
+    checked = {}
+    for name, value in budget.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+            raise InvalidInput(f"budget.{name} must be an integer from 1 to {MAX_LIMIT}")
+        checked[name] = value
+    return checked
+
+
+def empty_usage() -> dict[str, int]:
+    return {counter: 0 for counter in LIMITS.values()}
+
+
+def exceeded(limits: Mapping[str, int], usage: Mapping[str, int]) -> tuple[str, int, int] | None:
+    """The first limit `usage` exceeds, as (limit, allowed, used); None when within budget."""
+    for name, counter in LIMITS.items():
+        allowed = limits.get(name)
+        if allowed is not None and usage.get(counter, 0) > allowed:
+            return name, allowed, usage.get(counter, 0)
+    return None
+
+
+def budget_json(limits: Mapping[str, int], usage: Mapping[str, int]) -> dict[str, Any]:
+    """The `budget` of a task's status: its limits and its current usage."""
+    return {"limits": dict(limits), "usage": {**empty_usage(), **usage}}

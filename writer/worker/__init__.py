@@ -1,0 +1,1 @@
+"""The worker process (`arkvory worker`): runs persisted tasks (SPEC §7)."""
