@@ -13,9 +13,14 @@ from shared.runtime import Runtime
 
 from . import accounts, artifacts, assets, openapi, packages, permissions, repositories, tokens, uploads
 from .idempotency import InFlightKeys, RecordedResults
+from .maintenance import diagnostics
+from .tasks import api as tasks
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
-ROUTE_MODULES = (repositories, packages, assets, artifacts, accounts, tokens, permissions, uploads, openapi)
+ROUTE_MODULES = (
+    repositories, packages, assets, artifacts, accounts, tokens, permissions, uploads, tasks,
+    diagnostics, openapi,
+)
 
 
 def build_writer_app(runtime: Runtime) -> Starlette:
