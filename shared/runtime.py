@@ -58,6 +58,9 @@ class Runtime:
         self.schema_too_new = False
         self.draining = False
         self.exit_status = 0
+        # More supervised loops of the assembled program, as (name, run): the writer's task
+        # schedule. Added before `start_background`.
+        self.extra_loops: list[tuple[str, Any]] = []
         # Why this process stopped serving for good (lease lost, a background loop failed).
         self.failure: str | None = None
         self._server_stop: asyncio.Event | None = None
@@ -231,7 +234,7 @@ class Runtime:
         loops: list[tuple[str, Any]] = [("read pins", pins), ("control connection", self.control.run)]
         if self.lease is not None:
             loops.append(("lease watcher", self._watch_lease))
-        return loops
+        return loops + self.extra_loops
 
     async def _watch_lease(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         assert self.lease is not None
