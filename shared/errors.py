@@ -20,7 +20,9 @@
     │   ├── RequestHeaderTooLarge  431 request_header_too_large
     │   ├── InsufficientStorage    507 insufficient_storage (disk full or below the free-space reserve)
     │   ├── Busy                   503 busy           (Retry-After)
-    │   └── Unavailable            503 unavailable    (Retry-After)
+    │   ├── Unavailable            503 unavailable    (Retry-After)
+    │   └── ContentUnavailable     503 content_unavailable (Retry-After: the blob is missing or
+    │                                                     quarantined; re-uploading it restores it)
     └── StartupError               (exit_status; the process refuses to start)
         ├── SlotBusy               exit 3: another holder still renews the slot
         ├── DatabaseUnavailable    exit 69: cannot reach the database (a restart may help)
@@ -164,6 +166,13 @@ class Busy(ApiError):
 
 class Unavailable(ApiError):
     status, code, retry_after = 503, "unavailable", 2
+
+
+class ContentUnavailable(ApiError):
+    """The artifact is known but its stored file is missing or was quarantined as corrupt: never
+    a partial or wrong body. Retry-After is long because only a re-upload (or an operator) fixes it."""
+
+    status, code, retry_after = 503, "content_unavailable", 60
 
 
 class StartupError(Exception):
