@@ -1,0 +1,74 @@
+"""Prometheus metrics of the worker process (SPEC §8, issue 8 item 9), against a registry the
+caller owns (a fresh `CollectorRegistry()` per test).
+
+The task kinds increment the cleanup and verify metrics through `ctx.metrics`; the worker
+itself counts tasks by kind and outcome, their durations, and whether it is the active worker.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Tasks run from minutes to hours: the default buckets (up to 10 s) would lump them together.
+_DURATION_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        # -- incremented by the task kinds (writer/maintenance) --
+        self.cleanup_reclaimed_bytes = Counter(
+            "arkvory_cleanup_reclaimed_bytes",
+            "Bytes of unreferenced blobs the cleanup task deleted",
+            registry=registry,
+        )
+        self.cleanup_deleted_blobs = Counter(
+            "arkvory_cleanup_deleted_blobs",
+            "Unreferenced blobs the cleanup task deleted",
+            registry=registry,
+        )
+        self.verify_hashed_bytes = Counter(
+            "arkvory_verify_hashed_bytes",
+            "Bytes of stored blobs the verify task re-hashed",
+            registry=registry,
+        )
+        self.storage_diagnostics = Gauge(
+            "arkvory_storage_diagnostics",
+            "Stored blobs the last verify found wrong, by problem (missing, corrupt)",
+            ["problem"],
+            registry=registry,
+        )
+        # -- kept by the worker --
+        self.tasks = Counter(
+            "arkvory_worker_tasks",
+            "Tasks this worker ran to an end, by kind and outcome "
+            "(completed, failed, cancelled, budget_exceeded, interrupted)",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.task_duration = Histogram(
+            "arkvory_worker_task_duration_seconds",
+            "Time from claiming a task to its end in this worker, by kind",
+            ["kind"],
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.tasks_running = Gauge(
+            "arkvory_worker_tasks_running", "Tasks this worker is running now", registry=registry
+        )
+        self.recovered = Counter(
+            "arkvory_worker_recovered_tasks",
+            "Unfinished tasks found on becoming active, by the status they were moved to",
+            ["to"],
+            registry=registry,
+        )
+        self.active = Gauge(
+            "arkvory_worker_active",
+            "1 while this worker holds the worker lock and runs tasks, 0 in standby",
+            registry=registry,
+        )
+        self.locks_lost = Counter(
+            "arkvory_worker_locks_lost",
+            "Times this worker lost its lock connection while active",
+            registry=registry,
+        )
