@@ -1,10 +1,12 @@
 """Writer routes for artifacts: the small-file upload shortcut, list, show and delete (SPEC §6).
 
 An upload streams into a temporary file inside the storage directory while its SHA-256 is
-computed (in batches, in a worker thread: writer/upload_store.py), is placed into the
-content-addressed store only once complete, and its metadata row is committed last, with its
-Idempotency-Key: an interrupted body leaves neither an artifact nor a stray file, and a retry
-with the same key replays the first artifact instead of creating a second.
+computed (in batches, in a worker thread: writer/upload_store.py). Only once it is complete,
+one transaction claims its digest (writer/maintenance/blob_locks.py: cleanup cannot unlink an
+identical old blob we are about to reuse), places the file under its digest, and inserts the
+blob and artifact rows with the Idempotency-Key: an interrupted body leaves neither an artifact
+nor a stray file, and a retry with the same key replays the first artifact instead of creating
+a second.
 
 Delete removes the metadata at once; the blob stays for the cleanup task. An artifact that a
 package version or an asset still points at cannot be deleted (409): a published version is
@@ -14,9 +16,12 @@ immutable, and an asset would otherwise point at nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
+import pathlib
 import uuid
+from collections.abc import AsyncIterator
 
 import asyncpg
 from starlette.requests import ClientDisconnect, Request
@@ -24,14 +29,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.bodies import declared_length
-from shared.catalog import QUERY_TIMEOUT_S, check_text, parse_uuid, pooled, repository_for_read
+from shared.catalog import QUERY_TIMEOUT_S, Repository, check_text, parse_uuid, pooled, repository_for_read
 from shared.errors import Busy, Conflict, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
 from shared.settings import Settings
 from shared.metrics import Metrics
 from shared.storage import Storage, is_out_of_space, out_of_space
 
-from .idempotency import Result, holding_key, idempotent
+from .maintenance.blob_locks import claim_for_upload
+from .idempotency import HeldKey, Result, holding_key, idempotent
 from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
 from .pagination import page, page_cursor, page_limit
 from .repositories import principal_of, repository_for_write, runtime_of
@@ -59,15 +65,18 @@ def artifact_json(row) -> dict:
     }
 
 
-async def receive_into_store(
+@contextlib.asynccontextmanager
+async def received_body(
     request: Request, storage: Storage, settings: Settings, metrics: Metrics
-) -> tuple[str, int]:
-    """Stream the body to a temp file, then place it under its digest; returns (sha256, size).
+) -> AsyncIterator[tuple[pathlib.Path, str, int]]:
+    """Stream the body to a temp file (fsynced); yields (temp path, sha256, size). The caller
+    places it with `place_claimed_blob` inside its publishing transaction; the temp file is
+    removed when the block ends, whatever happened.
 
     Bounded before and while reading: a declared length above ARKVORY_MAX_ARTIFACT_BYTES is
     413 before a byte is read, a sent body as soon as it passes it; a disk that is full or
     would fall below ARKVORY_MIN_FREE_BYTES is 507 (checked per batch). A body that sends no
-    byte for the receive timeout is 408. In every case the temp file is removed."""
+    byte for the receive timeout is 408."""
     expected = declared_length(request)
     limit = settings.max_artifact_bytes
     if expected is not None and expected > limit:
@@ -77,27 +86,46 @@ async def receive_into_store(
     regions = [Region(0, 0, size, None)] if size else []
     partial = storage.tmp / f"upload-{uuid.uuid4().hex}"
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            receiver = BatchedReceiver(
-                fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
-                open_ended=expected is None,
-            )
-            await receiver.receive(request, settings.receive_timeout_s, _nothing_to_record, metrics)
-            await asyncio.to_thread(os.fsync, fd)
-        finally:
-            os.close(fd)
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                receiver = BatchedReceiver(
+                    fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
+                    open_ended=expected is None,
+                )
+                await receiver.receive(request, settings.receive_timeout_s, _nothing_to_record, metrics)
+                await asyncio.to_thread(os.fsync, fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if is_out_of_space(exc):
+                raise out_of_space(exc) from None
+            raise
         region = regions[0] if regions else Region(0, 0, 0, None)
-        sha256, received = region.digest.hexdigest(), region.filled
-        # The metadata row is committed next: the blob (and any new directory) is durable first.
-        await asyncio.to_thread(storage.place_blob, partial, sha256)
-        return sha256, received
+        yield partial, region.digest.hexdigest(), region.filled
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+async def place_claimed_blob(
+    conn: asyncpg.Connection, storage: Storage, source: str | os.PathLike, sha256: str, size: int,
+    *, link: bool = False,
+) -> None:
+    """Inside a publishing transaction: claim the digest (writer/maintenance/blob_locks.py),
+    place the blob under it (or keep the identical one already there) and insert its row.
+    The claim lasts until the commit that makes the artifact visible, so cleanup cannot unlink
+    the file between our look at it and our reference to it."""
+    await claim_for_upload(conn, sha256)
+    try:
+        await asyncio.to_thread(storage.place_blob, source, sha256, link=link)
     except OSError as exc:
         if is_out_of_space(exc):
             raise out_of_space(exc) from None
         raise
-    finally:
-        partial.unlink(missing_ok=True)
+    await conn.execute(
+        "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        sha256, size, timeout=QUERY_TIMEOUT_S,
+    )
 
 
 async def _nothing_to_record(region: Region) -> None:
@@ -124,28 +152,32 @@ async def upload_artifact(request: Request) -> Response:
     # recorded in the transaction that inserts the artifact (a retry replays it).
     async with holding_key(request, principal) as held, limiter:
         try:
-            sha256, size = await receive_into_store(
-                request, runtime.storage, runtime.settings, runtime.metrics
-            )
+            async with received_body(request, runtime.storage, runtime.settings, runtime.metrics) as body:
+                return await _publish_received(request, held, repo, name, media_type, *body)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody is listening; nothing was kept
 
-        async def publish(conn: asyncpg.Connection) -> Result:
-            await conn.execute(
-                "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                sha256, size, timeout=QUERY_TIMEOUT_S,
-            )
-            row = await conn.fetchrow(
-                "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
-                " VALUES ($1, $2, $3, $4, $5, $6)"
-                " RETURNING id, name, sha256, size, media_type, created_at",
-                uuid.uuid4(), repo.id, name, sha256, size, media_type,
-                timeout=QUERY_TIMEOUT_S,
-            )
-            return Result(201, artifact_json(row), {"Location": _location(repo.name, row["id"])})
 
-        parts = {"query": {"name": name, "mediaType": media_type}, "sha256": sha256, "size": size}
-        return await held.run(parts, publish)
+async def _publish_received(
+    request: Request, held: HeldKey, repo: Repository, name: str, media_type: str,
+    partial: pathlib.Path, sha256: str, size: int,
+) -> Response:
+    storage = runtime_of(request).storage
+    assert storage is not None
+
+    async def publish(conn: asyncpg.Connection) -> Result:
+        await place_claimed_blob(conn, storage, partial, sha256, size)
+        row = await conn.fetchrow(
+            "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
+            " VALUES ($1, $2, $3, $4, $5, $6)"
+            " RETURNING id, name, sha256, size, media_type, created_at",
+            uuid.uuid4(), repo.id, name, sha256, size, media_type,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        return Result(201, artifact_json(row), {"Location": _location(repo.name, row["id"])})
+
+    parts = {"query": {"name": name, "mediaType": media_type}, "sha256": sha256, "size": size}
+    return await held.run(parts, publish)
 
 
 def _location(repo_name: str, artifact_id: uuid.UUID) -> str:

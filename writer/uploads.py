@@ -8,9 +8,10 @@ is only hashed and compared (identical: harmless; other bytes: 409). One process
 under its lock) serves uploads, so an in-process registry keeps two requests from writing the
 same part at once, and makes a repeated `complete` wait for the one already running.
 
-`complete` hashes the whole file, hard-links it into the blob store (directories fsynced),
-and in one transaction inserts the blob and the artifact and marks the session completed: a
-crash anywhere before that commit leaves no artifact and a session that `complete` finishes.
+`complete` hashes the whole file, then in one transaction claims the digest against cleanup
+(writer/maintenance/blob_locks.py), hard-links the file into the blob store (directories
+fsynced), inserts the blob and the artifact and marks the session completed: a crash anywhere
+before that commit leaves no artifact and a session that `complete` finishes.
 Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files at the
 writer's start (shared/storage.py), on access, by each new session, and by the worker of the
 next issue (`upload_sessions.sweep_expired_uploads`).
@@ -38,9 +39,8 @@ from starlette.routing import Route
 from shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
 from shared.errors import Busy, Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
-from shared.storage import is_out_of_space, out_of_space
 
-from .artifacts import artifact_json, check_artifact_name
+from .artifacts import artifact_json, check_artifact_name, place_claimed_blob
 from .idempotency import Result, idempotent, key_of
 from .repositories import json_body, principal_of, repository_for_write, runtime_of
 from .upload_sessions import (
@@ -446,14 +446,6 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
             f"the parts add up to sha256 {sha256}, not the declared {session['sha256']};"
             " delete this upload and start again"
         )
-    try:
-        # A link, not a rename: if the commit below fails, the session still has its file and
-        # a repeated complete links it again (the same bytes under the same name).
-        await asyncio.to_thread(storage.place_blob, path, sha256, link=True)
-    except OSError as exc:
-        if is_out_of_space(exc):
-            raise out_of_space(exc) from None
-        raise
     async with pooled(pool) as conn, conn.transaction():
         status = await conn.fetchval(
             "SELECT status FROM arkvory_uploads WHERE id = $1 FOR UPDATE", session_id,
@@ -461,10 +453,11 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
         )
         if status != "open":
             raise NotFound("this upload was removed meanwhile; start a new one")
-        await conn.execute(
-            "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-            sha256, session["size"], timeout=QUERY_TIMEOUT_S,
-        )
+        # The digest is claimed before the file is placed and until the artifact is visible
+        # (cleanup cannot unlink an identical old blob in between). A link, not a rename: if
+        # the commit fails, the session still has its file and a repeated complete links it
+        # again (the same bytes under the same name).
+        await place_claimed_blob(conn, storage, path, sha256, session["size"], link=True)
         row = await conn.fetchrow(
             "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
             " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, name, sha256, size, media_type, created_at",
