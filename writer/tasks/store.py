@@ -8,10 +8,18 @@ with no gap and no duplicate. A transition is conditional on the status found (`
 
 JSON columns travel as text (no codec is registered on the pool); `decode` turns a row into a
 plain dict with them parsed.
+
+The worker's writes are *fenced* (`Fence`): a write about a task it claimed lands only while the
+task still names this worker activation as its `worker` and the activation's lock connection
+still holds the worker lock, checked inside the writing statement. A worker that lost its lock
+(and whose tasks another activation recovered) can therefore never complete, fail, checkpoint
+or advance a task again, however late its statements arrive: the recovering activation's own
+UPDATE waits for the row lock of any such statement in flight, and sees its outcome.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterable, Mapping
@@ -31,6 +39,32 @@ _SETTABLE = frozenset(
         "started_at", "attempts", "usage",
     }
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    """Who may write a claimed task: the worker activation `holder` (a fresh id each time a
+    worker takes the worker lock), as long as its lock connection (backend `lock_pid`) holds
+    the lock at the moment of the write."""
+
+    holder: str
+    lock_pid: int
+    lock_key: int
+
+
+def _lock_held(pid_arg: int, key_arg: int) -> str:
+    """SQL: the backend `$pid_arg` holds the session advisory lock `$key_arg` right now."""
+    return f"""EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+                          AND objsubid = 1 AND pid = ${pid_arg}
+                          AND classid = (${key_arg}::bigint >> 32)::oid
+                          AND objid = (${key_arg}::bigint & 4294967295)::oid)"""
+
+
+def _fence_clause(fence: Fence | None, first_arg: int) -> tuple[str, list[Any]]:
+    if fence is None:
+        return "", []
+    clause = f"\n              AND worker = ${first_arg} AND {_lock_held(first_arg + 1, first_arg + 2)}"
+    return clause, [fence.holder, fence.lock_pid, fence.lock_key]
 
 
 def encode_json(value: Any) -> str | None:
@@ -87,13 +121,16 @@ async def transition(
     event: str,
     data: Mapping[str, Any] | None = None,
     fields: Mapping[str, Any] | None = None,
+    fence: Fence | None = None,
 ) -> dict[str, Any] | None:
     """Move the task from one of `allowed_from` to `to` and append `event`, in one transaction.
 
     None when the task is not in an allowed status: another transition won, and nothing was
-    written. `fields` sets other columns in the same UPDATE (JSON ones are encoded here)."""
+    written. `fields` sets other columns in the same UPDATE (JSON ones are encoded here).
+    With `fence`, also None when the task is no longer this worker activation's."""
     assert to in STATUSES, to
     sets, args = _set_clause(fields or {}, first_arg=4)
+    fenced, fence_args = _fence_clause(fence, first_arg=4 + len(args))
     async with conn.transaction():
         row = await conn.fetchrow(
             f"""
@@ -101,10 +138,10 @@ async def transition(
             SET status = $2, last_event = last_event + 1, updated_at = now(),
                 finished_at = CASE WHEN $2 = ANY('{{completed,failed,cancelled}}'::text[])
                                    THEN now() ELSE NULL END{sets}
-            WHERE id = $1 AND status = ANY($3::text[])
+            WHERE id = $1 AND status = ANY($3::text[]){fenced}
             RETURNING *
             """,
-            task_id, to, list(allowed_from), *args,
+            task_id, to, list(allowed_from), *args, *fence_args,
         )
         if row is None:
             return None
@@ -121,18 +158,21 @@ async def append_event(
     *,
     only_in: Iterable[str] = UNFINISHED,
     fields: Mapping[str, Any] | None = None,
+    fence: Fence | None = None,
 ) -> dict[str, Any] | None:
     """An event that changes no status (`task.progress`, `task.checkpoint`), with optional
-    column updates in the same transaction; None when the task is no longer in `only_in`."""
+    column updates in the same transaction; None when the task is no longer in `only_in`
+    (or, with `fence`, no longer this worker activation's)."""
     sets, args = _set_clause(fields or {}, first_arg=3)
+    fenced, fence_args = _fence_clause(fence, first_arg=3 + len(args))
     async with conn.transaction():
         row = await conn.fetchrow(
             f"""
             UPDATE arkvory_tasks SET last_event = last_event + 1, updated_at = now(){sets}
-            WHERE id = $1 AND status = ANY($2::text[])
+            WHERE id = $1 AND status = ANY($2::text[]){fenced}
             RETURNING *
             """,
-            task_id, list(only_in), *args,
+            task_id, list(only_in), *args, *fence_args,
         )
         if row is None:
             return None
@@ -156,6 +196,67 @@ async def fetch_events(
         {"seq": r["seq"], "type": r["type"], "data": json.loads(r["data"]), "created_at": r["created_at"]}
         for r in rows
     ]
+
+
+# -- the worker's own statements ------------------------------------------------------------
+
+
+async def claim_next(
+    conn: asyncpg.Connection, fence: Fence, *, skip_kinds: Iterable[str] = ()
+) -> dict[str, Any] | None:
+    """Claim the oldest queued task whose kind is not in `skip_kinds`: queued -> loading with
+    its `task.loading` event, one attempt more, `worker` = the fence's holder; None when there
+    is none (or the lock is no longer held). SKIP LOCKED: a task another transaction is
+    moving (a cancel) is passed over, never waited for."""
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            f"""
+            WITH next AS (
+                SELECT id FROM arkvory_tasks
+                WHERE status = 'queued' AND NOT (kind = ANY($2::text[]))
+                ORDER BY created_at, id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE arkvory_tasks t
+            SET status = 'loading', last_event = t.last_event + 1, updated_at = now(),
+                attempts = t.attempts + 1, worker = $1, heartbeat_at = now()
+            FROM next
+            WHERE t.id = next.id AND {_lock_held(3, 4)}
+            RETURNING t.*
+            """,
+            fence.holder, list(skip_kinds), fence.lock_pid, fence.lock_key,
+        )
+        if row is None:
+            return None
+        await _insert_event(conn, row["id"], row["last_event"], "task.loading", {"status": "loading"})
+    return decode(row)
+
+
+async def heartbeat(
+    conn: asyncpg.Connection, task_id: uuid.UUID, fence: Fence, usage: Mapping[str, int]
+) -> str | None:
+    """Mark a task this activation runs as alive and save its usage so far; returns its status
+    (`cancelling` tells the worker to stop it), or None when the task is no longer ours."""
+    return await conn.fetchval(
+        f"""
+        UPDATE arkvory_tasks SET heartbeat_at = now(), usage = $2::jsonb
+        WHERE id = $1 AND status = ANY('{{running,cancelling}}'::text[])
+              AND worker = $3 AND {_lock_held(4, 5)}
+        RETURNING status
+        """,
+        task_id, encode_json(dict(usage)), fence.holder, fence.lock_pid, fence.lock_key,
+    )
+
+
+async def unfinished_tasks(conn: asyncpg.Connection, created_up_to: Any) -> list[dict[str, Any]]:
+    """Every unfinished task created up to `created_up_to` (the restart table's input)."""
+    rows = await conn.fetch(
+        "SELECT id, kind, status, on_restart FROM arkvory_tasks"
+        " WHERE status = ANY($1::text[]) AND created_at <= $2 ORDER BY created_at, id",
+        list(UNFINISHED), created_up_to,
+    )
+    return [dict(row) for row in rows]
 
 
 async def _insert_event(
