@@ -164,7 +164,12 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="arkvory", description="Arkvory artifact server")
+    from .client.cli_output import EXIT_CODES_HELP
+
+    top = argparse.ArgumentParser(
+        prog="arkvory", description="Arkvory artifact server", epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = top.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the API program (role from ARKVORY_ROLE)")
     serve.set_defaults(func=cmd_serve)

@@ -1,9 +1,297 @@
-"""`arkvory` subcommands of this package (registered by shared/cli.py)."""
+"""`arkvory get|put|ls|stat|rm`: the client library (shared/client) on the command line (SPEC §10).
+
+Registered by shared/cli.py. Every import that costs (httpx, tenacity, tqdm, the library itself)
+happens inside a command, so `arkvory serve` and `arkvory --help` load none of it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import pathlib
+import uuid
+from typing import Any
+
+from .cli_output import EXIT_CODES_HELP, Output, failure_from, human_size
+
+CONNECTION_HELP = """\
+server and token:
+  --url URL (repeatable) or ARKVORY_URL (comma-separated): the servers to try, in order.
+  ARKVORY_TOKEN, or a profile in $XDG_CONFIG_HOME/arkvory/config.toml (default
+  ~/.config/arkvory/config.toml, mode 0600) chosen by --profile, ARKVORY_PROFILE or the file's
+  default_profile:  [profiles.NAME] with url = "..." and token = "...".
+  A token is never a command-line option.
+"""
+
+# The longest file name most filesystems take, in bytes.
+MAX_FILE_NAME_BYTES = 255
+
+
+class CommandUsageError(ValueError):
+    """Arguments that parse but do not make sense together (exit 2, reported like any error)."""
+
+    exit_code = 2
+    code = "usage"
 
 
 def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAction) -> None:
     """Add this package's subcommands to the top-level `commands` and to `arkvory admin`."""
+    common = _common_options()
+
+    def add(name: str, summary: str, handler) -> argparse.ArgumentParser:
+        command = commands.add_parser(
+            name, parents=[common], help=summary, description=summary,
+            epilog=f"{CONNECTION_HELP}\n{EXIT_CODES_HELP}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.set_defaults(func=_runner(handler))
+        return command
+
+    get = add(
+        "get", "download an artifact (by id, asset path or package version), resuming after cuts "
+        "and checking its SHA-256", cmd_get,
+    )
+    get.add_argument("repo", metavar="REPO")
+    get.add_argument("artifact_id", metavar="ARTIFACT_ID", nargs="?", help="the artifact's id (a UUID)")
+    get.add_argument("--asset", metavar="PATH", help="the artifact an asset path points at")
+    get.add_argument("--package", metavar="GROUP/NAME@VERSION", help="the artifact of a package version")
+    get.add_argument(
+        "-o", "--output", metavar="FILE",
+        help="where to save it (a directory: the default name inside it); default: the artifact's "
+        "name, the asset path's last segment or the package name, in the current directory",
+    )
+
+    put = add(
+        "put", "upload a file as an artifact (safe to re-run: an interrupted upload resumes, a "
+        "finished one is not duplicated)", cmd_put,
+    )
+    put.add_argument("repo", metavar="REPO")
+    put.add_argument("file", metavar="FILE")
+    put.add_argument("--name", metavar="N", help="the artifact's name (default: FILE's name)")
+    put.add_argument("--asset", metavar="PATH", help="also point this asset path at the new artifact")
+    put.add_argument("--media-type", metavar="TYPE", help="the artifact's media type")
+
+    ls = add("ls", "list a repository's artifacts", cmd_ls)
+    ls.add_argument("repo", metavar="REPO")
+
+    stat = add("stat", "show an artifact's metadata", cmd_stat)
+    stat.add_argument("repo", metavar="REPO")
+    stat.add_argument("artifact_id", metavar="ARTIFACT_ID")
+
+    rm = add("rm", "delete an artifact (refused while a package or asset uses it)", cmd_rm)
+    rm.add_argument("repo", metavar="REPO")
+    rm.add_argument("artifact_id", metavar="ARTIFACT_ID")
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url", action="append", metavar="URL",
+        help="a server (or balancer) base URL; repeat to give fallbacks (default: ARKVORY_URL)",
+    )
+    common.add_argument("--profile", metavar="NAME", help="the config file profile to use")
+    common.add_argument(
+        "--retries", type=_non_negative_int, metavar="N",
+        help="retries of a failed request after the first attempt (default: the library's)",
+    )
+    common.add_argument(
+        "--retry-time", type=_positive_seconds, metavar="SECONDS",
+        help="give up retrying after this long in total (default: the library's)",
+    )
+    common.add_argument("--json", action="store_true", help="print one JSON result on stdout, errors too")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no messages")
+    return common
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _runner(handler):
+    """Run one command; whatever it raises becomes one error line (or JSON) and an exit code."""
+
+    def run(args: argparse.Namespace) -> int:
+        output = Output(as_json=args.json, quiet=args.quiet)
+        try:
+            return handler(args, output) or 0
+        except SystemExit:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the CLI's one edge: never a traceback
+            return output.failure(failure_from(exc))
+
+    return run
+
+
+def _client(args: argparse.Namespace):
+    from . import Client, RetryPolicy
+    from .cli_config import resolve_connection
+
+    connection = resolve_connection(args.url, args.profile, os.environ)
+    limits: dict[str, Any] = {}
+    if args.retries is not None:
+        limits["max_attempts"] = args.retries + 1
+    if args.retry_time is not None:
+        limits["max_total_seconds"] = args.retry_time
+    return Client(list(connection.urls), connection.token, retry=RetryPolicy(**limits))
+
+
+def _bar(args: argparse.Namespace, description: str):
+    import sys
+
+    from .cli_progress import progress_bar, wants_bar
+
+    return progress_bar(description, enabled=wants_bar(sys.stderr, quiet=args.quiet, as_json=args.json))
+
+
+# get --------------------------------------------------------------------------------------------
+
+
+def parse_package(text: str) -> tuple[str, str, str]:
+    """`GROUP/NAME@VERSION` → (group, name, version); the group may hold '/', the name not."""
+    coordinates, at, version = text.rpartition("@")
+    group, slash, name = coordinates.rpartition("/")
+    if not (at and slash and group and name and version):
+        raise CommandUsageError(f"--package: expected GROUP/NAME@VERSION, got {text!r}")
+    return group, name, version
+
+
+def safe_file_name(name: str) -> str | None:
+    """A name from the server (or an asset path) made safe to create in the current directory:
+    its last path segment, no control characters, no leading dots (so never `.` or `..`, nor a
+    hidden file), at most 255 bytes. None when nothing usable is left."""
+    last = name.replace("\\", "/").rsplit("/", 1)[-1]
+    cleaned = "".join(ch for ch in last if ch.isprintable()).strip().lstrip(".").strip()
+    encoded = cleaned.encode("utf-8")[:MAX_FILE_NAME_BYTES]
+    cleaned = encoded.decode("utf-8", errors="ignore")
+    return cleaned or None
+
+
+def _target(args: argparse.Namespace) -> dict[str, Any]:
+    """The library's download keywords for the one thing asked for."""
+    asked = [x for x in (args.artifact_id, args.asset, args.package) if x is not None]
+    if len(asked) != 1:
+        raise CommandUsageError("give exactly one of ARTIFACT_ID, --asset PATH or --package GROUP/NAME@VERSION")
+    if args.artifact_id is not None:
+        return {"artifact_id": _artifact_id(args.artifact_id)}
+    if args.asset is not None:
+        if not args.asset.strip("/"):
+            raise CommandUsageError("--asset: expected an asset path, got an empty one")
+        return {"asset": args.asset}
+    return {"package": parse_package(args.package)}
+
+
+def _artifact_id(text: str) -> str:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise CommandUsageError(f"ARTIFACT_ID: expected a UUID, got {text!r}") from None
+
+
+def _default_name(client, repo: str, target: dict[str, Any]) -> str:
+    if "artifact_id" in target:
+        offered = str(client.stat(repo, target["artifact_id"]).get("name") or "")
+    elif "asset" in target:
+        offered = target["asset"]
+    else:
+        offered = target["package"][1]
+    name = safe_file_name(offered)
+    if name is None:
+        raise CommandUsageError(f"{offered!r} is not a usable file name here; choose one with -o FILE")
+    return name
+
+
+def _destination(client, args: argparse.Namespace, target: dict[str, Any]) -> pathlib.Path:
+    if args.output is not None:
+        chosen = pathlib.Path(args.output)
+        # The user's own path goes wherever they say; only a name the server offers is confined.
+        return chosen / _default_name(client, args.repo, target) if chosen.is_dir() else chosen
+    cwd = pathlib.Path.cwd()
+    dest = cwd / _default_name(client, args.repo, target)
+    if dest.parent != cwd:  # safe_file_name guarantees this; a second lock on the same door
+        raise CommandUsageError(f"refusing to write {dest} outside {cwd}; choose a name with -o FILE")
+    return dest
+
+
+def cmd_get(args: argparse.Namespace, output: Output) -> int:
+    target = _target(args)
+    with _client(args) as client:
+        dest = _destination(client, args, target)
+        with _bar(args, dest.name) as progress:
+            result = client.download(args.repo, dest, progress=progress, **target)
+    output.note(f"saved {result.path} ({human_size(result.size)}, sha256 {result.sha256})")
+    output.result(
+        {
+            "path": str(result.path),
+            "size": result.size,
+            "sha256": result.sha256,
+            "etag": result.etag,
+            "resumed_bytes": result.resumed_bytes,
+            "restarts": result.restarts,
+            "attempts": result.attempts,
+        }
+    )
+    return 0
+
+
+# put, ls, stat, rm ------------------------------------------------------------------------------
+
+
+def cmd_put(args: argparse.Namespace, output: Output) -> int:
+    path = pathlib.Path(args.file)
+    with _client(args) as client, _bar(args, path.name) as progress:
+        artifact = client.upload(
+            args.repo, path, name=args.name, asset=args.asset, media_type=args.media_type,
+            progress=progress,
+        )
+    where = f", asset {args.asset}" if args.asset else ""
+    output.note(
+        f"uploaded {artifact.get('name')} as {artifact.get('id')} "
+        f"({human_size(artifact.get('size'))}{where})"
+    )
+    output.result(artifact, human=str(artifact.get("id")))
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace, output: Output) -> int:
+    with _client(args) as client:
+        artifacts = list(client.list_artifacts(args.repo))
+    lines = [
+        f"{a.get('id')}  {a.get('size', ''):>12}  {a.get('createdAt', '')}  {a.get('name', '')}"
+        for a in artifacts
+    ]
+    output.result({"artifacts": artifacts}, human="\n".join(lines))
+    return 0
+
+
+def cmd_stat(args: argparse.Namespace, output: Output) -> int:
+    artifact_id = _artifact_id(args.artifact_id)
+    with _client(args) as client:
+        artifact = client.stat(args.repo, artifact_id)
+    width = max((len(k) for k in artifact), default=0)
+    output.result(artifact, human="\n".join(f"{k:<{width}}  {v}" for k, v in artifact.items()))
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace, output: Output) -> int:
+    artifact_id = _artifact_id(args.artifact_id)
+    with _client(args) as client:
+        client.delete(args.repo, artifact_id)
+    output.note(f"deleted {artifact_id} from {args.repo}")
+    output.result({"deleted": artifact_id, "repository": args.repo})
+    return 0
