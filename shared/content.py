@@ -3,6 +3,11 @@ through admission and the token buckets (SPEC §4).
 
 Reads use `os.pread` on the event loop: blobs are read sequentially from the page cache, where a
 64 KiB read costs microseconds, far less than a thread hop per chunk.
+
+Cleanup runs while we serve (writer/maintenance/cleanup.py). A transfer pins its digest from the
+lookup on and opens the blob only once the pin is committed (shared/pins.py says why that is
+race-free); a blob found missing then means its artifact is gone (404) or its file is missing or
+quarantined (503 `content_unavailable`), decided by the database, never a 500 or a partial body.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import asyncpg
 from starlette._exception_handler import _lookup_exception_handler
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
@@ -29,10 +35,21 @@ from .catalog import (
     by_artifact_id,
     by_asset,
     by_package,
+    QUERY_TIMEOUT_S,
     find_content,
     parse_uuid,
+    pooled,
 )
-from .errors import ApiError, Busy, InvalidInput, LeaseLost, TransferAborted, Unavailable
+from .errors import (
+    ApiError,
+    Busy,
+    ContentUnavailable,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+    TransferAborted,
+    Unavailable,
+)
 from .http import EXCEPTION_HANDLERS, ambiguous_credentials, error_response, send_error
 from .credentials import resolve
 from .identity import Principal
@@ -170,31 +187,38 @@ class BlobResponse:
     ) -> None:
         runtime = self.runtime
         try:
-            async with runtime.admission.admit(self.principal.id):
-                if not runtime.may_serve:
-                    raise Unavailable("this process cannot serve now")
-                plan: Any = self
-                if self.replan is not None and runtime.catalog.generation != self.generation:
-                    # The catalog changed while we waited: a repository may have become private,
-                    # an asset may point elsewhere. No header is out yet, so answer afresh.
-                    try:
-                        plan = await self.replan()
-                    except ApiError as exc:
-                        plan = error_response(scope, exc)
-                if not isinstance(plan, BlobResponse):
-                    await plan(scope, _no_receive, send)
-                    return
-                if not plan.send_body:
-                    await send({"type": "http.response.start", "status": plan.status_code, "headers": plan.raw_headers})
-                    await send({"type": "http.response.body", "body": b""})
-                    return
-                with runtime.pins.hold(plan.artifact.sha256):
-                    await plan._stream(send, handle)
+            # Pinned from the lookup on (in memory; shared/pins.py writes it while we queue),
+            # so that the blob can be opened once the pin is visible to cleanup.
+            with runtime.pins.hold(self.artifact.sha256):
+                async with runtime.admission.admit(self.principal.id):
+                    if not runtime.may_serve:
+                        raise Unavailable("this process cannot serve now")
+                    plan: Any = self
+                    if self.replan is not None and runtime.catalog.generation != self.generation:
+                        # The catalog changed while we waited: a repository may have become private,
+                        # an asset may point elsewhere. No header is out yet, so answer afresh.
+                        try:
+                            plan = await self.replan()
+                        except ApiError as exc:
+                            plan = error_response(scope, exc)
+                    if not isinstance(plan, BlobResponse):
+                        await plan(scope, _no_receive, send)
+                        return
+                    if not plan.send_body:
+                        await send({"type": "http.response.start", "status": plan.status_code, "headers": plan.raw_headers})
+                        await send({"type": "http.response.body", "body": b""})
+                        return
+                    if plan.artifact.sha256 == self.artifact.sha256:
+                        await plan._stream(send, handle)
+                    else:
+                        with runtime.pins.hold(plan.artifact.sha256):
+                            await plan._stream(send, handle)
         except AdmissionRejected as exc:
             runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
             busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)
             await error_response(scope, busy)(scope, _no_receive, send)
-        except Unavailable as exc:
+        except (Unavailable, Busy, NotFound, ContentUnavailable) as exc:
+            # Raised before the response started (opening the blob): an ordinary answer.
             await error_response(scope, exc)(scope, _no_receive, send)
 
     async def _stream(self, send: Send, handle: ConnectionHandle | None) -> None:
@@ -206,12 +230,15 @@ class BlobResponse:
         )
         assert runtime.storage is not None
         blobs = runtime.storage.open_blobs
+        if not runtime.pins.is_visible(artifact.sha256):
+            try:
+                await runtime.pins.until_visible(artifact.sha256)
+            except TimeoutError:
+                raise Unavailable("read pins cannot be written now; retry shortly") from None
         try:
             fd = blobs.acquire(artifact.sha256)
         except FileNotFoundError:
-            runtime.metrics.short_reads.inc()
-            log.error("blob %s of artifact %s is missing from storage", artifact.sha256, artifact.id)
-            raise Unavailable("the artifact's content is missing from storage") from None
+            fd = await self._open_after_missing()
         try:
             if length > SENDFILE_MIN_BYTES:  # a hint for read-ahead; one read needs none
                 os.posix_fadvise(fd, start, length, os.POSIX_FADV_SEQUENTIAL)
@@ -240,6 +267,35 @@ class BlobResponse:
                 runtime.transfers.discard(aborter)
         finally:
             blobs.release(artifact.sha256, fd)
+
+    async def _open_after_missing(self) -> int:
+        """The blob was not there although our pin was visible: cleanup removed it before it
+        could see the pin, which it does only for a blob no artifact referenced at its check.
+        So ask the database (not the cache) whether the artifact still exists: gone → 404; if
+        it does, one more open (an upload of the same bytes may have placed the file again),
+        and then 503 content_unavailable (missing or quarantined on disk), never a 500."""
+        runtime, artifact = self.runtime, self.artifact
+        assert runtime.pool is not None and runtime.storage is not None
+        try:
+            async with pooled(runtime.pool) as conn:
+                exists = await conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1)",
+                    artifact.id, timeout=QUERY_TIMEOUT_S,
+                )
+        except TimeoutError:
+            raise Busy("no database connection became free in time") from None
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            raise Unavailable("the database cannot be reached now") from None
+        if not exists:
+            raise NotFound(f"artifact {artifact.id} was deleted")
+        try:
+            return runtime.storage.open_blobs.acquire(artifact.sha256)
+        except FileNotFoundError:
+            runtime.metrics.short_reads.inc()
+            log.error("blob %s of artifact %s is missing from storage", artifact.sha256, artifact.id)
+            raise ContentUnavailable(
+                "the artifact's stored content is missing or quarantined; re-uploading it restores it"
+            ) from None
 
     def _send_timed_out(self, handle: ConnectionHandle) -> None:
         self.runtime.metrics.transfer_aborts.labels(direction="download", reason="send_timeout").inc()

@@ -2,9 +2,22 @@
 cleanup task never deletes a blob that is being read (SPEC §3).
 
 Pins are counted in memory and written in batches on a dedicated connection: within 100 ms
-when a new digest appears (new digests of that window share one write), and every 2 s to
-refresh. Each row expires on its own 10 s after its last refresh, so a pin outlives neither its
-transfer nor its process's lease by more than the lease time, even when the process dies.
+when a new digest appears (new digests of that window share one write), at once when a
+transfer waits for its pin (`until_visible`; concurrent waiters share the next write), and
+every 2 s to refresh. Each row expires on its own 10 s after its last refresh, so a pin
+outlives neither its transfer nor its process's lease by more than the lease time, even when
+the process dies. A digest stays pinned for LINGER_S after its last transfer ends, so a blob
+read again and again keeps a visible pin and its downloads never wait for a write.
+
+Pin before open: a transfer holds its pin from the moment its artifact was looked up, and
+opens the blob only once a committed write includes the digest (`until_visible`). Cleanup
+re-checks pins under the digest's lock (writer/maintenance/cleanup.py) in a statement that
+starts after it holds the lock, so it either sees our pin and keeps the blob, or it checked
+before our pin was committed, that is before our open: then its unlink either comes before
+our open (which fails with ENOENT, and the content path looks the artifact up again: gone →
+404) or after it (our descriptor keeps the bytes; Linux frees them at the last close). And a
+cleanup that checked before our pin can only delete a blob no artifact referenced at its
+check, because uploads claim the digest under the same lock.
 
 The converse needs the same care as the lease: a row we could not refresh expires while the
 blob is still being read. So pins are trusted like the lease, for 8 s after the last successful
@@ -33,6 +46,8 @@ REFRESH_S = 2.0
 BATCH_S = 0.1  # new digests within this window share one write
 PIN_SECONDS = 10.0
 FLUSH_TIMEOUT_S = 2.0
+LINGER_S = 10.0  # a digest stays pinned this long after its last transfer ended
+VISIBLE_WAIT_S = 4.0  # a transfer waits at most this long for its pin to be written
 
 _UPSERT = """
 INSERT INTO arkvory_read_pins (slot, sha256, pinned_until)
@@ -47,7 +62,13 @@ class ReadPins:
         self.slot = slot
         self.clock = clock
         self._counts: collections.Counter[str] = collections.Counter()
+        # Digests whose last transfer ended, with when: still written for LINGER_S.
+        self._released: dict[str, float] = {}
         self._changed = asyncio.Event()
+        self._urgent = asyncio.Event()  # a transfer waits for its pin: write now
+        # The digests of the last committed write, and the event of the next write's end.
+        self._visible: frozenset[str] = frozenset()
+        self._round = asyncio.Event()
         self._conn: asyncpg.Connection | None = None
         # None until `run` starts: before that no transfer exists (the port is not bound yet).
         self._written_until: float | None = None
@@ -57,11 +78,33 @@ class ReadPins:
 
         A plain context-manager class, not a generator: this runs once per download, small
         ones included, and `contextlib.contextmanager` costs several times more per use."""
-        return _Hold(self._counts, self._changed, sha256)
+        return _Hold(self._counts, self._changed, self._released, self.clock, sha256)
 
     @property
     def digests(self) -> list[str]:
-        return list(self._counts)
+        """What the next write pins: held digests and those released within LINGER_S."""
+        now = self.clock()
+        for sha256 in [d for d, at in self._released.items() if now - at >= LINGER_S]:
+            del self._released[sha256]
+        return list(self._counts.keys() | self._released.keys())
+
+    def is_visible(self, sha256: str) -> bool:
+        """A committed pin row of ours for `sha256` exists and cannot have expired. (A row of
+        the last write stays until the next write commits, and the next write keeps every
+        digest held or released within LINGER_S.)"""
+        return sha256 in self._visible and self.healthy
+
+    async def until_visible(self, sha256: str, timeout: float = VISIBLE_WAIT_S) -> None:
+        """Return once a committed write includes `sha256`, which the caller holds (`hold`);
+        TimeoutError when none did in time (the database is slow or gone)."""
+        async with asyncio.timeout(timeout):
+            while not self.is_visible(sha256):
+                if sha256 not in self._counts:
+                    raise RuntimeError("until_visible needs a hold on the digest")
+                next_write = self._round
+                self._urgent.set()
+                self._changed.set()
+                await next_write.wait()
 
     @property
     def healthy(self) -> bool:
@@ -86,9 +129,16 @@ class ReadPins:
                 wait = min(REFRESH_S, left) if left > 0 else REFRESH_S
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), wait)
-                    await asyncio.sleep(BATCH_S)  # a burst of small downloads: one write
+                    if not self._urgent.is_set():
+                        # A burst of new digests: one write, unless a transfer waits for it.
+                        await asyncio.wait_for(self._urgent.wait(), BATCH_S)
                 self._changed.clear()
-                await self.flush(database_url)
+                self._urgent.clear()
+                written = await self.flush(database_url)
+                ended, self._round = self._round, asyncio.Event()
+                ended.set()
+                if not written:
+                    await asyncio.sleep(BATCH_S)  # waiters must not make a failing write spin
                 if not self.healthy and not reported:
                     reported = True
                     log.error(
@@ -104,7 +154,8 @@ class ReadPins:
                 self._conn.terminate()
                 self._conn = None
 
-    async def flush(self, database_url: str) -> None:
+    async def flush(self, database_url: str) -> bool:
+        """Write the pins; True when the write committed."""
         digests = self.digests
         sent = self.clock()
         # A write still hanging when the window ends must not delay the cut.
@@ -133,22 +184,33 @@ class ReadPins:
             if self._conn is not None:
                 self._conn.terminate()
                 self._conn = None
-            return
+            return False
         self._written_until = sent + TRUST_S
+        self._visible = frozenset(digests)
+        return True
 
 
 class _Hold:
-    __slots__ = ("counts", "changed", "sha256")
+    __slots__ = ("counts", "changed", "released", "clock", "sha256")
 
-    def __init__(self, counts: collections.Counter[str], changed: asyncio.Event, sha256: str) -> None:
+    def __init__(
+        self,
+        counts: collections.Counter[str],
+        changed: asyncio.Event,
+        released: dict[str, float],
+        clock: Callable[[], float],
+        sha256: str,
+    ) -> None:
         self.counts = counts
         self.changed = changed
+        self.released = released
+        self.clock = clock
         self.sha256 = sha256
 
     def __enter__(self) -> None:
         counts, sha256 = self.counts, self.sha256
         counts[sha256] += 1
-        if counts[sha256] == 1:
+        if counts[sha256] == 1 and sha256 not in self.released:
             self.changed.set()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -156,5 +218,6 @@ class _Hold:
         left = counts[sha256] - 1
         if left <= 0:
             del counts[sha256]
+            self.released[sha256] = self.clock()
         else:
             counts[sha256] = left
