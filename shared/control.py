@@ -1,6 +1,7 @@
 """The process's control connection, supervised: it holds the writer lock (writer) or the shared
-maintenance lock (gateway), LISTENs for catalog changes (catalog_cache.py) and credential changes
-(credentials.py), and writes the batched last-used times of credentials once per ping.
+maintenance lock (gateway), LISTENs for catalog changes (catalog_cache.py), credential changes
+(credentials.py) and blobs moved out of the store (open_blobs.py), and writes the batched
+last-used times of credentials once per ping.
 
 A session-level advisory lock and a LISTEN live only as long as their backend, so a lost
 connection silently loses both. `run` pings every 2 s with a timeout (a half-open connection
@@ -20,7 +21,7 @@ from typing import Literal
 import anyio
 import asyncpg
 
-from . import db
+from . import db, open_blobs
 from .catalog_cache import CatalogCache
 from .credentials import CredentialCache
 from .errors import DatabaseUnavailable, StartupRefused
@@ -41,6 +42,10 @@ SELECT pid FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND objsubid = 1
   AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid
 """
+
+
+def _on_blob_moved(conn: object, pid: int, channel: str, payload: str) -> None:
+    open_blobs.forget_everywhere(payload)
 
 
 class ControlConnection:
@@ -97,6 +102,9 @@ class ControlConnection:
     async def listen(self) -> None:
         await self.catalog.listen(self.conn)
         await self.credentials.listen(self.conn)
+        await self.conn.add_listener(open_blobs.CHANNEL, _on_blob_moved)
+        # A quarantine notified while nobody listened went unheard: drop every cached descriptor.
+        open_blobs.forget_everywhere()
 
     def _stop_listening(self) -> None:
         self.catalog.stop_listening()

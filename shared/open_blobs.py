@@ -7,6 +7,13 @@ lookup found its artifact, and holds a read pin while it streams). At most `capa
 kept, and none longer than `idle_s` after its last use (checked on every acquire), so a blob that
 cleanup deleted does not keep its disk space for long; one still in use when it is pushed out is
 closed by its last user.
+
+A blob the verify task quarantines (writer/maintenance/quarantine.py) is moved away while a
+descriptor of it may sit here: the quarantine notifies channel `arkvory_blobs` with the digest,
+and every process's control connection (control.py) makes `forget_everywhere` drop it, so no
+process keeps serving a corrupt file from a cached descriptor. The registry of live instances
+is process-wide because the notification is: the control connection exists before the storage
+it would otherwise need a handle on.
 """
 
 from __future__ import annotations
@@ -14,9 +21,24 @@ from __future__ import annotations
 import collections
 import os
 import time
+import weakref
 from collections.abc import Callable
 
 IDLE_S = 10.0
+CHANNEL = "arkvory_blobs"  # payload: a digest whose file moved away, or "*" for every blob
+EVERY_BLOB = "*"
+
+_live: weakref.WeakSet[OpenBlobs] = weakref.WeakSet()
+
+
+def forget_everywhere(sha256: str = EVERY_BLOB) -> None:
+    """Drop the cached descriptor of `sha256` (every one for "*") in every cache of this process:
+    the next download opens the path again and finds what is there now."""
+    for blobs in list(_live):
+        if sha256 == EVERY_BLOB:
+            blobs.forget_all()
+        else:
+            blobs.forget(sha256)
 
 
 class OpenBlobs:
@@ -34,6 +56,7 @@ class OpenBlobs:
         # sha256 -> [fd, users, last used], least recently used first
         self._open: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._evicted: dict[int, list] = {}  # pushed out while in use, by fd
+        _live.add(self)
 
     def acquire(self, sha256: str) -> int:
         """An open descriptor of the blob (FileNotFoundError when it is missing); give it back
@@ -62,10 +85,19 @@ class OpenBlobs:
         entry[1] -= 1
         entry[2] = self._clock()
 
-    def close(self) -> None:
+    def forget(self, sha256: str) -> None:
+        """Close the cached descriptor now (a transfer still using it keeps it until it ends)."""
+        entry = self._open.pop(sha256, None)
+        if entry is not None:
+            self._drop(entry)
+
+    def forget_all(self) -> None:
         for entry in self._open.values():
             self._drop(entry)
         self._open.clear()
+
+    def close(self) -> None:
+        self.forget_all()
 
     def __len__(self) -> int:
         return len(self._open)
