@@ -160,6 +160,9 @@ class Cluster:
             ARKVORY_HOST="127.0.0.1",
             ARKVORY_PORT=str(free_port()),
             ARKVORY_DATABASE_POOL_SIZE="4",
+            # The writer's schedule would dispatch a cleanup task at start (default 1h): tests
+            # that want scheduled tasks set an interval themselves.
+            ARKVORY_CLEANUP_INTERVAL="off",
             PYTHONUNBUFFERED="1",
         )
         env.update(overrides)
