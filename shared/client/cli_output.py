@@ -92,6 +92,20 @@ class Output:
         if not (self.as_json or self.quiet):
             print(f"arkvory: {message}", file=self.stderr, flush=True)
 
+    def show_retries(self) -> None:
+        """Let the library's retry notes (logged at INFO) reach a person watching: a transfer that
+        stalls on a busy or cut server says why instead of hanging silently. Not for machines."""
+        if self.as_json or self.quiet:
+            return
+        import logging
+
+        handler = logging.StreamHandler(self.stderr)
+        handler.setFormatter(logging.Formatter("arkvory: %(message)s"))
+        logger = logging.getLogger("arkvory.client")
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
     def failure(self, failure: Failure) -> int:
         """Report `failure` and return its exit code; with --json the error is the result."""
         if self.as_json:

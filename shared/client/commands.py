@@ -128,6 +128,7 @@ def _runner(handler):
 
     def run(args: argparse.Namespace) -> int:
         output = Output(as_json=args.json, quiet=args.quiet)
+        output.show_retries()
         try:
             return handler(args, output) or 0
         except SystemExit:
