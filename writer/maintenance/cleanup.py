@@ -1,19 +1,402 @@
-"""The `cleanup` task kind (placeholder until its implementation lands)."""
+"""The `cleanup` task kind (SPEC §7): reclaims storage while the writer and gateways serve.
+
+Steps, each checkpointed (a resumed task skips the steps it finished; every step is also safe to
+run twice): expire idempotency keys; remove abandoned upload sessions and upload temp files;
+prune finished tasks past ARKVORY_TASK_RETENTION; delete unreferenced blobs; delete stray blob
+files (a file with no blob row, left by a crash between placing and committing).
+
+Why deleting a blob cannot break an upload or a download:
+
+- **Uploads.** A blob is deleted only under its digest's exclusive lock, by a statement that
+  starts after the lock is granted and re-checks everything: no artifact references it, it is
+  older than the grace period, no live read pin names it. The row goes, then the file, then the
+  commit releases the lock. Uploads hold the same lock (shared) from before they place or reuse
+  the file until their artifact is committed (blob_locks.py), so they either see no file and
+  place their own, or their reference is what the re-check sees. A digest being uploaded right
+  now is skipped (try-lock), never waited for.
+- **Downloads.** A transfer opens a blob only after its read pin is committed (shared/pins.py),
+  and the re-check counts a pin as live while `pinned_until > now()`, `now()` being the start
+  of our transaction (earlier than the check: conservative). A cleanup that checked before the
+  pin existed can only delete a blob whose artifact was already gone; the transfer then finds
+  no file and answers 404 (shared/content.py). An open descriptor keeps its bytes after unlink.
+  A process whose pins cannot be written serves no payload, so no expired pin hides a read.
+- **Stray files.** A file without a row is deleted only when its mtime is older than the grace
+  period and, under the digest's exclusive lock, there is still no row: an upload placing it is
+  either finished (the row is there) or not yet at its claim (it will place the file again).
+
+Unlinks are not followed by a directory fsync: a crash that loses an unlink brings back a file
+with the right bytes and no row, a stray the next run removes; an upload of the same content
+in between simply reuses it under its claim.
+
+Cost: referenced blobs cost no round trip each; candidates come from one keyset-paged
+anti-join, stray files from `os.scandir` in a thread, checked against the table in batches. After
+each batch the task sleeps a fraction of the time the batch took, leaving the disk, the CPU and
+the database to the downloads.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import asyncpg
+
 from shared.errors import InvalidInput
+from shared.storage import UPLOAD_PREFIX, Storage
+from writer.tasks.context import TaskCancelled
+
+from .blob_locks import try_claim_for_removal
+
+log = logging.getLogger("arkvory.cleanup")
+
+QUERY_TIMEOUT_S = 60.0
+BLOB_BATCH = 1000  # unreferenced blobs removed per transaction
+SCAN_BATCH = 5000  # stray-file candidates checked against the table per query
+KEY_BATCH = 10_000
+TASK_BATCH = 1000
+# After each batch, sleep this fraction of the time it took (bench/cleanup.py measures it).
+PACE = 0.5
+MAX_GRACE_S = 10 * 365 * 86400
+# An upload session file or temp file may be written right now when younger than this, even
+# with a zero grace period (tests): the sweep leaves it for the next run.
+MIN_ORPHAN_AGE_S = 60
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_HEX2 = re.compile(r"^[0-9a-f]{2}$")
+
+_PARAMS = {"grace_seconds"}
 
 
 def validate_params(params: Any) -> dict:
+    """`grace_seconds` (optional int, 0..10 years): overrides ARKVORY_CLEANUP_GRACE."""
     if params is None:
         return {}
     if not isinstance(params, dict):
         raise InvalidInput("params must be an object")
-    return params
+    unknown = sorted(set(params) - _PARAMS)
+    if unknown:
+        raise InvalidInput(f"unknown cleanup param(s) {unknown}: expected only {sorted(_PARAMS)}")
+    checked: dict[str, Any] = {}
+    if "grace_seconds" in params:
+        grace = params["grace_seconds"]
+        if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= MAX_GRACE_S:
+            raise InvalidInput(f"params.grace_seconds must be an integer 0..{MAX_GRACE_S}, got {grace!r}")
+        checked["grace_seconds"] = grace
+    return checked
 
 
 async def run(ctx) -> dict:
-    raise NotImplementedError("cleanup is not implemented yet")
+    grace = int(ctx.params.get("grace_seconds", ctx.settings.cleanup_grace_s))
+    state = dict(ctx.resumed_from or {})
+    done: list[str] = list(state.get("done", []))
+    totals: dict[str, dict] = dict(state.get("totals", {}))
+    for name, step in _STEPS:
+        if name in done:
+            continue
+        started = time.monotonic()
+        totals[name] = await step(ctx, grace)
+        log.info("cleanup %s: %s in %.1f s", name, totals[name], time.monotonic() - started)
+        done.append(name)
+        await ctx.checkpoint({"done": done, "totals": totals})
+    blobs, strays = totals.get("blobs", {}), totals.get("stray_files", {})
+    return {
+        "grace_seconds": grace,
+        "deleted_blobs": blobs.get("deleted", 0) + strays.get("deleted", 0),
+        "reclaimed_bytes": blobs.get("bytes", 0) + strays.get("bytes", 0),
+        "steps": totals,
+    }
+
+
+# -- steps ---------------------------------------------------------------------------------
+
+
+async def _idempotency_keys(ctx, grace: int) -> dict:
+    from writer.idempotency import delete_expired
+
+    deleted = 0
+    while True:
+        _stop_if_cancelled(ctx)
+        async with _paced():
+            async with ctx.pool.acquire() as conn:
+                count = await delete_expired(conn, KEY_BATCH)
+        deleted += count
+        if count or not deleted:
+            await ctx.progress(items=count, message=f"expired idempotency keys: {deleted} deleted")
+        if count < KEY_BATCH:
+            return {"deleted": deleted}
+
+
+async def _upload_sessions(ctx, grace: int) -> dict:
+    from writer.upload_sessions import sweep_expired_uploads
+
+    _stop_if_cancelled(ctx)
+    orphan_age = max(grace, MIN_ORPHAN_AGE_S)
+    sessions = await sweep_expired_uploads(ctx.pool, ctx.storage, orphans_older_than_s=orphan_age)
+    # One-shot upload temp files: one being received is written at least every receive timeout.
+    temp_age = max(grace, 2 * ctx.settings.receive_timeout_s, MIN_ORPHAN_AGE_S)
+    temp_files = await asyncio.to_thread(_remove_old_temp_files, ctx.storage, temp_age)
+    await ctx.progress(
+        items=sessions + temp_files,
+        message=f"abandoned uploads: {sessions} session(s) and {temp_files} temp file(s) removed",
+    )
+    return {"sessions": sessions, "temp_files": temp_files}
+
+
+def _remove_old_temp_files(storage: Storage, older_than_s: float) -> int:
+    cutoff = time.time() - older_than_s
+    removed = 0
+    try:
+        entries = list(os.scandir(storage.tmp))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        if not entry.name.startswith(UPLOAD_PREFIX):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                os.unlink(entry.path)
+                removed += 1
+        except FileNotFoundError:
+            continue
+    return removed
+
+
+async def _tasks(ctx, grace: int) -> dict:
+    try:
+        from writer.tasks.retention import prune_finished
+    except ImportError:  # the task API's retention module is missing: say so, do the rest
+        log.warning("writer.tasks.retention.prune_finished is missing: finished tasks are not pruned")
+        await ctx.progress(message="finished tasks: pruning unavailable in this build")
+        return {"pruned": 0, "skipped": "writer.tasks.retention is missing"}
+    pruned = 0
+    while True:
+        _stop_if_cancelled(ctx)
+        async with _paced():
+            async with ctx.pool.acquire() as conn:
+                count = await prune_finished(conn, ctx.settings.task_retention_s, TASK_BATCH)
+        pruned += count
+        if count or not pruned:
+            await ctx.progress(items=count, message=f"finished tasks past retention: {pruned} pruned")
+        if count < TASK_BATCH:
+            return {"pruned": pruned}
+
+
+_CANDIDATES = """
+SELECT b.sha256 FROM arkvory_blobs b
+WHERE b.sha256 > $1 AND b.created_at < now() - make_interval(secs => $2)
+  AND NOT EXISTS (SELECT 1 FROM arkvory_artifacts a WHERE a.sha256 = b.sha256)
+ORDER BY b.sha256 LIMIT $3
+"""
+# Under the digests' exclusive locks, in a statement that began after they were granted.
+_DELETE_UNREFERENCED = """
+DELETE FROM arkvory_blobs b
+WHERE b.sha256 = ANY($1::text[]) AND b.created_at < now() - make_interval(secs => $2)
+  AND NOT EXISTS (SELECT 1 FROM arkvory_artifacts a WHERE a.sha256 = b.sha256)
+  AND NOT EXISTS (
+      SELECT 1 FROM arkvory_read_pins p WHERE p.sha256 = b.sha256 AND p.pinned_until > now()
+  )
+RETURNING b.sha256, b.size
+"""
+
+
+async def _blobs(ctx, grace: int) -> dict:
+    deleted = reclaimed = skipped = 0
+    after = ""
+    while True:
+        _stop_if_cancelled(ctx)
+        async with _paced():
+            async with ctx.pool.acquire() as conn:
+                rows = await conn.fetch(_CANDIDATES, after, float(grace), BLOB_BATCH, timeout=QUERY_TIMEOUT_S)
+                if not rows:
+                    break
+                after = rows[-1]["sha256"]
+                candidates = [r["sha256"] for r in rows]
+                count, freed = await remove_unreferenced(conn, ctx.storage, candidates, grace)
+        deleted += count
+        reclaimed += freed
+        skipped += len(candidates) - count
+        ctx.metrics.cleanup_deleted_blobs.inc(count)
+        ctx.metrics.cleanup_reclaimed_bytes.inc(freed)
+        await ctx.progress(
+            items=count, bytes=freed,
+            message=f"unreferenced blobs: {deleted} deleted, {reclaimed} bytes reclaimed",
+        )
+        if len(rows) < BLOB_BATCH:
+            break
+    if not deleted:
+        await ctx.progress(message="unreferenced blobs: none to delete")
+    return {"deleted": deleted, "bytes": reclaimed, "kept": skipped}
+
+
+async def remove_unreferenced(
+    conn: asyncpg.Connection, storage: Storage, digests: list[str], grace: int
+) -> tuple[int, int]:
+    """Delete those of `digests` that are still unreferenced, old enough and unpinned, rows
+    and files, under their exclusive digest locks; returns (blobs deleted, bytes freed)."""
+    async with conn.transaction():
+        locked = await try_claim_for_removal(conn, digests)
+        if not locked:
+            return 0, 0
+        rows = await conn.fetch(_DELETE_UNREFERENCED, locked, float(grace), timeout=QUERY_TIMEOUT_S)
+        if not rows:
+            return 0, 0
+        gone = [r["sha256"] for r in rows]
+        # What verify found wrong with a blob that no longer exists is no longer a problem.
+        await conn.execute(
+            "DELETE FROM arkvory_storage_diagnostics WHERE sha256 = ANY($1::text[])", gone,
+            timeout=QUERY_TIMEOUT_S,
+        )
+        # Unlinked before the commit releases the locks: no upload can reuse a file we are
+        # about to remove. A failed commit leaves rows without files, which the next run
+        # deletes (and an upload of the same bytes places the file again).
+        await asyncio.to_thread(_unlink_all, storage, gone)
+    return len(rows), sum(r["size"] for r in rows)
+
+
+def _unlink_all(storage: Storage, digests: list[str]) -> None:
+    for sha256 in digests:
+        try:
+            os.unlink(storage.blob_file(sha256))
+        except FileNotFoundError:
+            pass
+
+
+_WITHOUT_ROW = """
+SELECT d FROM unnest($1::text[]) AS d
+WHERE NOT EXISTS (SELECT 1 FROM arkvory_blobs b WHERE b.sha256 = d)
+"""
+
+
+async def _stray_files(ctx, grace: int) -> dict:
+    """Blob files that no row describes, older than the grace period (by mtime)."""
+    storage: Storage = ctx.storage
+    cutoff = time.time() - grace
+    try:
+        tops = sorted(e.name for e in os.scandir(storage.blobs) if _HEX2.match(e.name))
+    except FileNotFoundError:
+        tops = []
+    scanned = deleted = reclaimed = 0
+    pending: list[str] = []
+
+    async def settle() -> None:
+        nonlocal deleted, reclaimed
+        if not pending:
+            return
+        async with _paced():
+            async with ctx.pool.acquire() as conn:
+                count, freed = await remove_strays(conn, storage, pending, cutoff)
+        pending.clear()
+        deleted += count
+        reclaimed += freed
+        if count:
+            ctx.metrics.cleanup_deleted_blobs.inc(count)
+            ctx.metrics.cleanup_reclaimed_bytes.inc(freed)
+            await ctx.progress(
+                items=count, bytes=freed,
+                message=f"stray blob files: {deleted} deleted, {reclaimed} bytes reclaimed",
+            )
+
+    for top in tops:
+        _stop_if_cancelled(ctx)
+        async with _paced():
+            old = await asyncio.to_thread(_old_blob_files, storage, top, cutoff)
+        scanned += len(old)
+        pending.extend(old)
+        if len(pending) >= SCAN_BATCH:
+            await settle()
+    await settle()
+    await ctx.progress(message=f"stray blob files: {scanned} old file(s) checked, {deleted} deleted")
+    return {"checked": scanned, "deleted": deleted, "bytes": reclaimed}
+
+
+def _old_blob_files(storage: Storage, top: str, cutoff: float) -> list[str]:
+    """Digests of the blob files under `blobs/sha256/<top>/` whose mtime is before `cutoff`."""
+    found = []
+    try:
+        middles = [e for e in os.scandir(storage.blobs / top) if _HEX2.match(e.name)]
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    for middle in middles:
+        try:
+            entries = list(os.scandir(middle.path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            name = entry.name
+            if not _DIGEST.match(name) or name[:2] != top or name[2:4] != middle.name:
+                continue  # not ours: leave it for a person to look at
+            try:
+                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    found.append(name)
+            except FileNotFoundError:
+                continue
+    return found
+
+
+async def remove_strays(
+    conn: asyncpg.Connection, storage: Storage, digests: list[str], cutoff: float
+) -> tuple[int, int]:
+    """Delete the files of `digests` that still have no blob row and an mtime before `cutoff`,
+    each under its exclusive digest lock; returns (files deleted, bytes freed)."""
+    without_row = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, digests, timeout=QUERY_TIMEOUT_S)]
+    if not without_row:
+        return 0, 0
+    async with conn.transaction():
+        locked = await try_claim_for_removal(conn, without_row)
+        if not locked:
+            return 0, 0
+        # Re-checked under the locks: an upload that placed the file has committed its row by now.
+        still = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, locked, timeout=QUERY_TIMEOUT_S)]
+        return await asyncio.to_thread(_unlink_old, storage, still, cutoff)
+
+
+def _unlink_old(storage: Storage, digests: list[str], cutoff: float) -> tuple[int, int]:
+    count = freed = 0
+    for sha256 in digests:
+        path = storage.blob_file(sha256)
+        try:
+            stat = os.stat(path, follow_symlinks=False)
+            if stat.st_mtime >= cutoff:
+                continue  # placed again since the scan
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        count += 1
+        freed += stat.st_size
+    return count, freed
+
+
+_STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (
+    ("idempotency_keys", _idempotency_keys),
+    ("upload_sessions", _upload_sessions),
+    ("tasks", _tasks),
+    ("blobs", _blobs),
+    ("stray_files", _stray_files),
+)
+STEP_NAMES = tuple(name for name, _ in _STEPS)
+
+
+# -- pacing and cancellation ---------------------------------------------------------------
+
+
+class _paced:
+    """Sleep PACE times as long as the block took, after it: the task yields the machine to
+    the downloads in proportion to what it used."""
+
+    __slots__ = ("started",)
+
+    async def __aenter__(self) -> None:
+        self.started = time.monotonic()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if exc_info[0] is None and PACE > 0:
+            await asyncio.sleep((time.monotonic() - self.started) * PACE)
+
+
+def _stop_if_cancelled(ctx) -> None:
+    if ctx.cancel_requested():
+        raise TaskCancelled("cancel requested")
