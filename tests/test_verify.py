@@ -1,0 +1,333 @@
+"""The `verify` task kind against a real store: a real writer and gateway, real PostgreSQL, the
+kind's `run(ctx)` driven by a small context with a real pool and the real storage directory.
+
+It finds a blob corrupted in place and one deleted; the corrupt one is quarantined and every
+process (a gateway that had its descriptor cached too) answers 503 `content_unavailable` for it;
+the diagnostics show in /health/ready; content uploaded again clears them; a resumed run skips
+what its checkpoint covers; and the rate bound holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+import uuid
+from types import SimpleNamespace
+
+import asyncpg
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from shared.errors import InvalidInput
+from shared.settings import Settings
+from shared.storage import Storage
+from writer.maintenance import verify
+from writer.maintenance.quarantine import quarantine_dir
+from writer.tasks.context import TaskCancelled
+
+from .harness import ADMIN_TOKEN, Cluster, db_fetch
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class LocalContext:
+    """What the worker hands a kind, kept in memory: progress and checkpoints are recorded."""
+
+    def __init__(self, pool: asyncpg.Pool, cluster: Cluster, params: dict, resumed_from: dict | None = None):
+        self.task_id = uuid.uuid4()
+        self.kind = "verify"
+        self.params = verify.validate_params(params)
+        self.resumed_from = resumed_from
+        self.pool = pool
+        self.storage = Storage(cluster.data_dir)
+        self.settings = Settings.from_env(
+            {"ARKVORY_DATABASE_URL": cluster.database_url, "ARKVORY_DATA_DIR": str(cluster.data_dir)}
+        )
+        registry = CollectorRegistry()
+        self.metrics = SimpleNamespace(
+            verify_hashed_bytes=Counter("arkvory_verify_hashed_bytes", "", registry=registry),
+            storage_diagnostics=Gauge("arkvory_storage_diagnostics", "", ["problem"], registry=registry),
+        )
+        self.progressed: list[dict] = []
+        self.checkpoints: list[dict] = []
+        self.cancel = False
+
+    async def progress(self, *, items=0, bytes=0, cost_units=0, message=None, data=None) -> None:
+        self.progressed.append({"items": items, "bytes": bytes, "data": data})
+        if self.cancel:
+            raise TaskCancelled()
+
+    async def checkpoint(self, state: dict) -> None:
+        self.checkpoints.append(state)
+
+    def cancel_requested(self) -> bool:
+        return self.cancel
+
+    @property
+    def hashed(self) -> float:
+        return self.metrics.verify_hashed_bytes._value.get()
+
+
+def run_verify(cluster: Cluster, params: dict | None = None, resumed_from: dict | None = None) -> tuple[dict, LocalContext]:
+    async def go():
+        pool = await asyncpg.create_pool(cluster.database_url, min_size=1, max_size=3)
+        try:
+            ctx = LocalContext(pool, cluster, params or {"bytes_per_second": 0}, resumed_from)
+            return await verify.run(ctx), ctx
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
+def upload(client: httpx.Client, repo: str, name: str, data: bytes) -> dict:
+    answer = client.post(f"/api/v1/repositories/{repo}/artifacts", params={"name": name}, content=data)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def blob_path(cluster: Cluster, sha256: str) -> str:
+    return Storage(cluster.data_dir).blob_file(sha256)
+
+
+def flip_bytes_in_place(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:  # same file, same size: only the bytes differ
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def eventually(check, timeout: float = 10.0, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(every)
+
+
+def content_url(artifact: dict, repo: str = "r") -> str:
+    return f"/api/v1/repositories/{repo}/artifacts/{artifact['id']}/content"
+
+
+def test_verify_quarantines_corrupt_records_missing_and_a_reupload_clears_both(cluster):
+    shared = cluster.shared_env(slots=2)
+    writer = cluster.writer(shared).wait_ready()
+    admin = writer.client()
+    assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+    good_bytes, bad_bytes, gone_bytes = (os.urandom(300_000) for _ in range(3))
+    good = upload(admin, "r", "good.bin", good_bytes)
+    bad = upload(admin, "r", "bad.bin", bad_bytes)
+    gone = upload(admin, "r", "gone.bin", gone_bytes)
+    gateway = cluster.gateway(1, shared).wait_ready()
+    on_gateway = gateway.client()
+
+    # Both processes now hold the blob's descriptor open (shared/open_blobs.py, up to 10 s).
+    for client in (admin, on_gateway):
+        assert client.get(content_url(bad)).content == bad_bytes
+    flip_bytes_in_place(blob_path(cluster, bad["sha256"]), 1000)
+    os.unlink(blob_path(cluster, gone["sha256"]))
+    # Without the quarantine, the cached descriptor serves the flipped bytes as if good.
+    assert on_gateway.get(content_url(bad)).content != bad_bytes
+
+    result, ctx = run_verify(cluster)
+    assert result["checked"] == 3 and result["missing"] == 1 and result["corrupt"] == 1, result
+    assert result["bytes"] == 600_000  # the good and the corrupt one were read; the gone one had nothing
+    assert ctx.hashed == 600_000
+    assert ctx.metrics.storage_diagnostics.labels(problem="corrupt")._value.get() == 1
+    assert sum(p["items"] for p in ctx.progressed) == 3
+
+    # The corrupt file is out of the store, kept as evidence.
+    assert not os.path.exists(blob_path(cluster, bad["sha256"]))
+    kept = [p for p in os.listdir(quarantine_dir(Storage(cluster.data_dir))) if p.startswith(bad["sha256"])]
+    assert len(kept) == 1
+
+    # Every process stops serving it promptly, the gateway's cached descriptor included.
+    for client in (admin, on_gateway):
+        def refused(client=client):
+            answer = client.get(content_url(bad))
+            return answer if answer.status_code == 503 else None
+
+        answer = eventually(refused, timeout=5, every=0.05)
+        assert answer is not None, f"{client.base_url} still serves the quarantined blob"
+        assert answer.json()["code"] == "content_unavailable" and "Retry-After" in answer.headers
+        missing = client.get(content_url(gone))
+        assert missing.status_code == 503 and missing.json()["code"] == "content_unavailable"
+        assert client.get(content_url(good)).content == good_bytes
+
+    rows = db_fetch(cluster.database_url, "SELECT sha256, problem, task_id FROM arkvory_storage_diagnostics")
+    assert {(r["sha256"], r["problem"]) for r in rows} == {(bad["sha256"], "corrupt"), (gone["sha256"], "missing")}
+    assert all(r["task_id"] == ctx.task_id for r in rows)
+
+    # Every process reports them (cached for a few seconds).
+    for client in (admin, on_gateway):
+        def reported(client=client):
+            body = client.get("/health/ready").json()
+            return body["storageDiagnostics"] == {"missing": 1, "corrupt": 1}
+
+        assert eventually(reported, timeout=12, every=0.5)
+    metrics = on_gateway.get("/health/metrics").text
+    assert 'arkvory_storage_diagnostics{problem="corrupt"} 1.0' in metrics
+
+    # A second run keeps the corrupt one corrupt (missing only because it was quarantined).
+    again, _ = run_verify(cluster)
+    assert again["corrupt"] == 1 and again["missing"] == 1, again
+    problems = {r["problem"] for r in db_fetch(cluster.database_url, "SELECT problem FROM arkvory_storage_diagnostics")}
+    assert problems == {"corrupt", "missing"}
+
+    # The right bytes uploaded again put a good file back; verify then clears the diagnostics.
+    upload(admin, "r", "bad-again.bin", bad_bytes)
+    upload(admin, "r", "gone-again.bin", gone_bytes)
+    result, _ = run_verify(cluster)
+    assert result["missing"] == 0 and result["corrupt"] == 0, result
+    assert db_fetch(cluster.database_url, "SELECT * FROM arkvory_storage_diagnostics") == []
+    for client in (admin, on_gateway):
+        answer = eventually(lambda client=client: client.get(content_url(bad)).status_code == 200, timeout=5)
+        assert answer and client.get(content_url(bad)).content == bad_bytes
+        assert client.get(content_url(gone)).content == gone_bytes
+    admin.close()
+    on_gateway.close()
+
+
+def test_wrong_size_is_corrupt_and_quarantined(cluster):
+    writer = cluster.writer().wait_ready()
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        artifact = upload(admin, "r", "a.bin", os.urandom(5000))
+    with open(blob_path(cluster, artifact["sha256"]), "ab") as f:
+        f.write(b"tail")
+    result, _ = run_verify(cluster)
+    assert result["corrupt"] == 1
+    detail = db_fetch(cluster.database_url, "SELECT detail FROM arkvory_storage_diagnostics")[0]["detail"]
+    assert "5004 bytes on disk, 5000 recorded" in detail and "quarantined" in detail
+
+
+def test_a_resumed_run_skips_the_blobs_its_checkpoint_covers(cluster, monkeypatch):
+    writer = cluster.writer().wait_ready()
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        artifacts = [upload(admin, "r", f"{i}.bin", os.urandom(10_000 + i)) for i in range(6)]
+    digests = sorted(a["sha256"] for a in artifacts)
+    sizes = {a["sha256"]: a["size"] for a in artifacts}
+
+    monkeypatch.setattr(verify, "CHECKPOINT_EVERY_S", 0.0)  # a checkpoint after every blob
+    _, first = run_verify(cluster)
+    assert [c["after"] for c in first.checkpoints] == digests
+    assert first.checkpoints[2]["checked"] == 3
+
+    # Corrupt a blob the checkpoint says is done: a resumed run must not read it again.
+    flip_bytes_in_place(blob_path(cluster, digests[0]), 0)
+    result, resumed = run_verify(cluster, resumed_from=first.checkpoints[2])
+    assert result["checked"] == 6 and result["corrupt"] == 0, result
+    assert resumed.hashed == sum(sizes[d] for d in digests[3:])
+    assert [c["after"] for c in resumed.checkpoints] == digests[3:]
+    # A fresh run does find it.
+    fresh, _ = run_verify(cluster)
+    assert fresh["corrupt"] == 1
+
+
+def test_the_rate_bound_holds(cluster):
+    writer = cluster.writer().wait_ready()
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        upload(admin, "r", "big.bin", os.urandom(4 * 1024 * 1024))
+    started = time.monotonic()
+    result, _ = run_verify(cluster, {"bytes_per_second": 2 * 1024 * 1024})
+    paced = time.monotonic() - started
+    assert result["bytes"] == 4 * 1024 * 1024
+    assert paced >= 1.5, f"4 MiB at 2 MiB/s took only {paced:.2f} s"
+    started = time.monotonic()
+    run_verify(cluster, {"bytes_per_second": 0})
+    assert time.monotonic() - started < paced  # unthrottled is not paced
+
+
+def test_a_cancel_stops_inside_a_large_blob(cluster):
+    writer = cluster.writer().wait_ready()
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        upload(admin, "r", "big.bin", os.urandom(2 * 1024 * 1024))
+
+    async def go():
+        pool = await asyncpg.create_pool(cluster.database_url, min_size=1, max_size=2)
+        try:
+            ctx = LocalContext(pool, cluster, {"bytes_per_second": 1024 * 1024})
+            task = asyncio.ensure_future(verify.run(ctx))
+            await asyncio.sleep(0.3)
+            ctx.cancel = True
+            started = time.monotonic()
+            with pytest.raises(TaskCancelled):
+                await asyncio.wait_for(task, 5)
+            return time.monotonic() - started, ctx
+        finally:
+            await pool.close()
+
+    waited, ctx = asyncio.run(go())
+    assert waited < 1.0 and ctx.hashed < 2 * 1024 * 1024
+
+
+def test_params_are_checked():
+    assert verify.validate_params(None) == {}
+    assert verify.validate_params({"bytes_per_second": 0}) == {"bytes_per_second": 0}
+    for bad in ([], {"bytes_per_second": -1}, {"bytes_per_second": True}, {"bytes_per_second": "1"},
+                {"bytes_per_second": 2**41}, {"sample": 1}):
+        with pytest.raises(InvalidInput):
+            verify.validate_params(bad)
+
+
+def test_pacer_grants_rate_times_time_plus_one_piece():
+    now = [0.0]
+    pacer = verify.Pacer(1000, clock=lambda: now[0])
+    assert pacer.delay(250) == 0.0  # the first piece goes at once
+    assert pacer.delay(250) == pytest.approx(0.25)
+    now[0] = 10.0  # idle time banks no credit beyond the next piece
+    assert pacer.delay(250) == 0.0
+    assert pacer.delay(250) == pytest.approx(0.25)
+    assert verify.Pacer(0).delay(10**12) == 0.0
+
+
+def test_the_cached_descriptor_is_dropped_on_notification(tmp_path):
+    from shared import open_blobs
+
+    path = tmp_path / "blob"
+    path.write_bytes(b"x")
+    blobs = open_blobs.OpenBlobs(lambda sha256: str(path))
+    fd = blobs.acquire("a" * 64)
+    blobs.release("a" * 64, fd)
+    assert len(blobs) == 1
+    open_blobs.forget_everywhere("b" * 64)
+    assert len(blobs) == 1
+    open_blobs.forget_everywhere("a" * 64)
+    assert len(blobs) == 0
+    path.unlink()
+    with pytest.raises(FileNotFoundError):
+        blobs.acquire("a" * 64)
+
+
+def test_a_database_that_does_not_answer_makes_the_counts_null_not_a_hang(cluster, db_proxy):
+    writer = cluster.writer(ARKVORY_DATABASE_URL=db_proxy.url_for(cluster.database_url)).wait_ready()
+    db_proxy.stall()
+    try:
+        started = time.monotonic()
+        answer = httpx.get(
+            f"{writer.url}/health/ready", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+        )
+        assert time.monotonic() - started < 3
+        assert answer.json()["storageDiagnostics"] is None
+    finally:
+        db_proxy.resume()
+
+
+@pytest.mark.parametrize("size", [0, verify.READ_BYTES + 1])
+def test_edge_sizes_hash_right(cluster, size):
+    writer = cluster.writer().wait_ready()
+    data = os.urandom(size)
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        artifact = upload(admin, "r", "e.bin", data)
+    assert artifact["sha256"] == hashlib.sha256(data).hexdigest()
+    result, _ = run_verify(cluster, {"bytes_per_second": 100_000})
+    assert result == {"checked": 1, "bytes": size, "missing": 0, "corrupt": 0, "cleared": 0}
