@@ -1,0 +1,164 @@
+"""`Client`: the Python face of an Arkvory installation (SPEC §10).
+
+    with Client("http://balancer:8080", token) as client:
+        result = client.download("builds", "app.tar.gz", asset="latest/app.tar.gz")
+        artifact = client.upload("builds", "app.tar.gz", asset="latest/app.tar.gz")
+
+Synchronous (one httpx.Client): simple for a CLI and fast enough with large chunks. Every call
+retries by SPEC §6 within its RetryPolicy and raises a `shared.client.errors.ClientError`
+subclass (each with its CLI exit code) when it cannot succeed.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .download import ContentRoute, Download, DownloadResult, Progress
+from .errors import UsageError
+from .retries import RetryPolicy
+from .transport import Transport
+from .upload import Upload
+
+MiB = 1024 * 1024
+
+
+class Client:
+    """Talks to one installation through one or several base URLs (a balancer, or backends).
+
+    Content downloads may go to any of them; changes, lists and metadata go to the first one
+    that accepts them, so list the balancer or the writer first. The token is sent only in the
+    `Authorization` header and never shown (not in `repr`, not in logs)."""
+
+    def __init__(
+        self,
+        base_urls: str | Sequence[str],
+        token: str | None,
+        *,
+        retry: RetryPolicy | None = None,
+        timeout: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.retry = retry or RetryPolicy()
+        self._transport = Transport(base_urls, token, retry=self.retry, timeout=timeout, sleep=sleep)
+        self._authenticated = bool(token)
+
+    @property
+    def base_urls(self) -> list[str]:
+        return list(self._transport.base_urls)
+
+    def __repr__(self) -> str:
+        token = "<hidden>" if self._authenticated else None
+        return f"Client(base_urls={self.base_urls!r}, token={token!r}, retry={self.retry!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._transport.close()
+
+    # -- content --------------------------------------------------------------------------------
+
+    def download(
+        self,
+        repo: str,
+        dest: str | os.PathLike[str],
+        *,
+        artifact_id: str | None = None,
+        asset: str | None = None,
+        package: tuple[str, str, str] | None = None,
+        progress: Progress | None = None,
+    ) -> DownloadResult:
+        """Download one artifact (by id, asset path or package coordinates) into `dest`.
+
+        The bytes grow `dest.part` and are moved into place only once their SHA-256 matches;
+        a `.part` left by an interrupted run is continued if the server still has its ETag.
+        `progress(done_bytes, total_bytes or None)` is called as bytes arrive."""
+        chosen = [x for x in (artifact_id, asset, package) if x is not None]
+        if len(chosen) != 1:
+            raise UsageError("download: give exactly one of artifact_id, asset, package")
+        base = f"/api/v1/repositories/{_quote(repo)}"
+        metadata: Callable[[], str | None] | None = None
+        if artifact_id is not None:
+            route = ContentRoute(f"{base}/artifacts/{_quote(artifact_id)}/content", {}, f"download of artifact {artifact_id}")
+            metadata = lambda: self.stat(repo, artifact_id).get("sha256")  # noqa: E731
+        elif asset is not None:
+            route = ContentRoute(f"{base}/asset/content", {"path": asset}, f"download of asset {asset}")
+        else:
+            assert package is not None
+            if len(package) != 3 or not all(isinstance(p, str) and p for p in package):
+                raise UsageError("download: package must be (group, name, version)")
+            group, name, version = package
+            route = ContentRoute(
+                f"{base}/packages/content", {"group": group, "name": name, "version": version},
+                f"download of package {group}/{name}@{version}",
+            )
+        return Download(
+            self._transport, route, pathlib.Path(dest), progress=progress, metadata_sha256=metadata
+        ).run()
+
+    def upload(
+        self,
+        repo: str,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        asset: str | None = None,
+        media_type: str | None = None,
+        part_size: int = 16 * MiB,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        """Upload a file as an artifact (resumable, in parts); returns the artifact's JSON.
+
+        Safe to re-run: an interrupted upload resumes (`path.arkvory-upload` keeps its key),
+        and a file already stored under this name with these bytes is not stored twice. With
+        `asset`, that asset path is pointed at the artifact afterwards."""
+        return Upload(
+            self._transport, repo, pathlib.Path(path), name=name, asset=asset, media_type=media_type,
+            part_size=part_size, progress=progress,
+        ).run()
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    def list_artifacts(self, repo: str, *, name: str | None = None, page_size: int = 1000) -> Iterator[dict[str, Any]]:
+        """Every artifact of the repository, oldest first (pages followed as they are read)."""
+        cursor: str | None = None
+        while True:
+            params = {"limit": str(page_size)}
+            if name is not None:
+                params["name"] = name
+            if cursor:
+                params["cursor"] = cursor
+            page = self._transport.json(
+                "GET", f"/api/v1/repositories/{_quote(repo)}/artifacts", f"list artifacts of {repo}", params=params
+            )
+            yield from page.get("items", [])
+            cursor = page.get("nextCursor")
+            if not cursor:
+                return
+
+    def stat(self, repo: str, artifact_id: str) -> dict[str, Any]:
+        """One artifact's metadata: id, name, sha256, size, mediaType, createdAt."""
+        return self._transport.json(
+            "GET", f"/api/v1/repositories/{_quote(repo)}/artifacts/{_quote(artifact_id)}", f"artifact {artifact_id}"
+        )
+
+    def delete(self, repo: str, artifact_id: str) -> None:
+        """Delete an artifact's metadata (409 → ConflictError while a package or asset uses it).
+        One Idempotency-Key for every attempt, so a retry after a lost answer is not a 404."""
+        self._transport.request(
+            "DELETE", f"/api/v1/repositories/{_quote(repo)}/artifacts/{_quote(artifact_id)}",
+            f"delete artifact {artifact_id}", headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+
+
+def _quote(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")

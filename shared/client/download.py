@@ -1,0 +1,274 @@
+"""Downloads that survive any cut (SPEC §6, §10): resume with Range + If-Range, never splice.
+
+The bytes grow `NAME.part` (shared/client/partfile.py). After a cut, a 5xx or a `503 busy`, the
+next request asks for `bytes=N-` with `If-Range: <strong ETag>`, on the next base URL; it is
+accepted only as a `206` whose `Content-Range` starts at N, whose total is the size we know and
+whose ETag is ours. A `200` means the server sends the whole representation again (it ignored the
+range, or the ETag changed because an asset was re-pointed): the .part is emptied and filled
+from byte 0. Anything else that does not fit starts over too. So the file is always the bytes of
+one ETag. At the end the SHA-256 is checked against `Repr-Digest` (or the artifact's metadata),
+the file is fsynced and renamed into place; a mismatch removes the .part and raises
+IntegrityError.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import pathlib
+import re
+from collections.abc import Callable, Mapping
+
+import httpx
+
+from .errors import IntegrityError, NetworkError
+from .partfile import PartFile
+from .retries import Retryable
+from .transport import Transport
+
+BATCH = 4 * 1024 * 1024  # bytes gathered before they go to the hashing/writing thread
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+Progress = Callable[[int, "int | None"], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class DownloadResult:
+    """What a download did: `resumed_bytes` were not sent again thanks to Range requests,
+    `restarts` counts the times it started over from byte 0, `attempts` the HTTP requests,
+    `received_bytes` the payload bytes received over all of them."""
+
+    path: pathlib.Path
+    size: int
+    sha256: str
+    etag: str | None
+    resumed_bytes: int
+    restarts: int
+    attempts: int
+    received_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ContentRoute:
+    """One of the three content routes of SPEC §6 and its query parameters."""
+
+    path: str
+    params: Mapping[str, str]
+    what: str
+
+
+def sha256_from_headers(headers: httpx.Headers) -> str | None:
+    """The hex SHA-256 in `Repr-Digest: sha-256=:B64:` (RFC 9530), else in `Digest: sha-256=B64`."""
+    for name, pattern in (("repr-digest", r"sha-256=:([A-Za-z0-9+/=]+):"), ("digest", r"sha-256=([A-Za-z0-9+/=]+)")):
+        value = headers.get(name)
+        if value is None:
+            continue
+        found = re.search(pattern, value, re.IGNORECASE)
+        if found:
+            try:
+                raw = base64.b64decode(found.group(1), validate=True)
+            except (binascii.Error, ValueError):
+                continue
+            if len(raw) == 32:
+                return raw.hex()
+    return None
+
+
+class _StartOver(Exception):
+    """The answer does not continue our bytes: empty the .part and ask for everything."""
+
+
+class Download:
+    """One download into `dest`; `run()` returns its DownloadResult or raises a ClientError."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        route: ContentRoute,
+        dest: pathlib.Path,
+        *,
+        progress: Progress | None = None,
+        metadata_sha256: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.transport = transport
+        self.route = route
+        self.part = PartFile(dest)
+        self.progress = progress
+        self.metadata_sha256 = metadata_sha256
+        self.total: int | None = None
+        self.sha256: str | None = None  # what the server says the whole file hashes to
+        self.resumed_bytes = 0
+        self.restarts = 0
+        self.attempts = 0
+        self.received_bytes = 0
+
+    def run(self) -> DownloadResult:
+        part = self.part
+        part.open()
+        try:
+            # Each sequence of retries ends when an answer moved the file forward; a transfer cut
+            # now and then is never given up while it progresses (shared/client/retries.py).
+            while not self._sequence():
+                self.transport.rotate()  # cut after some bytes: the backend may be gone
+                if self.restarts > self.transport.retry.max_attempts:
+                    raise NetworkError(
+                        f"{self.route.what}: started over {self.restarts} times; the server keeps"
+                        " changing what it sends"
+                    )
+            return self._verified()
+        finally:
+            part.close()
+
+    def _sequence(self) -> bool:
+        """Attempts until one makes progress: True when the file is complete."""
+        try:
+            for attempt in self.transport.attempts(self.route.what):
+                with attempt:
+                    return self._one_answer()
+        except Retryable as exc:
+            raise exc.error from None
+        raise AssertionError("unreachable")
+
+    def _one_answer(self) -> bool:
+        part = self.part
+        offset = part.length
+        resuming = offset > 0 and _strong(part.etag)
+        if offset > 0 and not resuming:
+            self._start_over(None)
+            offset = 0
+        headers = {"Accept-Encoding": "identity"}
+        if resuming:
+            assert part.etag is not None
+            headers["Range"] = f"bytes={offset}-"
+            headers["If-Range"] = part.etag
+        http = self.transport.http
+        self.attempts += 1
+        try:
+            request = http.build_request("GET", self.transport.url(self.route.path), params=self.route.params, headers=headers)
+            response = http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise self.transport.network_failure(exc, self.route.what) from exc
+        try:
+            try:
+                self._accept(response, offset if resuming else 0)
+            except _StartOver as exc:
+                self._start_over(None)
+                # Straight away: nothing failed, the next answer is a plain whole one.
+                raise Retryable(NetworkError(f"{self.route.what}: {exc}"), 0.0, rotate=False) from None
+            return self._receive(response)
+        finally:
+            response.close()
+
+    def _accept(self, response: httpx.Response, offset: int) -> None:
+        """Decide what this answer's body is: the whole file, or our bytes from `offset`."""
+        status = response.status_code
+        if status not in (200, 206):
+            response.read()
+            if status == 416:  # past the end: what we have is not a prefix we can trust
+                raise _StartOver("the server cannot continue from our offset (416)")
+            raise self.transport.refusal(response, self.route.what)
+        etag = response.headers.get("etag")
+        sha256 = sha256_from_headers(response.headers)
+        if status == 200:
+            length = _int(response.headers.get("content-length"))
+            if self.part.length or self.part.etag != etag:
+                if self.part.length:
+                    self.restarts += 1
+                self._start_over(etag)
+            self.total, self.sha256 = length, sha256
+            return
+        found = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", "").strip())
+        if not found or etag != self.part.etag:
+            raise _StartOver(f"a 206 that does not continue our bytes (ETag {etag}, {found and found.group(0)})")
+        start, end, total = (int(g) for g in found.groups())
+        if start != offset or end != total - 1 or (self.total is not None and total != self.total):
+            raise _StartOver(f"a 206 for bytes {start}-{end}/{total}, we asked for {offset}- of {self.total}")
+        if self.sha256 is not None and sha256 is not None and sha256 != self.sha256:
+            raise _StartOver("the server's digest changed under the same ETag")
+        self.total = total
+        self.sha256 = self.sha256 or sha256
+        self.resumed_bytes += offset
+
+    def _receive(self, response: httpx.Response) -> bool:
+        """Stream the body into the .part; True when complete, False when cut after progress."""
+        part, progress, total = self.part, self.progress, self.total
+        gathered: list[bytes] = []
+        size = 0
+        received = 0
+        cut: Exception | None = None
+        if progress is not None:
+            progress(part.length, total)
+        try:
+            for chunk in response.iter_raw():
+                gathered.append(chunk)
+                size += len(chunk)
+                if size >= BATCH:
+                    part.write(b"".join(gathered))
+                    received += size
+                    gathered, size = [], 0
+                    if progress is not None:
+                        progress(part.length, total)
+        except httpx.HTTPError as exc:
+            cut = exc  # what arrived before the cut is good (TCP delivers in order): keep it
+        if gathered:
+            part.write(b"".join(gathered))
+            received += size
+        self.received_bytes += received
+        if progress is not None and received:
+            progress(part.length, total)
+        if total is None or part.length < total:
+            if total is None and cut is None:
+                self.total = part.length  # no length given: the end of the body is the end
+                return True
+            if received:
+                return False
+            failure = cut or NetworkError("the body ended early")
+            if isinstance(failure, httpx.HTTPError):
+                raise self.transport.network_failure(failure, self.route.what)
+            raise Retryable(NetworkError(f"{self.route.what}: {failure}"))
+        if part.length > total:
+            self._start_over(None)
+            raise Retryable(NetworkError(f"{self.route.what}: the body was longer than {total} bytes"), 0.0)
+        return True
+
+    def _start_over(self, etag: str | None) -> None:
+        self.part.start_over(etag)
+        self.total = None
+        self.sha256 = None
+
+    def _verified(self) -> DownloadResult:
+        part = self.part
+        actual = part.hexdigest()
+        expected = self.sha256
+        if expected is None and self.metadata_sha256 is not None:
+            expected = self.metadata_sha256()
+        if expected is None:
+            part.discard()
+            raise IntegrityError(f"{self.route.what}: the server sent no SHA-256 to check the file against")
+        if self.total is not None and part.length != self.total:
+            part.discard()
+            raise IntegrityError(f"{self.route.what}: received {part.length} bytes, expected {self.total}")
+        if actual != expected:
+            part.discard()
+            raise IntegrityError(f"{self.route.what}: the file's SHA-256 is {actual}, the server's {expected}")
+        etag, size = part.etag, part.length
+        part.finish()
+        return DownloadResult(
+            path=part.dest,
+            size=size,
+            sha256=actual,
+            etag=etag,
+            resumed_bytes=self.resumed_bytes,
+            restarts=self.restarts,
+            attempts=self.attempts,
+            received_bytes=self.received_bytes,
+        )
+
+
+def _strong(etag: str | None) -> bool:
+    return bool(etag) and not etag.startswith("W/")  # If-Range needs a strong validator
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None

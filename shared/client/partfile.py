@@ -1,0 +1,155 @@
+"""`NAME.part`: the file a download grows, hashed and written in a thread of its own.
+
+The receiving loop only gathers bytes; one worker thread hashes and writes them in order
+(hashlib and os.write release the GIL), at most `DEPTH` batches behind, so the SHA-256 costs
+no time on the receiving side. The strong ETag the bytes belong to is kept beside the file
+(`NAME.part.etag`): a later run continues the file only if the server still has that ETag.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import os
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+from .errors import LocalIOError
+
+DEPTH = 4  # batches queued behind the receiver; bounds memory at DEPTH × batch size
+HASH_READ = 8 * 1024 * 1024
+
+
+class PartFile:
+    """The partial download: its length, the SHA-256 of its bytes, the ETag they came from."""
+
+    def __init__(self, dest: pathlib.Path) -> None:
+        self.dest = dest
+        self.path = dest.with_name(dest.name + ".part")
+        self.etag_path = dest.with_name(dest.name + ".part.etag")
+        self.length = 0
+        self.etag: str | None = None
+        self._digest = hashlib.sha256()
+        self._pending: collections.deque[concurrent.futures.Future[Any]] = collections.deque()
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arkvory-part")
+        self._fd = -1
+
+    def open(self) -> None:
+        """Open (or create) the .part file; keep what an earlier run left if its ETag is known."""
+        try:
+            self.dest.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            etag = self.etag_path.read_text().strip() if self.etag_path.exists() else ""
+        except OSError as exc:
+            raise LocalIOError(f"cannot open {self.path}: {exc.strerror or exc}") from None
+        if etag:
+            self.etag = etag
+            self._call(self._hash_existing)
+        else:
+            self._call(self._truncate)
+
+    def start_over(self, etag: str | None) -> None:
+        """Empty the file: the bytes that come next belong to `etag` (never spliced)."""
+        self.drain()
+        self._call(self._truncate)
+        self.remember(etag)
+
+    def remember(self, etag: str | None) -> None:
+        if etag == self.etag:
+            return
+        self.etag = etag
+        try:
+            if etag:
+                self.etag_path.write_text(etag + "\n")
+            else:
+                self.etag_path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise LocalIOError(f"cannot write {self.etag_path}: {exc.strerror or exc}") from None
+
+    def write(self, data: bytes) -> None:
+        """Queue `data` after what is there; blocks only when DEPTH batches are waiting."""
+        self.length += len(data)
+        self._pending.append(self._worker.submit(self._append, data))
+        while len(self._pending) > DEPTH:
+            self._pending.popleft().result()
+
+    def drain(self) -> None:
+        """Wait until every queued byte is written (raises the first write error)."""
+        while self._pending:
+            self._pending.popleft().result()
+
+    def hexdigest(self) -> str:
+        self.drain()
+        return self._digest.hexdigest()
+
+    def finish(self) -> None:
+        """fsync, then rename into place atomically, and sync the directory entry too."""
+        self.drain()
+        self._call(os.fsync, self._fd)
+        self._close_fd()
+        try:
+            os.replace(self.path, self.dest)
+            self.etag_path.unlink(missing_ok=True)
+            directory = os.open(self.dest.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as exc:
+            raise LocalIOError(f"cannot move {self.path} to {self.dest}: {exc.strerror or exc}") from None
+
+    def discard(self) -> None:
+        """Remove the .part and its ETag (after an integrity failure: nothing to resume)."""
+        self.close()
+        for path in (self.path, self.etag_path):
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        except LocalIOError:
+            pass
+        self._close_fd()
+        self._worker.shutdown(wait=True)
+
+    # -- in the worker thread ------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._worker.submit(fn, *args).result()
+
+    def _append(self, data: bytes) -> None:
+        self._digest.update(data)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as exc:
+            raise LocalIOError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+
+    def _truncate(self) -> None:
+        try:
+            os.ftruncate(self._fd, 0)
+            os.lseek(self._fd, 0, os.SEEK_SET)
+        except OSError as exc:
+            raise LocalIOError(f"cannot truncate {self.path}: {exc.strerror or exc}") from None
+        self._digest = hashlib.sha256()
+        self.length = 0
+
+    def _hash_existing(self) -> None:
+        """A resumed .part: hash what is there, so the final digest covers the whole file."""
+        digest, length = hashlib.sha256(), 0
+        try:
+            os.lseek(self._fd, 0, os.SEEK_SET)
+            while chunk := os.read(self._fd, HASH_READ):
+                digest.update(chunk)
+                length += len(chunk)
+        except OSError as exc:
+            raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        self._digest, self.length = digest, length
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

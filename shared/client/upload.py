@@ -1,0 +1,374 @@
+"""Uploads that are safe to retry and to re-run (SPEC §6, §10).
+
+A file goes up through the resumable session API in parts (16 MiB by default), two at a time,
+each with its `X-Content-SHA256` and its own retry sequence: a byte flipped in flight is a
+`422 digest_mismatch` for that part alone, which is sent again. The whole logical upload has one
+`Idempotency-Key`, written *before* the session is created to `NAME.arkvory-upload` beside the
+file (JSON: key, session id, size, mtime, SHA-256, and the request's parameters). A re-run of the
+same upload finds it and resumes the same session, sending only the parts the server lacks; a
+changed file or other parameters start a new upload with a new key. The key file is removed
+once the artifact exists (and the asset points at it, when asked).
+
+Re-running an upload that already succeeded makes no second artifact: an artifact of the same
+name and SHA-256 in the repository is taken as the result.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pathlib
+import threading
+import urllib.parse
+import uuid
+from typing import Any
+
+import httpx
+
+from .errors import ClientError, ConflictError, IntegrityError, LocalIOError, NotFoundError, UsageError
+from .retries import Retryable
+from .transport import Transport
+
+MiB = 1024 * 1024
+MIN_PART, MAX_PART, MAX_PARTS = 1 * MiB, 64 * MiB, 10_000  # the server's bounds (writer/upload_sessions.py)
+PARALLEL_PARTS = 2  # the writer takes ARKVORY_MAX_UPLOADS (default 2) bodies at once
+STATE_SUFFIX = ".arkvory-upload"
+STATE_VERSION = 1
+
+Progress = collections.abc.Callable[[int, "int | None"], None]
+
+
+def state_path(path: pathlib.Path) -> pathlib.Path:
+    return path.with_name(path.name + STATE_SUFFIX)
+
+
+def effective_part_size(size: int, wanted: int) -> int:
+    """`wanted`, raised (to whole MiB) so that there are at most MAX_PARTS parts."""
+    if not MIN_PART <= wanted <= MAX_PART:
+        raise UsageError(f"part_size: expected {MIN_PART}..{MAX_PART} bytes, got {wanted}")
+    smallest = math.ceil(math.ceil(size / MAX_PARTS) / MiB) * MiB
+    if smallest > MAX_PART:
+        raise UsageError(f"{size} bytes is more than a resumable upload can hold ({MAX_PARTS} × 64 MiB)")
+    return max(wanted, smallest)
+
+
+@dataclasses.dataclass
+class UploadState:
+    """What `NAME.arkvory-upload` holds: the key of one logical upload and what it was for."""
+
+    key: str
+    session: str | None
+    size: int
+    mtime_ns: int
+    sha256: str
+    repo: str
+    name: str
+    media_type: str | None
+    part_size: int
+
+    def same_upload(self, other: UploadState) -> bool:
+        mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
+        return all(mine[f] == theirs[f] for f in mine if f not in ("key", "session"))
+
+    @classmethod
+    def load(cls, path: pathlib.Path) -> UploadState | None:
+        """The saved state, or None if there is none or it is unreadable (then we start anew)."""
+        try:
+            raw = json.loads(path.read_text())
+            if raw.pop("version", None) != STATE_VERSION:
+                return None
+            return cls(**raw)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def save(self, path: pathlib.Path) -> None:
+        """Written whole to a temporary name and renamed, so a kill never leaves half a file."""
+        temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+        try:
+            with open(temporary, "w") as file:
+                json.dump({"version": STATE_VERSION, **dataclasses.asdict(self)}, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise LocalIOError(f"cannot write {path} (the key that makes a re-run resume): {exc.strerror or exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class FileDigests:
+    size: int
+    mtime_ns: int
+    sha256: str
+    parts: list[str]
+
+
+def file_digests(path: pathlib.Path, part_size: int) -> FileDigests:
+    """The file's SHA-256 and each part's, in one read: the whole hash in one thread and the
+    part hashes in another (hashlib releases the GIL), so two cores share the work."""
+    try:
+        with open(path, "rb") as file:
+            before = os.fstat(file.fileno())
+            whole = hashlib.sha256()
+            parts: list[concurrent.futures.Future[str]] = []
+            with concurrent.futures.ThreadPoolExecutor(1) as whole_thread, concurrent.futures.ThreadPoolExecutor(1) as part_thread:
+                in_flight: collections.deque[concurrent.futures.Future[Any]] = collections.deque()
+                while data := file.read(part_size):
+                    in_flight.append(whole_thread.submit(whole.update, data))
+                    parts.append(part_thread.submit(_hex_sha256, data))
+                    in_flight.append(parts[-1])
+                    while len(in_flight) > 4:  # at most two parts in memory
+                        in_flight.popleft().result()
+                hexes = [future.result() for future in parts]
+            after = os.fstat(file.fileno())
+    except OSError as exc:
+        raise LocalIOError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+        raise LocalIOError(f"{path} changed while it was being read; try again when it is complete")
+    return FileDigests(after.st_size, after.st_mtime_ns, whole.hexdigest(), hexes)
+
+
+def _hex_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Upload:
+    """One logical upload of `path` into `repo`; `run()` returns the artifact's JSON."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        repo: str,
+        path: pathlib.Path,
+        *,
+        name: str | None = None,
+        asset: str | None = None,
+        media_type: str | None = None,
+        part_size: int = 16 * MiB,
+        progress: Progress | None = None,
+    ) -> None:
+        self.transport = transport
+        self.repo = repo
+        self.path = path
+        self.name = name or path.name
+        self.asset = asset
+        self.media_type = media_type
+        self.wanted_part_size = part_size
+        self.progress = progress
+        self.state_file = state_path(path)
+        self.base = f"/api/v1/repositories/{_quote(repo)}"
+        self._progress_lock = threading.Lock()
+        self._done = 0
+        self._size: int | None = None
+
+    def run(self) -> dict[str, Any]:
+        try:
+            size = self.path.stat().st_size
+        except OSError as exc:
+            raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        if not self.path.is_file():
+            raise UsageError(f"{self.path} is not a regular file")
+        part_size = effective_part_size(size, self.wanted_part_size)
+        digests = file_digests(self.path, part_size)
+        self._size = digests.size
+        wanted = UploadState(
+            key=uuid.uuid4().hex, session=None, size=digests.size, mtime_ns=digests.mtime_ns,
+            sha256=digests.sha256, repo=self.repo, name=self.name, media_type=self.media_type,
+            part_size=part_size,
+        )
+        saved = UploadState.load(self.state_file)
+        state = saved if saved is not None and saved.same_upload(wanted) else wanted
+        if state is wanted:
+            existing = self._existing_artifact(digests)
+            if existing is not None:
+                self._point_asset(existing, wanted.key)
+                self.state_file.unlink(missing_ok=True)
+                return existing
+            state.save(self.state_file)
+        artifact = self._through_session(state, digests)
+        if artifact["sha256"] != digests.sha256 or artifact["size"] != digests.size:
+            raise IntegrityError(
+                f"upload of {self.path}: the server stored sha256 {artifact['sha256']} ({artifact['size']} bytes),"
+                f" the file has {digests.sha256} ({digests.size} bytes)"
+            )
+        self._point_asset(artifact, state.key)
+        self.state_file.unlink(missing_ok=True)
+        return artifact
+
+    # -- the session --------------------------------------------------------------------------
+
+    def _through_session(self, state: UploadState, digests: FileDigests) -> dict[str, Any]:
+        session = self._open_session(state)
+        if session is None:  # the saved session expired or was removed: a new key, a new one
+            state.key, state.session = uuid.uuid4().hex, None
+            state.save(self.state_file)
+            session = self._open_session(state)
+            if session is None:
+                raise NotFoundError(f"upload of {self.path}: the new upload session vanished at once")
+        for _ in range(3):
+            if session["status"] == "open":
+                self._send_missing(session, digests)
+            try:
+                return self._complete(session)
+            except ConflictError:
+                # Parts missing (one lost with a restarted writer) or still being received.
+                session = self._session(session["id"])
+                if session is None:
+                    raise
+        raise ConflictError(f"upload of {self.path}: the server keeps refusing to complete the upload")
+
+    def _open_session(self, state: UploadState) -> dict[str, Any] | None:
+        """Create the session with the upload's key (a repeat replays the same one), then read
+        its current parts; None when the key's session is gone."""
+        descriptor = {"name": state.name, "size": state.size, "sha256": state.sha256, "partSize": state.part_size}
+        if state.media_type:
+            descriptor["mediaType"] = state.media_type
+        response = self.transport.request(
+            "POST", f"{self.base}/uploads", f"start upload of {self.path.name}",
+            json=descriptor, headers={"Idempotency-Key": state.key},
+        )
+        created = _json(response, "start upload")
+        if state.session != created["id"]:
+            state.session = created["id"]
+            state.save(self.state_file)
+        if response.headers.get("idempotent-replayed") != "true":
+            return created  # fresh: no part received yet
+        return self._session(created["id"])
+
+    def _session(self, session_id: str) -> dict[str, Any] | None:
+        try:
+            return self.transport.json("GET", f"{self.base}/uploads/{session_id}", "read upload session")
+        except NotFoundError:
+            return None
+
+    # -- parts --------------------------------------------------------------------------------
+
+    def _send_missing(self, session: dict[str, Any], digests: FileDigests) -> None:
+        part_size = session["partSize"]
+        received = set(session["receivedParts"])
+        missing = [i for i in range(session["partCount"]) if i not in received]
+        self._done = sum(_part_length(digests.size, part_size, i) for i in received)
+        self._report()
+        if not missing:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as exc:
+            raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        try:
+            with concurrent.futures.ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="arkvory-put") as pool:
+                futures = [pool.submit(self._send_part, fd, session, i, digests) for i in missing]
+                try:
+                    for future in concurrent.futures.as_completed(futures):
+                        future.result()
+                except BaseException:
+                    for future in futures:
+                        future.cancel()
+                    raise
+        finally:
+            os.close(fd)
+
+    def _send_part(self, fd: int, session: dict[str, Any], index: int, digests: FileDigests) -> None:
+        part_size = session["partSize"]
+        length = _part_length(digests.size, part_size, index)
+        try:
+            data = os.pread(fd, length, index * part_size)
+        except OSError as exc:
+            raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        if len(data) != length:
+            raise LocalIOError(f"{self.path} became shorter during the upload")
+        what = f"upload part {index} of {self.path.name}"
+        path = f"{self.base}/uploads/{session['id']}/parts/{index}"
+        http = self.transport.http
+        try:
+            for attempt in self.transport.attempts(what):
+                with attempt:
+                    try:
+                        response = http.put(
+                            self.transport.url(path), content=data,
+                            headers={"X-Content-SHA256": digests.parts[index], "Content-Type": "application/octet-stream"},
+                        )
+                    except httpx.HTTPError as exc:
+                        raise self.transport.network_failure(exc, what) from exc
+                    if not response.is_success:
+                        self._part_refused(response, session["id"], index, what)
+        except Retryable as exc:
+            raise exc.error from None
+        with self._progress_lock:
+            self._done += length
+            self._report()
+
+    def _part_refused(self, response: httpx.Response, session_id: str, index: int, what: str) -> None:
+        """Raise what a refused part means: retry it, or give up."""
+        refusal = self.transport.refusal(response, what)
+        if isinstance(refusal, IntegrityError):
+            # 422 digest_mismatch: the bytes were damaged on the way; nothing was kept.
+            raise Retryable(refusal, None, rotate=False)
+        if isinstance(refusal, ConflictError):
+            # 409: the part is recorded already (then it is done: complete checks the whole
+            # SHA-256), or a cut copy of it is still being received (then wait and resend).
+            session = self._session(session_id)
+            if session is not None and index in session["receivedParts"]:
+                return
+            raise Retryable(refusal, None, rotate=False)
+        raise refusal
+
+    def _report(self) -> None:
+        if self.progress is not None:
+            self.progress(self._done, self._size)
+
+    # -- complete and asset -------------------------------------------------------------------
+
+    def _complete(self, session: dict[str, Any]) -> dict[str, Any]:
+        return self.transport.json(
+            "POST", f"{self.base}/uploads/{session['id']}/complete", f"complete upload of {self.path.name}"
+        )
+
+    def _existing_artifact(self, digests: FileDigests) -> dict[str, Any] | None:
+        """An artifact of this name with these bytes: then this upload was done already."""
+        cursor: str | None = None
+        while True:
+            params = {"name": self.name, "limit": "1000", **({"cursor": cursor} if cursor else {})}
+            page = self.transport.json("GET", f"{self.base}/artifacts", "list artifacts", params=params)
+            for item in page.get("items", []):
+                if item.get("sha256") == digests.sha256 and item.get("size") == digests.size and (
+                    self.media_type is None or item.get("mediaType") == self.media_type
+                ):
+                    return item
+            cursor = page.get("nextCursor")
+            if not cursor:
+                return None
+
+    def _point_asset(self, artifact: dict[str, Any], key: str) -> None:
+        if self.asset is None:
+            return
+        self.transport.request(
+            "PUT", f"{self.base}/assets", f"point asset {self.asset}",
+            params={"path": self.asset}, json={"artifactId": artifact["id"]},
+            headers={"Idempotency-Key": f"{key}-asset"},
+        )
+
+
+def _part_length(size: int, part_size: int, index: int) -> int:
+    return min(size, (index + 1) * part_size) - index * part_size
+
+
+def _json(response: httpx.Response, what: str) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        raise ClientError(f"{what}: the server's answer is not JSON", status=response.status_code) from None
+    if not isinstance(body, dict):
+        raise ClientError(f"{what}: unexpected answer", status=response.status_code)
+    return body
+
+
+def _quote(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")
