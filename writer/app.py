@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -15,6 +16,9 @@ from . import accounts, artifacts, assets, openapi, packages, permissions, repos
 from .idempotency import InFlightKeys, RecordedResults
 from .maintenance import diagnostics
 from .tasks import api as tasks
+from .tasks.metrics import TaskMetrics
+from .tasks.schedule import Schedule
+from .tasks.stream import TaskEventHub
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (
@@ -33,4 +37,18 @@ def build_writer_app(runtime: Runtime) -> Starlette:
     app.state.idempotency_keys = InFlightKeys()
     app.state.idempotency_results = RecordedResults()
     app.state.openapi_json = openapi.document_bytes(ROUTE_MODULES)
+    _add_task_loops(app, runtime)
     return app
+
+
+def _add_task_loops(app: Starlette, runtime: Runtime) -> None:
+    """The writer's task machinery: the one LISTEN that feeds every event stream, the schedule
+    (cleanup, verify) and the task metrics; supervised with the runtime's other loops."""
+    hub = TaskEventHub(runtime.settings.database_url, lambda: runtime.draining)
+    app.state.task_events = hub
+    metrics = TaskMetrics(runtime.registry, hub)
+    runtime.extra_loops += [
+        ("task event listener", hub.run),
+        ("task schedule", Schedule(runtime).run),
+        ("task metrics", functools.partial(metrics.run, lambda: runtime.pool)),
+    ]

@@ -1,0 +1,89 @@
+"""Dispatching a task: one committed row (and its `task.queued` event) per idempotency key.
+
+Dispatch keys live in the tasks table's own unique column, global across kinds and principals
+(SPEC §7), not in the per-principal table of writer/idempotency.py: the task itself is the
+recorded result, and a key is free again only once its task is pruned (ARKVORY_TASK_RETENTION).
+Two dispatches racing with one key: the loser's INSERT waits for the winner's commit, fails
+with a unique violation, and the loser then reads the winner's task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import asyncpg
+
+from shared.catalog import QUERY_TIMEOUT_S, pooled
+from shared.errors import IdempotentParameterMismatch
+
+from . import store
+
+
+@dataclasses.dataclass(frozen=True)
+class Definition:
+    kind: str
+    params: dict[str, Any]
+    on_restart: str
+    version: str | None
+    budget: dict[str, int]
+    definition_hash: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatched:
+    task: dict[str, Any]
+    replayed: bool  # True: the key was used before and this is that task
+
+
+async def find_by_key(conn: asyncpg.Connection, key: str) -> dict[str, Any] | None:
+    return store.decode(
+        await conn.fetchrow("SELECT * FROM arkvory_tasks WHERE idempotency_key = $1", key, timeout=QUERY_TIMEOUT_S)
+    )
+
+
+def _same_definition(task: dict[str, Any], definition: Definition) -> bool:
+    # on_restart is not part of the hashed definition (SPEC §7), but a retry that asks for
+    # another restart policy is not the same request either.
+    return task["definition_hash"] == definition.definition_hash and task["on_restart"] == definition.on_restart
+
+
+async def insert_once(
+    conn: asyncpg.Connection, definition: Definition, key: str | None, created_by: str
+) -> Dispatched:
+    """The task for `key` (new, or the one dispatched with it before), committed on return.
+    `conn` must not be in a transaction. IdempotentParameterMismatch when the key's task has
+    another definition."""
+    for _ in range(2):  # a lost race is followed by one read of the winner's task
+        try:
+            async with conn.transaction():
+                if key is not None:
+                    existing = await find_by_key(conn, key)
+                    if existing is not None:
+                        if not _same_definition(existing, definition):
+                            raise IdempotentParameterMismatch(
+                                f"Idempotency-Key {key!r} dispatched task {existing['id']} with another "
+                                "definition (kind, version, params, budget or on_restart); send a new key"
+                            )
+                        return Dispatched(existing, replayed=True)
+                task = await store.insert_task(
+                    conn,
+                    kind=definition.kind,
+                    params=definition.params,
+                    on_restart=definition.on_restart,
+                    definition_version=definition.version,
+                    definition_hash=definition.definition_hash,
+                    budget=definition.budget,
+                    idempotency_key=key,
+                    created_by=created_by,
+                )
+            return Dispatched(task, replayed=False)
+        except asyncpg.UniqueViolationError:
+            if key is None:
+                raise
+    raise asyncpg.UniqueViolationError("the dispatch key's task vanished during the dispatch")
+
+
+async def dispatch(pool: asyncpg.Pool, definition: Definition, key: str | None, created_by: str) -> Dispatched:
+    async with pooled(pool) as conn:
+        return await insert_once(conn, definition, key, created_by)

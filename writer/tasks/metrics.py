@@ -1,0 +1,84 @@
+"""The writer's task metrics (SPEC §8, issue 8 item 9): tasks by kind and status and the age of
+the oldest queued task, read from the database every REFRESH_S by a supervised loop (a scrape
+never queries the database), and the live event streams of this writer.
+
+A refresh that fails (database down) keeps the last values and is logged once per outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import anyio
+import asyncpg
+from prometheus_client import CollectorRegistry, Gauge
+
+from shared.catalog import QUERY_TIMEOUT_S, pooled
+from shared.errors import DatabaseUnavailable
+
+from .kinds import KINDS
+from .store import STATUSES
+from .stream import TaskEventHub
+
+log = logging.getLogger("arkvory.tasks.metrics")
+
+REFRESH_S = 5.0
+_DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
+
+
+class TaskMetrics:
+    def __init__(self, registry: CollectorRegistry, hub: TaskEventHub | None = None) -> None:
+        self.tasks = Gauge(
+            "arkvory_tasks", "Tasks in the database by kind and status", ["kind", "status"], registry=registry
+        )
+        self.oldest_queued = Gauge(
+            "arkvory_task_oldest_queued_seconds",
+            "Age of the oldest queued task (0 when none waits)",
+            registry=registry,
+        )
+        self.streams = Gauge(
+            "arkvory_task_event_streams", "Task event streams open on this writer", registry=registry
+        )
+        if hub is not None:
+            self.streams.set_function(lambda: hub.active)
+        self.refreshed = False
+        # Every known combination is exported (as 0 until seen), so a dashboard's series exist.
+        for kind in KINDS:
+            for status in STATUSES:
+                self.tasks.labels(kind=kind, status=status).set(0)
+
+    async def refresh(self, conn: asyncpg.Connection) -> None:
+        rows = await conn.fetch(
+            "SELECT kind, status, count(*) AS n FROM arkvory_tasks GROUP BY kind, status", timeout=QUERY_TIMEOUT_S
+        )
+        oldest = await conn.fetchval(
+            "SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8"
+            " FROM arkvory_tasks WHERE status = 'queued'",
+            timeout=QUERY_TIMEOUT_S,
+        )
+        counts = {(row["kind"], row["status"]): row["n"] for row in rows}
+        for kind in set(KINDS) | {kind for kind, _ in counts}:
+            for status in STATUSES:
+                self.tasks.labels(kind=kind, status=status).set(counts.get((kind, status), 0))
+        self.oldest_queued.set(max(0.0, oldest))
+        self.refreshed = True
+
+    async def run(self, pool_of: Any, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Refresh every REFRESH_S from a pool connection (`pool_of()` gives the pool)."""
+        task_status.started()
+        outage = False
+        while True:
+            try:
+                async with pooled(pool_of()) as conn:
+                    await self.refresh(conn)
+                if outage:
+                    log.info("task metrics: the database answers again")
+                    outage = False
+            except _DATABASE_ERRORS as exc:
+                if not outage:
+                    log.warning("task metrics: cannot refresh (%s: %s); keeping the last values",
+                                exc.__class__.__name__, exc)
+                    outage = True
+            await asyncio.sleep(REFRESH_S)

@@ -1,0 +1,41 @@
+"""Task retention (SPEC §7): finished tasks and their events are pruned after
+ARKVORY_TASK_RETENTION; an unfinished task is never pruned, however old.
+
+The cleanup task calls `prune_finished` on each run. Deleting a task deletes its events
+(`ON DELETE CASCADE`) and frees its dispatch Idempotency-Key. Batches keep each statement (and
+the locks it holds) short, so pruning a long backlog never blocks the task API for long.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from shared.catalog import QUERY_TIMEOUT_S
+
+from .store import FINISHED
+
+# The status test is repeated on the DELETE itself: the sub-select's snapshot may be older
+# than the row it names (finished statuses are final, so this is belt and braces).
+_PRUNE = """
+DELETE FROM arkvory_tasks
+WHERE id IN (
+    SELECT id FROM arkvory_tasks
+    WHERE finished_at < now() - $1 * interval '1 second' AND status = ANY($2::text[])
+    LIMIT $3
+)
+AND status = ANY($2::text[]) AND finished_at < now() - $1 * interval '1 second'
+"""
+
+
+async def prune_finished(conn: asyncpg.Connection, older_than_s: int, batch: int = 1000) -> int:
+    """Delete the finished tasks that finished more than `older_than_s` seconds ago (database
+    clock), with their events, `batch` tasks per statement; returns how many went."""
+    if older_than_s < 0 or batch < 1:
+        raise ValueError("older_than_s must be >= 0 and batch >= 1")
+    total = 0
+    while True:
+        status = await conn.execute(_PRUNE, older_than_s, list(FINISHED), batch, timeout=QUERY_TIMEOUT_S)
+        deleted = int(status.split()[-1])
+        total += deleted
+        if deleted < batch:
+            return total
