@@ -195,7 +195,7 @@ class Verifier:
                 await self._report()
             if len(rows) < BATCH:
                 break
-        await self._flush_progress()
+        await self._flush_progress(message=self._summary())
         async with self.pool.acquire(timeout=POOL_WAIT_S) as conn:
             await prune_diagnostics_without_blob(conn)
             counts = await diagnostic_counts(conn)
@@ -306,15 +306,23 @@ class Verifier:
         if self._pending_items >= PROGRESS_EVERY_ITEMS or now - self._progress_at >= PROGRESS_EVERY_S:
             await self._flush_progress()
         if now - self._checkpoint_at >= CHECKPOINT_EVERY_S:
+            # A line for the offline scrub's output and the task's events, as often as checkpoints.
+            await self._flush_progress(message=self._summary())
             await self.ctx.checkpoint({"after": self.after, **asdict(self.tally)})
             self._checkpoint_at = time.monotonic()
 
-    async def _flush_progress(self) -> None:
+    def _summary(self) -> str:
+        t = self.tally
+        return f"{t.checked} blobs checked ({t.bytes} bytes), {t.missing} missing, {t.corrupt} corrupt"
+
+    async def _flush_progress(self, message: str | None = None) -> None:
         items, nbytes = self._pending_items, self._pending_bytes
         self._pending_items = self._pending_bytes = 0
         self._progress_at = time.monotonic()
-        if items or nbytes:
-            await self.ctx.progress(items=items, bytes=nbytes, data={"after": self.after, **asdict(self.tally)})
+        if items or nbytes or message:
+            await self.ctx.progress(
+                items=items, bytes=nbytes, message=message, data={"after": self.after, **asdict(self.tally)}
+            )
 
 
 async def run(ctx: Any) -> dict[str, Any]:
