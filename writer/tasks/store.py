@@ -233,6 +233,27 @@ async def claim_next(
     return decode(row)
 
 
+async def start_running(conn: asyncpg.Connection, task_id: uuid.UUID, fence: Fence) -> dict[str, Any] | None:
+    """loading -> running with its `task.running` event and `started_at` (the database's clock,
+    kept from the first run); None when the task was cancelled meanwhile or is not ours."""
+    fenced, fence_args = _fence_clause(fence, first_arg=2)
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            f"""
+            UPDATE arkvory_tasks
+            SET status = 'running', last_event = last_event + 1, updated_at = now(),
+                started_at = coalesce(started_at, now()), heartbeat_at = now()
+            WHERE id = $1 AND status = 'loading'{fenced}
+            RETURNING *
+            """,
+            task_id, *fence_args,
+        )
+        if row is None:
+            return None
+        await _insert_event(conn, task_id, row["last_event"], "task.running", {"status": "running"})
+    return decode(row)
+
+
 async def heartbeat(
     conn: asyncpg.Connection, task_id: uuid.UUID, fence: Fence, usage: Mapping[str, int]
 ) -> str | None:

@@ -1,0 +1,310 @@
+"""`arkvory worker` as a real process against a real PostgreSQL: start-up refusals, running a task
+from a notification to its end, cancellation, one active worker with a standby that takes over,
+SIGTERM, a lost lock connection, and the health endpoints.
+
+Tasks are made with the task store (tests/worker_harness.py) and run by the `steps` test kind
+(tests/worker_kinds.py) unless the test is about a real kind.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+
+from shared import db
+
+from .harness import ADMIN_TOKEN, READER_TOKEN, db_execute, run_arkvory
+from .worker_harness import (
+    dispatch,
+    event_types,
+    events,
+    lock_backend,
+    start_worker,
+    steps_done,
+    task,
+    terminate_backend,
+    transition,
+    wait_checkpoint,
+    wait_for,
+    wait_task,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def writer(cluster):
+    """The writer migrates the schema and creates the storage the worker checks."""
+    return cluster.writer().wait_ready()
+
+
+# -- start-up ----------------------------------------------------------------------------------
+
+
+def test_a_bad_setting_exits_2_naming_the_variable(cluster):
+    result = run_arkvory(cluster.base_env(ARKVORY_WORKER_PORT="http"), "worker")
+    assert result.returncode == 2
+    assert "ARKVORY_WORKER_PORT" in result.stderr and "'http'" in result.stderr
+
+
+def test_the_shared_download_variables_are_not_the_workers(cluster, writer):
+    # common.env carries the slot count and rates but no slot: the worker must not mind.
+    env = cluster.base_env(
+        ARKVORY_GATEWAY_SLOTS="3", ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND="1000000000", ARKVORY_ROLE="reader"
+    )
+    worker = start_worker(cluster, ARKVORY_GATEWAY_SLOTS="3", ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND="1000000000")
+    assert env["ARKVORY_ROLE"] == "reader"
+    worker.wait_active()
+
+
+def test_without_the_writers_schema_it_refuses_with_78(cluster):
+    result = run_arkvory(cluster.base_env(ARKVORY_WORKER_PORT="1"), "worker")
+    assert result.returncode == 78, result.stderr
+    assert "start the writer first" in result.stderr
+
+
+def test_a_newer_schema_is_refused_with_78(cluster, writer):
+    db_execute(cluster.database_url, "INSERT INTO arkvory_schema_version (version, name) VALUES (99, 'future')")
+    result = run_arkvory(cluster.base_env(ARKVORY_WORKER_PORT="1"), "worker")
+    assert result.returncode == 78, result.stderr
+    assert "newer than this worker's" in result.stderr
+
+
+def test_missing_storage_is_refused_with_78(cluster, writer, tmp_path):
+    result = run_arkvory(cluster.base_env(ARKVORY_DATA_DIR=str(tmp_path / "nowhere")), "worker")
+    assert result.returncode == 78, result.stderr
+    assert "does not exist" in result.stderr and "the worker never creates storage" in result.stderr
+
+
+# -- running tasks ---------------------------------------------------------------------------
+
+
+def test_a_dispatched_task_runs_to_completion_with_its_events(cluster, writer):
+    worker = start_worker(cluster).wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 3, "bytes": 10, "cost_units": 2})
+    done = wait_task(cluster.database_url, task_id, "completed")
+    assert done["result"] == {"steps": 3, "first": 0}
+    assert done["usage"] == {"items": 3, "bytes": 30, "cost_units": 6, "transitions": 6, "state_bytes": done["usage"]["state_bytes"]}
+    assert done["attempts"] == 1 and done["started_at"] is not None and done["finished_at"] is not None
+    types = event_types(cluster.database_url, task_id)
+    assert types[:3] == ["task.queued", "task.loading", "task.running"]
+    assert types[-1] == "task.completed"
+    assert types.count("task.checkpoint") == 3
+    seqs = [e["seq"] for e in events(cluster.database_url, task_id)]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert worker.status() == "active"
+
+
+def test_a_task_is_claimed_on_its_notification_not_by_polling(cluster, writer):
+    start_worker(cluster).wait_active()
+    time.sleep(1)  # idle: the first poll is long past
+    latencies = []
+    for _ in range(3):
+        task_id = dispatch(cluster.database_url, "steps", {"steps": 1})
+        done = wait_task(cluster.database_url, task_id, "completed", timeout=10)
+        queued, running = events(cluster.database_url, task_id)[0], events(cluster.database_url, task_id)[2]
+        assert running["type"] == "task.running"
+        latencies.append((running["created_at"] - queued["created_at"]).total_seconds())
+        assert done["status"] == "completed"
+    # The safety-net poll runs every 10 s: well under it means the notification woke the worker.
+    assert max(latencies) < 2.0, latencies
+
+
+def test_an_unexpected_error_fails_the_task_as_internal(cluster, writer):
+    worker = start_worker(cluster).wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 3, "fail_at": 1})
+    failed = wait_task(cluster.database_url, task_id, "failed")
+    assert failed["error_code"] == "internal"
+    assert "step 1 went wrong" in failed["error_message"]
+    assert event_types(cluster.database_url, task_id)[-1] == "task.failed"
+    wait_for(lambda: "step 1 went wrong" in worker.stderr and "Traceback" in worker.stderr, "logged")
+
+
+def test_bad_params_fail_the_task_at_loading(cluster, writer):
+    start_worker(cluster).wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"nonsense": 1})
+    failed = wait_task(cluster.database_url, task_id, "failed")
+    assert failed["error_code"] == "invalid_input"
+    assert event_types(cluster.database_url, task_id) == ["task.queued", "task.loading", "task.failed"]
+
+
+def test_two_kinds_run_at_once_but_never_two_of_one_kind(cluster, writer):
+    start_worker(cluster).wait_active()
+    slow = {"steps": 20, "step_seconds": 0.1}
+    first = dispatch(cluster.database_url, "steps", slow)
+    second = dispatch(cluster.database_url, "steps", slow)
+    other = dispatch(cluster.database_url, "steps_b", slow)
+    wait_task(cluster.database_url, first, "running")
+    wait_task(cluster.database_url, other, "running")
+    assert task(cluster.database_url, second)["status"] == "queued"
+    wait_task(cluster.database_url, first, "completed")
+    wait_task(cluster.database_url, second, "completed")
+    first_done = task(cluster.database_url, first)["finished_at"]
+    assert task(cluster.database_url, second)["started_at"] >= first_done
+
+
+def test_a_cancel_stops_the_running_task_and_it_ends_cancelled(cluster, writer):
+    start_worker(cluster).wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 200, "step_seconds": 0.05})
+    wait_checkpoint(cluster.database_url, task_id, 2)
+    asked = time.monotonic()
+    transition(cluster.database_url, task_id, ["running"], "cancelling", "task.cancelling")
+    cancelled = wait_task(cluster.database_url, task_id, "cancelled", timeout=10)
+    assert time.monotonic() - asked < 3.0
+    assert cancelled["result"] is None
+    types = event_types(cluster.database_url, task_id)
+    assert types[-2:] == ["task.cancelling", "task.cancelled"] and "task.completed" not in types
+    done = len(steps_done(cluster.database_url, task_id))
+    time.sleep(0.5)
+    assert len(steps_done(cluster.database_url, task_id)) == done < 200
+
+
+# -- one active worker -------------------------------------------------------------------------
+
+
+def test_a_standby_worker_says_so_once_and_takes_over_when_the_active_one_dies(cluster, writer):
+    first = start_worker(cluster, "first").wait_active()
+    second = start_worker(cluster, "second").wait_status("standby")
+    answer = httpx.get(f"{second.url}/health/status", timeout=5)
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "2"
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 100, "step_seconds": 0.05}, on_restart="retry")
+    wait_checkpoint(cluster.database_url, task_id, 2)
+    time.sleep(5)  # a few retries of the standby worker
+    assert second.stderr.count("standby: another worker is active") == 1, second.stderr
+    assert "arkvory-worker" in second.stderr  # it names the active one
+    first.kill()
+    killed = time.monotonic()
+    second.wait_active(timeout=15)
+    assert time.monotonic() - killed < 5.0
+    done = wait_task(cluster.database_url, task_id, "completed", timeout=30)
+    assert done["attempts"] == 2
+    assert "task.queued" in event_types(cluster.database_url, task_id)[2:]
+
+
+def test_sigterm_exits_0_within_the_drain_bound_and_leaves_the_task_for_recovery(cluster, writer):
+    worker = start_worker(cluster, ARKVORY_DRAIN_TIMEOUT_SECONDS="5").wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 400, "step_seconds": 0.05}, on_restart="resume")
+    wait_checkpoint(cluster.database_url, task_id, 3)
+    asked = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit(15) == 0
+    assert time.monotonic() - asked < 5.0  # the kind stopped at its next step, long before the bound
+    left = task(cluster.database_url, task_id)
+    assert left["status"] == "running"  # for the next start's restart recovery
+    stopped_at = left["checkpoint"]["next"]
+    assert len(steps_done(cluster.database_url, task_id)) == stopped_at
+    # The next worker resumes it from that checkpoint.
+    start_worker(cluster, "next").wait_active()
+    wait_for(lambda: task(cluster.database_url, task_id)["checkpoint"]["next"] > stopped_at, "resumed")
+    resumed = [e for e in events(cluster.database_url, task_id) if e["type"] == "task.running"][-1]
+    assert resumed["data"]["resumed"] is True
+
+
+def test_sigterm_cancels_a_kind_that_does_not_stop_within_the_bound(cluster, writer):
+    worker = start_worker(cluster, ARKVORY_DRAIN_TIMEOUT_SECONDS="1").wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 3, "step_seconds": 30})
+    wait_task(cluster.database_url, task_id, "running")
+    asked = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit(15) == 0
+    assert time.monotonic() - asked < 5.0
+    assert task(cluster.database_url, task_id)["status"] == "running"
+
+
+def test_a_standby_worker_stops_at_once_on_sigterm(cluster, writer):
+    start_worker(cluster, "first").wait_active()
+    second = start_worker(cluster, "second").wait_status("standby")
+    second.signal(signal.SIGTERM)
+    assert second.wait_exit(10) == 0
+
+
+def test_a_lost_lock_stops_the_task_and_no_write_of_the_old_holder_lands(cluster, writer):
+    old = start_worker(cluster, "old").wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 60, "step_seconds": 0.05}, on_restart="retry")
+    wait_checkpoint(cluster.database_url, task_id, 3)
+    # Freeze the active worker, end its lock connection, let another worker take over.
+    old.signal(signal.SIGSTOP)
+    try:
+        assert terminate_backend(cluster.database_url, lock_backend(cluster.database_url))
+        new = start_worker(cluster, "new").wait_active(timeout=15)
+        requeued = wait_for(
+            lambda: [e for e in events(cluster.database_url, task_id) if e["type"] == "task.queued"][1:],
+            "requeued by the new worker",
+        )[0]
+    finally:
+        old.signal(signal.SIGCONT)  # its kind wakes up mid-step and tries to go on
+    done = wait_task(cluster.database_url, task_id, "completed", timeout=30)
+    assert done["attempts"] == 2 and done["result"] == {"steps": 60, "first": 0}
+    # After the new worker requeued it, every write is the new run's: its usage counts from 0
+    # and only grows; a write of the old holder (items far along) would break the sequence.
+    after = [e for e in events(cluster.database_url, task_id) if e["seq"] > requeued["seq"]]
+    assert [e["type"] for e in after[:2]] == ["task.loading", "task.running"]
+    items = [e["data"]["usage"]["items"] for e in after if e["type"] in ("task.progress", "task.checkpoint")]
+    assert items == sorted(items) and items[0] <= 2, items
+    assert done["usage"]["items"] == 60
+    # The old worker noticed, stopped its task and stands by.
+    old.wait_status("standby", timeout=15)
+    assert "no longer the active worker" in old.stderr
+    assert "Traceback" not in old.stderr
+    assert new.status() == "active"
+
+
+def test_a_lost_lock_connection_of_the_only_worker_is_taken_again_and_the_task_rerun(cluster, writer):
+    worker = start_worker(cluster).wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 40, "step_seconds": 0.05}, on_restart="retry")
+    wait_checkpoint(cluster.database_url, task_id, 3)
+    before = lock_backend(cluster.database_url)
+    assert terminate_backend(cluster.database_url, before)
+    done = wait_task(cluster.database_url, task_id, "completed", timeout=30)
+    assert done["attempts"] == 2
+    assert lock_backend(cluster.database_url) not in (None, before)
+    assert worker.status() == "active"
+    metrics = worker.get("/health/metrics").text
+    assert "arkvory_worker_locks_lost_total 1.0" in metrics
+
+
+# -- health ----------------------------------------------------------------------------------
+
+
+def test_health_endpoints(cluster, writer):
+    worker = start_worker(cluster).wait_active()
+    assert worker.get("/health/live", token=None).json() == {"status": "ok"}
+    assert worker.get("/health/status", token=None).json() == {"status": "active"}
+    assert worker.get("/health/metrics", token=None).status_code == 401
+    assert worker.get("/health/metrics", token="arkvory_key_unknown").status_code == 401
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 2})
+    wait_task(cluster.database_url, task_id, "completed")
+    metrics = worker.get("/health/metrics", token=READER_TOKEN)
+    assert metrics.status_code == 200
+    text = metrics.text
+    assert "arkvory_worker_active 1.0" in text
+    assert 'arkvory_worker_tasks_total{kind="steps",outcome="completed"} 1.0' in text
+    assert 'arkvory_worker_task_duration_seconds_count{kind="steps"} 1.0' in text
+    for name in ("arkvory_cleanup_reclaimed_bytes_total", "arkvory_cleanup_deleted_blobs_total", "arkvory_verify_hashed_bytes_total"):
+        assert name in text
+    ready = worker.get("/health/ready")
+    assert ready.status_code == 200
+    assert ready.json()["role"] == "worker" and ready.json()["schemaVersion"] == db.CODE_SCHEMA_VERSION
+    assert worker.get("/health/nothing", token=None).status_code == 404
+
+
+def test_public_metrics_need_no_key(cluster, writer):
+    worker = start_worker(cluster, ARKVORY_PUBLIC_METRICS="true").wait_active()
+    assert worker.get("/health/metrics", token=None).status_code == 200
+    assert worker.get("/health/ready", token=None).status_code == 401
+
+
+def test_the_real_command_runs_verify(cluster, writer):
+    worker = start_worker(cluster, real=True).wait_active()
+    with writer.client(ADMIN_TOKEN) as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        for n in range(3):
+            answer = client.post("/api/v1/repositories/r/artifacts?name=a", content=b"blob %d" % n)
+            assert answer.status_code == 201, answer.text
+    task_id = dispatch(cluster.database_url, "verify", {}, on_restart="resume")
+    done = wait_task(cluster.database_url, task_id, "completed")
+    assert done["result"]["checked"] == 3
+    assert 'arkvory_verify_hashed_bytes_total 18.0' in worker.get("/health/metrics").text

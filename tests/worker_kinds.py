@@ -1,0 +1,44 @@
+"""A task kind for the worker tests: `steps`, a controllable long-running task.
+
+It does `steps` steps of `step_seconds` each; after each it records the step in the table
+`test_worker_steps` (so a test can count what was done, and done twice), reports progress
+(`items`, `bytes`, `cost_units` per step) and, every `checkpoint_every` steps, checkpoints
+`{"next": step + 1, "pad": "x" * (pad + pad_growth * step)}`. A `resume` run starts at the
+checkpoint's `next`. `fail_at` raises an unexpected error at that step. Registered (also as
+`steps_b`, a second kind to run next to it) by tests/worker_entry.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from shared.errors import InvalidInput
+
+_FIELDS = {
+    "steps": 5, "step_seconds": 0.0, "checkpoint_every": 1, "items": 1, "bytes": 0, "cost_units": 0,
+    "pad": 0, "pad_growth": 0, "fail_at": -1,
+}
+
+
+def validate_params(params: Any) -> dict:
+    if not isinstance(params, dict) or set(params) - set(_FIELDS):
+        raise InvalidInput(f"steps params: an object with {', '.join(_FIELDS)}")
+    return {**_FIELDS, **params}
+
+
+async def run(ctx) -> dict:
+    p = ctx.params
+    await ctx.pool.execute(
+        "CREATE TABLE IF NOT EXISTS test_worker_steps (n bigserial, task_id uuid, step integer)"
+    )
+    first = (ctx.resumed_from or {}).get("next", 0)
+    for step in range(first, p["steps"]):
+        await asyncio.sleep(p["step_seconds"])
+        if step == p["fail_at"]:
+            raise RuntimeError(f"step {step} went wrong")
+        await ctx.pool.execute("INSERT INTO test_worker_steps (task_id, step) VALUES ($1, $2)", ctx.task_id, step)
+        await ctx.progress(items=p["items"], bytes=p["bytes"], cost_units=p["cost_units"], data={"step": step})
+        if (step + 1) % p["checkpoint_every"] == 0:
+            await ctx.checkpoint({"next": step + 1, "pad": "x" * (p["pad"] + p["pad_growth"] * step)})
+    return {"steps": p["steps"], "first": first}

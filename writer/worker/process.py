@@ -1,0 +1,226 @@
+"""The worker process: standby until it holds the worker lock, then active until it loses the
+lock (back to standby) or is told to stop (SIGTERM: drain, exit 0).
+
+    starting -> standby <-> active -> draining -> exit 0
+
+Becoming active = a new activation (lock.py): restart recovery (recovery.py) first, then the
+runner (runner.py) claims and runs tasks. Losing the lock connection ends the activation at
+once: the running kinds are cancelled where they are (their writes would be refused by the
+fence anyway), and the worker goes back to taking the lock; the next activation, here or in a
+standby worker, settles the tasks by the restart table. A database error while recovering, or
+an end of a task that could not be recorded, ends the activation the same way.
+
+A planned stop (SIGTERM) leaves for the next start exactly what a crash would, minus the
+surprise: queued tasks stay queued, and a task that was running stays `running` (its kind was
+asked to stop at its next progress or checkpoint, bounded by ARKVORY_DRAIN_TIMEOUT_SECONDS), so
+the next activation's restart recovery applies its policy: `resume` continues from its last
+checkpoint, `retry` starts again, `fail` ends `failed` with `server_restarted`.
+
+Signal handlers only set flags; a second SIGTERM/SIGINT cancels the running kinds at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import uuid
+from typing import Any
+
+import anyio
+import asyncpg
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from shared.identity import KeyRing
+from shared.settings import Settings
+from shared.storage import Storage
+from writer.tasks import kinds
+
+from .health import build_health_app
+from .lock import Activation, WorkerLock
+from .metrics import WorkerMetrics
+from .recovery import recover
+from .runner import RecordingFailed, Runner
+
+log = logging.getLogger("arkvory.worker")
+
+EXIT_FAILED = 75  # the health server died: the service manager restarts us
+RETRY_AFTER_FAILURE_S = 2.0
+_ACTIVATION_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, RecordingFailed)
+
+
+class _HealthServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the worker's handlers decide (drain first)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class WorkerProcess:
+    def __init__(
+        self,
+        settings: Settings,
+        keys: KeyRing,
+        pool: asyncpg.Pool,
+        storage: Storage,
+        schema_version: int,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.pool = pool
+        self.storage = storage
+        self.schema_version = schema_version
+        self.registry = registry or CollectorRegistry()
+        self.metrics = WorkerMetrics(self.registry)
+        self.state = "starting"
+        self.exit_status = 0
+        self.lock = WorkerLock(settings.database_url, self._on_task_event)
+        self._runner: Runner | None = None
+        self._stop = asyncio.Event()
+        self._signals = 0
+
+    # -- state for the health endpoints -----------------------------------------------------
+
+    def running_tasks(self) -> list[dict[str, Any]]:
+        runner = self._runner
+        if runner is None:
+            return []
+        return [
+            {"id": str(ctx.task_id), "kind": ctx.kind, "usage": dict(ctx.usage), "stopping": ctx.stop_reason}
+            for ctx in list(runner.running.values())
+        ]
+
+    # -- signals and notifications ----------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info("stopping: no more tasks are claimed; running tasks stop at their next step")
+            self.state = "draining"
+            self._stop.set()
+            if self._runner is not None:
+                self._runner.stop()
+        elif self._runner is not None:
+            log.warning("second stop signal: cancelling the running tasks where they are")
+            self._runner.force_stop()
+
+    def _on_task_event(self, task_id: uuid.UUID, event: str) -> None:
+        if self._runner is not None:
+            self._runner.on_task_event(task_id, event)
+
+    # -- the process ------------------------------------------------------------------------
+
+    async def run(self, sock: socket.socket) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        server = _HealthServer(self._server_config())
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._serve_health, server, sock)
+                await self._take_turns()
+                server.should_exit = True
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await self.lock.release()
+        log.info("stopped with exit status %d", self.exit_status)
+        return self.exit_status
+
+    async def _take_turns(self) -> None:
+        """Standby, active, standby... until told to stop."""
+        while not self._stop.is_set():
+            self.state = "standby"
+            activation = await self._acquire_unless_stopped()
+            if activation is None:
+                return
+            lost = await self._active(activation)
+            if lost is None:
+                return  # drained
+            self.metrics.locks_lost.inc()
+            log.error("no longer the active worker (%s): running tasks stopped; taking the lock again", lost)
+            self.lock.drop()
+            if not self._stop.is_set():
+                await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+
+    async def _acquire_unless_stopped(self) -> Activation | None:
+        activation: Activation | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def acquire() -> None:
+                nonlocal activation
+                activation = await self.lock.acquire()
+                tg.cancel_scope.cancel()
+
+            async def stopped() -> None:
+                await self._stop.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(acquire)
+            tg.start_soon(stopped)
+        return activation
+
+    async def _active(self, activation: Activation) -> str | None:
+        """One activation; returns why it was lost, or None once drained."""
+        runner = Runner(
+            activation,
+            pool=self.pool,
+            storage=self.storage,
+            settings=self.settings,
+            metrics=self.metrics,
+            kinds=kinds.KINDS,
+        )
+        lost: str | None = None
+        self.state = "draining" if self._stop.is_set() else "active"
+        self.metrics.active.set(1)
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    nonlocal lost
+                    lost = await self.lock.wait_lost()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch)
+                async with self.pool.acquire(timeout=10) as conn:
+                    adopted = await recover(conn, activation, self.metrics)
+                self._runner = runner
+                if self._stop.is_set():
+                    runner.stop()
+                await runner.run(adopted)
+                tg.cancel_scope.cancel()
+        except* _ACTIVATION_ERRORS as group:
+            lost = "; ".join(f"{exc.__class__.__name__}: {exc}" for exc in group.exceptions)
+        finally:
+            self._runner = None
+            self.metrics.active.set(0)
+            self.metrics.tasks_running.set(0)
+        return lost
+
+    # -- health -----------------------------------------------------------------------------
+
+    def _server_config(self) -> uvicorn.Config:
+        settings = self.settings
+        return uvicorn.Config(
+            build_health_app(self),
+            lifespan="off",
+            ws="none",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=2,
+            ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
+            ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
+        )
+
+    async def _serve_health(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        await server.serve(sockets=[sock])
+        if not self._stop.is_set():
+            log.error("the health server stopped unexpectedly; stopping the worker (exit %d)", EXIT_FAILED)
+            self.exit_status = EXIT_FAILED
+            self.request_stop()

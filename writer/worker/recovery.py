@@ -1,0 +1,119 @@
+"""Restart recovery (SPEC §7): on becoming active, the worker applies each unfinished task's
+`on_restart` policy, exactly as the table says:
+
+    found        fail                 retry                resume
+    queued       failed               queued (no event)    queued (no event)
+    loading      failed               queued               queued
+    running      failed               queued               running, from its last checkpoint
+    cancelling   cancelled            cancelled            cancelled
+
+A task moved to `failed` gets code `server_restarted` and a `task.failed` event, one moved to
+`queued` a `task.queued` event, one moved to `cancelled` a `task.cancelled` event; a `resume`
+task found running stays running, adopted by this activation, with a `task.running` event
+`{"resumed": true}`. Each move is one conditional transaction (store.transition): if a cancel
+lands between our read and our move, the move is refused and the task is read again.
+
+Only tasks created up to the moment this activation took the lock are "left over"; one
+dispatched after it is simply claimed. Finished tasks (a budget already exceeded) are never
+touched, so they are never retried.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from typing import Any
+
+import asyncpg
+
+from shared import db
+from writer.tasks import store
+
+from .lock import Activation
+from .metrics import WorkerMetrics
+
+log = logging.getLogger("arkvory.worker.recovery")
+
+RESTARTED_CODE = "server_restarted"
+RESTARTED_MESSAGE = "the worker restarted while the task was unfinished, and its policy is on_restart=fail"
+# How often one task is re-read when a concurrent change refused our move (a cancel, twice).
+_ATTEMPTS_PER_TASK = 5
+
+
+def planned_move(status: str, on_restart: str) -> tuple[str, str] | None:
+    """(new status, event) for a task found in `status`; None when it stays as it is.
+    A `resume` task found running also gets ("running", "task.running"): it is adopted."""
+    if status == "cancelling":
+        return "cancelled", "task.cancelled"
+    if on_restart == "fail":
+        return "failed", "task.failed"
+    if status == "queued":
+        return None
+    if status == "running" and on_restart == "resume":
+        return "running", "task.running"
+    return "queued", "task.queued"
+
+
+async def recover(conn: asyncpg.Connection, activation: Activation, metrics: WorkerMetrics) -> list[dict[str, Any]]:
+    """Apply the table to every left-over task; returns the `resume` tasks this activation now
+    runs again from their checkpoints."""
+    adopted = []
+    for found in await store.unfinished_tasks(conn, activation.began_at):
+        task = await _recover_one(conn, found["id"], activation, metrics)
+        if task is not None:
+            adopted.append(task)
+    if adopted:
+        log.info("resuming %d task(s) from their last checkpoint", len(adopted))
+    return adopted
+
+
+async def _recover_one(
+    conn: asyncpg.Connection, task_id: uuid.UUID, activation: Activation, metrics: WorkerMetrics
+) -> dict[str, Any] | None:
+    for _ in range(_ATTEMPTS_PER_TASK):
+        row = await conn.fetchrow(
+            "SELECT status, on_restart, created_at, attempts FROM arkvory_tasks WHERE id = $1",
+            task_id,
+            timeout=db.QUERY_TIMEOUT_S,
+        )
+        if row is None or row["status"] in store.FINISHED or not _left_over(row["created_at"], activation.began_at):
+            return None
+        move = planned_move(row["status"], row["on_restart"])
+        if move is None:
+            return None
+        to, event = move
+        moved = await store.transition(
+            conn, task_id, allowed_from=[row["status"]], to=to, event=event,
+            data=_event_data(row["status"], to), fields=_fields(to, activation, row["attempts"]),
+        )
+        if moved is not None:
+            metrics.recovered.labels(to="resumed" if to == "running" else to).inc()
+            log.info("task %s (on_restart=%s) found %s: now %s", task_id, row["on_restart"], row["status"], to)
+            return moved if to == "running" else None
+    log.warning("task %s kept changing while recovering it; left as it is", task_id)
+    return None
+
+
+def _left_over(created_at: datetime.datetime, began_at: datetime.datetime) -> bool:
+    return created_at <= began_at
+
+
+def _event_data(found: str, to: str) -> dict[str, Any]:
+    data: dict[str, Any] = {"recovered_from": found}
+    if to == "failed":
+        data |= {"error_code": RESTARTED_CODE, "error_message": RESTARTED_MESSAGE}
+    if to == "running":
+        data["resumed"] = True
+    return data
+
+
+def _fields(to: str, activation: Activation, attempts: int) -> dict[str, Any]:
+    if to == "failed":
+        return {"error_code": RESTARTED_CODE, "error_message": RESTARTED_MESSAGE}
+    if to == "queued":
+        return {"worker": None, "heartbeat_at": None}
+    if to == "running":
+        # Adopted: this activation's fence from now on (the old holder's writes are refused).
+        return {"worker": activation.fence.holder, "attempts": attempts + 1, "heartbeat_at": activation.began_at}
+    return {}
