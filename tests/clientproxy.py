@@ -48,6 +48,16 @@ class Flip:
     offset: int = 0
 
 
+@dataclasses.dataclass
+class OnRequestBody:
+    """Once `after_bytes` of the body of the next request whose target contains `match` have
+    been forwarded, run `then` (in a thread; e.g. kill the server mid-part) and end the link."""
+
+    match: str
+    after_bytes: int
+    then: Callable[[], None]
+
+
 class HttpFaultProxy:
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
         self.upstream = (upstream_host, upstream_port)
@@ -55,6 +65,7 @@ class HttpFaultProxy:
         self.strip_request_headers: set[str] = set()  # lower-case names
         self.cuts: list[Cut] = []
         self.flips: list[Flip] = []
+        self.body_hooks: list[OnRequestBody] = []
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -143,6 +154,7 @@ class HttpFaultProxy:
             )
             remaining = int(seen.get("content-length", "0") or 0)
             flip = self._take(self.flips, target) if remaining else None
+            hook = self._take(self.body_hooks, target) if remaining else None
             position = 0
             while remaining:
                 data = await client_reader.read(min(CHUNK, remaining))
@@ -157,6 +169,11 @@ class HttpFaultProxy:
                 exchange.request_body_bytes += len(data)
                 upstream_writer.write(data)
                 await upstream_writer.drain()
+                if hook is not None and exchange.request_body_bytes >= hook.after_bytes:
+                    exchange.cut = True
+                    async with self._serialized:
+                        await asyncio.to_thread(hook.then)
+                    return
             response_head = await upstream_reader.readuntil(b"\r\n\r\n")
             exchange.status = int(response_head.split(b" ", 2)[1])
             client_writer.write(response_head)
