@@ -195,7 +195,8 @@ def test_sigterm_exits_0_within_the_drain_bound_and_leaves_the_task_for_recovery
     left = task(cluster.database_url, task_id)
     assert left["status"] == "running"  # for the next start's restart recovery
     stopped_at = left["checkpoint"]["next"]
-    assert len(steps_done(cluster.database_url, task_id)) == stopped_at
+    # It stopped at its next step: the one in flight may be done, not checkpointed, no more.
+    assert stopped_at <= len(steps_done(cluster.database_url, task_id)) <= stopped_at + 1
     # The next worker resumes it from that checkpoint.
     start_worker(cluster, "next").wait_active()
     wait_for(lambda: task(cluster.database_url, task_id)["checkpoint"]["next"] > stopped_at, "resumed")

@@ -206,17 +206,15 @@ class Runner:
 
     async def _execute(self, ctx: RunningTask, claimed: bool) -> str:
         kind = self.kinds.get(ctx.kind)
-        if claimed:
-            if kind is None:
-                return await self._fail(ctx, "unknown_kind", f"this worker does not know the task kind {ctx.kind!r}", "loading")
-            try:
-                ctx.params = kind.validate_params(ctx.params)
-            except InvalidInput as exc:
-                return await self._fail(ctx, "invalid_input", exc.message, "loading")
-            if not await self._start_running(ctx):
-                return await self._refused(ctx, "running")
-        elif kind is None:
-            return await self._fail(ctx, "unknown_kind", f"this worker does not know the task kind {ctx.kind!r}", "running")
+        found = "loading" if claimed else "running"  # an adopted task is running already
+        if kind is None:
+            return await self._fail(ctx, "unknown_kind", f"this worker does not know the task kind {ctx.kind!r}", found)
+        try:
+            ctx.params = kind.validate_params(ctx.params)
+        except InvalidInput as exc:
+            return await self._fail(ctx, "invalid_input", exc.message, found)
+        if claimed and not await self._start_running(ctx):
+            return await self._refused(ctx, "running")
         self._heartbeating.add(ctx.task_id)
         try:
             result = await kind.run(ctx)
