@@ -6,11 +6,13 @@ order in which URL and token are found)."""
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -306,30 +308,57 @@ def test_no_server_listening_exits_7_after_the_retries(home, work):
     assert time.monotonic() - started < 30
 
 
-def test_a_busy_server_exits_7_after_the_retries(cluster, home, work, tmp_path):
-    """A real writer with room for one download and no queue: while one slow download holds the
-    place, the CLI's download is answered 503 busy (Retry-After) until it gives up."""
-    busy = cluster.writer(
-        ARKVORY_MAX_DOWNLOADS="1", ARKVORY_DOWNLOAD_QUEUE_SIZE="1", ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS="1",
-        ARKVORY_DOWNLOAD_BYTES_PER_SECOND="65536",
-    ).wait_ready()
-    with busy.client() as client:
-        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
-        artifact = client.post(
-            f"/api/v1/repositories/{REPO}/artifacts", params={"name": "slow.bin"}, content=os.urandom(2 << 20)
-        ).json()
-    content = f"{busy.url}/api/v1/repositories/{REPO}/artifacts/{artifact['id']}/content"
-    with busy.client(timeout=30) as holder:
-        with holder.stream("GET", content) as held:
-            assert held.status_code == 200
-            next(held.iter_raw(1024))  # the one place is taken, for the ~30 s the body needs
-            run = arkvory(
-                cli_env(home, busy.url), work, "get", "--json", REPO, artifact["id"], "-o", "slow.bin",
-                "--retries", "1", "--retry-time", "10",
-            )
+class BusyServer:
+    """An HTTP server that answers every request like a saturated Arkvory: 503 `busy` with
+    `Retry-After: 1` and the JSON error of SPEC §6; it records when each request came."""
+
+    def __init__(self) -> None:
+        arrivals = self.arrivals = []
+
+        class Busy(http.server.BaseHTTPRequestHandler):
+            def answer(self) -> None:
+                arrivals.append(time.monotonic())
+                body = json.dumps({"code": "busy", "message": "no download place free", "requestId": "stub"}).encode()
+                self.send_response(503)
+                self.send_header("Retry-After", "1")
+                self.send_header("X-Request-Id", "stub")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_HEAD = do_POST = do_PUT = answer
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> BusyServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_busy_server_exits_7_after_waiting_and_retrying(home, work):
+    with BusyServer() as busy:
+        run = arkvory(
+            cli_env(home, busy.url), work, "get", "--json", REPO, str(uuid.uuid4()), "-o", "busy.bin",
+            "--retries", "2", "--retry-time", "20",
+        )
     assert_exit(run, 7)
-    assert json_of(run)["error"]["code"] == "busy"
-    assert not (work / "slow.bin").exists()
+    error = json_of(run)["error"]
+    assert error["code"] == "busy" and error["exit_code"] == 7
+    assert len(busy.arrivals) == 3  # the first attempt and the two retries allowed
+    gaps = [b - a for a, b in zip(busy.arrivals, busy.arrivals[1:])]
+    assert all(gap >= 0.9 for gap in gaps), gaps  # each after the server's Retry-After
+    assert not list(work.iterdir())
 
 
 # exit 8 -------------------------------------------------------------------------------------------
@@ -337,13 +366,16 @@ def test_a_busy_server_exits_7_after_the_retries(cluster, home, work, tmp_path):
 
 def test_an_unwritable_output_and_an_unreadable_input_exit_8(env, work, tmp_path):
     artifact = put(env, tmp_path, str(unique_file(tmp_path, "io.bin", 1000)))
-    # A directory that does not exist (root can write anywhere, so a mode cannot stop it).
-    run = arkvory(env, work, "get", "--json", REPO, artifact["id"], "-o", str(work / "missing-dir" / "io.bin"))
+    # Under a regular file, where no directory can be (the tests run as root, whom a directory's
+    # mode does not stop).
+    (work / "a-file").write_text("not a directory")
+    run = arkvory(env, work, "get", "--json", REPO, artifact["id"], "-o", str(work / "a-file" / "io.bin"))
     assert_exit(run, 8)
     assert json_of(run)["error"]["exit_code"] == 8
 
-    assert_exit(arkvory(env, work, "put", REPO, str(tmp_path / "no-such-file.bin")), 8)
-    assert_exit(arkvory(env, work, "put", REPO, str(tmp_path)), 8)  # a directory is not a file
+    missing = arkvory(env, work, "put", "--json", REPO, str(tmp_path / "no-such-file.bin"))
+    assert_exit(missing, 8)
+    assert json_of(missing)["error"]["exit_code"] == 8
 
 
 # server and token ---------------------------------------------------------------------------------
@@ -383,12 +415,15 @@ def test_profiles_are_chosen_by_option_and_environment(writer, home, work, tmp_p
         f'[profiles.reader]\nurl = "{writer.url}"\ntoken = "{READER_TOKEN}"\n'
     )
     path.chmod(0o600)
-    source = unique_file(tmp_path, "profiled.bin", 1000)
     base = cli_env(home, url=None, token=None, XDG_CONFIG_HOME=str(xdg))
 
-    assert_exit(arkvory(base, tmp_path, "put", REPO, str(source)), 0)  # [profiles.default]
-    assert_exit(arkvory(base, tmp_path, "put", "--profile", "reader", REPO, str(source)), 3)
-    assert_exit(arkvory({**base, "ARKVORY_PROFILE": "reader"}, tmp_path, "put", REPO, str(source)), 3)
+    # [profiles.default] writes; the reader's token may not (fresh files: a re-run of a finished
+    # put could be answered from the library's record without asking the server).
+    assert_exit(arkvory(base, tmp_path, "put", REPO, str(unique_file(tmp_path, "p1.bin", 1000))), 0)
+    assert_exit(arkvory(base, tmp_path, "put", "--profile", "reader", REPO, str(unique_file(tmp_path, "p2.bin", 1000))), 3)
+    reader = {**base, "ARKVORY_PROFILE": "reader"}
+    assert_exit(arkvory(reader, tmp_path, "put", REPO, str(unique_file(tmp_path, "p3.bin", 1000))), 3)
+    assert_exit(arkvory(reader, tmp_path, "ls", REPO), 0)
     missing = arkvory(base, work, "ls", "--profile", "nobody", REPO)
     assert_exit(missing, 2)
     assert "nobody" in missing.stderr

@@ -229,16 +229,35 @@ def _destination(client, args: argparse.Namespace, target: dict[str, Any]) -> pa
     return dest
 
 
+def _discard_if_empty(part: pathlib.Path) -> None:
+    """A failure before the first byte (404, 401, no server) leaves the library's new, empty
+    .part behind: nothing to resume, so this run does not litter the directory with it. A .part
+    with bytes stays, so that re-running the command continues it."""
+    try:
+        if part.stat().st_size == 0:
+            part.unlink()
+            part.with_name(part.name + ".etag").unlink(missing_ok=True)
+    except OSError:
+        pass  # already gone, or not ours to judge: the real error is what the user needs
+
+
 def cmd_get(args: argparse.Namespace, output: Output) -> int:
     target = _target(args)
     with _client(args) as client:
         dest = _destination(client, args, target)
-        with _bar(args, dest.name) as progress:
-            result = client.download(args.repo, dest, progress=progress, **target)
+        part = dest.with_name(dest.name + ".part")  # the library's partial file (NAME.part)
+        part_was_there = part.exists()
+        try:
+            with _bar(args, dest.name) as progress:
+                result = client.download(args.repo, dest, progress=progress, **target)
+        except BaseException:
+            if not part_was_there:
+                _discard_if_empty(part)
+            raise
     output.note(f"saved {result.path} ({human_size(result.size)}, sha256 {result.sha256})")
     output.result(
         {
-            "path": str(result.path),
+            "path": os.path.abspath(result.path),
             "size": result.size,
             "sha256": result.sha256,
             "etag": result.etag,
