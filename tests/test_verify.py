@@ -331,3 +331,62 @@ def test_edge_sizes_hash_right(cluster, size):
     assert artifact["sha256"] == hashlib.sha256(data).hexdigest()
     result, _ = run_verify(cluster, {"bytes_per_second": 100_000})
     assert result == {"checked": 1, "bytes": size, "missing": 0, "corrupt": 0, "cleared": 0}
+
+
+def test_verify_dispatched_through_the_api_runs_on_a_real_worker(cluster):
+    from .worker_harness import start_worker
+
+    shared = cluster.shared_env(slots=2)
+    writer = cluster.writer(shared).wait_ready()
+    worker = start_worker(cluster, real=True).wait_active()
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        data = os.urandom(100_000)
+        bad = upload(admin, "r", "bad.bin", data)
+        upload(admin, "r", "good.bin", os.urandom(100_000))
+        gateway = cluster.gateway(1, shared).wait_ready()
+        with gateway.client() as on_gateway:
+            assert on_gateway.get(content_url(bad)).content == data  # its descriptor is cached now
+            flip_bytes_in_place(blob_path(cluster, bad["sha256"]), 99_999)
+
+            answer = admin.post(
+                "/api/v1/tasks", json={"kind": "verify", "params": {"bytes_per_second": 0}, "on_restart": "resume"}
+            )
+            assert answer.status_code == 202, answer.text
+            location = answer.headers["Location"]
+            task = eventually(lambda: (t := admin.get(location).json())["status"] in ("completed", "failed") and t, 30)
+            assert task and task["status"] == "completed", task
+            assert task["result"]["corrupt"] == 1 and task["result"]["checked"] == 2
+            assert task["budget"]["usage"]["items"] == 2 and task["budget"]["usage"]["bytes"] == 200_000
+
+            refused = eventually(lambda: (a := on_gateway.get(content_url(bad))).status_code == 503 and a, 5, 0.05)
+            assert refused and refused.json()["code"] == "content_unavailable"
+            listed = admin.get("/api/v1/storage/diagnostics").json()["items"]
+            assert [(i["sha256"], i["problem"], i["taskId"]) for i in listed] == [(bad["sha256"], "corrupt", task["id"])]
+    assert 'arkvory_storage_diagnostics{problem="corrupt"} 1.0' in worker.get("/health/metrics").text
+
+
+def test_the_offline_scrub_finds_and_quarantines(cluster):
+    from .harness import run_arkvory
+
+    writer = cluster.writer().wait_ready()
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        bad = upload(admin, "r", "bad.bin", os.urandom(50_000))
+        gone = upload(admin, "r", "gone.bin", os.urandom(50_000))
+    env = writer.env
+    refused = run_arkvory(env, "admin", "scrub")
+    assert refused.returncode == 75, refused.stderr  # the writer is up
+    writer.kill()
+    flip_bytes_in_place(blob_path(cluster, bad["sha256"]), 0)
+    os.unlink(blob_path(cluster, gone["sha256"]))
+    done = run_arkvory(env, "admin", "scrub", "--params", '{"bytes_per_second": 0}')
+    assert done.returncode == 0, done.stderr
+    assert '"corrupt": 1' in done.stdout and '"missing": 1' in done.stdout
+    assert "2 blobs checked" in done.stdout  # the progress line
+    assert not os.path.exists(blob_path(cluster, bad["sha256"]))
+    restarted = cluster.writer().wait_ready()
+    with restarted.client() as admin:
+        answer = admin.get(content_url(bad))
+        assert answer.status_code == 503 and answer.json()["code"] == "content_unavailable"
+        assert admin.get("/health/ready").json()["storageDiagnostics"] == {"missing": 1, "corrupt": 1}

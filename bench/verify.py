@@ -1,0 +1,170 @@
+"""Unthrottled re-hash speed of the `verify` task vs `sha256sum` on the same blob files.
+
+Goal (issue 8): verify re-hashes at ≥ 0.8 × sha256sum's speed on the same host when unthrottled.
+
+A writer creates the schema and the storage directory; the blobs (1 GiB by default, in a few
+sizes: a quarter in 128 MiB files, a quarter in 4 MiB files, a quarter in 256 KiB files and a
+quarter in 32 KiB files) are then written straight into the store and recorded in
+`arkvory_blobs`, as uploads would leave them. Both contenders read the same files from a warm
+page cache (read once before measuring), alternating, --runs times each:
+
+- `sha256sum FILE...` (GNU coreutils, one process per 1,000 files as xargs would; wall time);
+- writer/maintenance/verify.py `run(ctx)` with `bytes_per_second: 0`, in this process, with a
+  real asyncpg pool (its batches, per-blob bookkeeping and progress included; wall time of `run`).
+
+    .venv/bin/python bench/verify.py [--size-mib 1024] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import statistics
+import subprocess
+import time
+import uuid
+from types import SimpleNamespace
+
+from cluster import MiB, KiB, BenchCluster, BenchError, bench_main, need_tool, table, verdict
+
+import asyncpg  # noqa: E402
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from shared.settings import Settings  # noqa: E402
+from shared.storage import Storage  # noqa: E402
+from writer.maintenance import verify  # noqa: E402
+from writer.worker.metrics import WorkerMetrics  # noqa: E402
+
+# (share of the total, file size)
+MIX = ((0.25, 128 * MiB), (0.25, 4 * MiB), (0.25, 256 * KiB), (0.25, 32 * KiB))
+
+
+def make_blobs(storage: Storage, total: int) -> list[tuple[str, int]]:
+    """Write incompressible files of the MIX sizes straight under their digests (no fsync: a
+    benchmark store need not survive a crash); (sha256, size) of each."""
+    made = []
+    block = os.urandom(4 * MiB)
+    index = 0
+    for share, size in MIX:
+        for _ in range(max(1, int(total * share) // size)):
+            chunks = []
+            written = 0
+            while written < size:
+                piece = (index.to_bytes(8, "big") + block[8:])[: size - written]
+                index += 1
+                chunks.append(piece)
+                written += len(piece)
+            data = b"".join(chunks)
+            sha256 = hashlib.sha256(data).hexdigest()
+            path = storage.blob_file(sha256)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+            made.append((sha256, size))
+    return made
+
+
+async def record_blobs(database_url: str, blobs: list[tuple[str, int]]) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.executemany("INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2)", blobs)
+    finally:
+        await conn.close()
+
+
+class BenchContext:
+    """The TaskContext the worker would hand the kind, minus the task rows."""
+
+    def __init__(self, pool: asyncpg.Pool, storage: Storage, settings: Settings) -> None:
+        self.task_id = uuid.uuid4()
+        self.kind = "verify"
+        self.params = {"bytes_per_second": 0}
+        self.resumed_from = None
+        self.pool = pool
+        self.storage = storage
+        self.settings = settings
+        self.metrics = WorkerMetrics(CollectorRegistry())
+
+    async def progress(self, **counts) -> None:
+        pass
+
+    async def checkpoint(self, state: dict) -> None:
+        pass
+
+    def cancel_requested(self) -> bool:
+        return False
+
+
+async def time_verify(database_url: str, storage: Storage, settings: Settings) -> tuple[float, dict]:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        ctx = BenchContext(pool, storage, settings)
+        started = time.perf_counter()
+        result = await verify.run(ctx)
+        return time.perf_counter() - started, result
+    finally:
+        await pool.close()
+
+
+SHA256SUM_ARGS = 1000  # paths per sha256sum process, well under ARG_MAX
+
+
+def time_sha256sum(paths: list[str]) -> float:
+    """Wall time of `sha256sum` over every path (a few processes, as xargs would run it)."""
+    tool = need_tool("sha256sum")
+    started = time.perf_counter()
+    for i in range(0, len(paths), SHA256SUM_ARGS):
+        out = subprocess.run([tool, *paths[i : i + SHA256SUM_ARGS]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if out.returncode != 0:
+            raise BenchError(f"sha256sum failed: {out.stderr.decode(errors='replace').strip()}")
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+
+    with BenchCluster() as bench:
+        bench.writer()  # the schema and the storage layout, as a real installation has them
+        storage = Storage(bench.data_dir)
+        t0 = time.monotonic()
+        blobs = make_blobs(storage, args.size_mib * MiB)
+        asyncio.run(record_blobs(bench.database_url, blobs))
+        total = sum(size for _, size in blobs)
+        print(f"wrote {len(blobs)} blobs, {total / MiB:.0f} MiB, in {time.monotonic() - t0:.1f} s", flush=True)
+        paths = [storage.blob_file(sha256) for sha256, _ in blobs]
+        settings = Settings.from_env(
+            {"ARKVORY_DATABASE_URL": bench.database_url, "ARKVORY_DATA_DIR": str(bench.data_dir)}
+        )
+        # Warm-up: page cache, lazy imports, the pool's first connection.
+        time_sha256sum(paths)
+        asyncio.run(time_verify(bench.database_url, storage, settings))
+        runs: dict[str, list[float]] = {"sha256sum": [], "verify (unthrottled)": []}
+        for _ in range(args.runs):
+            runs["sha256sum"].append(total / time_sha256sum(paths))
+            seconds, result = asyncio.run(time_verify(bench.database_url, storage, settings))
+            if result["checked"] != len(blobs) or result["missing"] or result["corrupt"]:
+                raise BenchError(f"verify did not find the store intact: {result}")
+            runs["verify (unthrottled)"].append(total / seconds)
+
+    rows = []
+    medians = {}
+    for name, rates in runs.items():
+        medians[name] = statistics.median(rates)
+        rows.append((name, f"{medians[name] / MiB:.0f}", f"{max(rates) / MiB:.0f}", f"{min(rates) / MiB:.0f}"))
+    print()
+    print(table(rows, ("hasher", "MiB/s (median)", "MiB/s (best)", "MiB/s (worst)")))
+    ratio = medians["verify (unthrottled)"] / medians["sha256sum"]
+    print()
+    print(table([("verify / sha256sum", f"{ratio:.2f}", "≥ 0.80", verdict(ratio >= 0.8))], ("figure", "ratio", "goal", "result")))
+    mix = ", ".join(f"{int(share * 100)}% in {size // KiB} KiB files" for share, size in MIX)
+    print(f"\n({args.runs} alternating runs over {len(blobs)} blobs, {total / MiB:.0f} MiB ({mix}), page cache warm)")
+    return 0
+
+
+if __name__ == "__main__":
+    bench_main("verify", 900, main)
