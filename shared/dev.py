@@ -1,4 +1,5 @@
-"""`arkvory dev`: a local writer and gateways on an embedded PostgreSQL, in one command.
+"""`arkvory dev`: a local writer, gateways and the task worker on an embedded PostgreSQL, in one
+command.
 
 State (database, storage, keys) lives in one directory, so a second run keeps the artifacts.
 The admin token is kept in `<dir>/admin-token` (mode 0600) only so the demo can print it again;
@@ -198,6 +199,20 @@ def _wait_ready(started: list[tuple[str, str, subprocess.Popen]], token: str) ->
         time.sleep(0.2)
 
 
+def _worker_port(after: int) -> int:
+    """The port next to the others when it is free, else any free one: the worker's port is
+    not part of the refusal on ports (only the writer's and gateways' are)."""
+    for candidate in (after, 0):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return probe.getsockname()[1]
+    raise DevRefused("no free port for the worker's health endpoints")
+
+
 def _stop_on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt  # the same orderly stop as Ctrl-C: drain the servers, stop PostgreSQL
 
@@ -214,9 +229,14 @@ def _stop_all(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
-def _banner(urls: list[str], source: str, state: pathlib.Path, token: str, env_file: pathlib.Path) -> str:
+def _banner(
+    urls: list[str], worker_url: str, source: str, state: pathlib.Path, token: str, env_file: pathlib.Path
+) -> str:
     lines = ["", "Arkvory is running:", f"  writer   {urls[0]}   (uploads, changes, downloads)"]
     lines += [f"  gateway  {url}   (slot {slot}: GET/HEAD downloads)" for slot, url in enumerate(urls[1:], 1)]
+    lines += [
+        f"  worker   {worker_url}   (background tasks: cleanup, verify; /health/status, /health/metrics)",
+    ]
     lines += [
         f"  database {source} PostgreSQL, state in {state}",
         f"  admin key: {token}",
@@ -282,8 +302,16 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
                 processes.append(process)
                 started.append(("writer" if slot == 0 else f"gateway {slot}", urls[slot], process))
             _wait_ready(started, token)
+        # The worker last: it needs the schema and storage the writer made.
+        worker_port = _worker_port(base_port + gateways + 1)
+        worker_url = f"http://127.0.0.1:{worker_port}"
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "shared.cli", "worker"], env=base | {"ARKVORY_WORKER_PORT": str(worker_port)}
+        )
+        processes.append(worker)
+        _wait_ready([("worker", worker_url, worker)], token)
         env_file = _write_env(state, common)
-        print(_banner(urls, database.source, state, token, env_file), flush=True)
+        print(_banner(urls, worker_url, database.source, state, token, env_file), flush=True)
         while all(p.poll() is None for p in processes):
             time.sleep(0.5)
         print("arkvory dev: a process stopped; shutting the others down", file=sys.stderr)

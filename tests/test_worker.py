@@ -8,6 +8,7 @@ Tasks are made with the task store (tests/worker_harness.py) and run by the `ste
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -309,3 +310,31 @@ def test_the_real_command_runs_verify(cluster, writer):
     done = wait_task(cluster.database_url, task_id, "completed")
     assert done["result"]["checked"] == 3
     assert 'arkvory_verify_hashed_bytes_total 18.0' in worker.get("/health/metrics").text
+
+
+# -- arkvory dev -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_arkvory_dev_runs_a_worker_and_stops_it_with_the_cluster(tmp_path):
+    from .harness import free_port_run
+    from .test_dev import Dev, remove_state
+
+    dev = Dev(tmp_path / ".arkvory-dev", free_port_run(1), "--gateways", "0")
+    try:
+        token = dev.wait_running()
+        worker_url = re.search(r"worker\s+(http://127\.0\.0\.1:\d+)", dev.output).group(1)
+        assert httpx.get(f"{worker_url}/health/status", timeout=5).json() == {"status": "active"}
+        writer_url = f"http://127.0.0.1:{dev.port}"
+        with httpx.Client(base_url=writer_url, headers={"Authorization": f"Bearer {token}"}, timeout=10) as client:
+            answer = client.post("/api/v1/tasks", json={"kind": "verify"})
+            assert answer.status_code == 202, answer.text
+            location = answer.headers["Location"]
+            wait_for(lambda: client.get(location).json()["status"] == "completed", "verify completed")
+    finally:
+        status = dev.stop()
+        remove_state(dev.state)
+    assert status == 0, dev.output
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{worker_url}/health/live", timeout=2)
