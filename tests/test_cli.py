@@ -442,6 +442,18 @@ def test_a_dead_first_url_moves_on_to_the_next(writer, home, work, env, tmp_path
     assert artifact["id"] in by_option.stdout
 
 
+def test_a_reader_that_leaves_early_is_no_error(env, work, tmp_path):
+    """`arkvory ls | head -1`: the pipe closes before the listing is written; no traceback."""
+    put(env, tmp_path, str(unique_file(tmp_path, "listed.bin", 100)))
+    proc = subprocess.Popen(
+        [str(ARKVORY), "ls", REPO], env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()  # before the CLI has even connected
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert b"Traceback" not in stderr and b"Exception ignored" not in stderr, stderr
+
+
 def test_serving_and_help_load_no_client_libraries():
     """`arkvory serve` builds the same parser: the client's httpx, tenacity and tqdm stay out."""
     probe = (
@@ -518,6 +530,10 @@ def test_url_and_token_order(tmp_path):
     for bad in (["ftp://x"], ["http://x?token=1"], ["nohost"]):
         with pytest.raises(ConfigError):
             resolve_connection(bad, None, environ)
+    for bad_token in ("two words", "naïve", "tab\tinside"):
+        with pytest.raises(ConfigError, match="ARKVORY_TOKEN is not a token") as refused:
+            resolve_connection(None, None, {**environ, "ARKVORY_TOKEN": bad_token})
+        assert bad_token not in str(refused.value)
     config.chmod(0o640)
     with pytest.raises(ConfigError, match="chmod 600"):
         resolve_connection(None, None, environ)

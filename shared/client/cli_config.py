@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import stat
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,9 @@ from urllib.parse import urlsplit
 
 CONFIG_NAME = pathlib.Path("arkvory") / "config.toml"
 DEFAULT_PROFILE = "default"
+# What can travel in `Authorization: Bearer ...`: visible ASCII, no spaces (RFC 6750's b64token
+# and then some); anything else would fail deep inside the HTTP library instead of here.
+_TOKEN = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
 class ConfigError(ValueError):
@@ -83,9 +87,15 @@ def resolve_connection(
     if explicit:
         final_urls = typed_urls or file_urls or env_urls
         token = file_token or env_token
+        source = "the token of profile" if file_token else "ARKVORY_TOKEN"
     else:
         final_urls = typed_urls or env_urls or file_urls
         token = env_token or file_token
+        source = "ARKVORY_TOKEN" if env_token else "the token of profile"
+    if token is not None and not _TOKEN.fullmatch(token):
+        # Said without the token itself: the message may end up in a shared log.
+        where = f"{source} {chosen!r}" if source.startswith("the token") else source
+        raise ConfigError(f"{where} is not a token: expected visible ASCII characters, no spaces")
     if not final_urls:
         raise ConfigError(
             "no server: pass --url URL, set ARKVORY_URL, or give a profile a url in "

@@ -8,6 +8,7 @@ error is always one line: never a traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -81,11 +82,18 @@ class Output:
 
     def result(self, data: Any, human: str | None = None) -> None:
         """The command's one result: `data` as JSON, or the `human` text (nothing if None)."""
-        if self.as_json:
-            self.stdout.write(json.dumps(data, sort_keys=True) + "\n")
-        elif human is not None:
-            self.stdout.write(human if human.endswith("\n") or not human else human + "\n")
-        self.stdout.flush()
+        try:
+            if self.as_json:
+                self.stdout.write(json.dumps(data, sort_keys=True) + "\n")
+            elif human:
+                self.stdout.write(human if human.endswith("\n") else human + "\n")
+            self.stdout.flush()
+        except BrokenPipeError:
+            # The reader left (`arkvory ls | head -1`): the work is done, and the interpreter's
+            # own flush at exit must not fail again on the closed pipe.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stdout.fileno())
+            os.close(devnull)
 
     def note(self, message: str) -> None:
         """A line for a person watching (what was saved, what was deleted); silent for machines."""
