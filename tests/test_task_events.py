@@ -335,3 +335,30 @@ def test_a_stream_without_notifications_still_gets_every_event(schema, database_
     assert ids == ["1", "2", "3", "4", "5"]
     assert ": keep-alive" in text
     assert text.startswith("retry: ")
+
+
+def test_a_client_that_leaves_gives_its_place_back(schema, database_url):
+    task_id = run(database_url, new_task)
+
+    def streams_open() -> float:
+        with schema.client() as client:
+            text = client.get("/health/metrics").text
+        lines = [line for line in text.splitlines() if line.startswith("arkvory_task_event_streams ")]
+        assert len(lines) == 1, text
+        return float(lines[0].split()[1])
+
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Accept": "text/event-stream"}
+    with httpx.Client(base_url=schema.url, timeout=10) as client:
+        for _ in range(3):
+            with client.stream("GET", f"/api/v1/tasks/{task_id}/events", headers=headers) as answer:
+                assert answer.status_code == 200
+                lines = answer.iter_lines()  # kept: a dropped iterator closes the response
+                assert next(lines).startswith("retry:")
+                opened = streams_open()
+                assert opened >= 1, opened
+            client.close()  # the connection goes, not only the response
+            client = httpx.Client(base_url=schema.url, timeout=10)
+    deadline = time.monotonic() + 10
+    while streams_open() != 0:
+        assert time.monotonic() < deadline, "streams of departed clients still counted"
+        time.sleep(0.2)
