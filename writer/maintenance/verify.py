@@ -156,15 +156,30 @@ def _hash_span(fd: int, digest: Any, buffer: memoryview, limit: int) -> int:
     return done
 
 
-def _open_blob(path: str) -> tuple[int, os.stat_result]:
+class _ReadFailed(Exception):
+    def __init__(self, error: OSError, stat: os.stat_result) -> None:
+        super().__init__(str(error))
+        self.error, self.stat = error, stat
+
+
+def _open_and_hash(path: str, size: int, digest: Any, buffer: memoryview, first: int) -> tuple[int, os.stat_result, int]:
+    """Open the blob and hash its first `first` bytes in one thread hop (most blobs are small:
+    the hop costs more than their hashing); (fd, stat, bytes hashed). Nothing is read when the
+    size on disk is not `size`. The descriptor is the caller's to close."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         stat = os.fstat(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        if stat.st_size != size:
+            return fd, stat, 0
+        if size > READ_BYTES:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        try:
+            return fd, stat, _hash_span(fd, digest, buffer, first)
+        except OSError as exc:
+            raise _ReadFailed(exc, stat) from None
     except BaseException:
         os.close(fd)
         raise
-    return fd, stat
 
 
 class Verifier:
@@ -228,43 +243,60 @@ class Verifier:
     async def _hash(self, sha256: str, size: int) -> os.stat_result:
         """Hash the blob's file at the paced rate; its stat when the bytes are right."""
         path = self.storage.blob_file(sha256)
+        digest = hashlib.sha256()
+        piece = min(self.pacer.piece_bytes, size)
+        await self._pace(piece)
         try:
-            fd, stat = await anyio.to_thread.run_sync(_open_blob, path)
+            fd, stat, n = await anyio.to_thread.run_sync(_open_and_hash, path, size, digest, self.buffer, piece)
+        except _ReadFailed as exc:
+            raise self._unreadable(exc.error, 0, exc.stat) from None
         except OSError as exc:
-            if exc.errno == errno.EIO:
-                raise _Corrupt(f"cannot be read: {exc.strerror}", None) from None
-            raise
+            raise self._unreadable(exc, None, None) from None
         try:
             if stat.st_size != size:
                 raise _Corrupt(f"{stat.st_size} bytes on disk, {size} recorded", stat)
-            digest = hashlib.sha256()
             done = 0
-            while done < size:
+            while True:
+                done += n
+                self._count_hashed(n)
+                if n < piece:
+                    raise _Corrupt(f"shorter than recorded: ended at byte {done} of {size}", stat)
+                if done == size:
+                    break
                 piece = min(self.pacer.piece_bytes, size - done)
-                wait = self.pacer.delay(piece)
-                if wait > 0:
-                    await anyio.sleep(wait)
-                if self.ctx.cancel_requested():
-                    raise TaskCancelled("verify cancelled")
+                await self._pace(piece)
                 try:
                     n = await anyio.to_thread.run_sync(_hash_span, fd, digest, self.buffer, piece)
                 except OSError as exc:
-                    if exc.errno == errno.EIO:
-                        raise _Corrupt(f"read error at byte {done}: {exc.strerror}", stat) from None
-                    raise
-                done += n
-                self.tally.bytes += n
-                self._pending_bytes += n
-                if self.hashed_bytes is not None:
-                    self.hashed_bytes.inc(n)
-                if n < piece:
-                    raise _Corrupt(f"shorter than recorded: ended at byte {done} of {size}", stat)
+                    raise self._unreadable(exc, done, stat) from None
             actual = digest.hexdigest()
             if actual != sha256:
                 raise _Corrupt(f"the bytes hash to {actual}", stat)
             return stat
         finally:
             os.close(fd)
+
+    async def _pace(self, nbytes: int) -> None:
+        wait = self.pacer.delay(nbytes)
+        if wait > 0:
+            await anyio.sleep(wait)
+        if self.ctx.cancel_requested():
+            raise TaskCancelled("verify cancelled")
+
+    def _count_hashed(self, n: int) -> None:
+        self.tally.bytes += n
+        self._pending_bytes += n
+        if self.hashed_bytes is not None:
+            self.hashed_bytes.inc(n)
+
+    @staticmethod
+    def _unreadable(exc: OSError, at: int | None, stat: os.stat_result | None) -> BaseException:
+        """An I/O error of the medium makes the blob corrupt; anything else (no file, too many
+        open files, permissions) is raised as it is: missing, or the operator's to fix."""
+        if exc.errno != errno.EIO:
+            return exc
+        where = "cannot be opened" if at is None else f"read error at byte {at}"
+        return _Corrupt(f"{where}: {exc.strerror}", stat)
 
     async def _missing(self, sha256: str, known: str | None) -> None:
         if known == "corrupt":
