@@ -137,6 +137,10 @@ def test_put_then_get_by_id_saves_the_artifact_under_its_name(env, work, tmp_pat
     assert pathlib.Path(result["path"]).resolve() == (work / "renamed.bin").resolve()
     assert (work / "renamed.bin").read_bytes() == source.read_bytes()
 
+    (work / "into").mkdir()
+    assert_exit(arkvory(env, work, "get", REPO, artifact_id, "-o", "into"), 0)  # a directory: name inside
+    assert (work / "into" / "app-1.0.tar.gz").read_bytes() == source.read_bytes()
+
 
 def test_get_by_asset_and_by_package_use_their_default_names(writer, env, work, tmp_path):
     source = unique_file(tmp_path, "bundle.zip")
@@ -242,6 +246,7 @@ def test_no_token_on_a_private_repository_exits_3(writer, home, work, env, tmp_p
     run = arkvory(anonymous, work, "get", "--json", REPO, artifact["id"], "-o", "x")
     assert_exit(run, 3)
     assert json_of(run)["error"]["exit_code"] == 3
+    assert "set ARKVORY_TOKEN" in run.stderr  # says what is missing, not only "unauthorized"
     assert not (work / "x").exists()
 
 

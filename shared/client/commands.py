@@ -7,12 +7,13 @@ happens inside a command, so `arkvory serve` and `arkvory --help` load none of i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pathlib
 import uuid
 from typing import Any
 
-from .cli_output import EXIT_CODES_HELP, Output, failure_from, human_size
+from .cli_output import EXIT_AUTH, EXIT_CODES_HELP, Output, failure_from, human_size
 
 CONNECTION_HELP = """\
 server and token:
@@ -22,6 +23,8 @@ server and token:
   default_profile:  [profiles.NAME] with url = "..." and token = "...".
   A token is never a command-line option.
 """
+
+NO_TOKEN_HINT = "no token was given: set ARKVORY_TOKEN, or a token in a config file profile (see --help)"
 
 # The longest file name most filesystems take, in bytes.
 MAX_FILE_NAME_BYTES = 255
@@ -134,7 +137,11 @@ def _runner(handler):
         except SystemExit:
             raise
         except BaseException as exc:  # noqa: BLE001 - the CLI's one edge: never a traceback
-            return output.failure(failure_from(exc))
+            failure = failure_from(exc)
+            connection = getattr(args, "connection", None)
+            if failure.exit_code == EXIT_AUTH and connection is not None and connection.token is None:
+                failure = dataclasses.replace(failure, message=f"{failure.message}; {NO_TOKEN_HINT}")
+            return output.failure(failure)
 
     return run
 
@@ -143,7 +150,7 @@ def _client(args: argparse.Namespace):
     from . import Client, RetryPolicy
     from .cli_config import resolve_connection
 
-    connection = resolve_connection(args.url, args.profile, os.environ)
+    connection = args.connection = resolve_connection(args.url, args.profile, os.environ)
     limits: dict[str, Any] = {}
     if args.retries is not None:
         limits["max_attempts"] = args.retries + 1
