@@ -1,0 +1,199 @@
+"""Cleanup against uploads and downloads at the worst moments (writer/maintenance/blob_locks.py,
+shared/pins.py): an upload reusing an old unreferenced blob while cleanup deletes it, a download
+whose artifact is deleted and collected while it waits to open the blob, and a referenced blob
+missing on disk. Real writer and gateway processes; cleanup runs in the test against the same
+database and storage directory, over and over, with a zero grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import pathlib
+import random
+import time
+
+import asyncpg
+import httpx
+import pytest
+
+from shared.storage import Storage
+from writer.maintenance.cleanup import remove_unreferenced
+
+from .harness import ADMIN_TOKEN
+
+pytestmark = pytest.mark.timeout(240)
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def _blob_path(data_dir: pathlib.Path, sha256: str) -> pathlib.Path:
+    return data_dir / "blobs" / "sha256" / sha256[:2] / sha256[2:4] / sha256
+
+
+async def _hammer(pool: asyncpg.Pool, storage: Storage, sha256: str, stop: asyncio.Event, delay: float = 0.0) -> int:
+    """After `delay`, delete `sha256` whenever it is unreferenced, as fast as possible, until `stop`."""
+    deleted = 0
+    await asyncio.sleep(delay)
+    while not stop.is_set():
+        async with pool.acquire() as conn:
+            count, _ = await remove_unreferenced(conn, storage, [sha256], 0)
+        deleted += count
+        await asyncio.sleep(0)
+    return deleted
+
+
+def test_upload_reusing_an_old_blob_never_loses_it_to_cleanup(cluster):
+    """Each round leaves an old unreferenced blob (row and file), then uploads the same bytes
+    while cleanup starts deleting that blob at a random moment of the upload: a committed
+    artifact always has its file. (Without the digest claim, the rounds whose deletion lands
+    between the upload placing the file and committing its artifact lose the file.)"""
+    writer = cluster.writer().wait_ready()
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+    storage = Storage(cluster.data_dir)
+    rng = random.Random(8)
+
+    async def rounds() -> dict[bool, int]:
+        pool = await asyncpg.create_pool(cluster.database_url, min_size=2, max_size=4)
+        outcomes = {True: 0, False: 0}  # did cleanup delete the leftover before the upload claimed it?
+        took = 0.01
+        try:
+            async with httpx.AsyncClient(base_url=writer.url, headers=AUTH, timeout=30) as http:
+                for round_no in range(120):
+                    content = os.urandom(64 * 1024) + round_no.to_bytes(4, "big")
+                    sha256 = hashlib.sha256(content).hexdigest()
+                    # The leftover: uploaded, then its artifact deleted (blob row and file stay).
+                    first = await http.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content)
+                    assert first.status_code == 201, first.text
+                    assert (await http.delete(f"/api/v1/repositories/r/artifacts/{first.json()['id']}")).status_code == 204
+                    stop = asyncio.Event()
+                    delay = rng.uniform(0.3, 1.1) * took
+                    hammer = asyncio.create_task(_hammer(pool, storage, sha256, stop, delay))
+                    started = time.monotonic()
+                    again = await http.post("/api/v1/repositories/r/artifacts", params={"name": "y"}, content=content)
+                    took = 0.7 * took + 0.3 * (time.monotonic() - started)
+                    stop.set()
+                    outcomes[await hammer > 0] += 1
+                    assert again.status_code == 201, again.text
+                    path = _blob_path(cluster.data_dir, sha256)
+                    assert path.is_file(), f"round {round_no}: committed artifact without its blob file"
+                    assert path.read_bytes() == content
+                    served = await http.get(f"/api/v1/repositories/r/artifacts/{again.json()['id']}/content")
+                    assert served.status_code == 200 and served.content == content, served.status_code
+        finally:
+            await pool.close()
+        return outcomes
+
+    outcomes = asyncio.run(rounds())
+    # Cleanup's moments were spread over the upload: some before its claim, some after.
+    assert outcomes[True] >= 10 and outcomes[False] >= 10, outcomes
+
+
+def test_download_racing_delete_and_cleanup_is_whole_or_404(cluster):
+    """Downloads from a gateway start while their artifact is deleted and its blob collected at
+    once: each answer is the whole right body or 404, never a 5xx or a partial body."""
+    shared = cluster.shared_env(slots=2)
+    writer = cluster.writer(shared).wait_ready()
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+    gateway = cluster.gateway(1, shared).wait_ready()
+    storage = Storage(cluster.data_dir)
+
+    async def rounds() -> dict[int, int]:
+        pool = await asyncpg.create_pool(cluster.database_url, min_size=2, max_size=4)
+        outcomes: dict[int, int] = {}
+        try:
+            async with (
+                httpx.AsyncClient(base_url=writer.url, headers=AUTH, timeout=30) as w,
+                httpx.AsyncClient(base_url=gateway.url, headers=AUTH, timeout=30) as g,
+            ):
+                for round_no in range(30):
+                    content = os.urandom(200_000 + round_no)
+                    sha256 = hashlib.sha256(content).hexdigest()
+                    made = await w.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content)
+                    assert made.status_code == 201, made.text
+                    path = f"/api/v1/repositories/r/artifacts/{made.json()['id']}/content"
+                    stop = asyncio.Event()
+                    hammer = asyncio.create_task(_hammer(pool, storage, sha256, stop))
+                    downloads = [asyncio.create_task(g.get(path)) for _ in range(4)]
+                    await asyncio.sleep(0.002 * (round_no % 5))
+                    assert (await w.delete(path.removesuffix("/content"))).status_code == 204
+                    answers = await asyncio.gather(*downloads)
+                    stop.set()
+                    await hammer
+                    for answer in answers:
+                        outcomes[answer.status_code] = outcomes.get(answer.status_code, 0) + 1
+                        if answer.status_code == 200:
+                            assert answer.content == content, f"round {round_no}: wrong or partial body"
+                        else:
+                            assert answer.status_code == 404, (round_no, answer.status_code, answer.text)
+                            assert answer.json()["code"] == "not_found"
+        finally:
+            await pool.close()
+        return outcomes
+
+    outcomes = asyncio.run(rounds())
+    assert set(outcomes) <= {200, 404}, outcomes
+    assert outcomes.get(200, 0) > 0, outcomes
+
+
+def test_open_waits_for_a_committed_pin(cluster):
+    """A cold download does not open its blob before a pin naming it is committed: while a
+    lock on the pins table keeps the gateway's pin write from committing, the download waits;
+    once the write goes through, it is served, and the pin row is there."""
+    shared = cluster.shared_env(slots=2)
+    writer = cluster.writer(shared).wait_ready()
+    content = os.urandom(100_000)
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        made = client.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content)
+        assert made.status_code == 201
+    sha256 = made.json()["sha256"]
+    gateway = cluster.gateway(1, shared).wait_ready()
+    path = f"/api/v1/repositories/r/artifacts/{made.json()['id']}/content"
+
+    async def scenario() -> None:
+        conn = await asyncpg.connect(cluster.database_url)
+        try:
+            async with httpx.AsyncClient(base_url=gateway.url, headers=AUTH, timeout=30) as g:
+                # Hold the pins table: the gateway's pin write blocks, so no pin can commit.
+                tx = conn.transaction()
+                await tx.start()
+                await conn.execute("LOCK TABLE arkvory_read_pins IN ACCESS EXCLUSIVE MODE")
+                download = asyncio.create_task(g.get(path))
+                await asyncio.sleep(1.0)
+                assert not download.done(), "the blob was served before its pin could be written"
+                await tx.rollback()
+                answer = await download
+                assert answer.status_code == 200 and answer.content == content
+                rows = await conn.fetch(
+                    "SELECT slot FROM arkvory_read_pins WHERE sha256 = $1 AND pinned_until > now()", sha256
+                )
+                assert [r["slot"] for r in rows] == [1]  # lingers after the transfer (pins.LINGER_S)
+        finally:
+            await conn.close()
+
+    asyncio.run(scenario())
+
+
+def test_referenced_blob_missing_on_disk_is_503_content_unavailable(cluster):
+    shared = cluster.shared_env(slots=2)
+    writer = cluster.writer(shared).wait_ready()
+    content = os.urandom(50_000)
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        made = client.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content).json()
+    _blob_path(cluster.data_dir, made["sha256"]).unlink()  # as verify's quarantine would
+    gateway = cluster.gateway(1, shared).wait_ready()
+    with gateway.client() as client:
+        answer = client.get(f"/api/v1/repositories/r/artifacts/{made['id']}/content")
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["code"] == "content_unavailable"
+        assert int(answer.headers["Retry-After"]) > 0
+        # Re-uploading the same bytes restores it.
+        with writer.client() as w:
+            assert w.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content).status_code == 201
+        again = client.get(f"/api/v1/repositories/r/artifacts/{made['id']}/content")
+        assert again.status_code == 200 and again.content == content
