@@ -27,7 +27,6 @@ from .worker_harness import (
     steps_done,
     task,
     terminate_backend,
-    transition,
     wait_checkpoint,
     wait_for,
     wait_task,
@@ -152,7 +151,9 @@ def test_a_cancel_stops_the_running_task_and_it_ends_cancelled(cluster, writer):
     task_id = dispatch(cluster.database_url, "steps", {"steps": 200, "step_seconds": 0.05})
     wait_checkpoint(cluster.database_url, task_id, 2)
     asked = time.monotonic()
-    transition(cluster.database_url, task_id, ["running"], "cancelling", "task.cancelling")
+    with writer.client(ADMIN_TOKEN) as client:
+        answer = client.post(f"/api/v1/tasks/{task_id}/cancel")
+        assert answer.status_code == 202, answer.text
     cancelled = wait_task(cluster.database_url, task_id, "cancelled", timeout=10)
     assert time.monotonic() - asked < 3.0
     assert cancelled["result"] is None
@@ -338,3 +339,17 @@ def test_arkvory_dev_runs_a_worker_and_stops_it_with_the_cluster(tmp_path):
     assert status == 0, dev.output
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{worker_url}/health/live", timeout=2)
+
+
+def test_a_running_task_is_heartbeated_with_its_usage(cluster, writer):
+    start_worker(cluster).wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 200, "step_seconds": 0.05, "checkpoint_every": 1000})
+    first = wait_task(cluster.database_url, task_id, "running")
+    beat = wait_for(
+        lambda: (t := task(cluster.database_url, task_id))["heartbeat_at"] > first["heartbeat_at"] and t,
+        "a heartbeat", timeout=10,
+    )
+    # No checkpoint and coalesced events, yet the usage in the row keeps up with the work
+    # (written with each progress event, at most 0.5 s apart, and each heartbeat).
+    assert beat["status"] == "running" and beat["checkpoint"] is None
+    assert 0 < beat["usage"]["items"] <= len(steps_done(cluster.database_url, task_id))

@@ -134,3 +134,23 @@ def test_a_killed_verify_resumes_from_its_checkpoint_without_hashing_again(clust
     metrics = second.get("/health/metrics").text
     assert f"arkvory_verify_hashed_bytes_total {float((10 - before) * blob)}" in metrics, metrics
     assert 'arkvory_worker_recovered_tasks_total{to="resumed"} 1.0' in metrics
+
+
+def test_the_planned_moves_are_the_table():
+    from writer.worker.recovery import planned_move
+
+    table = {
+        ("queued", "fail"): ("failed", "task.failed"),
+        ("queued", "retry"): None,
+        ("queued", "resume"): None,
+        ("loading", "fail"): ("failed", "task.failed"),
+        ("loading", "retry"): ("queued", "task.queued"),
+        ("loading", "resume"): ("queued", "task.queued"),
+        ("running", "fail"): ("failed", "task.failed"),
+        ("running", "retry"): ("queued", "task.queued"),
+        ("running", "resume"): ("running", "task.running"),
+        ("cancelling", "fail"): ("cancelled", "task.cancelled"),
+        ("cancelling", "retry"): ("cancelled", "task.cancelled"),
+        ("cancelling", "resume"): ("cancelled", "task.cancelled"),
+    }
+    assert {found: planned_move(*found) for found in table} == table

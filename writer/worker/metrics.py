@@ -42,7 +42,8 @@ class WorkerMetrics:
         self.tasks = Counter(
             "arkvory_worker_tasks",
             "Tasks this worker ran to an end, by kind and outcome "
-            "(completed, failed, cancelled, budget_exceeded, interrupted)",
+            "(completed, failed, budget_exceeded, cancelled; interrupted: stopped by SIGTERM or a lost "
+            "lock and left for restart recovery; gone: taken over or ended by someone else)",
             ["kind", "outcome"],
             registry=registry,
         )

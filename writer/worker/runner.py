@@ -88,6 +88,7 @@ class Runner:
         self.running: dict[uuid.UUID, RunningTask] = {}
         self._scopes: dict[uuid.UUID, anyio.CancelScope] = {}
         self._heartbeating: set[uuid.UUID] = set()  # running (past loading) and not ending
+        self._checking: set[uuid.UUID] = set()  # a status read after a notification is pending
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -101,7 +102,10 @@ class Runner:
         if event == "task.queued":
             self._wake.set()
         elif task_id in self.running and event not in _OWN_EVENTS and self._tg is not None:
-            self._tg.start_soon(self._check_cancelled, task_id)
+            # One status read per task at a time, however many notifications arrive.
+            if task_id not in self._checking:
+                self._checking.add(task_id)
+                self._tg.start_soon(self._check_cancelled, task_id)
 
     def stop(self) -> None:
         """SIGTERM: claim nothing more, ask running kinds to stop at their next step."""
@@ -279,7 +283,10 @@ class Runner:
             log.info("task %s (%s) was cancelled before it could end %s", ctx.task_id, ctx.kind, wanted)
             if await self._end(ctx, "cancelling", "cancelled", "task.cancelled", {}, {}):
                 return "cancelled"
-        log.warning("task %s (%s) is no longer this worker's; it does not end %s here", ctx.task_id, ctx.kind, wanted)
+        if found is not None and found["status"] in store.FINISHED:
+            log.info("task %s (%s) had already ended %s", ctx.task_id, ctx.kind, found["status"])
+        else:
+            log.warning("task %s (%s) is no longer this worker's; it does not end %s here", ctx.task_id, ctx.kind, wanted)
         return "gone"
 
     async def _end(
@@ -342,6 +349,12 @@ class Runner:
             scope.cancel()
 
     async def _check_cancelled(self, task_id: uuid.UUID) -> None:
+        try:
+            await self._read_cancel(task_id)
+        finally:
+            self._checking.discard(task_id)
+
+    async def _read_cancel(self, task_id: uuid.UUID) -> None:
         ctx = self.running.get(task_id)
         if ctx is None:
             return
