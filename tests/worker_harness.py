@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -74,7 +73,7 @@ class WorkerProc:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{self.name} still running after {timeout} s:\n{self.stderr}") from None
 
-    def signal(self, sig: signal.Signals) -> None:
+    def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
     def kill(self) -> None:

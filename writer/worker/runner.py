@@ -93,7 +93,6 @@ class Runner:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopping = False
-        self._forced = False
         self._tg: anyio.abc.TaskGroup | None = None
 
     # -- called from outside (notifications, signals) ---------------------------------------
@@ -117,7 +116,6 @@ class Runner:
     def force_stop(self) -> None:
         """A second signal: cancel running kinds where they are."""
         self.stop()
-        self._forced = True
         for scope in self._scopes.values():
             scope.cancel()
 
