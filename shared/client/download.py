@@ -24,10 +24,11 @@ import httpx
 
 from .errors import IntegrityError, NetworkError
 from .partfile import PartFile
+from .rawget import NETWORK_ERRORS, RawResponse, open_get
 from .retries import Retryable
 from .transport import Transport
 
-BATCH = 4 * 1024 * 1024  # bytes gathered before they go to the hashing/writing thread
+BATCH = 4 * 1024 * 1024  # bytes read before they go to the hashing and writing threads
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 Progress = Callable[[int, "int | None"], None]
@@ -142,13 +143,14 @@ class Download:
             assert part.etag is not None
             headers["Range"] = f"bytes={offset}-"
             headers["If-Range"] = part.etag
-        http = self.transport.http
+        transport = self.transport
         self.attempts += 1
         try:
-            request = http.build_request("GET", self.transport.url(self.route.path), params=self.route.params, headers=headers)
-            response = http.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise self.transport.network_failure(exc, self.route.what) from exc
+            response = open_get(
+                transport.url(self.route.path), self.route.params, transport.headers(headers), timeout=transport.timeout
+            )
+        except NETWORK_ERRORS as exc:
+            raise transport.network_failure(exc, self.route.what) from exc
         try:
             try:
                 self._accept(response, offset if resuming else 0)
@@ -160,14 +162,13 @@ class Download:
         finally:
             response.close()
 
-    def _accept(self, response: httpx.Response, offset: int) -> None:
+    def _accept(self, response: RawResponse, offset: int) -> None:
         """Decide what this answer's body is: the whole file, or our bytes from `offset`."""
         status = response.status_code
         if status not in (200, 206):
-            response.read()
             if status == 416:  # past the end: what we have is not a prefix we can trust
                 raise _StartOver("the server cannot continue from our offset (416)")
-            raise self.transport.refusal(response, self.route.what)
+            raise self.transport.refusal(response.as_httpx(), self.route.what)
         etag = response.headers.get("etag")
         sha256 = sha256_from_headers(response.headers)
         if status == 200:
@@ -190,33 +191,33 @@ class Download:
         self.sha256 = self.sha256 or sha256
         self.resumed_bytes += offset
 
-    def _receive(self, response: httpx.Response) -> bool:
+    def _receive(self, response: RawResponse) -> bool:
         """Stream the body into the .part; True when complete, False when cut after progress."""
         part, progress, total = self.part, self.progress, self.total
-        gathered: list[bytes] = []
-        size = 0
         received = 0
-        cut: Exception | None = None
+        cut: BaseException | None = None
         if progress is not None:
             progress(part.length, total)
-        try:
-            for chunk in response.iter_raw():
-                gathered.append(chunk)
-                size += len(chunk)
-                if size >= BATCH:
-                    part.write(b"".join(gathered))
-                    received += size
-                    gathered, size = [], 0
-                    if progress is not None:
-                        progress(part.length, total)
-        except httpx.HTTPError as exc:
-            cut = exc  # what arrived before the cut is good (TCP delivers in order): keep it
-        if gathered:
-            part.write(b"".join(gathered))
-            received += size
+        while True:
+            # A fresh buffer per batch: the hashing and writing threads still read the last one.
+            batch = memoryview(bytearray(BATCH))
+            filled = 0
+            try:
+                while filled < BATCH:
+                    count = response.readinto(batch[filled:])
+                    if not count:
+                        break
+                    filled += count
+            except NETWORK_ERRORS as exc:
+                cut = exc  # what arrived before the cut is good (TCP delivers in order): keep it
+            if filled:
+                part.write(batch[:filled])
+                received += filled
+                if progress is not None:
+                    progress(part.length, total)
+            if cut is not None or filled < BATCH:
+                break
         self.received_bytes += received
-        if progress is not None and received:
-            progress(part.length, total)
         if total is None or part.length < total:
             if total is None and cut is None:
                 self.total = part.length  # no length given: the end of the body is the end
@@ -224,9 +225,7 @@ class Download:
             if received:
                 return False
             failure = cut or NetworkError("the body ended early")
-            if isinstance(failure, httpx.HTTPError):
-                raise self.transport.network_failure(failure, self.route.what)
-            raise Retryable(NetworkError(f"{self.route.what}: {failure}"))
+            raise self.transport.network_failure(failure, self.route.what)
         if part.length > total:
             self._start_over(None)
             raise Retryable(NetworkError(f"{self.route.what}: the body was longer than {total} bytes"), 0.0)

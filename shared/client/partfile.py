@@ -1,8 +1,8 @@
-"""`NAME.part`: the file a download grows, hashed and written in a thread of its own.
+"""`NAME.part`: the file a download grows, hashed and written in threads of their own.
 
-The receiving loop only gathers bytes; one worker thread hashes and writes them in order
-(hashlib and os.write release the GIL), at most `DEPTH` batches behind, so the SHA-256 costs
-no time on the receiving side. The strong ETag the bytes belong to is kept beside the file
+The receiving loop only reads batches; one thread hashes them and another writes them, each in
+order (hashlib and os.write release the GIL), at most `DEPTH` batches behind, so neither the
+SHA-256 nor the page cache's pace holds up the socket, and the two overlap each other. The strong ETag the bytes belong to is kept beside the file
 (`NAME.part.etag`): a later run continues the file only if the server still has that ETag.
 """
 
@@ -32,8 +32,9 @@ class PartFile:
         self.length = 0
         self.etag: str | None = None
         self._digest = hashlib.sha256()
-        self._pending: collections.deque[concurrent.futures.Future[Any]] = collections.deque()
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arkvory-part")
+        self._pending: collections.deque[tuple[concurrent.futures.Future[Any], ...]] = collections.deque()
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arkvory-part-write")
+        self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arkvory-part-hash")
         self._fd = -1
 
     def open(self) -> None:
@@ -68,17 +69,23 @@ class PartFile:
         except OSError as exc:
             raise LocalIOError(f"cannot write {self.etag_path}: {exc.strerror or exc}") from None
 
-    def write(self, data: bytes) -> None:
-        """Queue `data` after what is there; blocks only when DEPTH batches are waiting."""
+    def write(self, data: bytes | memoryview) -> None:
+        """Queue `data` (not to be changed afterwards) after what is there; blocks only when
+        DEPTH batches are waiting."""
         self.length += len(data)
-        self._pending.append(self._worker.submit(self._append, data))
+        self._pending.append((self._worker.submit(self._append, data), self._hasher.submit(self._digest.update, data)))
         while len(self._pending) > DEPTH:
-            self._pending.popleft().result()
+            self._wait(self._pending.popleft())
 
     def drain(self) -> None:
-        """Wait until every queued byte is written (raises the first write error)."""
+        """Wait until every queued byte is written and hashed (raises the first write error)."""
         while self._pending:
-            self._pending.popleft().result()
+            self._wait(self._pending.popleft())
+
+    @staticmethod
+    def _wait(futures: tuple[concurrent.futures.Future[Any], ...]) -> None:
+        for future in futures:
+            future.result()
 
     def hexdigest(self) -> str:
         self.drain()
@@ -113,14 +120,14 @@ class PartFile:
             pass
         self._close_fd()
         self._worker.shutdown(wait=True)
+        self._hasher.shutdown(wait=True)
 
     # -- in the worker thread ------------------------------------------------------------------
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self._worker.submit(fn, *args).result()
 
-    def _append(self, data: bytes) -> None:
-        self._digest.update(data)
+    def _append(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         try:
             while view:

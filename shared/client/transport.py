@@ -64,6 +64,8 @@ class Transport:
         headers = {"User-Agent": USER_AGENT}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        self.timeout = timeout
+        self._default_headers = headers
         self.http = httpx.Client(headers=headers, timeout=timeout, follow_redirects=False)
 
     # -- base URLs ----------------------------------------------------------------------------
@@ -94,7 +96,12 @@ class Transport:
             return Retryable(error, 0.0)
         return error
 
-    def network_failure(self, exc: httpx.HTTPError, what: str) -> Retryable:
+    def headers(self, extra: Mapping[str, str]) -> dict[str, str]:
+        """The headers every request carries (User-Agent, Authorization) plus `extra`, for
+        requests sent outside httpx (shared/client/rawget.py)."""
+        return {**self._default_headers, **extra}
+
+    def network_failure(self, exc: BaseException, what: str) -> Retryable:
         return Retryable(NetworkError(f"{what}: {_describe(exc)}"))
 
     def attempts(self, what: str):
@@ -145,6 +152,6 @@ class Transport:
         self.http.close()
 
 
-def _describe(exc: httpx.HTTPError) -> str:
+def _describe(exc: BaseException) -> str:
     text = str(exc) or exc.__class__.__name__
     return f"{exc.__class__.__name__}: {text}" if text != exc.__class__.__name__ else text
