@@ -543,4 +543,8 @@ def test_url_and_token_order(tmp_path):
     with pytest.raises(ConfigError, match="chmod 600"):
         resolve_connection(None, None, environ)
     # A run configured entirely by the environment does not need the (loose) file.
-    assert resolve_connection(None, None, {**environ, "ARKVORY_URL": "http://e", "ARKVORY_TOKEN": "t"}).token == "t"
+    exported = {**environ, "ARKVORY_URL": "http://e", "ARKVORY_TOKEN": "t"}
+    assert resolve_connection(None, None, exported).token == "t"
+    assert resolve_connection(None, None, {**exported, "ARKVORY_PROFILE": "other"}).urls == ("http://e",)
+    with pytest.raises(ConfigError, match="chmod 600"):  # but a profile typed on the line does
+        resolve_connection(None, "other", exported)

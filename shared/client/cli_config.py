@@ -76,7 +76,7 @@ def resolve_connection(
     # The file is read only when something may come from it, so a broken or loose file does not
     # stand in the way of a run fully configured by options and environment.
     table: dict[str, Any] = {}
-    if explicit or chosen or not (typed_urls or env_urls) or env_token is None:
+    if explicit or not (typed_urls or env_urls) or env_token is None:
         table, chosen = _profile_table(config_path(environ), chosen, required=chosen is not None)
     file_urls = _parse_urls(_as_list(table.get("url")), f"url of profile {chosen!r}") if table else ()
     file_token = table.get("token") if table else None
