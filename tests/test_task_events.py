@@ -362,3 +362,13 @@ def test_a_client_that_leaves_gives_its_place_back(schema, database_url):
     while streams_open() != 0:
         assert time.monotonic() < deadline, "streams of departed clients still counted"
         time.sleep(0.2)
+
+
+def test_head_never_opens_a_stream(schema, database_url):
+    task_id = run(database_url, new_task)
+    with schema.client() as client:
+        for _ in range(3):
+            answer = client.head(f"/api/v1/tasks/{task_id}/events", headers={"Accept": "text/event-stream"})
+            assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/json")
+        text = client.get("/health/metrics").text
+    assert "arkvory_task_event_streams 0.0" in text.splitlines()

@@ -216,7 +216,8 @@ def _event_number(raw: str | None, what: str) -> int | None:
 
 
 def wants_event_stream(request: Request) -> bool:
-    return "text/event-stream" in request.headers.get("accept", "").lower()
+    # HEAD gets the JSON form's headers: a stream without a body would hold its place for nothing.
+    return request.method == "GET" and "text/event-stream" in request.headers.get("accept", "").lower()
 
 
 async def task_events(request: Request) -> Response:
