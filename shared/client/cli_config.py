@@ -84,18 +84,14 @@ def resolve_connection(
         raise ConfigError(f"token of profile {chosen!r} must be a string")
     file_token = (file_token or "").strip() or None
 
-    if explicit:
-        final_urls = typed_urls or file_urls or env_urls
-        token = file_token or env_token
-        source = "the token of profile" if file_token else "ARKVORY_TOKEN"
-    else:
-        final_urls = typed_urls or env_urls or file_urls
-        token = env_token or file_token
-        source = "ARKVORY_TOKEN" if env_token else "the token of profile"
+    # An explicit --profile outranks the environment; a profile chosen any other way ranks below.
+    url_order = [typed_urls, file_urls, env_urls] if explicit else [typed_urls, env_urls, file_urls]
+    final_urls = next((u for u in url_order if u), ())
+    tokens = [(file_token, f"the token of profile {chosen!r}"), (env_token, "ARKVORY_TOKEN")]
+    token, source = next(((t, s) for t, s in (tokens if explicit else tokens[::-1]) if t), (None, ""))
     if token is not None and not _TOKEN.fullmatch(token):
         # Said without the token itself: the message may end up in a shared log.
-        where = f"{source} {chosen!r}" if source.startswith("the token") else source
-        raise ConfigError(f"{where} is not a token: expected visible ASCII characters, no spaces")
+        raise ConfigError(f"{source} is not a token: expected visible ASCII characters, no spaces")
     if not final_urls:
         raise ConfigError(
             "no server: pass --url URL, set ARKVORY_URL, or give a profile a url in "
