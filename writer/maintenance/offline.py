@@ -180,6 +180,7 @@ async def run_offline(
         print(f"arkvory: {exc}", file=sys.stderr)
         return exc.exit_status
     pool = None
+    closing = False
     try:
         try:
             await take_offline_locks(lock_conn)
@@ -198,7 +199,9 @@ async def run_offline(
             server_settings={"application_name": APPLICATION_NAME},
         )
         ctx = OfflineContext(kind_name, params, pool, storage, settings, out=out)
-        lock_conn.add_termination_listener(lambda _conn: ctx.stop("the lock connection was lost"))
+        lock_conn.add_termination_listener(
+            lambda _conn: None if closing else ctx.stop("the lock connection was lost")
+        )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, ctx.stop, f"signal {signal.Signals(signum).name}")
@@ -215,6 +218,7 @@ async def run_offline(
         print(json.dumps({"kind": kind_name, "result": result, "usage": ctx.usage}, sort_keys=True), file=out)
         return EXIT_OK
     finally:
+        closing = True
         if pool is not None:
             await pool.close()
         await lock_conn.close(timeout=db.QUERY_TIMEOUT_S)
