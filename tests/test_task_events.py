@@ -372,3 +372,33 @@ def test_head_never_opens_a_stream(schema, database_url):
             assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/json")
         text = client.get("/health/metrics").text
     assert "arkvory_task_event_streams 0.0" in text.splitlines()
+
+
+def test_streams_beyond_the_bound_get_503_busy(schema, database_url):
+    from writer.tasks.stream import MAX_STREAMS
+
+    task_id = run(database_url, new_task)
+
+    async def scenario():
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Accept": "text/event-stream"}
+        limits = httpx.Limits(max_connections=MAX_STREAMS + 2)
+        async with httpx.AsyncClient(base_url=schema.url, timeout=30, limits=limits, headers=headers) as client:
+            opened = []
+            try:
+                for _ in range(MAX_STREAMS):
+                    request = client.build_request("GET", f"/api/v1/tasks/{task_id}/events")
+                    answer = await client.send(request, stream=True)
+                    assert answer.status_code == 200
+                    opened.append(answer)
+                refused = await client.get(f"/api/v1/tasks/{task_id}/events")
+                # The JSON form is not bounded by the streams.
+                plain = await client.get(f"/api/v1/tasks/{task_id}/events", headers={"Accept": "application/json"})
+            finally:
+                for answer in opened:
+                    await answer.aclose()
+            return refused, plain
+
+    refused, plain = asyncio.run(scenario())
+    assert refused.status_code == 503 and refused.json()["code"] == "busy", refused.text
+    assert "retry-after" in refused.headers
+    assert plain.status_code == 200

@@ -24,7 +24,6 @@ from shared.catalog import QUERY_TIMEOUT_S, parse_uuid, pooled
 from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from shared.identity import Principal
 
-from .. import openapi
 from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
 from ..pagination import page, page_cursor, page_limit
 from ..repositories import json_body, principal_of, runtime_of
