@@ -118,7 +118,12 @@ def definition_from(body: dict[str, Any]) -> Definition:
     params = normalise(body.get("params"), "params")
     if params is not None and not isinstance(params, dict):
         raise InvalidInput("'params' must be an object")
-    params = normalise(KINDS[kind].validate_params(params or {}), "params")
+    try:
+        checked = KINDS[kind].validate_params(params or {})
+    except (TypeError, ValueError, KeyError) as exc:
+        # A kind's check tripping over hostile params is still the client's input: 400, not 500.
+        raise InvalidInput(f"'params' are not valid for {kind}: {exc}") from None
+    params = normalise(checked, "params")
     budget = validate_budget(normalise(body.get("budget"), "budget"))
     return Definition(kind, params, on_restart, version, budget, definition_hash(kind, version, params, budget))
 

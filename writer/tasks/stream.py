@@ -141,8 +141,9 @@ class TaskEventHub:
     # -- the listener connection ------------------------------------------------------------
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Keep one LISTEN connection until cancelled; a database outage is logged once, and
-        the streams fall back on polling until the connection is back."""
+        """Keep one LISTEN connection until cancelled (or drained); a database outage is
+        logged once, and the streams fall back on polling until the connection is back. Started
+        at once: streams work without the listener (by polling), so it never delays start-up."""
         task_status.started()
         outage_logged = False
         while not self.closing:
