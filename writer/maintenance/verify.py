@@ -263,6 +263,8 @@ class Verifier:
                     raise _Corrupt(f"shorter than recorded: ended at byte {done} of {size}", stat)
                 if done == size:
                     break
+                if time.monotonic() - self._progress_at >= PROGRESS_EVERY_S:
+                    await self._flush_progress()  # a large blob shows (and budgets) its bytes as they go
                 piece = min(self.pacer.piece_bytes, size - done)
                 await self._pace(piece)
                 try:
