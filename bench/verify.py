@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import time
 import uuid
-from types import SimpleNamespace
 
 from cluster import MiB, KiB, BenchCluster, BenchError, bench_main, need_tool, table, verdict
 
