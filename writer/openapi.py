@@ -102,7 +102,8 @@ COMPONENTS: dict[str, Any] = {
                     "description": "invalid_input, unauthorized, forbidden, not_found, read_only, "
                     "method_not_allowed, request_timeout, conflict, idempotency_key_in_use, "
                     "payload_too_large, IdempotentParameterMismatch, range_not_satisfiable, "
-                    "request_header_too_large, rate_limited, insufficient_storage, busy, unavailable, internal",
+                    "request_header_too_large, rate_limited, insufficient_storage, busy, unavailable, "
+                    "content_unavailable, internal",
                 },
                 "message": {"type": "string"},
                 "requestId": {"type": "string"},
@@ -209,7 +210,12 @@ def _health_paths() -> dict[str, Any]:
                     {"type": "object", "required": ["status", "role", "writable"], "properties": {
                         "status": {"type": "string"}, "role": {"type": "string", "enum": ["api", "reader"]},
                         "writable": {"type": "boolean"}, "sharedDownloads": {"type": ["object", "null"]},
-                        "transfers": {"type": "object"}, "schemaVersion": {"type": ["integer", "null"]}}})
+                        "transfers": {"type": "object"}, "schemaVersion": {"type": ["integer", "null"]},
+                        "storageDiagnostics": {
+                            "type": ["object", "null"], "properties": {
+                                "missing": {"type": "integer"}, "corrupt": {"type": "integer"}},
+                            "description": "blobs the verify task found missing or corrupt (cached a few "
+                            "seconds); null when the database did not answer in time"}}})
     metrics = _health("Prometheus metrics of this process (needs a key unless ARKVORY_PUBLIC_METRICS)", True, {}, text=True)
     del metrics["get"]["responses"]["503"], metrics["head"]["responses"]["503"]
     return {
