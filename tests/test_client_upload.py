@@ -96,14 +96,14 @@ def test_an_upload_interrupted_and_run_again_makes_one_artifact_and_skips_stored
         with pytest.raises(Interrupted):
             client.upload("builds", source, part_size=PART, progress=interrupt)
         saved = json.loads(state_path(source).read_text())
-        assert saved["session"] and saved["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+        assert saved["session"] and saved["size"] == SIZE and saved["mtime_ns"] == source.stat().st_mtime_ns
         with writer.client() as http:
             stored = set(http.get(f"/api/v1/repositories/builds/uploads/{saved['session']}").json()["receivedParts"])
         sent_before = len(part_puts(proxy))
         artifact = client.upload("builds", source, part_size=PART)
 
     assert [a["id"] for a in artifacts_in(writer)] == [artifact["id"]]
-    assert artifact["sha256"] == saved["sha256"]
+    assert artifact["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
     assert sessions_in(database_url) == 1  # the re-run resumed the same session (same key)
     resent = part_puts(proxy)[sent_before:]
     assert set(resent) == set(range(6)) - stored and len(resent) == len(set(resent))
@@ -189,3 +189,25 @@ def test_upload_errors_map_to_exit_codes(writer, proxy, source, tmp_path):
     with Client(proxy.url, "arkvory_key_wrong", retry=QUICK) as client:
         with pytest.raises(errors.AuthError):
             client.upload("builds", source, part_size=PART)
+
+
+def test_parts_of_other_bytes_under_the_same_size_and_mtime_never_leave_a_wrong_artifact(writer, proxy, source):
+    def interrupt(done: int, total: int | None) -> None:
+        if done >= 2 * PART:
+            raise Interrupted
+
+    with Client(proxy.url, ADMIN_TOKEN, retry=QUICK) as client:
+        with pytest.raises(Interrupted):
+            client.upload("builds", source, part_size=PART, progress=interrupt)
+        # The file is rewritten in place and its mtime put back: the key file still matches,
+        # the parts stored so far are of the old bytes.
+        stat = source.stat()
+        source.write_bytes(os.urandom(SIZE))
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        with pytest.raises(errors.IntegrityError) as raised:
+            client.upload("builds", source, part_size=PART)
+        assert raised.value.exit_code == 5
+        assert artifacts_in(writer) == [] and not state_path(source).exists()
+        artifact = client.upload("builds", source, part_size=PART)
+    assert artifact["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert [a["id"] for a in artifacts_in(writer)] == [artifact["id"]]

@@ -4,13 +4,18 @@ A file goes up through the resumable session API in parts (16 MiB by default), t
 each with its `X-Content-SHA256` and its own retry sequence: a byte flipped in flight is a
 `422 digest_mismatch` for that part alone, which is sent again. The whole logical upload has one
 `Idempotency-Key`, written *before* the session is created to `NAME.arkvory-upload` beside the
-file (JSON: key, session id, size, mtime, SHA-256, and the request's parameters). A re-run of the
-same upload finds it and resumes the same session, sending only the parts the server lacks; a
-changed file or other parameters start a new upload with a new key. The key file is removed
-once the artifact exists (and the asset points at it, when asked).
+file (JSON: key, session id, size, mtime_ns, SHA-256 when known, and the request's parameters).
+A re-run of the same upload finds it and resumes the same session, sending only the parts the
+server lacks; a changed file or other parameters start a new upload with a new key. The key file
+is removed once the artifact exists (and the asset points at it, when asked).
 
 Re-running an upload that already succeeded makes no second artifact: an artifact of the same
-name and SHA-256 in the repository is taken as the result.
+name and SHA-256 in the repository is taken as the result. Only when one of the same name and
+size exists is the file hashed before anything is sent (and the SHA-256 then declared to the
+session); otherwise the whole-file hash is computed from the parts as they are sent
+(shared/client/wholehash.py), so it costs no time of its own. Either way the artifact's SHA-256
+must equal the file's: a file changed during the upload (size or mtime) is not completed, and
+an artifact assembled from other bytes is deleted again (IntegrityError).
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ import httpx
 from .errors import ClientError, ConflictError, IntegrityError, LocalIOError, NotFoundError, UsageError
 from .retries import Retryable
 from .transport import Transport
+from .wholehash import WholeFileHash
 
 MiB = 1024 * 1024
 MIN_PART, MAX_PART, MAX_PARTS = 1 * MiB, 64 * MiB, 10_000  # the server's bounds (writer/upload_sessions.py)
 PARALLEL_PARTS = 2  # the writer takes ARKVORY_MAX_UPLOADS (default 2) bodies at once
 STATE_SUFFIX = ".arkvory-upload"
 STATE_VERSION = 1
+HASH_READ = 8 * MiB
 
 Progress = collections.abc.Callable[[int, "int | None"], None]
 
@@ -72,8 +79,11 @@ class UploadState:
     part_size: int
 
     def same_upload(self, other: UploadState) -> bool:
+        """The same file (size, mtime, and SHA-256 where both know it) and the same request."""
         mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
-        return all(mine[f] == theirs[f] for f in mine if f not in ("key", "session"))
+        if mine["sha256"] and theirs["sha256"] and mine["sha256"] != theirs["sha256"]:
+            return False
+        return all(mine[f] == theirs[f] for f in mine if f not in ("key", "session", "sha256"))
 
     @classmethod
     def load(cls, path: pathlib.Path) -> UploadState | None:
@@ -103,40 +113,31 @@ class UploadState:
 
 
 @dataclasses.dataclass(frozen=True)
-class FileDigests:
+class FileDigest:
     size: int
     mtime_ns: int
     sha256: str
-    parts: list[str]
 
 
-def file_digests(path: pathlib.Path, part_size: int) -> FileDigests:
-    """The file's SHA-256 and each part's, in one read: the whole hash in one thread and the
-    part hashes in another (hashlib releases the GIL), so two cores share the work."""
+def file_digest(path: pathlib.Path) -> FileDigest:
+    """The file's SHA-256, size and mtime, refusing a file that changes while it is read.
+
+    Needed before the upload starts: the session declares it (the writer then refuses to
+    publish anything else) and it tells a re-run whether an artifact with these bytes exists.
+    Each part's own hash is computed later, in the thread that sends it, while the other one
+    waits on the network."""
     try:
         with open(path, "rb") as file:
             before = os.fstat(file.fileno())
             whole = hashlib.sha256()
-            parts: list[concurrent.futures.Future[str]] = []
-            with concurrent.futures.ThreadPoolExecutor(1) as whole_thread, concurrent.futures.ThreadPoolExecutor(1) as part_thread:
-                in_flight: collections.deque[concurrent.futures.Future[Any]] = collections.deque()
-                while data := file.read(part_size):
-                    in_flight.append(whole_thread.submit(whole.update, data))
-                    parts.append(part_thread.submit(_hex_sha256, data))
-                    in_flight.append(parts[-1])
-                    while len(in_flight) > 4:  # at most two parts in memory
-                        in_flight.popleft().result()
-                hexes = [future.result() for future in parts]
+            while data := file.read(HASH_READ):
+                whole.update(data)
             after = os.fstat(file.fileno())
     except OSError as exc:
         raise LocalIOError(f"cannot read {path}: {exc.strerror or exc}") from None
     if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
         raise LocalIOError(f"{path} changed while it was being read; try again when it is complete")
-    return FileDigests(after.st_size, after.st_mtime_ns, whole.hexdigest(), hexes)
-
-
-def _hex_sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return FileDigest(after.st_size, after.st_mtime_ns, whole.hexdigest())
 
 
 class Upload:
@@ -170,33 +171,43 @@ class Upload:
 
     def run(self) -> dict[str, Any]:
         try:
-            size = self.path.stat().st_size
+            before = self.path.stat()
         except OSError as exc:
             raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
         if not self.path.is_file():
             raise UsageError(f"{self.path} is not a regular file")
+        self._size = size = before.st_size
         part_size = effective_part_size(size, self.wanted_part_size)
-        digests = file_digests(self.path, part_size)
-        self._size = digests.size
+        known_sha256 = None
+        # Only an artifact of this name and size can be this upload done before: hash the file
+        # first then (to compare); otherwise its hash is computed while the parts go up.
+        candidates = [a for a in self._artifacts_named() if a.get("size") == size]
+        if candidates:
+            digest = file_digest(self.path)
+            known_sha256 = digest.sha256
+            for existing in candidates:
+                if existing.get("sha256") == known_sha256:
+                    self._point_asset(existing, uuid.uuid4().hex)
+                    self.state_file.unlink(missing_ok=True)
+                    return existing
         wanted = UploadState(
-            key=uuid.uuid4().hex, session=None, size=digests.size, mtime_ns=digests.mtime_ns,
-            sha256=digests.sha256, repo=self.repo, name=self.name, media_type=self.media_type,
+            key=uuid.uuid4().hex, session=None, size=size, mtime_ns=before.st_mtime_ns,
+            sha256=known_sha256, repo=self.repo, name=self.name, media_type=self.media_type,
             part_size=part_size,
         )
         saved = UploadState.load(self.state_file)
         state = saved if saved is not None and saved.same_upload(wanted) else wanted
         if state is wanted:
-            existing = self._existing_artifact(digests)
-            if existing is not None:
-                self._point_asset(existing, wanted.key)
-                self.state_file.unlink(missing_ok=True)
-                return existing
             state.save(self.state_file)
-        artifact = self._through_session(state, digests)
-        if artifact["sha256"] != digests.sha256 or artifact["size"] != digests.size:
+        artifact, sha256 = self._through_session(state)
+        if artifact["sha256"] != sha256 or artifact["size"] != size:
+            # Parts sent by an earlier run from other bytes under the same size and mtime: the
+            # artifact is not this file. Take it back and start anew next time.
+            self.state_file.unlink(missing_ok=True)
+            self._delete_quietly(artifact)
             raise IntegrityError(
-                f"upload of {self.path}: the server stored sha256 {artifact['sha256']} ({artifact['size']} bytes),"
-                f" the file has {digests.sha256} ({digests.size} bytes)"
+                f"upload of {self.path}: the server assembled sha256 {artifact['sha256']} ({artifact['size']} bytes),"
+                f" the file has {sha256} ({size} bytes); the artifact was deleted, run the upload again"
             )
         self._point_asset(artifact, state.key)
         self.state_file.unlink(missing_ok=True)
@@ -204,7 +215,8 @@ class Upload:
 
     # -- the session --------------------------------------------------------------------------
 
-    def _through_session(self, state: UploadState, digests: FileDigests) -> dict[str, Any]:
+    def _through_session(self, state: UploadState) -> tuple[dict[str, Any], str]:
+        """(the artifact, the file's SHA-256 as read while sending)."""
         session = self._open_session(state)
         if session is None:  # the saved session expired or was removed: a new key, a new one
             state.key, state.session = uuid.uuid4().hex, None
@@ -212,22 +224,45 @@ class Upload:
             session = self._open_session(state)
             if session is None:
                 raise NotFoundError(f"upload of {self.path}: the new upload session vanished at once")
-        for _ in range(3):
-            if session["status"] == "open":
-                self._send_missing(session, digests)
-            try:
-                return self._complete(session)
-            except ConflictError:
-                # Parts missing (one lost with a restarted writer) or still being received.
-                session = self._session(session["id"])
-                if session is None:
-                    raise
-        raise ConflictError(f"upload of {self.path}: the server keeps refusing to complete the upload")
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as exc:
+            raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        try:
+            sha256: str | None = None
+            for _ in range(3):
+                if session["status"] == "open":
+                    sha256 = self._send_missing(fd, session)
+                elif sha256 is None:  # completed before: only the hash is left to do
+                    sha256 = self._send_missing(fd, {**session, "receivedParts": list(range(session["partCount"]))})
+                self._check_unchanged(state)
+                try:
+                    return self._complete(session), sha256
+                except ConflictError:
+                    # Parts missing (one lost with a restarted writer) or still being received.
+                    session = self._session(session["id"])
+                    if session is None:
+                        raise
+            raise ConflictError(f"upload of {self.path}: the server keeps refusing to complete the upload")
+        finally:
+            os.close(fd)
+
+    def _check_unchanged(self, state: UploadState) -> None:
+        """A file changed during the upload is not published (its parts may mix two versions)."""
+        try:
+            now = self.path.stat()
+        except OSError as exc:
+            raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        if (now.st_size, now.st_mtime_ns) != (state.size, state.mtime_ns):
+            self.state_file.unlink(missing_ok=True)
+            raise LocalIOError(f"{self.path} changed during the upload; run it again when the file is complete")
 
     def _open_session(self, state: UploadState) -> dict[str, Any] | None:
         """Create the session with the upload's key (a repeat replays the same one), then read
         its current parts; None when the key's session is gone."""
-        descriptor = {"name": state.name, "size": state.size, "sha256": state.sha256, "partSize": state.part_size}
+        descriptor: dict[str, Any] = {"name": state.name, "size": state.size, "partSize": state.part_size}
+        if state.sha256:
+            descriptor["sha256"] = state.sha256  # then the writer refuses to publish other bytes
         if state.media_type:
             descriptor["mediaType"] = state.media_type
         response = self.transport.request(
@@ -250,21 +285,17 @@ class Upload:
 
     # -- parts --------------------------------------------------------------------------------
 
-    def _send_missing(self, session: dict[str, Any], digests: FileDigests) -> None:
-        part_size = session["partSize"]
+    def _send_missing(self, fd: int, session: dict[str, Any]) -> str:
+        """Send the parts the session lacks, two at a time; returns the whole file's SHA-256."""
+        size, part_size = session["size"], session["partSize"]
         received = set(session["receivedParts"])
         missing = [i for i in range(session["partCount"]) if i not in received]
-        self._done = sum(_part_length(digests.size, part_size, i) for i in received)
-        self._report()
-        if not missing:
-            return
+        whole = WholeFileHash(fd, size, part_size, set(missing), str(self.path))
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError as exc:
-            raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
-        try:
+            self._done = sum(_part_length(size, part_size, i) for i in received)
+            self._report()
             with concurrent.futures.ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="arkvory-put") as pool:
-                futures = [pool.submit(self._send_part, fd, session, i, digests) for i in missing]
+                futures = [pool.submit(self._send_part, fd, session, i, whole) for i in missing]
                 try:
                     for future in concurrent.futures.as_completed(futures):
                         future.result()
@@ -272,18 +303,22 @@ class Upload:
                     for future in futures:
                         future.cancel()
                     raise
-        finally:
-            os.close(fd)
+        except BaseException:
+            whole.abandon()
+            raise
+        return whole.hexdigest()
 
-    def _send_part(self, fd: int, session: dict[str, Any], index: int, digests: FileDigests) -> None:
-        part_size = session["partSize"]
-        length = _part_length(digests.size, part_size, index)
+    def _send_part(self, fd: int, session: dict[str, Any], index: int, whole: WholeFileHash) -> None:
+        size, part_size = session["size"], session["partSize"]
+        length = _part_length(size, part_size, index)
         try:
             data = os.pread(fd, length, index * part_size)
         except OSError as exc:
             raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
         if len(data) != length:
             raise LocalIOError(f"{self.path} became shorter during the upload")
+        whole.offer(index, data)
+        part_sha256 = hashlib.sha256(data).hexdigest()
         what = f"upload part {index} of {self.path.name}"
         path = f"{self.base}/uploads/{session['id']}/parts/{index}"
         http = self.transport.http
@@ -293,7 +328,7 @@ class Upload:
                     try:
                         response = http.put(
                             self.transport.url(path), content=data,
-                            headers={"X-Content-SHA256": digests.parts[index], "Content-Type": "application/octet-stream"},
+                            headers={"X-Content-SHA256": part_sha256, "Content-Type": "application/octet-stream"},
                         )
                     except httpx.HTTPError as exc:
                         raise self.transport.network_failure(exc, what) from exc
@@ -331,20 +366,28 @@ class Upload:
             "POST", f"{self.base}/uploads/{session['id']}/complete", f"complete upload of {self.path.name}"
         )
 
-    def _existing_artifact(self, digests: FileDigests) -> dict[str, Any] | None:
-        """An artifact of this name with these bytes: then this upload was done already."""
-        cursor: str | None = None
+    def _artifacts_named(self) -> list[dict[str, Any]]:
+        """This repository's artifacts of this name (and media type, when one is asked for)."""
+        found, cursor = [], None
         while True:
             params = {"name": self.name, "limit": "1000", **({"cursor": cursor} if cursor else {})}
             page = self.transport.json("GET", f"{self.base}/artifacts", "list artifacts", params=params)
-            for item in page.get("items", []):
-                if item.get("sha256") == digests.sha256 and item.get("size") == digests.size and (
-                    self.media_type is None or item.get("mediaType") == self.media_type
-                ):
-                    return item
+            found += [
+                item for item in page.get("items", [])
+                if self.media_type is None or item.get("mediaType") == self.media_type
+            ]
             cursor = page.get("nextCursor")
             if not cursor:
-                return None
+                return found
+
+    def _delete_quietly(self, artifact: dict[str, Any]) -> None:
+        try:
+            self.transport.request(
+                "DELETE", f"{self.base}/artifacts/{artifact['id']}", "delete the mismatched artifact",
+                headers={"Idempotency-Key": uuid.uuid4().hex},
+            )
+        except ClientError:
+            pass  # the IntegrityError that follows says what happened
 
     def _point_asset(self, artifact: dict[str, Any], key: str) -> None:
         if self.asset is None:
