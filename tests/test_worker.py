@@ -68,11 +68,18 @@ def test_without_the_writers_schema_it_refuses_with_78(cluster):
     assert "start the writer first" in result.stderr
 
 
-def test_a_newer_schema_is_refused_with_78(cluster, writer):
-    db_execute(cluster.database_url, "INSERT INTO arkvory_schema_version (version, name) VALUES (99, 'future')")
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ("INSERT INTO arkvory_schema_version (version, name) VALUES (99, 'future')", "newer than this worker's"),
+        (f"DELETE FROM arkvory_schema_version WHERE version = {db.CODE_SCHEMA_VERSION}", "older than this worker's"),
+    ],
+)
+def test_a_schema_other_than_the_codes_is_refused_with_78(cluster, writer, change, says):
+    db_execute(cluster.database_url, change)
     result = run_arkvory(cluster.base_env(ARKVORY_WORKER_PORT="1"), "worker")
     assert result.returncode == 78, result.stderr
-    assert "newer than this worker's" in result.stderr
+    assert says in result.stderr
 
 
 def test_missing_storage_is_refused_with_78(cluster, writer, tmp_path):
@@ -355,3 +362,21 @@ def test_a_running_task_is_heartbeated_with_its_usage(cluster, writer):
     # (written with each progress event, at most 0.5 s apart, and each heartbeat).
     assert beat["status"] == "running" and beat["checkpoint"] is None
     assert 0 < beat["usage"]["items"] <= len(steps_done(cluster.database_url, task_id))
+
+
+def test_a_partition_from_the_database_stops_the_task_and_the_worker_comes_back(cluster, writer, db_proxy):
+    url = cluster.database_url
+    worker = start_worker(cluster, ARKVORY_DATABASE_URL=db_proxy.url_for(url)).wait_active()
+    task_id = dispatch(url, "steps", {"steps": 60, "step_seconds": 0.05}, on_restart="retry")
+    wait_checkpoint(url, task_id, 3)
+    db_proxy.stall()  # a half-open lock connection: only the ping's timeout can tell
+    stalled = time.monotonic()
+    try:
+        worker.wait_status("standby", timeout=15)
+        assert time.monotonic() - stalled < 8.0  # ping every 2 s, 1.5 s timeout
+    finally:
+        db_proxy.resume()
+    worker.wait_active(timeout=30)
+    done = wait_task(url, task_id, "completed", timeout=30)
+    assert done["attempts"] == 2 and done["result"] == {"steps": 60, "first": 0}
+    assert "ping failed" in worker.stderr
