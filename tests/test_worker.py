@@ -301,6 +301,15 @@ def test_health_endpoints(cluster, writer):
     assert ready.status_code == 200
     assert ready.json()["role"] == "worker" and ready.json()["schemaVersion"] == db.CODE_SCHEMA_VERSION
     assert worker.get("/health/nothing", token=None).status_code == 404
+    # A managed service key from the database will do too, until it is revoked.
+    with writer.client(ADMIN_TOKEN) as client:
+        made = client.post("/api/v1/keys", json={"scopes": ["read:*"], "label": "scraper"})
+        assert made.status_code == 201, made.text
+        key = made.json()
+        assert worker.get("/health/metrics", token=key["token"]).status_code == 200
+        assert client.delete(f"/api/v1/keys/{key['id']}").status_code in (200, 204)
+    assert worker.get("/health/metrics", token=key["token"]).status_code == 401
+    assert worker.get("/health/metrics", token="pat_" + "0" * 32 + "." + "x" * 40).status_code == 401
 
 
 def test_public_metrics_need_no_key(cluster, writer):
