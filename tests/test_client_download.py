@@ -284,3 +284,17 @@ def test_package_download_and_argument_checks(writer, tmp_path):
             client.download("builds", tmp_path / "x", artifact_id=artifact["id"], asset="a")
         with pytest.raises(errors.NotFoundError):
             client.download("builds", tmp_path / "y", package=("org.example", "tool", "9.9"))
+
+
+def test_a_download_moves_on_to_the_next_base_url_when_one_does_not_answer(writer, tmp_path):
+    data = os.urandom(2 * MiB)
+    artifact = put_artifact(writer, data)
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    seen = []
+    with Client([dead, writer.url], ADMIN_TOKEN, retry=QUICK) as client:
+        result = client.download(
+            "builds", tmp_path / "out.bin", artifact_id=artifact["id"], progress=lambda d, t: seen.append((d, t))
+        )
+    assert (tmp_path / "out.bin").read_bytes() == data
+    assert result.attempts == 2 and result.received_bytes == len(data)
+    assert seen[0] == (0, len(data)) and seen[-1] == (len(data), len(data))

@@ -6,7 +6,8 @@ accepted only as a `206` whose `Content-Range` starts at N, whose total is the s
 whose ETag is ours. A `200` means the server sends the whole representation again (it ignored the
 range, or the ETag changed because an asset was re-pointed): the .part is emptied and filled
 from byte 0. Anything else that does not fit starts over too. So the file is always the bytes of
-one ETag. At the end the SHA-256 is checked against `Repr-Digest` (or the artifact's metadata),
+one ETag (a download that has to start over more than `max_attempts` times gives up). At the
+end the SHA-256 is checked against `Repr-Digest` (or the artifact's metadata),
 the file is fsynced and renamed into place; a mismatch removes the .part and raises
 IntegrityError.
 """
