@@ -38,7 +38,8 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def writer(cluster):
     """The writer migrates the schema and creates the storage the worker checks."""
-    return cluster.writer().wait_ready()
+    # No scheduled cleanup: the tests decide which tasks the worker sees.
+    return cluster.writer(ARKVORY_CLEANUP_INTERVAL="off").wait_ready()
 
 
 # -- start-up ----------------------------------------------------------------------------------
@@ -318,17 +319,28 @@ def test_public_metrics_need_no_key(cluster, writer):
     assert worker.get("/health/ready", token=None).status_code == 401
 
 
-def test_the_real_command_runs_verify(cluster, writer):
+def test_the_real_command_runs_verify_and_cleanup(cluster, writer):
     worker = start_worker(cluster, real=True).wait_active()
     with writer.client(ADMIN_TOKEN) as client:
         assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        artifacts = []
         for n in range(3):
             answer = client.post("/api/v1/repositories/r/artifacts?name=a", content=b"blob %d" % n)
             assert answer.status_code == 201, answer.text
+            artifacts.append(answer.json())
     task_id = dispatch(cluster.database_url, "verify", {}, on_restart="resume")
     done = wait_task(cluster.database_url, task_id, "completed")
     assert done["result"]["checked"] == 3
-    assert 'arkvory_verify_hashed_bytes_total 18.0' in worker.get("/health/metrics").text
+    assert "arkvory_verify_hashed_bytes_total 18.0" in worker.get("/health/metrics").text
+    # Cleanup reclaims the blob of a deleted artifact, and says so in the worker's metrics.
+    with writer.client(ADMIN_TOKEN) as client:
+        assert client.delete(f"/api/v1/repositories/r/artifacts/{artifacts[0]['id']}").status_code in (200, 204)
+    task_id = dispatch(cluster.database_url, "cleanup", {"grace_seconds": 0}, on_restart="retry")
+    assert wait_task(cluster.database_url, task_id, ("completed", "failed"))["status"] == "completed"
+    metrics = worker.get("/health/metrics").text
+    assert "arkvory_cleanup_deleted_blobs_total 1.0" in metrics
+    assert "arkvory_cleanup_reclaimed_bytes_total 6.0" in metrics
+    assert 'arkvory_worker_tasks_total{kind="cleanup",outcome="completed"} 1.0' in metrics
 
 
 # -- arkvory dev -----------------------------------------------------------------------------

@@ -38,7 +38,8 @@ CASES = {
 
 @pytest.fixture
 def writer(cluster):
-    return cluster.writer().wait_ready()
+    # No scheduled cleanup: the tests decide which tasks the worker sees.
+    return cluster.writer(ARKVORY_CLEANUP_INTERVAL="off").wait_ready()
 
 
 def test_each_budget_trips_at_the_right_moment_and_is_never_retried(cluster, writer):

@@ -44,7 +44,8 @@ EXPECTED = {
 
 @pytest.fixture
 def writer(cluster):
-    return cluster.writer().wait_ready()
+    # No scheduled cleanup: the tests decide which tasks the worker sees.
+    return cluster.writer(ARKVORY_CLEANUP_INTERVAL="off").wait_ready()
 
 
 def _after(url, task_id, seq):
