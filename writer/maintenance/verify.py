@@ -58,6 +58,7 @@ PROGRESS_EVERY_S = 0.5
 PROGRESS_EVERY_ITEMS = 256
 QUERY_TIMEOUT_S = 10
 POOL_WAIT_S = 10
+CANCEL_CHECK_S = 0.5
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 _BATCH_SQL = """
@@ -279,11 +280,15 @@ class Verifier:
             os.close(fd)
 
     async def _pace(self, nbytes: int) -> None:
-        wait = self.pacer.delay(nbytes)
-        if wait > 0:
-            await anyio.sleep(wait)
-        if self.ctx.cancel_requested():
-            raise TaskCancelled("verify cancelled")
+        until = time.monotonic() + self.pacer.delay(nbytes)
+        while True:
+            # A very low rate waits long: a cancel is still seen within CANCEL_CHECK_S.
+            if self.ctx.cancel_requested():
+                raise TaskCancelled("verify cancelled")
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            await anyio.sleep(min(left, CANCEL_CHECK_S))
 
     def _count_hashed(self, n: int) -> None:
         self.tally.bytes += n
