@@ -146,6 +146,8 @@ class WorkerLock:
                 return "the lock connection closed"
             try:
                 await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT_S)
+            except TimeoutError:
+                return f"the lock connection did not answer a ping within {PING_TIMEOUT_S} s"
             except _CONNECTION_ERRORS as exc:
                 return f"ping failed: {exc.__class__.__name__}: {exc}"
 
