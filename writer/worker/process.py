@@ -219,7 +219,10 @@ class WorkerProcess:
         )
 
     async def _serve_health(self, server: uvicorn.Server, sock: socket.socket) -> None:
-        await server.serve(sockets=[sock])
+        try:
+            await server.serve(sockets=[sock])
+        except Exception:
+            log.exception("the health server failed")
         if not self._stop.is_set():
             log.error("the health server stopped unexpectedly; stopping the worker (exit %d)", EXIT_FAILED)
             self.exit_status = EXIT_FAILED
