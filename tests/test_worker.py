@@ -120,7 +120,7 @@ def test_a_task_is_claimed_on_its_notification_not_by_polling(cluster, writer):
         latencies.append((running["created_at"] - queued["created_at"]).total_seconds())
         assert done["status"] == "completed"
     # The safety-net poll runs every 10 s: well under it means the notification woke the worker.
-    assert max(latencies) < 2.0, latencies
+    assert max(latencies) < 5.0, latencies
 
 
 def test_an_unexpected_error_fails_the_task_as_internal(cluster, writer):
@@ -165,7 +165,7 @@ def test_a_cancel_stops_the_running_task_and_it_ends_cancelled(cluster, writer):
         answer = client.post(f"/api/v1/tasks/{task_id}/cancel")
         assert answer.status_code == 202, answer.text
     cancelled = wait_task(cluster.database_url, task_id, "cancelled", timeout=10)
-    assert time.monotonic() - asked < 3.0
+    assert time.monotonic() - asked < 5.0
     assert cancelled["result"] is None
     types = event_types(cluster.database_url, task_id)
     assert types[-2:] == ["task.cancelling", "task.cancelled"] and "task.completed" not in types
@@ -190,20 +190,20 @@ def test_a_standby_worker_says_so_once_and_takes_over_when_the_active_one_dies(c
     first.kill()
     killed = time.monotonic()
     second.wait_active(timeout=15)
-    assert time.monotonic() - killed < 5.0
+    assert time.monotonic() - killed < 8.0  # retried every 2 s; slack for a loaded machine
     done = wait_task(cluster.database_url, task_id, "completed", timeout=30)
     assert done["attempts"] == 2
     assert "task.queued" in event_types(cluster.database_url, task_id)[2:]
 
 
 def test_sigterm_exits_0_within_the_drain_bound_and_leaves_the_task_for_recovery(cluster, writer):
-    worker = start_worker(cluster, ARKVORY_DRAIN_TIMEOUT_SECONDS="5").wait_active()
+    worker = start_worker(cluster, ARKVORY_DRAIN_TIMEOUT_SECONDS="20").wait_active()
     task_id = dispatch(cluster.database_url, "steps", {"steps": 400, "step_seconds": 0.05}, on_restart="resume")
     wait_checkpoint(cluster.database_url, task_id, 3)
     asked = time.monotonic()
     worker.signal(signal.SIGTERM)
     assert worker.wait_exit(15) == 0
-    assert time.monotonic() - asked < 5.0  # the kind stopped at its next step, long before the bound
+    assert time.monotonic() - asked < 10.0  # the kind stopped at its next step, long before the bound
     left = task(cluster.database_url, task_id)
     assert left["status"] == "running"  # for the next start's restart recovery
     stopped_at = left["checkpoint"]["next"]
@@ -223,7 +223,7 @@ def test_sigterm_cancels_a_kind_that_does_not_stop_within_the_bound(cluster, wri
     asked = time.monotonic()
     worker.signal(signal.SIGTERM)
     assert worker.wait_exit(15) == 0
-    assert time.monotonic() - asked < 5.0
+    assert time.monotonic() - asked < 10.0  # the bound (1 s), not the kind's 30 s step
     assert task(cluster.database_url, task_id)["status"] == "running"
 
 
@@ -394,7 +394,7 @@ def test_a_partition_from_the_database_stops_the_task_and_the_worker_comes_back(
     stalled = time.monotonic()
     try:
         worker.wait_status("standby", timeout=15)
-        assert time.monotonic() - stalled < 8.0  # ping every 2 s, 1.5 s timeout
+        assert time.monotonic() - stalled < 10.0  # ping every 2 s, 1.5 s timeout, and slack
     finally:
         db_proxy.resume()
     worker.wait_active(timeout=30)
