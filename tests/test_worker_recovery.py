@@ -57,7 +57,7 @@ def test_kill_9_applies_the_restart_table(cluster, writer, policy):
     url = cluster.database_url
     first = start_worker(cluster, "first").wait_active()
     tasks = {}
-    tasks["running"] = dispatch(url, "steps", {"steps": 30, "step_seconds": 0.1}, on_restart=policy)
+    tasks["running"] = dispatch(url, "steps", {"steps": 30, "step_seconds": 0.2}, on_restart=policy)
     wait_checkpoint(url, tasks["running"], 2)
     tasks["queued"] = dispatch(url, "steps", {"steps": 3}, on_restart=policy)  # its kind is busy
     tasks["cancelling"] = dispatch(url, "steps_b", {"steps": 300, "step_seconds": 0.1}, on_restart=policy)
