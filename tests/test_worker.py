@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import time
 
 import httpx
@@ -87,6 +88,17 @@ def test_missing_storage_is_refused_with_78(cluster, writer, tmp_path):
     result = run_arkvory(cluster.base_env(ARKVORY_DATA_DIR=str(tmp_path / "nowhere")), "worker")
     assert result.returncode == 78, result.stderr
     assert "does not exist" in result.stderr and "the worker never creates storage" in result.stderr
+
+
+def test_a_health_port_in_use_is_one_line_and_exit_1(cluster, writer):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_arkvory(cluster.base_env(ARKVORY_WORKER_PORT=str(port)), "worker")
+    assert result.returncode == 1, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port} (ARKVORY_HOST, ARKVORY_WORKER_PORT)" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 # -- running tasks ---------------------------------------------------------------------------
