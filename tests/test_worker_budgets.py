@@ -57,7 +57,7 @@ def test_each_budget_trips_at_the_right_moment_and_is_never_retried(cluster, wri
         failed = wait_task(url, task_id, ("failed", "completed"))
         ended[name] = failed
         assert failed["status"] == "failed", name
-        assert failed["error_code"] == "budget_exceeded", name
+        assert failed["error_code"] == "budget_exceeded", (name, failed["error_message"])
         allowed = budget[name]
         assert failed["error_message"] == f"{name} exceeded: {used} > {allowed}"
         assert failed["usage"][counter] == used, (name, failed["usage"])

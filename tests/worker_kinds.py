@@ -29,9 +29,10 @@ def validate_params(params: Any) -> dict:
 
 async def run(ctx) -> dict:
     p = ctx.params
-    await ctx.pool.execute(
-        "CREATE TABLE IF NOT EXISTS test_worker_steps (n bigserial, task_id uuid, step integer)"
-    )
+    async with ctx.pool.acquire() as conn, conn.transaction():
+        # Two of these starting at once would race in CREATE TABLE IF NOT EXISTS (pg_type).
+        await conn.execute("SELECT pg_advisory_xact_lock(736174)")
+        await conn.execute("CREATE TABLE IF NOT EXISTS test_worker_steps (n bigserial, task_id uuid, step integer)")
     first = (ctx.resumed_from or {}).get("next", 0)
     for step in range(first, p["steps"]):
         await asyncio.sleep(p["step_seconds"])
