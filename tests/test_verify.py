@@ -230,11 +230,13 @@ def test_a_resumed_run_skips_the_blobs_its_checkpoint_covers(cluster, monkeypatc
     assert fresh["corrupt"] == 1
 
 
-def test_the_rate_bound_holds(cluster):
+@pytest.mark.parametrize("blobs", [1, 16])  # one large blob (paced by piece), small ones (by group)
+def test_the_rate_bound_holds(cluster, blobs):
     writer = cluster.writer().wait_ready()
     with writer.client() as admin:
         assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
-        upload(admin, "r", "big.bin", os.urandom(4 * 1024 * 1024))
+        for n in range(blobs):
+            upload(admin, "r", f"{n}.bin", os.urandom(4 * 1024 * 1024 // blobs))
     started = time.monotonic()
     result, _ = run_verify(cluster, {"bytes_per_second": 2 * 1024 * 1024})
     paced = time.monotonic() - started

@@ -2,10 +2,10 @@
 missing and corrupt ones as storage diagnostics (diagnostics.py).
 
 Blobs are walked in digest order, a batch at a time (keyset pagination: one index range scan per
-batch however large the store). Each file is read in pieces by a worker thread (hashlib releases
-the GIL on large updates, so downloads on the same host keep their CPU) and the pieces are paced
-by `Pacer`, so the store is read at no more than `bytes_per_second` (ARKVORY_VERIFY_BYTES_PER_SECOND
-unless the task's params say otherwise; 0 is unthrottled) and downloads keep their disk.
+batch however large the store). Files are hashed in worker threads (rehash.py: small ones many
+per thread hop, large ones a piece per hop) and every hop is paced by `Pacer`, so the store is
+read at no more than `bytes_per_second` (ARKVORY_VERIFY_BYTES_PER_SECOND unless the task's params
+say otherwise; 0 is unthrottled) and downloads keep their disk and CPU.
 
 What a run finds:
 
@@ -23,13 +23,11 @@ continues after the checkpoint's digest without hashing the finished blobs again
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -46,12 +44,14 @@ from .diagnostics import (
     record_diagnostic,
 )
 from .quarantine import move_to_quarantine, notify_moved
+from .rehash import READ_BYTES, FileCheck, Found, check_whole
 
 log = logging.getLogger("arkvory.verify")
 
 MAX_RATE = 2**40  # 1 TiB/s, as the download limits
-READ_BYTES = 1024 * 1024  # one read; hashlib drops the GIL for it
 UNTHROTTLED_PIECE = 16 * 1024 * 1024  # hashed per thread hop; bounds how late a cancel is seen
+SMALL_BLOB = READ_BYTES  # up to this size a blob is checked whole, with others in one hop
+SMALL_GROUP = 128  # small blobs per hop at most (between two looks at cancellation)
 BATCH = 500
 CHECKPOINT_EVERY_S = 5.0
 PROGRESS_EVERY_S = 0.5
@@ -136,53 +136,6 @@ class Tally:
         return state["after"], cls(**{k: v for k, v in counts.items() if isinstance(v, int) and v >= 0})
 
 
-class _Corrupt(Exception):
-    def __init__(self, detail: str, hashed: os.stat_result | None) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.hashed = hashed
-
-
-# -- hashing (worker threads) -------------------------------------------------------------------
-
-
-def _hash_span(fd: int, digest: Any, buffer: memoryview, limit: int) -> int:
-    done = 0
-    while done < limit:
-        n = os.readv(fd, [buffer[: min(len(buffer), limit - done)]])
-        if n == 0:
-            break
-        digest.update(buffer[:n])
-        done += n
-    return done
-
-
-class _ReadFailed(Exception):
-    def __init__(self, error: OSError, stat: os.stat_result) -> None:
-        super().__init__(str(error))
-        self.error, self.stat = error, stat
-
-
-def _open_and_hash(path: str, size: int, digest: Any, buffer: memoryview, first: int) -> tuple[int, os.stat_result, int]:
-    """Open the blob and hash its first `first` bytes in one thread hop (most blobs are small:
-    the hop costs more than their hashing); (fd, stat, bytes hashed). Nothing is read when the
-    size on disk is not `size`. The descriptor is the caller's to close."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        stat = os.fstat(fd)
-        if stat.st_size != size:
-            return fd, stat, 0
-        if size > READ_BYTES:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        try:
-            return fd, stat, _hash_span(fd, digest, buffer, first)
-        except OSError as exc:
-            raise _ReadFailed(exc, stat) from None
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 class Verifier:
     """One run over the store (one instance per run; used from one task)."""
 
@@ -205,10 +158,15 @@ class Verifier:
         while True:
             async with self.pool.acquire(timeout=POOL_WAIT_S) as conn:
                 rows = await conn.fetch(_BATCH_SQL, self.after, BATCH, timeout=QUERY_TIMEOUT_S)
-            for row in rows:
-                await self.check(row["sha256"], row["size"], row["problem"])
-                self.after = row["sha256"]
-                await self._report()
+            for group in self._groups(rows):
+                if len(group) == 1 and group[0]["size"] > SMALL_BLOB:
+                    found = [await self._check_large(group[0])]
+                else:
+                    found = await self._check_small(group)
+                for row, outcome in zip(group, found):
+                    await self._record(row["sha256"], row["problem"], outcome)
+                    self.after = row["sha256"]
+                    await self._report()
             if len(rows) < BATCH:
                 break
         await self._flush_progress(message=self._summary())
@@ -222,62 +180,58 @@ class Verifier:
         log.info("verify %s finished: %s", self.ctx.task_id, result)
         return result
 
-    # -- one blob ------------------------------------------------------------------------------
+    def _groups(self, rows: list) -> Iterator[list]:
+        """Consecutive small blobs together (one thread hop and one pacing step for up to a
+        piece of bytes or SMALL_GROUP files), each large blob alone."""
+        group: list = []
+        group_bytes = 0
+        for row in rows:
+            size = row["size"]
+            if size > SMALL_BLOB:
+                if group:
+                    yield group
+                    group, group_bytes = [], 0
+                yield [row]
+                continue
+            if group and (group_bytes + size > self.pacer.piece_bytes or len(group) >= SMALL_GROUP):
+                yield group
+                group, group_bytes = [], 0
+            group.append(row)
+            group_bytes += size
+        if group:
+            yield group
 
-    async def check(self, sha256: str, size: int, known: str | None) -> None:
-        """Hash one blob and record what was found (`known`: its diagnostic so far, if any)."""
-        self.tally.checked += 1
-        try:
-            await self._hash(sha256, size)
-        except FileNotFoundError:
-            await self._missing(sha256, known)
-            return
-        except _Corrupt as exc:
-            await self._corrupt(sha256, exc)
-            return
-        if known is not None:
-            async with self.pool.acquire(timeout=POOL_WAIT_S) as conn:
-                if await clear_diagnostic(conn, sha256):
-                    self.tally.cleared += 1
-                    log.info("blob %s is good again: its %s diagnostic is cleared", sha256, known)
+    # -- hashing ---------------------------------------------------------------------------------
 
-    async def _hash(self, sha256: str, size: int) -> os.stat_result:
-        """Hash the blob's file at the paced rate; its stat when the bytes are right."""
-        path = self.storage.blob_file(sha256)
-        digest = hashlib.sha256()
-        piece = min(self.pacer.piece_bytes, size)
+    def _file_check(self, row) -> FileCheck:
+        return FileCheck(self.storage.blob_file(row["sha256"]), row["sha256"], row["size"])
+
+    async def _check_small(self, group: list) -> list[Found]:
+        checks = [self._file_check(row) for row in group]
+        await self._pace(sum(row["size"] for row in group))
+        found = await anyio.to_thread.run_sync(check_whole, checks, self.buffer)
+        self._count_hashed(sum(check.done for check in checks))
+        return found
+
+    async def _check_large(self, row) -> Found:
+        check = self._file_check(row)
+        piece = min(self.pacer.piece_bytes, check.size)
         await self._pace(piece)
         try:
-            fd, stat, n = await anyio.to_thread.run_sync(_open_and_hash, path, size, digest, self.buffer, piece)
-        except _ReadFailed as exc:
-            raise self._unreadable(exc.error, 0, exc.stat) from None
-        except OSError as exc:
-            raise self._unreadable(exc, None, None) from None
-        try:
-            if stat.st_size != size:
-                raise _Corrupt(f"{stat.st_size} bytes on disk, {size} recorded", stat)
-            done = 0
-            while True:
-                done += n
-                self._count_hashed(n)
-                if n < piece:
-                    raise _Corrupt(f"shorter than recorded: ended at byte {done} of {size}", stat)
-                if done == size:
+            found = await anyio.to_thread.run_sync(check.open)
+            while found is None:
+                before = check.done
+                found = await anyio.to_thread.run_sync(check.hash, piece, self.buffer)
+                self._count_hashed(check.done - before)
+                if found is not None:
                     break
                 if time.monotonic() - self._progress_at >= PROGRESS_EVERY_S:
                     await self._flush_progress()  # a large blob shows (and budgets) its bytes as they go
-                piece = min(self.pacer.piece_bytes, size - done)
+                piece = min(self.pacer.piece_bytes, check.size - check.done)
                 await self._pace(piece)
-                try:
-                    n = await anyio.to_thread.run_sync(_hash_span, fd, digest, self.buffer, piece)
-                except OSError as exc:
-                    raise self._unreadable(exc, done, stat) from None
-            actual = digest.hexdigest()
-            if actual != sha256:
-                raise _Corrupt(f"the bytes hash to {actual}", stat)
-            return stat
+            return found
         finally:
-            os.close(fd)
+            check.close()  # no thread uses it: a worker-thread call is not abandoned on cancel
 
     async def _pace(self, nbytes: int) -> None:
         until = time.monotonic() + self.pacer.delay(nbytes)
@@ -296,14 +250,20 @@ class Verifier:
         if self.hashed_bytes is not None:
             self.hashed_bytes.inc(n)
 
-    @staticmethod
-    def _unreadable(exc: OSError, at: int | None, stat: os.stat_result | None) -> BaseException:
-        """An I/O error of the medium makes the blob corrupt; anything else (no file, too many
-        open files, permissions) is raised as it is: missing, or the operator's to fix."""
-        if exc.errno != errno.EIO:
-            return exc
-        where = "cannot be opened" if at is None else f"read error at byte {at}"
-        return _Corrupt(f"{where}: {exc.strerror}", stat)
+    # -- what was found --------------------------------------------------------------------------
+
+    async def _record(self, sha256: str, known: str | None, found: Found) -> None:
+        """Record what one blob's check found (`known`: its diagnostic so far, if any)."""
+        self.tally.checked += 1
+        if found.problem == "missing":
+            await self._missing(sha256, known)
+        elif found.problem == "corrupt":
+            await self._corrupt(sha256, found)
+        elif known is not None:
+            async with self.pool.acquire(timeout=POOL_WAIT_S) as conn:
+                if await clear_diagnostic(conn, sha256):
+                    self.tally.cleared += 1
+                    log.info("blob %s is good again: its %s diagnostic is cleared", sha256, known)
 
     async def _missing(self, sha256: str, known: str | None) -> None:
         if known == "corrupt":
@@ -323,11 +283,10 @@ class Verifier:
         self.tally.missing += 1
         log.error("blob %s is missing from storage (%s)", sha256, path)
 
-    async def _corrupt(self, sha256: str, found: _Corrupt) -> None:
-        hashed = found.hashed
+    async def _corrupt(self, sha256: str, found: Found) -> None:
         moved = None
-        if hashed is not None:
-            moved = await anyio.to_thread.run_sync(move_to_quarantine, self.storage, sha256, hashed)
+        if found.stat is not None:
+            moved = await anyio.to_thread.run_sync(move_to_quarantine, self.storage, sha256, found.stat)
             if moved is None:
                 return  # replaced by a good file (or removed) meanwhile: the next run sees it
         detail = found.detail if moved is None else f"{found.detail}; quarantined at {moved}"
