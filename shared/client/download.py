@@ -24,12 +24,11 @@ from collections.abc import Callable, Mapping
 import httpx
 
 from .errors import IntegrityError, NetworkError
-from .partfile import PartFile
+from .partfile import BATCH, PartFile
 from .rawget import NETWORK_ERRORS, RawResponse, open_get
 from .retries import Retryable
 from .transport import Transport
 
-BATCH = 4 * 1024 * 1024  # bytes read before they go to the hashing and writing threads
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 Progress = Callable[[int, "int | None"], None]
@@ -200,8 +199,8 @@ class Download:
         if progress is not None:
             progress(part.length, total)
         while True:
-            # A fresh buffer per batch: the hashing and writing threads still read the last one.
-            batch = memoryview(bytearray(BATCH))
+            # Not the last batch's buffer: the hashing and writing threads may still read it.
+            batch = part.batch_buffer()
             filled = 0
             try:
                 while filled < BATCH:
@@ -212,7 +211,7 @@ class Download:
             except NETWORK_ERRORS as exc:
                 cut = exc  # what arrived before the cut is good (TCP delivers in order): keep it
             if filled:
-                part.write(batch[:filled])
+                part.write(batch[:filled], batch)
                 received += filled
                 if progress is not None:
                     progress(part.length, total)
