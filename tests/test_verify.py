@@ -393,3 +393,25 @@ def test_the_offline_scrub_finds_and_quarantines(cluster):
         answer = admin.get(content_url(bad))
         assert answer.status_code == 503 and answer.json()["code"] == "content_unavailable"
         assert admin.get("/health/ready").json()["storageDiagnostics"] == {"missing": 1, "corrupt": 1}
+
+
+def test_quarantine_moves_only_the_file_that_was_hashed(tmp_path):
+    from writer.maintenance.quarantine import move_to_quarantine
+
+    storage = Storage(tmp_path)
+    storage.create_layout("test")
+    sha256 = "ab" * 32
+    path = storage.blob_path(sha256)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"bad bytes")
+    hashed = os.stat(path)
+    # A re-upload puts a good file under the digest between the hashing and the move.
+    (tmp_path / "good").write_bytes(b"good bytes")
+    os.replace(tmp_path / "good", path)
+    assert move_to_quarantine(storage, sha256, hashed) is None
+    assert path.read_bytes() == b"good bytes"
+    assert os.listdir(quarantine_dir(storage)) == []
+    # The file that was hashed is moved, and kept.
+    moved = move_to_quarantine(storage, sha256, os.stat(path))
+    assert moved is not None and moved.read_bytes() == b"good bytes" and not path.exists()
+    assert move_to_quarantine(storage, sha256, hashed) is None  # nothing there any more
