@@ -2,8 +2,10 @@
 
 The receiving loop only reads batches; one thread hashes them and another writes them, each in
 order (hashlib and os.write release the GIL), at most `DEPTH` batches behind, so neither the
-SHA-256 nor the page cache's pace holds up the socket, and the two overlap each other. The strong ETag the bytes belong to is kept beside the file
-(`NAME.part.etag`): a later run continues the file only if the server still has that ETag.
+SHA-256 nor the page cache's pace holds up the socket, and the two overlap each other. A third
+thread flushes what is written every FLUSH_EVERY bytes, so the disk works during the transfer
+and the fsync before the rename is short. The strong ETag the bytes belong to is kept beside
+the file (`NAME.part.etag`): a later run continues the file only if the server still has it.
 """
 
 from __future__ import annotations

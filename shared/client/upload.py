@@ -12,10 +12,15 @@ is removed once the artifact exists (and the asset points at it, when asked).
 Re-running an upload that already succeeded makes no second artifact: an artifact of the same
 name and SHA-256 in the repository is taken as the result. Only when one of the same name and
 size exists is the file hashed before anything is sent (and the SHA-256 then declared to the
-session); otherwise the whole-file hash is computed from the parts as they are sent
-(shared/client/wholehash.py), so it costs no time of its own. Either way the artifact's SHA-256
-must equal the file's: a file changed during the upload (size or mtime) is not completed, and
-an artifact assembled from other bytes is deleted again (IntegrityError).
+session, so the writer refuses anything else).
+
+Why the artifact is the file without a whole-file hash of our own on the common path: every
+part's SHA-256 is computed here from the bytes read for it and checked by the writer, which
+hashes the artifact from exactly those parts; and a file whose size or mtime changed during
+the upload is not completed. Only parts stored by an *earlier* run were read from a file we
+cannot vouch for (same size and mtime, but bytes we did not hash now): then the whole file is
+hashed from the parts as they go (shared/client/wholehash.py), compared with the artifact's
+SHA-256, and an artifact of other bytes is deleted again (IntegrityError).
 """
 
 from __future__ import annotations
@@ -168,6 +173,7 @@ class Upload:
         self._progress_lock = threading.Lock()
         self._done = 0
         self._size: int | None = None
+        self._sent_here: set[int] = set()  # parts this run sent and the server acknowledged
 
     def run(self) -> dict[str, Any]:
         try:
@@ -200,14 +206,15 @@ class Upload:
         if state is wanted:
             state.save(self.state_file)
         artifact, sha256 = self._through_session(state)
-        if artifact["sha256"] != sha256 or artifact["size"] != size:
+        expected = sha256 or state.sha256
+        if (expected is not None and artifact["sha256"] != expected) or artifact["size"] != size:
             # Parts sent by an earlier run from other bytes under the same size and mtime: the
             # artifact is not this file. Take it back and start anew next time.
             self.state_file.unlink(missing_ok=True)
             self._delete_quietly(artifact)
             raise IntegrityError(
                 f"upload of {self.path}: the server assembled sha256 {artifact['sha256']} ({artifact['size']} bytes),"
-                f" the file has {sha256} ({size} bytes); the artifact was deleted, run the upload again"
+                f" the file has {expected} ({size} bytes); the artifact was deleted, run the upload again"
             )
         self._point_asset(artifact, state.key)
         self.state_file.unlink(missing_ok=True)
@@ -231,10 +238,9 @@ class Upload:
         try:
             sha256: str | None = None
             for _ in range(3):
-                if session["status"] == "open":
-                    sha256 = self._send_missing(fd, session)
-                elif sha256 is None:  # completed before: only the hash is left to do
-                    sha256 = self._send_missing(fd, {**session, "receivedParts": list(range(session["partCount"]))})
+                if session["status"] != "open":  # completed by an earlier run: nothing to send
+                    session = {**session, "receivedParts": list(range(session["partCount"]))}
+                sha256 = self._send_missing(fd, session) or sha256
                 self._check_unchanged(state)
                 try:
                     return self._complete(session), sha256
@@ -285,12 +291,15 @@ class Upload:
 
     # -- parts --------------------------------------------------------------------------------
 
-    def _send_missing(self, fd: int, session: dict[str, Any]) -> str:
-        """Send the parts the session lacks, two at a time; returns the whole file's SHA-256."""
+    def _send_missing(self, fd: int, session: dict[str, Any]) -> str | None:
+        """Send the parts the session lacks, two at a time. Returns the whole file's SHA-256 when
+        the session holds parts of an earlier run (else None: see `_needs_whole_hash`)."""
         size, part_size = session["size"], session["partSize"]
         received = set(session["receivedParts"])
         missing = [i for i in range(session["partCount"]) if i not in received]
-        whole = WholeFileHash(fd, size, part_size, set(missing), str(self.path))
+        whole = _NoWholeHash()
+        if received - self._sent_here:
+            whole = WholeFileHash(fd, size, part_size, set(missing), str(self.path))
         try:
             self._done = sum(_part_length(size, part_size, i) for i in received)
             self._report()
@@ -308,7 +317,7 @@ class Upload:
             raise
         return whole.hexdigest()
 
-    def _send_part(self, fd: int, session: dict[str, Any], index: int, whole: WholeFileHash) -> None:
+    def _send_part(self, fd: int, session: dict[str, Any], index: int, whole: WholeFileHash | _NoWholeHash) -> None:
         size, part_size = session["size"], session["partSize"]
         length = _part_length(size, part_size, index)
         try:
@@ -337,6 +346,7 @@ class Upload:
         except Retryable as exc:
             raise exc.error from None
         with self._progress_lock:
+            self._sent_here.add(index)
             self._done += length
             self._report()
 
@@ -397,6 +407,19 @@ class Upload:
             params={"path": self.asset}, json={"artifactId": artifact["id"]},
             headers={"Idempotency-Key": f"{key}-asset"},
         )
+
+
+class _NoWholeHash:
+    """Stands in for WholeFileHash when every part goes up in this run (see the module doc)."""
+
+    def offer(self, index: int, data: bytes) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+    def hexdigest(self) -> None:
+        return None
 
 
 def _part_length(size: int, part_size: int, index: int) -> int:
