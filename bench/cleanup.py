@@ -109,6 +109,7 @@ def fill_garbage(bench: BenchCluster, storage: Storage, repo: str, args, round_t
     loose = write_files(storage, garbage, round_tag + b"u", old=True)
     write_files(storage, args.strays, round_tag + b"s", old=True)
     asyncio.run(record(bench.database_url, repo, kept, loose))
+    os.sync()  # a store is not measured while the kernel still writes it out
     return garbage + args.strays
 
 

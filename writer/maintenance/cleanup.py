@@ -29,14 +29,17 @@ with the right bytes and no row, a stray the next run removes; an upload of the 
 in between simply reuses it under its claim.
 
 Cost: referenced blobs cost no round trip each; candidates come from one keyset-paged
-anti-join, stray files from `os.scandir` in a thread, checked against the table in batches. After
-each batch the task sleeps a fraction of the time the batch took, leaving the disk, the CPU and
-the database to the downloads.
+anti-join, stray files from `os.scandir`, checked against the table in batches. Downloads come
+first: the disk work runs in one thread of its own at nice 10, and after each batch the task
+sleeps PACE times the time the batch kept a CPU busy (its wall time minus the time its thread
+waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of a core.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import os
 import re
@@ -59,8 +62,9 @@ BLOB_BATCH = 1000  # unreferenced blobs removed per transaction
 SCAN_BATCH = 5000  # stray-file candidates checked against the table per query
 KEY_BATCH = 10_000
 TASK_BATCH = 1000
-# After each batch, sleep this fraction of the time it took (bench/cleanup.py measures it).
-PACE = 0.5
+# After each batch, sleep this many times the CPU time it took (bench/cleanup.py measures it).
+PACE = 2.0
+DISK_NICE = 10
 MAX_GRACE_S = 10 * 365 * 86400
 # An upload session file or temp file may be written right now when younger than this, even
 # with a zero grace period (tests): the sweep leaves it for the next run.
@@ -138,7 +142,7 @@ async def _upload_sessions(ctx, grace: int) -> dict:
     sessions = await sweep_expired_uploads(ctx.pool, ctx.storage, orphans_older_than_s=orphan_age)
     # One-shot upload temp files: one being received is written at least every receive timeout.
     temp_age = max(grace, 2 * ctx.settings.receive_timeout_s, MIN_ORPHAN_AGE_S)
-    temp_files = await asyncio.to_thread(_remove_old_temp_files, ctx.storage, temp_age)
+    temp_files = await _on_disk(_remove_old_temp_files, ctx.storage, temp_age)
     await ctx.progress(
         items=sessions + temp_files,
         message=f"abandoned uploads: {sessions} session(s) and {temp_files} temp file(s) removed",
@@ -253,7 +257,7 @@ async def remove_unreferenced(
         # Unlinked before the commit releases the locks: no upload can reuse a file we are
         # about to remove. A failed commit leaves rows without files, which the next run
         # deletes (and an upload of the same bytes places the file again).
-        await asyncio.to_thread(_unlink_all, storage, gone)
+        await _on_disk(_unlink_all, storage, gone)
     return len(rows), sum(r["size"] for r in rows)
 
 
@@ -303,7 +307,7 @@ async def _stray_files(ctx, grace: int) -> dict:
     for top in tops:
         _stop_if_cancelled(ctx)
         async with _paced():
-            old = await asyncio.to_thread(_old_blob_files, storage, top, cutoff)
+            old = await _on_disk(_old_blob_files, storage, top, cutoff)
         scanned += len(old)
         pending.extend(old)
         if len(pending) >= SCAN_BATCH:
@@ -351,7 +355,7 @@ async def remove_strays(
             return 0, 0
         # Re-checked under the locks: an upload that placed the file has committed its row by now.
         still = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, locked, timeout=QUERY_TIMEOUT_S)]
-        return await asyncio.to_thread(_unlink_old, storage, still, cutoff)
+        return await _on_disk(_unlink_old, storage, still, cutoff)
 
 
 def _unlink_old(storage: Storage, digests: list[str], cutoff: float) -> tuple[int, int]:
@@ -383,18 +387,47 @@ STEP_NAMES = tuple(name for name, _ in _STEPS)
 # -- pacing and cancellation ---------------------------------------------------------------
 
 
-class _paced:
-    """Sleep PACE times as long as the block took, after it: the task yields the machine to
-    the downloads in proportion to what it used."""
+_disk: concurrent.futures.ThreadPoolExecutor | None = None
+_waited = [0.0]  # seconds the disk thread spent off the CPU (waiting for the disk), in total
 
-    __slots__ = ("started",)
+
+def _nice_thread() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, DISK_NICE)  # Linux: this thread only
+    except OSError:
+        pass
+
+
+async def _on_disk(fn: Callable, *args: Any) -> Any:
+    """Run `fn(*args)` in cleanup's own low-priority thread, counting its time off the CPU."""
+    global _disk
+    if _disk is None:
+        _disk = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cleanup-disk", initializer=_nice_thread)
+    return await asyncio.get_running_loop().run_in_executor(_disk, functools.partial(_counting_wait, fn, *args))
+
+
+def _counting_wait(fn: Callable, *args: Any) -> Any:
+    wall, cpu = time.monotonic(), time.thread_time()
+    try:
+        return fn(*args)
+    finally:
+        _waited[0] += max(0.0, (time.monotonic() - wall) - (time.thread_time() - cpu))
+
+
+class _paced:
+    """After the block, sleep PACE times the time it kept a CPU busy: its wall time (our
+    queries run on the database's CPU meanwhile) minus the time our disk thread waited."""
+
+    __slots__ = ("started", "waited")
 
     async def __aenter__(self) -> None:
         self.started = time.monotonic()
+        self.waited = _waited[0]
 
     async def __aexit__(self, *exc_info: object) -> None:
         if exc_info[0] is None and PACE > 0:
-            await asyncio.sleep((time.monotonic() - self.started) * PACE)
+            busy = (time.monotonic() - self.started) - (_waited[0] - self.waited)
+            await asyncio.sleep(max(0.0, busy) * PACE)
 
 
 def _stop_if_cancelled(ctx) -> None:
