@@ -93,7 +93,11 @@ class Storage:
         Durable before it returns: a new `ab/` or `ab/cd/` directory is fsynced in its parent
         (a crash must not lose the directory entry the metadata row will point through), then
         the blob's own directory. Identical content may already be there: same bytes, kept.
-        With `link`, the source stays where it is (a retried publish can link it again)."""
+        With `link`, the source stays where it is (a retried publish can link it again).
+
+        Callers publish inside a transaction that holds the digest's claim
+        (writer/maintenance/blob_locks.py), so cleanup cannot unlink what we place or find here
+        before the row that refers to it is committed."""
         final = self.blob_path(sha256)
         self._make_durable_dirs(final.parent)
         if link:
