@@ -21,7 +21,7 @@ import pytest
 from shared.storage import Storage
 from writer.maintenance.cleanup import remove_unreferenced
 
-from .harness import ADMIN_TOKEN
+from .harness import ADMIN_TOKEN, db_fetch
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -197,3 +197,47 @@ def test_referenced_blob_missing_on_disk_is_503_content_unavailable(cluster):
             assert w.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content).status_code == 201
         again = client.get(f"/api/v1/repositories/r/artifacts/{made['id']}/content")
         assert again.status_code == 200 and again.content == content
+
+
+def test_a_claimed_digest_is_skipped_and_an_unclaimed_one_waits_for_nobody(cluster):
+    """The protocol itself, step by step: while an upload's transaction holds the claim,
+    cleanup leaves the blob (row and file) alone at once; after that transaction committed its
+    artifact, the re-check keeps it; an unclaimed, unreferenced one goes."""
+    from writer.maintenance.blob_locks import claim_for_upload
+
+    writer = cluster.writer().wait_ready()
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        made = client.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=b"z" * 999).json()
+        assert client.delete(f"/api/v1/repositories/r/artifacts/{made['id']}").status_code == 204
+        repo_id = db_fetch(cluster.database_url, "SELECT id FROM arkvory_repositories WHERE name = 'r'")[0]["id"]
+    storage = Storage(cluster.data_dir)
+    sha256 = made["sha256"]
+
+    async def scenario() -> None:
+        upload = await asyncpg.connect(cluster.database_url)
+        cleaner = await asyncpg.connect(cluster.database_url)
+        try:
+            tx = upload.transaction()
+            await tx.start()
+            await claim_for_upload(upload, sha256)
+            started = time.monotonic()
+            assert await remove_unreferenced(cleaner, storage, [sha256], 0) == (0, 0)
+            assert time.monotonic() - started < 2  # skipped, not waited for
+            assert _blob_path(cluster.data_dir, sha256).is_file()
+            await upload.execute(
+                "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
+                " VALUES (gen_random_uuid(), $1, 'y', $2, 999, 'application/octet-stream')",
+                repo_id, sha256,
+            )
+            await tx.commit()
+            assert await remove_unreferenced(cleaner, storage, [sha256], 0) == (0, 0)
+            assert _blob_path(cluster.data_dir, sha256).is_file()
+            await upload.execute("DELETE FROM arkvory_artifacts WHERE sha256 = $1", sha256)
+            assert await remove_unreferenced(cleaner, storage, [sha256], 0) == (1, 999)
+            assert not _blob_path(cluster.data_dir, sha256).exists()
+        finally:
+            await upload.close()
+            await cleaner.close()
+
+    asyncio.run(scenario())
