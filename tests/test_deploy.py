@@ -235,6 +235,18 @@ def test_env_examples_build_valid_settings_for_writer_and_gateway(common_env, tm
     assert f"{gateway.host}:{gateway.port}" == GATEWAYS[0]
 
 
+def test_worker_env_example_builds_valid_worker_settings(common_env, tmp_path):
+    from writer.worker.startup import worker_settings
+
+    worker_env = read_env_file(ENV / "worker.env.example")
+    keys = tmp_path / "keys.toml"
+    keys.write_text("")
+    settings = worker_settings({**common_env, **worker_env, "ARKVORY_KEYS_FILE": str(keys)})
+    assert settings.worker_port == int(worker_env["ARKVORY_WORKER_PORT"])
+    assert settings.verify_bytes_per_second == int(worker_env["ARKVORY_VERIFY_BYTES_PER_SECOND"])
+    assert settings.cleanup_grace_s == 3600 and settings.task_retention_s == 7 * 86400
+
+
 # -- balancer configurations ---------------------------------------------------------------
 
 
@@ -659,6 +671,20 @@ def test_compose_shares_one_storage_volume_read_only_in_gateways(compose):
         sources.add(source)
         assert read_only == (env["ARKVORY_ROLE"] == "reader"), f"{name}: read_only={read_only}"
     assert len(sources) == 1 and next(iter(sources)) in (compose.get("volumes") or {})
+
+
+def test_compose_runs_the_worker_after_the_writer_on_the_writers_storage(compose):
+    services = compose["services"]
+    (worker,) = [s for s in services.values() if s.get("command") == ["arkvory", "worker"]]
+    writer = services["writer"]
+    env, writer_env = _environment(worker), _environment(writer)
+    for name in ("ARKVORY_DATABASE_URL", "ARKVORY_DATA_DIR", "ARKVORY_KEYS_FILE"):
+        assert env[name] == writer_env[name]
+    storage = [m for m in _mounts(worker) if m[1] == env["ARKVORY_DATA_DIR"]]
+    assert len(storage) == 1 and storage[0][2] is False, "cleanup writes the storage"
+    assert worker["depends_on"]["writer"]["condition"] == "service_healthy"
+    test = " ".join(worker["healthcheck"]["test"])
+    assert f"127.0.0.1:{env['ARKVORY_WORKER_PORT']}/health/live" in test
 
 
 def test_compose_orders_start_up_checks_health_and_drains(compose):
