@@ -10,10 +10,13 @@ import http.server
 import json
 import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import tomllib
 import uuid
 
 import pytest
@@ -257,6 +260,19 @@ def test_a_read_token_putting_exits_3(writer, home, work, tmp_path):
     assert "forbidden" in run.stderr
 
 
+def test_a_read_token_putting_bytes_stored_already_exits_3(env, writer, home, work, tmp_path):
+    """The artifact (same name, same SHA-256) exists: a reader is still refused, never told
+    "uploaded"; the writer's own re-run is the no-op it was."""
+    source = unique_file(tmp_path, "stored.bin", 1000)
+    stored = put(env, tmp_path, str(source))
+    reader = cli_env(home, writer.url, token=READER_TOKEN)
+    run = arkvory(reader, tmp_path, "put", REPO, str(source))
+    assert_exit(run, 3)
+    assert "forbidden" in run.stderr and "uploaded" not in run.stderr and run.stdout == ""
+    assert not (tmp_path / "stored.bin.arkvory-upload").exists()
+    assert put(env, tmp_path, str(source))["id"] == stored["id"]
+
+
 # exit 4 -------------------------------------------------------------------------------------------
 
 
@@ -383,6 +399,53 @@ def test_an_unwritable_output_and_an_unreadable_input_exit_8(env, work, tmp_path
     assert json_of(missing)["error"]["exit_code"] == 8
 
 
+def test_a_missing_output_directory_and_a_directory_to_put_exit_8(env, work, tmp_path):
+    """Like curl without --create-dirs, get creates no directory; put reads regular files only."""
+    artifact = put(env, tmp_path, str(unique_file(tmp_path, "dirs.bin", 1000)))
+    run = arkvory(env, work, "get", "--json", REPO, artifact["id"], "-o", "missing/dir/dirs.bin")
+    assert_exit(run, 8)
+    assert json_of(run)["error"]["exit_code"] == 8
+    assert "the directory missing/dir does not exist" in run.stderr
+    assert not list(work.iterdir())
+
+    (tmp_path / "a-directory").mkdir()
+    put_dir = arkvory(env, tmp_path, "put", "--json", REPO, str(tmp_path / "a-directory"))
+    assert_exit(put_dir, 8)
+    assert "not a regular file" in json_of(put_dir)["error"]["message"]
+
+
+# durability ---------------------------------------------------------------------------------------
+
+
+def synced_paths(env, cwd, *args: str) -> list[str]:
+    """Run the CLI under strace; the paths it fsynced or fdatasynced."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed")
+    trace = cwd.parent / f"strace-{uuid.uuid4().hex}.txt"
+    run = subprocess.run(
+        [strace, "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync", "-o", str(trace), str(ARKVORY), *args],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=90,
+    )
+    assert_exit(run, 0)
+    return re.findall(r"f(?:data)?sync\(\d+<([^>]*)>\)", trace.read_text())
+
+
+def test_get_leaves_writing_back_to_the_kernel_unless_asked_to_fsync(env, work, tmp_path):
+    source = unique_file(tmp_path, "durable.bin", 1_000_000)
+    artifact = put(env, tmp_path, str(source))
+
+    assert synced_paths(env, work, "get", REPO, artifact["id"], "-o", "plain.bin") == []
+    assert (work / "plain.bin").read_bytes() == source.read_bytes()
+
+    synced = synced_paths(env, work, "get", "--fsync", REPO, artifact["id"], "-o", "durable.bin")
+    assert (work / "durable.bin").read_bytes() == source.read_bytes()
+    assert str(work / "durable.bin.part") in synced and synced[-1] == str(work), synced
+
+    help_text = subprocess.run([str(ARKVORY), "get", "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "like curl and wget, get leaves writing back to the kernel" in " ".join(help_text.split())
+
+
 # server and token ---------------------------------------------------------------------------------
 
 
@@ -468,6 +531,14 @@ def test_serving_and_help_load_no_client_libraries():
     run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+def test_the_client_library_ships_its_py_typed_marker():
+    """PEP 561: type checkers trust the library's annotations only if the installed package has
+    the marker, and setuptools installs a non-Python file only when package-data names it."""
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["shared"]
+    shipped = {path for pattern in patterns for path in (ROOT / "shared").glob(pattern)}
+    assert ROOT / "shared" / "client" / "py.typed" in shipped
 
 
 def test_help_documents_the_exit_codes():

@@ -298,3 +298,80 @@ def test_a_download_moves_on_to_the_next_base_url_when_one_does_not_answer(write
     assert (tmp_path / "out.bin").read_bytes() == data
     assert result.attempts == 2 and result.received_bytes == len(data)
     assert seen[0] == (0, len(data)) and seen[-1] == (len(data), len(data))
+
+
+# -- durability, the output directory, no litter --------------------------------------------------
+
+
+def test_durability_is_opt_in_like_curl_and_wget(writer, tmp_path, monkeypatch):
+    """By default the verified file is renamed into place without any fsync or early-flush
+    thread; `durable=True` flushes early, fsyncs the file, then its directory."""
+    data = os.urandom(40 * MiB)  # more than partfile.FLUSH_EVERY: an early flush would show
+    artifact = put_artifact(writer, data)
+    out = tmp_path / "out"  # tmp_path holds the cluster's files too
+    out.mkdir()
+    synced: list[str] = []
+
+    def recording(real):
+        def call(fd: int) -> None:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
+
+        return call
+
+    monkeypatch.setattr(os, "fsync", recording(os.fsync))
+    monkeypatch.setattr(os, "fdatasync", recording(os.fdatasync))
+    flushers: list[str] = []
+
+    def watch(done: int, total: int | None) -> None:
+        if done == total:  # the part file's threads are still running
+            flushers.extend(t.name for t in threading.enumerate() if t.name.startswith("arkvory-part-flush"))
+
+    with Client(writer.url, ADMIN_TOKEN, retry=QUICK) as client:
+        plain = client.download("builds", out / "plain.bin", artifact_id=artifact["id"], progress=watch)
+        assert plain.sha256 == artifact["sha256"] and (out / "plain.bin").read_bytes() == data
+        assert synced == [] and flushers == []
+        assert [p.name for p in out.iterdir()] == ["plain.bin"]
+
+        durable = client.download(
+            "builds", out / "durable.bin", artifact_id=artifact["id"], progress=watch, durable=True
+        )
+    assert durable.sha256 == artifact["sha256"] and (out / "durable.bin").read_bytes() == data
+    assert flushers, "no early flush thread ran"
+    part, directory = str(out / "durable.bin.part"), str(out)
+    assert part in synced and synced[-1] == directory, synced
+    assert synced.index(part) < synced.index(directory)
+
+
+def test_the_output_directory_must_exist(writer, tmp_path):
+    """Like curl without --create-dirs: a missing directory is a LocalIOError naming it."""
+    artifact = put_artifact(writer, os.urandom(1000))
+    missing = tmp_path / "missing" / "dir"
+    with Client(writer.url, ADMIN_TOKEN, retry=QUICK) as client:
+        with pytest.raises(errors.LocalIOError) as raised:
+            client.download("builds", missing / "out.bin", artifact_id=artifact["id"])
+    assert raised.value.exit_code == 8 and str(missing) in str(raised.value)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_download_refused_before_its_first_byte_leaves_no_part_file(writer, tmp_path):
+    """Nothing arrived, nothing to resume: no empty NAME.part (or .part.etag) is left. A .part
+    with bytes from an earlier run is kept for the next one."""
+    artifact = put_artifact(writer, os.urandom(1000))
+    out = tmp_path / "out"  # tmp_path holds the cluster's files too
+    out.mkdir()
+    with Client(writer.url, ADMIN_TOKEN, retry=QUICK) as client:
+        with pytest.raises(errors.NotFoundError):
+            client.download("builds", out / "a.bin", artifact_id="00000000-0000-4000-8000-000000000000")
+    with Client(writer.url, "arkvory_key_wrong", retry=QUICK) as client:
+        with pytest.raises(errors.AuthError):
+            client.download("builds", out / "b.bin", artifact_id=artifact["id"])
+    assert list(out.iterdir()) == []
+
+    (out / "c.bin.part").write_bytes(b"earlier bytes")
+    (out / "c.bin.part.etag").write_text('"sha256:earlier"\n')
+    with Client(writer.url, ADMIN_TOKEN, retry=QUICK) as client:
+        with pytest.raises(errors.NotFoundError):
+            client.download("builds", out / "c.bin", artifact_id="00000000-0000-4000-8000-000000000000")
+    assert (out / "c.bin.part").read_bytes() == b"earlier bytes"
+    assert (out / "c.bin.part.etag").exists()

@@ -19,7 +19,7 @@ from shared.client import Client, RetryPolicy, errors
 from shared.client.upload import state_path
 
 from .clientproxy import Flip, HttpFaultProxy, OnRequestBody
-from .harness import ADMIN_TOKEN, db_fetch
+from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -211,3 +211,27 @@ def test_parts_of_other_bytes_under_the_same_size_and_mtime_never_leave_a_wrong_
         artifact = client.upload("builds", source, part_size=PART)
     assert artifact["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
     assert [a["id"] for a in artifacts_in(writer)] == [artifact["id"]]
+
+
+def test_a_reader_is_never_told_that_a_put_of_stored_bytes_worked(writer, proxy, source, database_url):
+    """The same name and SHA-256 exist already: only a principal that may write gets "done";
+    a reader gets the writer's 403. The writer's own re-run still makes no second artifact and
+    leaves no upload session open."""
+    with Client(proxy.url, ADMIN_TOKEN, retry=QUICK) as client:
+        stored = client.upload("builds", source, part_size=PART)
+    with Client(proxy.url, READER_TOKEN, retry=QUICK) as reader:
+        with pytest.raises(errors.AuthError) as raised:
+            reader.upload("builds", source, part_size=PART)
+    assert raised.value.exit_code == 3 and raised.value.status == 403
+    assert not state_path(source).exists()
+    puts = len(part_puts(proxy))
+    with Client(proxy.url, ADMIN_TOKEN, retry=QUICK) as client:
+        again = client.upload("builds", source, part_size=PART, asset="latest/app.tar.gz")
+    assert again["id"] == stored["id"] and len(part_puts(proxy)) == puts
+    assert [a["id"] for a in artifacts_in(writer)] == [stored["id"]]
+    assert db_fetch(database_url, "SELECT count(*) AS n FROM arkvory_uploads WHERE status = 'open'")[0]["n"] == 0
+    assert not state_path(source).exists()
+    with writer.client() as http:
+        assert http.get("/api/v1/repositories/builds/asset", params={"path": "latest/app.tar.gz"}).json()[
+            "artifactId"
+        ] == stored["id"]

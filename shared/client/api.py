@@ -76,12 +76,20 @@ class Client:
         asset: str | None = None,
         package: tuple[str, str, str] | None = None,
         progress: Progress | None = None,
+        durable: bool = False,
     ) -> DownloadResult:
         """Download one artifact (by id, asset path or package coordinates) into `dest`.
 
-        The bytes grow `dest.part` and are moved into place only once their SHA-256 matches;
-        a `.part` left by an interrupted run is continued if the server still has its ETag.
-        `progress(done_bytes, total_bytes or None)` is called as bytes arrive."""
+        The bytes grow `dest.part` and are moved into place (an atomic rename) only once their
+        SHA-256 matches; a `.part` left by an interrupted run is continued if the server still
+        has its ETag. `dest`'s directory must exist (LocalIOError otherwise: none is created).
+        `progress(done_bytes, total_bytes or None)` is called as bytes arrive.
+
+        Like curl and wget, a download leaves writing the file back to the kernel: when this
+        returns, `dest` holds the verified bytes for every reader, but a power cut soon after
+        may lose them. `durable=True` waits until the file is on disk (fsync before the rename,
+        then of the directory), which costs the disk's write time (~2.8 s per GiB on the
+        project's test host)."""
         chosen = [x for x in (artifact_id, asset, package) if x is not None]
         if len(chosen) != 1:
             raise UsageError("download: give exactly one of artifact_id, asset, package")
@@ -102,7 +110,8 @@ class Client:
                 f"download of package {group}/{name}@{version}",
             )
         return Download(
-            self._transport, route, pathlib.Path(dest), progress=progress, metadata_sha256=metadata
+            self._transport, route, pathlib.Path(dest), progress=progress, metadata_sha256=metadata,
+            durable=durable,
         ).run()
 
     def upload(

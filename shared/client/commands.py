@@ -61,7 +61,14 @@ def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAc
     get.add_argument(
         "-o", "--output", metavar="FILE",
         help="where to save it (a directory: the default name inside it); default: the artifact's "
-        "name, the asset path's last segment or the package name, in the current directory",
+        "name, the asset path's last segment or the package name, in the current directory; "
+        "its directory must exist",
+    )
+    get.add_argument(
+        "--fsync", action="store_true",
+        help="like curl and wget, get leaves writing back to the kernel; --fsync waits until the "
+        "file is on disk (fsync before the rename into place, then of the directory), at the "
+        "disk's write speed",
     )
 
     put = add(
@@ -236,31 +243,12 @@ def _destination(client, args: argparse.Namespace, target: dict[str, Any]) -> pa
     return dest
 
 
-def _discard_if_empty(part: pathlib.Path) -> None:
-    """A failure before the first byte (404, 401, no server) leaves the library's new, empty
-    .part behind: nothing to resume, so this run does not litter the directory with it. A .part
-    with bytes stays, so that re-running the command continues it."""
-    try:
-        if part.stat().st_size == 0:
-            part.unlink()
-            part.with_name(part.name + ".etag").unlink(missing_ok=True)
-    except OSError:
-        pass  # already gone, or not ours to judge: the real error is what the user needs
-
-
 def cmd_get(args: argparse.Namespace, output: Output) -> int:
     target = _target(args)
     with _client(args) as client:
         dest = _destination(client, args, target)
-        part = dest.with_name(dest.name + ".part")  # the library's partial file (NAME.part)
-        part_was_there = part.exists()
-        try:
-            with _bar(args, dest.name) as progress:
-                result = client.download(args.repo, dest, progress=progress, **target)
-        except BaseException:
-            if not part_was_there:
-                _discard_if_empty(part)
-            raise
+        with _bar(args, dest.name) as progress:
+            result = client.download(args.repo, dest, progress=progress, durable=args.fsync, **target)
     output.note(f"saved {result.path} ({human_size(result.size)}, sha256 {result.sha256})")
     output.result(
         {

@@ -7,9 +7,9 @@ whose ETag is ours. A `200` means the server sends the whole representation agai
 range, or the ETag changed because an asset was re-pointed): the .part is emptied and filled
 from byte 0. Anything else that does not fit starts over too. So the file is always the bytes of
 one ETag (a download that has to start over more than `max_attempts` times gives up). At the
-end the SHA-256 is checked against `Repr-Digest` (or the artifact's metadata),
-the file is fsynced and renamed into place; a mismatch removes the .part and raises
-IntegrityError.
+end the SHA-256 is checked against `Repr-Digest` (or the artifact's metadata) and the file is
+renamed into place (fsynced first, and its directory after, only when `durable`: see
+shared/client/partfile.py); a mismatch removes the .part and raises IntegrityError.
 """
 
 from __future__ import annotations
@@ -91,10 +91,11 @@ class Download:
         *,
         progress: Progress | None = None,
         metadata_sha256: Callable[[], str | None] | None = None,
+        durable: bool = False,
     ) -> None:
         self.transport = transport
         self.route = route
-        self.part = PartFile(dest)
+        self.part = PartFile(dest, durable=durable)
         self.progress = progress
         self.metadata_sha256 = metadata_sha256
         self.total: int | None = None
@@ -118,6 +119,9 @@ class Download:
                         " changing what it sends"
                     )
             return self._verified()
+        except BaseException:
+            part.abandon()
+            raise
         finally:
             part.close()
 

@@ -12,7 +12,10 @@ is removed once the artifact exists (and the asset points at it, when asked).
 Re-running an upload that already succeeded makes no second artifact: an artifact of the same
 name and SHA-256 in the repository is taken as the result. Only when one of the same name and
 size exists is the file hashed before anything is sent (and the SHA-256 then declared to the
-session, so the writer refuses anything else).
+session, so the writer refuses anything else). That answer is given only to a principal that
+may write: the upload session is created first, under the upload's key, as for any upload (a
+reader gets the writer's 403 there, an AuthError), and then deleted unused. Listing artifacts
+needs only read access, so without that step a reader would be told its put worked.
 
 Why the artifact is the file without a whole-file hash of our own on the common path: every
 part's SHA-256 is computed here from the bytes read for it and checked by the writer, which
@@ -33,6 +36,7 @@ import json
 import math
 import os
 import pathlib
+import stat
 import threading
 import urllib.parse
 import uuid
@@ -40,7 +44,15 @@ from typing import Any
 
 import httpx
 
-from .errors import ClientError, ConflictError, IntegrityError, LocalIOError, NotFoundError, UsageError
+from .errors import (
+    AuthError,
+    ClientError,
+    ConflictError,
+    IntegrityError,
+    LocalIOError,
+    NotFoundError,
+    UsageError,
+)
 from .retries import Retryable
 from .transport import Transport
 from .wholehash import WholeFileHash
@@ -180,22 +192,18 @@ class Upload:
             before = self.path.stat()
         except OSError as exc:
             raise LocalIOError(f"cannot read {self.path}: {exc.strerror or exc}") from None
-        if not self.path.is_file():
-            raise UsageError(f"{self.path} is not a regular file")
+        if not stat.S_ISREG(before.st_mode):
+            raise LocalIOError(f"cannot read {self.path}: not a regular file")
         self._size = size = before.st_size
         part_size = effective_part_size(size, self.wanted_part_size)
         known_sha256 = None
+        done_before: dict[str, Any] | None = None
         # Only an artifact of this name and size can be this upload done before: hash the file
         # first then (to compare); otherwise its hash is computed while the parts go up.
         candidates = [a for a in self._artifacts_named() if a.get("size") == size]
         if candidates:
-            digest = file_digest(self.path)
-            known_sha256 = digest.sha256
-            for existing in candidates:
-                if existing.get("sha256") == known_sha256:
-                    self._point_asset(existing, uuid.uuid4().hex)
-                    self.state_file.unlink(missing_ok=True)
-                    return existing
+            known_sha256 = file_digest(self.path).sha256
+            done_before = next((a for a in candidates if a.get("sha256") == known_sha256), None)
         wanted = UploadState(
             key=uuid.uuid4().hex, session=None, size=size, mtime_ns=before.st_mtime_ns,
             sha256=known_sha256, repo=self.repo, name=self.name, media_type=self.media_type,
@@ -205,7 +213,15 @@ class Upload:
         state = saved if saved is not None and saved.same_upload(wanted) else wanted
         if state is wanted:
             state.save(self.state_file)
-        artifact, sha256 = self._through_session(state)
+        # Before any answer, even "done already": creating the session is the writer's own
+        # check that this principal may write here (403 for a reader).
+        session = self._start_session(state)
+        if done_before is not None and session["status"] == "open":
+            self._delete_session_quietly(session)
+            self._point_asset(done_before, state.key)
+            self.state_file.unlink(missing_ok=True)
+            return done_before
+        artifact, sha256 = self._through_session(state, session)
         expected = sha256 or state.sha256
         if (expected is not None and artifact["sha256"] != expected) or artifact["size"] != size:
             # Parts sent by an earlier run from other bytes under the same size and mtime: the
@@ -222,15 +238,36 @@ class Upload:
 
     # -- the session --------------------------------------------------------------------------
 
-    def _through_session(self, state: UploadState) -> tuple[dict[str, Any], str]:
-        """(the artifact, the file's SHA-256 as read while sending)."""
-        session = self._open_session(state)
-        if session is None:  # the saved session expired or was removed: a new key, a new one
-            state.key, state.session = uuid.uuid4().hex, None
-            state.save(self.state_file)
+    def _start_session(self, state: UploadState) -> dict[str, Any]:
+        """The upload's session: created, or the one the key already names (resumed)."""
+        try:
             session = self._open_session(state)
-            if session is None:
-                raise NotFoundError(f"upload of {self.path}: the new upload session vanished at once")
+            if session is None:  # the saved session expired or was removed: a new key, a new one
+                state.key, state.session = uuid.uuid4().hex, None
+                state.save(self.state_file)
+                session = self._open_session(state)
+                if session is None:
+                    raise NotFoundError(f"upload of {self.path}: the new upload session vanished at once")
+        except (AuthError, NotFoundError, UsageError):
+            # Refused for good (no right, no repository): a key file naming no session has
+            # nothing for a re-run to resume.
+            if state.session is None:
+                self.state_file.unlink(missing_ok=True)
+            raise
+        return session
+
+    def _delete_session_quietly(self, session: dict[str, Any]) -> None:
+        """The session opened only to be refused or allowed is not needed: free its space now
+        (if this fails, the writer's expiry sweep frees it later)."""
+        try:
+            self.transport.request(
+                "DELETE", f"{self.base}/uploads/{session['id']}", "delete the unneeded upload session"
+            )
+        except ClientError:
+            pass
+
+    def _through_session(self, state: UploadState, session: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """(the artifact, the file's SHA-256 as read while sending)."""
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError as exc:
