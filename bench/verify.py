@@ -12,7 +12,8 @@ page cache (read once before measuring), alternating, --runs times each:
 - for reference only, `openssl dgst -sha256 FILE...` when openssl is installed (the same
   SHA-256 code hashlib uses: SHA-NI where the CPU has it, which coreutils' own code may not use);
 - writer/maintenance/verify.py `run(ctx)` with `bytes_per_second: 0`, in this process, with a
-  real asyncpg pool (its batches, per-blob bookkeeping and progress included; wall time of `run`).
+  real asyncpg pool and the worker's TaskContext under a budget (its batches, per-blob budget
+  checks and progress included, only the task-row writes left out; wall time of `run`).
 
     .venv/bin/python bench/verify.py [--size-mib 1024] [--runs 3]
 """
@@ -37,6 +38,8 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 from shared.storage import Storage  # noqa: E402
 from writer.maintenance import verify  # noqa: E402
+from writer.tasks.store import Fence  # noqa: E402
+from writer.worker.context import RunningTask  # noqa: E402
 from writer.worker.metrics import WorkerMetrics  # noqa: E402
 
 # (share of the total, file size)
@@ -76,27 +79,25 @@ async def record_blobs(database_url: str, blobs: list[tuple[str, int]]) -> None:
         await conn.close()
 
 
-class BenchContext:
-    """The TaskContext the worker would hand the kind, minus the task rows."""
+class BenchContext(RunningTask):
+    """The worker's own TaskContext (per-blob progress counted and checked against a budget,
+    events coalesced), minus the task rows: the at most two writes a second it would make are
+    left out."""
 
     def __init__(self, pool: asyncpg.Pool, storage: Storage, settings: Settings) -> None:
-        self.task_id = uuid.uuid4()
-        self.kind = "verify"
-        self.params = {"bytes_per_second": 0}
-        self.resumed_from = None
-        self.pool = pool
-        self.storage = storage
-        self.settings = settings
-        self.metrics = WorkerMetrics(CollectorRegistry())
+        task = {
+            "id": uuid.uuid4(), "kind": "verify", "params": {"bytes_per_second": 0}, "on_restart": "fail",
+            "checkpoint": None, "usage": None,
+            # Limits that never trip, so every budget check runs as in a budgeted task.
+            "budget": {"max_items": 2**62, "max_bytes": 2**62, "max_transitions": 2**62},
+        }
+        super().__init__(
+            task, Fence(uuid.uuid4().hex, 0, 0), pool=pool, storage=storage, settings=settings,
+            metrics=WorkerMetrics(CollectorRegistry()),
+        )
 
-    async def progress(self, **counts) -> None:
+    async def _write(self, event: str, data: dict, fields: dict) -> None:
         pass
-
-    async def checkpoint(self, state: dict) -> None:
-        pass
-
-    def cancel_requested(self) -> bool:
-        return False
 
 
 async def time_verify(database_url: str, storage: Storage, settings: Settings) -> tuple[float, dict]:

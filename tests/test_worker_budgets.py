@@ -4,12 +4,14 @@ restart recovery of the next worker (the policy here is `retry`, the one that wo
 
 The `steps` kind (tests/worker_kinds.py) records each step before reporting it, then reports
 progress (one transition) and checkpoints (another), so the step that trips is the last
-recorded one.
+recorded one. The `verify` kind asks before each blob instead, so the blob that would trip is
+never read.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -79,3 +81,50 @@ def test_each_budget_trips_at_the_right_moment_and_is_never_retried(cluster, wri
         assert again["status"] == "failed" and again["last_event"] == ended[name]["last_event"], name
         assert again["attempts"] == 1
     assert len(steps_done(url, dispatched["max_items"])) == 4
+
+
+def _hashed_bytes(worker) -> float:
+    for line in worker.get("/health/metrics").text.splitlines():
+        if line.startswith("arkvory_verify_hashed_bytes_total "):
+            return float(line.split()[1])
+    raise AssertionError("no arkvory_verify_hashed_bytes_total on the worker")
+
+
+def test_verify_never_reads_a_blob_its_budget_does_not_cover(cluster, writer):
+    """verify knows each blob's size before reading it, so it asks first (writer/tasks/budgets.py):
+    the blob that would exceed a limit is never read, the usage stays within the limits, and the
+    error names what that blob would have made it."""
+    url = cluster.database_url
+    worker = start_worker(cluster, real=True).wait_active()
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        for i in range(10):
+            answer = admin.post("/api/v1/repositories/r/artifacts", params={"name": f"{i}.bin"}, content=os.urandom(1000))
+            assert answer.status_code == 201, answer.text
+    hashed = _hashed_bytes(worker)
+    assert hashed == 0
+    # (budget, error message): 3 blobs fit each budget, the 4th would exceed it.
+    for budget, message in (
+        ({"max_items": 3}, "max_items exceeded: 4 > 3"),
+        ({"max_bytes": 3500}, "max_bytes exceeded: 4000 > 3500"),
+    ):
+        task_id = dispatch(url, "verify", {"bytes_per_second": 0}, on_restart="retry", budget=budget)
+        failed = wait_task(url, task_id, ("failed", "completed"))
+        assert failed["status"] == "failed" and failed["error_code"] == "budget_exceeded", failed
+        assert failed["error_message"] == message
+        assert failed["usage"]["items"] == 3 and failed["usage"]["bytes"] == 3000, failed["usage"]
+        assert _hashed_bytes(worker) - hashed == 3000, "only the blobs within the budget were read"
+        hashed = _hashed_bytes(worker)
+        assert failed["attempts"] == 1
+        assert events(url, task_id)[-1]["type"] == "task.failed"
+    # Exactly at both limits is within them.
+    at_limit = dispatch(url, "verify", {"bytes_per_second": 0}, on_restart="retry", budget={"max_items": 10, "max_bytes": 10_000})
+    done = wait_task(url, at_limit, ("failed", "completed"))
+    assert done["status"] == "completed", done
+    assert done["usage"]["items"] == 10 and done["usage"]["bytes"] == 10_000
+    assert _hashed_bytes(worker) - hashed == 10_000
+    # Not retried by the next worker either.
+    worker.kill()
+    start_worker(cluster, "next", real=True).wait_active()
+    time.sleep(2)
+    assert task(url, task_id)["status"] == "failed" and task(url, task_id)["attempts"] == 1

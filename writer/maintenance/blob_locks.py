@@ -15,6 +15,11 @@ The rule that prevents it, with a transaction-level advisory lock per digest:
   deletes the row, unlinks the file, and commits: the lock is held from before the check until
   the file is gone.
 
+- verify takes the digest's lock **exclusively**, waiting, to record a blob missing or corrupt
+  once it has looked again that no file is under the digest: an upload that places good bytes
+  clears that diagnostic in its publishing transaction (writer/artifacts.py), so the record
+  and the clearing never interleave into a diagnostic of a blob that is good again.
+
 Both are transaction locks, so they last exactly until the commit. Either cleanup held the lock
 first (the upload then waits, finds no file and places its own) or the upload did (cleanup's
 re-check, a new statement after the lock was granted, sees the committed artifact). Uploads
@@ -62,3 +67,11 @@ async def try_claim_for_removal(conn: asyncpg.Connection, digests: list[str]) ->
     )
     locked = {row["k"] for row in rows if row["locked"]}
     return [d for d, k in zip(digests, keys) if k in locked]
+
+
+async def claim_for_diagnosis(conn: asyncpg.Connection, sha256: str) -> None:
+    """Inside verify's transaction, before it looks again for the file and records a diagnostic;
+    waits for the uploads publishing that digest (each holds it a short transaction long)."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock($1, $2)", DIGEST_NAMESPACE, digest_key(sha256), timeout=LOCK_TIMEOUT_S
+    )

@@ -139,6 +139,14 @@ class OfflineContext:
     def cancel_requested(self) -> bool:
         return self.stop_reason is not None
 
+    def budget_left(self) -> dict[str, int]:
+        return {}  # no budget applies offline
+
+    def require_budget(
+        self, *, items: int = 0, bytes: int = 0, transitions: int = 0, cost_units: int = 0
+    ) -> None:
+        return None
+
     async def progress(
         self, *, items: int = 0, bytes: int = 0, cost_units: int = 0,
         message: str | None = None, data: dict[str, Any] | None = None,

@@ -16,9 +16,14 @@ What a run finds:
 - wrong size or bytes, or an I/O error reading it: the file is quarantined (quarantine.py: moved
   out of the store, every process told to drop its cached descriptor) and recorded `corrupt`.
 
-Progress is reported in batches (at most every PROGRESS_EVERY_S or PROGRESS_EVERY_ITEMS blobs), a
-checkpoint `{"after": digest, counts...}` is saved every CHECKPOINT_EVERY_S, and a resumed task
-continues after the checkpoint's digest without hashing the finished blobs again.
+Budgets: a blob is the step. Before one is read, it must fit what is left of the task's budget
+(one item, its recorded size in bytes, one transition for its progress call); the blobs checked
+in one thread hop are only as many as fit; the first blob that does not fit fails the task with
+`budget_exceeded` without being read (writer/tasks/budgets.py). So `max_items` N checks exactly
+N blobs and `max_bytes` never lets more than that be read. Progress is reported per blob (the
+worker coalesces the events), a checkpoint `{"after": digest, counts...}` is saved every
+CHECKPOINT_EVERY_S, and a resumed task continues after the checkpoint's digest without hashing
+the finished blobs again.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -37,6 +42,7 @@ import anyio.to_thread
 from shared.errors import InvalidInput
 from writer.tasks.context import TaskCancelled
 
+from .blob_locks import claim_for_diagnosis
 from .diagnostics import (
     clear_diagnostic,
     diagnostic_counts,
@@ -54,8 +60,7 @@ SMALL_BLOB = READ_BYTES  # up to this size a blob is checked whole, with others 
 SMALL_GROUP = 128  # small blobs per hop at most (between two looks at cancellation)
 BATCH = 500
 CHECKPOINT_EVERY_S = 5.0
-PROGRESS_EVERY_S = 0.5
-PROGRESS_EVERY_ITEMS = 256
+PROGRESS_EVERY_S = 0.5  # inside a large blob: its bytes so far, this often
 QUERY_TIMEOUT_S = 10
 POOL_WAIT_S = 10
 CANCEL_CHECK_S = 0.5
@@ -149,7 +154,6 @@ class Verifier:
         self.hashed_bytes = getattr(metrics, "verify_hashed_bytes", None)
         self.gauge = getattr(metrics, "storage_diagnostics", None)
         self.after, self.tally = Tally.resumed(getattr(ctx, "resumed_from", None))
-        self._pending_items = self._pending_bytes = 0
         self._progress_at = self._checkpoint_at = time.monotonic()
 
     async def run(self) -> dict[str, Any]:
@@ -158,18 +162,22 @@ class Verifier:
         while True:
             async with self.pool.acquire(timeout=POOL_WAIT_S) as conn:
                 rows = await conn.fetch(_BATCH_SQL, self.after, BATCH, timeout=QUERY_TIMEOUT_S)
-            for group in self._groups(rows):
+            start = 0
+            while start < len(rows):
+                group = self._next_group(rows, start)
+                start += len(group)
                 if len(group) == 1 and group[0]["size"] > SMALL_BLOB:
                     found = [await self._check_large(group[0])]
                 else:
                     found = await self._check_small(group)
-                for row, outcome in zip(group, found):
+                for row, (outcome, nbytes) in zip(group, found):
                     await self._record(row["sha256"], row["problem"], outcome)
                     self.after = row["sha256"]
-                    await self._report()
+                    await self._report(nbytes)
             if len(rows) < BATCH:
                 break
-        await self._flush_progress(message=self._summary())
+        if self.ctx.budget_left().get("transitions", 1) >= 1:  # a summary is no reason to fail
+            await self.ctx.progress(message=self._summary(), data=self._state())
         async with self.pool.acquire(timeout=POOL_WAIT_S) as conn:
             await prune_diagnostics_without_blob(conn)
             counts = await diagnostic_counts(conn)
@@ -180,42 +188,51 @@ class Verifier:
         log.info("verify %s finished: %s", self.ctx.task_id, result)
         return result
 
-    def _groups(self, rows: list) -> Iterator[list]:
-        """Consecutive small blobs together (one thread hop and one pacing step for up to a
-        piece of bytes or SMALL_GROUP files), each large blob alone."""
+    def _next_group(self, rows: list, start: int) -> list:
+        """The blobs from `rows[start]` to check in one thread hop: consecutive small ones (up
+        to a piece of bytes or SMALL_GROUP files), or one large one; never more than what is
+        left of the budget (a blob costs one item, its size in bytes and one transition). When
+        not even `rows[start]` fits, the task fails here, before reading it."""
+        left = self.ctx.budget_left()
+        items_left = min(left.get("items", BATCH), left.get("transitions", BATCH))
+        bytes_left = left.get("bytes", -1)  # -1: unlimited
         group: list = []
         group_bytes = 0
-        for row in rows:
+        for row in rows[start : start + min(SMALL_GROUP, items_left)]:
             size = row["size"]
+            if bytes_left >= 0 and group_bytes + size > bytes_left:
+                break
             if size > SMALL_BLOB:
-                if group:
-                    yield group
-                    group, group_bytes = [], 0
-                yield [row]
-                continue
-            if group and (group_bytes + size > self.pacer.piece_bytes or len(group) >= SMALL_GROUP):
-                yield group
-                group, group_bytes = [], 0
+                if not group:
+                    group.append(row)
+                break
+            if group and group_bytes + size > self.pacer.piece_bytes:
+                break
             group.append(row)
             group_bytes += size
-        if group:
-            yield group
+        if not group:
+            self.ctx.require_budget(items=1, bytes=rows[start]["size"], transitions=1)  # raises
+            raise AssertionError("budget_left and require_budget disagree")
+        return group
 
     # -- hashing ---------------------------------------------------------------------------------
 
     def _file_check(self, row) -> FileCheck:
         return FileCheck(self.storage.blob_file(row["sha256"]), row["sha256"], row["size"])
 
-    async def _check_small(self, group: list) -> list[Found]:
+    async def _check_small(self, group: list) -> list[tuple[Found, int]]:
+        """What each blob's check found, and the bytes read for it."""
         checks = [self._file_check(row) for row in group]
         await self._pace(sum(row["size"] for row in group))
         found = await anyio.to_thread.run_sync(check_whole, checks, self.buffer)
         self._count_hashed(sum(check.done for check in checks))
-        return found
+        return [(outcome, check.done) for outcome, check in zip(found, checks)]
 
-    async def _check_large(self, row) -> Found:
+    async def _check_large(self, row) -> tuple[Found, int]:
+        """What the blob's check found, and the bytes read for it not yet reported."""
         check = self._file_check(row)
         piece = min(self.pacer.piece_bytes, check.size)
+        unreported = 0
         await self._pace(piece)
         try:
             found = await anyio.to_thread.run_sync(check.open)
@@ -223,15 +240,24 @@ class Verifier:
                 before = check.done
                 found = await anyio.to_thread.run_sync(check.hash, piece, self.buffer)
                 self._count_hashed(check.done - before)
+                unreported += check.done - before
                 if found is not None:
                     break
-                if time.monotonic() - self._progress_at >= PROGRESS_EVERY_S:
-                    await self._flush_progress()  # a large blob shows (and budgets) its bytes as they go
+                if time.monotonic() - self._progress_at >= PROGRESS_EVERY_S and self._spare_transitions():
+                    # A large blob shows its bytes as they go (all within the budget: the
+                    # whole blob fit before it was started).
+                    await self.ctx.progress(bytes=unreported, data=self._state())
+                    self._progress_at = time.monotonic()
+                    unreported = 0
                 piece = min(self.pacer.piece_bytes, check.size - check.done)
                 await self._pace(piece)
-            return found
+            return found, unreported
         finally:
             check.close()  # no thread uses it: a worker-thread call is not abandoned on cancel
+
+    def _spare_transitions(self) -> bool:
+        """True when one more progress call leaves a transition for the blob's own report."""
+        return self.ctx.budget_left().get("transitions", 2) >= 2
 
     async def _pace(self, nbytes: int) -> None:
         until = time.monotonic() + self.pacer.delay(nbytes)
@@ -246,7 +272,6 @@ class Verifier:
 
     def _count_hashed(self, n: int) -> None:
         self.tally.bytes += n
-        self._pending_bytes += n
         if self.hashed_bytes is not None:
             self.hashed_bytes.inc(n)
 
@@ -272,6 +297,9 @@ class Verifier:
             return
         path = self.storage.blob_file(sha256)
         async with self.pool.acquire(timeout=POOL_WAIT_S) as conn, conn.transaction():
+            # No upload can place the file (and clear the diagnostic) between our look and
+            # our commit, so it never clears before we record.
+            await claim_for_diagnosis(conn, sha256)
             # Cleanup removes file and row together under the row's lock: wait for it, and
             # look again while no one can remove the row.
             still_stored = await conn.fetchval(
@@ -290,7 +318,14 @@ class Verifier:
             if moved is None:
                 return  # replaced by a good file (or removed) meanwhile: the next run sees it
         detail = found.detail if moved is None else f"{found.detail}; quarantined at {moved}"
+        path = self.storage.blob_file(sha256)
         async with self.pool.acquire(timeout=POOL_WAIT_S) as conn, conn.transaction():
+            # An upload that placed good bytes since the move has cleared the diagnostic
+            # already (or will, after us: it waits for this claim before placing).
+            await claim_for_diagnosis(conn, sha256)
+            if moved is not None and os.path.exists(path):
+                await notify_moved(conn, sha256)
+                return
             await record_diagnostic(conn, sha256, "corrupt", detail, self.ctx.task_id)
             await notify_moved(conn, sha256)
         self.tally.corrupt += 1
@@ -298,29 +333,30 @@ class Verifier:
 
     # -- progress and checkpoints ----------------------------------------------------------------
 
-    async def _report(self) -> None:
-        self._pending_items += 1
+    async def _report(self, nbytes: int) -> None:
+        """One blob is done (`nbytes` of it not reported yet): count it, and checkpoint with a
+        summary line (for the offline scrub's output and the task's events) every
+        CHECKPOINT_EVERY_S."""
         now = time.monotonic()
-        if self._pending_items >= PROGRESS_EVERY_ITEMS or now - self._progress_at >= PROGRESS_EVERY_S:
-            await self._flush_progress()
-        if now - self._checkpoint_at >= CHECKPOINT_EVERY_S:
-            # A line for the offline scrub's output and the task's events, as often as checkpoints.
-            await self._flush_progress(message=self._summary())
-            await self.ctx.checkpoint({"after": self.after, **asdict(self.tally)})
+        due = now - self._checkpoint_at >= CHECKPOINT_EVERY_S and self._spare_transitions()
+        await self.ctx.progress(
+            items=1, bytes=nbytes, message=self._summary() if due else None, data=self._state()
+        )
+        self._progress_at = now
+        if due:
+            await self.ctx.checkpoint(self._state())
             self._checkpoint_at = time.monotonic()
+
+    def _state(self) -> dict[str, Any]:
+        t = self.tally  # built by hand: asdict() per blob costs as much as hashing a small one
+        return {
+            "after": self.after, "checked": t.checked, "bytes": t.bytes,
+            "missing": t.missing, "corrupt": t.corrupt, "cleared": t.cleared,
+        }
 
     def _summary(self) -> str:
         t = self.tally
         return f"{t.checked} blobs checked ({t.bytes} bytes), {t.missing} missing, {t.corrupt} corrupt"
-
-    async def _flush_progress(self, message: str | None = None) -> None:
-        items, nbytes = self._pending_items, self._pending_bytes
-        self._pending_items = self._pending_bytes = 0
-        self._progress_at = time.monotonic()
-        if items or nbytes or message:
-            await self.ctx.progress(
-                items=items, bytes=nbytes, message=message, data={"after": self.after, **asdict(self.tally)}
-            )
 
 
 async def run(ctx: Any) -> dict[str, Any]:

@@ -4,6 +4,14 @@ Each limit has the usage counter it bounds. `transitions` counts the task's step
 `progress` and every `checkpoint` call of its kind's code is one. `state_bytes` is the size of
 the last checkpoint as canonical JSON. Exceeding a limit fails the task at once with
 `budget_exceeded`; it is never retried.
+
+When exactly, depends on whether a kind knows what a step costs before doing it:
+
+- a kind counts its work with `progress` after doing it: the call that takes usage past a limit
+  fails the task, and the usage shows that step (`max_items` 3: "4 > 3", usage 4);
+- a kind that knows (verify knows each blob's size) asks first (`TaskContext.budget_left`,
+  `require_budget`) and never starts a step its budget does not cover: the usage stays within
+  every limit and the error names what the refused step would have made it ("4 > 3", usage 3).
 """
 
 from __future__ import annotations
@@ -52,6 +60,23 @@ def exceeded(limits: Mapping[str, int], usage: Mapping[str, int]) -> tuple[str, 
         if allowed is not None and usage.get(counter, 0) > allowed:
             return name, allowed, usage.get(counter, 0)
     return None
+
+
+def budget_left(limits: Mapping[str, int], usage: Mapping[str, int]) -> dict[str, int]:
+    """How much each limited usage counter may still grow (never below 0); unlimited ones are absent."""
+    return {
+        counter: max(0, limits[name] - usage.get(counter, 0)) for name, counter in LIMITS.items() if name in limits
+    }
+
+
+def exceeded_by(
+    limits: Mapping[str, int], usage: Mapping[str, int], needed: Mapping[str, int]
+) -> tuple[str, int, int] | None:
+    """The first limit that `needed` more (by usage counter) would exceed; None when it fits."""
+    unknown = sorted(set(needed) - set(LIMITS.values()))
+    if unknown:
+        raise ValueError(f"unknown usage counter {unknown[0]!r}; known: {', '.join(LIMITS.values())}")
+    return exceeded(limits, {c: usage.get(c, 0) + needed.get(c, 0) for c in LIMITS.values()})
 
 
 def budget_json(limits: Mapping[str, int], usage: Mapping[str, int]) -> dict[str, Any]:

@@ -23,8 +23,9 @@ class TaskCancelled(Exception):
 
 
 class BudgetExceeded(Exception):
-    """Raised by `progress`/`checkpoint` when a budget limit is exceeded: the worker fails the
-    task at once with code `budget_exceeded`, never retried."""
+    """Raised by `progress`/`checkpoint` when a budget limit is exceeded, or by
+    `require_budget` when a step would exceed one: the worker fails the task at once with code
+    `budget_exceeded`, never retried."""
 
     def __init__(self, limit: str, allowed: int, used: int) -> None:
         super().__init__(f"{limit} exceeded: {used} > {allowed}")
@@ -61,3 +62,15 @@ class TaskContext(Protocol):
 
     def cancel_requested(self) -> bool:
         """True once the task was asked to cancel (cheap: no database round trip)."""
+
+    def budget_left(self) -> dict[str, int]:
+        """How much each limited usage counter (`items`, `bytes`, `transitions`, `cost_units`,
+        `state_bytes`) may still grow before it exceeds its limit; unlimited ones are absent.
+        Cheap and read-only: a kind that knows what its next steps cost sizes them to it."""
+
+    def require_budget(
+        self, *, items: int = 0, bytes: int = 0, transitions: int = 0, cost_units: int = 0
+    ) -> None:
+        """Raise BudgetExceeded if that much more work would exceed a limit; counts nothing.
+        A kind calls it before a step it cannot split, so it fails without starting work its
+        budget does not cover (writer/tasks/budgets.py says when each way applies)."""

@@ -2,7 +2,8 @@
 kind sees, with exact budgets, coalesced progress events and fenced checkpoints.
 
 Usage is counted in memory on every call and checked against every limit at once, so a budget
-trips on the very call that exceeds it. Progress events are coalesced to at most one per
+trips on the very call that exceeds it (or, asked first with `require_budget`, before the step
+that would). Per-item progress calls are cheap: they only count, compare and read the clock. Progress events are coalesced to at most one per
 `PROGRESS_EVENT_EVERY_S` (each carries the usage so far); the heartbeat and the task's end
 write the exact usage. A checkpoint is always written at once, with its event, in one
 transaction. Every write is fenced with the activation's holder (store.py `Fence`): when one is
@@ -22,7 +23,7 @@ import asyncpg
 from shared.settings import Settings
 from shared.storage import Storage
 from writer.tasks import store
-from writer.tasks.budgets import empty_usage, exceeded
+from writer.tasks.budgets import budget_left, empty_usage, exceeded, exceeded_by
 from writer.tasks.context import BudgetExceeded, TaskCancelled
 from writer.tasks.store import Fence
 
@@ -76,6 +77,17 @@ class RunningTask:
 
     def cancel_requested(self) -> bool:
         return self.stop_reason is not None
+
+    def budget_left(self) -> dict[str, int]:
+        return budget_left(self.limits, self.usage)
+
+    def require_budget(
+        self, *, items: int = 0, bytes: int = 0, transitions: int = 0, cost_units: int = 0
+    ) -> None:
+        needed = {"items": items, "bytes": bytes, "transitions": transitions, "cost_units": cost_units}
+        over = exceeded_by(self.limits, self.usage, needed)
+        if over is not None:
+            raise BudgetExceeded(*over)
 
     async def progress(
         self,
