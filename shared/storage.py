@@ -87,8 +87,9 @@ class Storage:
         if self.free_bytes() - incoming < reserve:
             raise out_of_space()
 
-    def place_blob(self, source: str | os.PathLike, sha256: str, *, link: bool = False) -> pathlib.Path:
-        """Move (or hard-link) a complete, fsynced file into the store under its digest.
+    def place_blob(self, source: str | os.PathLike, sha256: str, *, link: bool = False) -> bool:
+        """Move (or hard-link) a complete, fsynced file into the store under its digest; True
+        if `source` is now the file under the digest, False if a file already there was kept.
 
         Durable before it returns: a new `ab/` or `ab/cd/` directory is fsynced in its parent
         (a crash must not lose the directory entry the metadata row will point through), then
@@ -100,15 +101,16 @@ class Storage:
         before the row that refers to it is committed."""
         final = self.blob_path(sha256)
         self._make_durable_dirs(final.parent)
+        placed = True
         if link:
             try:
                 os.link(source, final)
             except FileExistsError:
-                pass
+                placed = False
         else:
             os.replace(source, final)
         fsync_directory(final.parent)
-        return final
+        return placed
 
     def _make_durable_dirs(self, directory: pathlib.Path) -> None:
         missing = []

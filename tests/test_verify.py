@@ -28,7 +28,7 @@ from writer.maintenance import verify
 from writer.maintenance.quarantine import quarantine_dir
 from writer.tasks.context import TaskCancelled
 
-from .harness import ADMIN_TOKEN, Cluster, db_fetch
+from .harness import ADMIN_TOKEN, Cluster, db_execute, db_fetch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,6 +65,12 @@ class LocalContext:
 
     def cancel_requested(self) -> bool:
         return self.cancel
+
+    def budget_left(self) -> dict[str, int]:
+        return {}  # budgets are the worker's (tests/test_worker_budgets.py runs verify on one)
+
+    def require_budget(self, **needed) -> None:
+        pass
 
     @property
     def hashed(self) -> float:
@@ -188,6 +194,65 @@ def test_verify_quarantines_corrupt_records_missing_and_a_reupload_clears_both(c
     for client in (admin, on_gateway):
         answer = eventually(lambda client=client: client.get(content_url(bad)).status_code == 200, timeout=5)
         assert answer and client.get(content_url(bad)).content == bad_bytes
+        assert client.get(content_url(gone)).content == gone_bytes
+    admin.close()
+    on_gateway.close()
+
+
+def upload_in_session(client: httpx.Client, repo: str, name: str, data: bytes) -> dict:
+    """The resumable way (writer/uploads.py): the session's file is linked under the digest."""
+    descriptor = {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "partSize": 1024 * 1024}
+    base = f"/api/v1/repositories/{repo}/uploads"
+    session = client.post(base, json=descriptor, headers={"Idempotency-Key": uuid.uuid4().hex})
+    assert session.status_code == 201, session.text
+    sent = client.put(f"{base}/{session.json()['id']}/content", content=data)
+    assert sent.status_code == 200, sent.text
+    done = client.post(f"{base}/{session.json()['id']}/complete")
+    assert done.status_code == 201, done.text
+    return done.json()
+
+
+def test_an_upload_that_places_good_bytes_clears_the_diagnostic_without_another_verify(cluster):
+    shared = cluster.shared_env(slots=2)
+    writer = cluster.writer(shared).wait_ready()
+    admin = writer.client()
+    assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+    bad_bytes, gone_bytes, kept_bytes = (os.urandom(300_000) for _ in range(3))
+    bad = upload(admin, "r", "bad.bin", bad_bytes)
+    gone = upload(admin, "r", "gone.bin", gone_bytes)
+    kept = upload(admin, "r", "kept.bin", kept_bytes)
+    gateway = cluster.gateway(1, shared).wait_ready()
+    on_gateway = gateway.client()
+    flip_bytes_in_place(blob_path(cluster, bad["sha256"]), 1000)
+    os.unlink(blob_path(cluster, gone["sha256"]))
+    result, _ = run_verify(cluster)
+    assert result["corrupt"] == 1 and result["missing"] == 1, result
+    # A diagnostic of a blob whose file is still in place (as an I/O error that could not
+    # quarantine would leave): an upload that keeps that file has hashed nothing of it.
+    db_execute(
+        cluster.database_url,
+        "INSERT INTO arkvory_storage_diagnostics (sha256, problem, detail) VALUES ($1, 'corrupt', 'read error')",
+        kept["sha256"],
+    )
+
+    def ready_counts(client) -> dict | None:
+        return client.get("/health/ready").json()["storageDiagnostics"]
+
+    for client in (admin, on_gateway):
+        assert eventually(lambda client=client: ready_counts(client) == {"missing": 1, "corrupt": 2}, timeout=12, every=0.5)
+        assert client.get(content_url(bad)).status_code == 503
+
+    upload(admin, "r", "bad-again.bin", bad_bytes)  # one-shot: its file is renamed into place
+    upload_in_session(admin, "r", "gone-again.bin", gone_bytes)  # a session's file is linked into place
+    upload_in_session(admin, "r", "kept-again.bin", kept_bytes)  # a file is there: kept, not placed
+
+    listed = admin.get("/api/v1/storage/diagnostics").json()["items"]
+    assert [(i["sha256"], i["problem"]) for i in listed] == [(kept["sha256"], "corrupt")]
+    for client in (admin, on_gateway):
+        # /health/ready answers from a cache at most DIAGNOSTICS_FRESH_S (5 s) old.
+        assert eventually(lambda client=client: ready_counts(client) == {"missing": 0, "corrupt": 1}, timeout=8, every=0.25)
+        good = eventually(lambda client=client: client.get(content_url(bad)).status_code == 200, timeout=5)
+        assert good and client.get(content_url(bad)).content == bad_bytes
         assert client.get(content_url(gone)).content == gone_bytes
     admin.close()
     on_gateway.close()

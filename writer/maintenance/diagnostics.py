@@ -3,8 +3,9 @@ administrators' list of it (`GET /api/v1/storage/diagnostics`).
 
 A row says a blob is `missing` (no file under its digest) or `corrupt` (its bytes are not its
 digest or its size: the file was moved to quarantine, see quarantine.py). Either way the store
-has no file under that digest, so an upload that places the right bytes again may clear the row
-(`clear_diagnostic`), and a later verify that finds the blob good clears it too.
+has no file under that digest, so an upload that places the right bytes again clears the row in
+its publishing transaction (`clear_diagnostic`, from writer/artifacts.py `place_claimed_blob`),
+and a later verify that finds the blob good clears it too.
 """
 
 from __future__ import annotations
