@@ -10,6 +10,8 @@ import time
 import httpx
 import pytest
 
+from shared.pins import LINGER_S
+
 from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch as query
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -232,7 +234,8 @@ def test_a_streaming_transfer_pins_its_blob_until_it_ends(cluster):
     assert results[0][0] == 200
     sha = hashlib.sha256(data).hexdigest()
     assert [(r["slot"], r["sha256"], r["live"]) for r in pinned] == [(1, sha, True)]
-    deadline = time.monotonic() + 5
+    # The pin lingers LINGER_S after the transfer (warm downloads need no new write), then goes.
+    deadline = time.monotonic() + LINGER_S + 5
     while time.monotonic() < deadline and query(cluster.database_url, "SELECT 1 FROM arkvory_read_pins"):
         time.sleep(0.2)
     assert query(cluster.database_url, "SELECT 1 FROM arkvory_read_pins") == []

@@ -193,7 +193,7 @@ def test_generated_requests_never_get_a_5xx(live):
     problems: list[str] = []
     validated: list[str] = []
 
-    @settings(max_examples=400, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=700, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     @given(requests_from(document, [artifact]))
     def check(request):
