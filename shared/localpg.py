@@ -77,6 +77,8 @@ class LocalPostgres:
     data_dir: pathlib.Path | None = None
     _stop: Callable[[], None] | None = dataclasses.field(default=None, repr=False, compare=False)
     _remove: Callable[[], None] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # How `destroy` stops it: the data is deleted next, so a shutdown checkpoint is wasted time.
+    _stop_for_good: Callable[[], None] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         return f"LocalPostgres(url={_mask_password(self.url)!r}, source={self.source!r})"
@@ -93,6 +95,10 @@ class LocalPostgres:
         As root the data lives on the shelf, outside `base_dir`: deleting `base_dir` alone
         would leave it there, hundreds of megabytes per run, until a later start noticed.
         """
+        stop_for_good, self._stop_for_good = self._stop_for_good, None
+        if stop_for_good is not None and self._stop is not None:
+            self._stop = None
+            stop_for_good()
         self.stop()
         remove, self._remove = self._remove, None
         if remove is not None:
@@ -516,6 +522,7 @@ def _start_server(install: _Install, base_dir: pathlib.Path, *, fsync: bool) -> 
                 data_dir=data_dir,
                 _stop=server.stop,
                 _remove=lambda: _remove_home(base_dir / "postgres", home),
+                _stop_for_good=server.stop_immediately,
             )
         if not _PORT_TAKEN.search(_tail_of_file(log_path)):
             break
@@ -613,6 +620,16 @@ class _Postmaster:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.process.wait(timeout=grace)
                     return
+            self.process.kill()
+            self.process.wait(timeout=5.0)
+
+    def stop_immediately(self) -> None:
+        """Immediate shutdown (no checkpoint), for a server whose data is deleted next."""
+        with self._lock:
+            self.process.send_signal(signal.SIGQUIT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5.0)
+                return
             self.process.kill()
             self.process.wait(timeout=5.0)
 

@@ -144,9 +144,10 @@ class Storage:
 def remove_stale_uploads(storage: Storage, older_than_s: float) -> int:
     """Remove temp files of uploads a crash left behind; returns how many were removed.
 
-    Runs at writer start-up, under the writer lock, before the port is open: no upload of this
-    writer can be running. A file younger than the receive timeout is left alone anyway (a
-    previous writer may have been writing it moments ago); the next start takes it."""
+    Runs at writer start-up, under the writer lock, before the port is open (no upload of this
+    writer can be running), and in the cleanup task while the writer serves. Either way only
+    files older than `older_than_s` go: an upload being received writes its file at least every
+    receive timeout, so callers pass more than that."""
     cutoff = time.time() - older_than_s
     removed = 0
     try:

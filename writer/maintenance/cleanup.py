@@ -50,8 +50,9 @@ from typing import Any
 import asyncpg
 
 from shared.errors import InvalidInput
-from shared.storage import UPLOAD_PREFIX, Storage
+from shared.storage import Storage, remove_stale_uploads
 from writer.tasks.context import TaskCancelled
+from writer.tasks.retention import prune_finished
 
 from .blob_locks import try_claim_for_removal
 
@@ -142,7 +143,7 @@ async def _upload_sessions(ctx, grace: int) -> dict:
     sessions = await sweep_expired_uploads(ctx.pool, ctx.storage, orphans_older_than_s=orphan_age)
     # One-shot upload temp files: one being received is written at least every receive timeout.
     temp_age = max(grace, 2 * ctx.settings.receive_timeout_s, MIN_ORPHAN_AGE_S)
-    temp_files = await _on_disk(_remove_old_temp_files, ctx.storage, temp_age)
+    temp_files = await _on_disk(remove_stale_uploads, ctx.storage, temp_age)
     await ctx.progress(
         items=sessions + temp_files,
         message=f"abandoned uploads: {sessions} session(s) and {temp_files} temp file(s) removed",
@@ -150,32 +151,7 @@ async def _upload_sessions(ctx, grace: int) -> dict:
     return {"sessions": sessions, "temp_files": temp_files}
 
 
-def _remove_old_temp_files(storage: Storage, older_than_s: float) -> int:
-    cutoff = time.time() - older_than_s
-    removed = 0
-    try:
-        entries = list(os.scandir(storage.tmp))
-    except FileNotFoundError:
-        return 0
-    for entry in entries:
-        if not entry.name.startswith(UPLOAD_PREFIX):
-            continue
-        try:
-            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                os.unlink(entry.path)
-                removed += 1
-        except FileNotFoundError:
-            continue
-    return removed
-
-
 async def _tasks(ctx, grace: int) -> dict:
-    try:
-        from writer.tasks.retention import prune_finished
-    except ImportError:  # the task API's retention module is missing: say so, do the rest
-        log.warning("writer.tasks.retention.prune_finished is missing: finished tasks are not pruned")
-        await ctx.progress(message="finished tasks: pruning unavailable in this build")
-        return {"pruned": 0, "skipped": "writer.tasks.retention is missing"}
     pruned = 0
     while True:
         _stop_if_cancelled(ctx)
