@@ -121,7 +121,7 @@ def test_a_gateway_does_not_serve_the_list(site):
 
 
 FUZZ = settings(
-    max_examples=150,
+    max_examples=80,
     deadline=None,
     derandomize=True,
     database=None,
