@@ -167,6 +167,36 @@ class _HeldWrites:
         return getattr(self._transport, name)
 
 
+class _LingeringTransport:
+    """The connection's transport as uvicorn's cycles and our handles see it, with a lingering
+    close (nginx's `lingering_close`). A response that ends the connection while the client is
+    still sending its body (a refused upload or JSON body: 401, 405, 413...) half-closes instead,
+    and what still arrives is discarded for up to LINGER_S and LINGER_MAX_BYTES before the
+    connection is dropped: closing with unread bytes makes the kernel reset the connection, and
+    the client then loses the answer it was sent. Everything else goes straight to the real
+    transport (the hot methods are bound once, not looked up per call)."""
+
+    __slots__ = (
+        "_real", "_protocol", "write", "writelines", "is_closing", "get_extra_info", "abort",
+        "get_write_buffer_size", "pause_reading", "resume_reading", "can_write_eof", "write_eof",
+    )
+
+    def __init__(self, real: asyncio.Transport, protocol: ArkvoryHttpProtocol) -> None:
+        self._real = real
+        self._protocol = protocol
+        for name in self.__slots__[2:]:
+            setattr(self, name, getattr(real, name))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def close(self) -> None:
+        if self._protocol.receiving_body and not self._real.is_closing() and self._real.can_write_eof():
+            self._protocol.linger()
+        elif not self._protocol.lingering:  # a lingering connection is dropped on its timer
+            self._real.close()
+
+
 class ArkvoryHttpProtocol(HttpToolsProtocol):
     """Installed with `uvicorn.Config(http=protocol_for(...))`; class attributes are the bounds."""
 
@@ -187,6 +217,7 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = _LingeringTransport(transport, self)  # type: ignore[assignment]
         if transport.get_extra_info("sslcontext") is None:
             sock = transport.get_extra_info("socket")
             if sock is not None:
@@ -194,7 +225,7 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         self._arm_head_timer()  # a connection that never sends a byte is closed too
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:  # lingering after a 431: discard
+        if self._refused:  # lingering after a 431 or a refused body: discard
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES + LINGER_MAX_BYTES:
                 self.transport.abort()
@@ -257,6 +288,22 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         for handle in handles:
             handle.cycle.scope["extensions"].pop(HANDLE_KEY, None)  # type: ignore[typeddict-item]
             handle._connection_lost()
+
+    @property
+    def receiving_body(self) -> bool:
+        """The current request's head is in and its body is not (all) read yet."""
+        return not self._reading_head and not self._refused
+
+    @property
+    def lingering(self) -> bool:
+        return self._refused
+
+    def linger(self) -> None:
+        """Stop sending, discard what the client still sends, drop the connection after LINGER_S."""
+        self._refused = True
+        self._head_bytes = MAX_HEAD_BYTES  # LINGER_MAX_BYTES more are discarded, then abort
+        self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.abort)
 
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
