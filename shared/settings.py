@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import ipaddress
 import pathlib
 import re
 import urllib.parse
@@ -28,6 +30,11 @@ _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+# Every ARKVORY_* name a process may meet in its environment: its own settings (read below) and
+# the client's (`arkvory get/put`, which a user may have exported in the same shell). Any other
+# ARKVORY_* name is a typo, and a typo must not fall back to a default silently.
+CLIENT_VARIABLES = frozenset({"ARKVORY_URL", "ARKVORY_TOKEN", "ARKVORY_PROFILE"})
 
 
 class SettingsError(Exception):
@@ -75,6 +82,10 @@ class Settings:
     download_queue_size: int = 64
     download_queue_timeout_ms: int = 20_000
     max_uploads: int = 2
+    max_uploads_per_principal: int = 1
+    min_upload_bytes_per_second: int = 1024  # 0: no minimum rate
+    max_reserved_bytes_per_principal: int = 64 * 1024**3
+    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     task_retention_s: int = 7 * 86400
     idempotency_retention_s: int = 86400
     allow_signup: bool = False
@@ -129,6 +140,10 @@ class Settings:
         database_url = reader.database_url("ARKVORY_DATABASE_URL")
         data_dir = reader.required("ARKVORY_DATA_DIR")
         max_downloads = reader.integer("ARKVORY_MAX_DOWNLOADS", 1, 256, 16)
+        max_uploads = reader.integer("ARKVORY_MAX_UPLOADS", 1, 32, 2)
+        max_artifact_bytes = reader.integer(
+            "ARKVORY_MAX_ARTIFACT_BYTES", 1, 2**50, 64 * 1024**3
+        )
         values: dict[str, Any] = dict(
             role=role,
             database_url=database_url,
@@ -157,7 +172,27 @@ class Settings:
             download_queue_timeout_ms=reader.integer(
                 "ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS", 1, 120_000, 20_000
             ),
-            max_uploads=reader.integer("ARKVORY_MAX_UPLOADS", 1, 32, 2),
+            max_uploads=max_uploads,
+            # One principal never holds every upload place (SPEC §2): half of them by default.
+            max_uploads_per_principal=reader.integer(
+                "ARKVORY_MAX_UPLOADS_PER_PRINCIPAL",
+                1,
+                max_uploads or 32,
+                max(1, (max_uploads or 2) // 2),
+            ),
+            # Like Apache's mod_reqtimeout MinRate: a trickling body gives its place back.
+            min_upload_bytes_per_second=reader.integer(
+                "ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND", 0, MAX_RATE, 1024
+            ),
+            # Disk that one principal's open upload sessions may reserve: by default one
+            # largest upload in flight, so one user cannot take the whole disk.
+            max_reserved_bytes_per_principal=reader.integer(
+                "ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL",
+                1,
+                2**50,
+                max_artifact_bytes or 64 * 1024**3,
+            ),
+            trusted_proxies=reader.networks("ARKVORY_TRUSTED_PROXIES"),
             task_retention_s=reader.duration("ARKVORY_TASK_RETENTION", "7d"),
             idempotency_retention_s=reader.duration("ARKVORY_IDEMPOTENCY_RETENTION", "24h"),
             allow_signup=reader.boolean("ARKVORY_ALLOW_SIGNUP", False),
@@ -169,7 +204,7 @@ class Settings:
             # this long gives its place back.
             send_timeout_s=reader.integer("ARKVORY_SEND_TIMEOUT_SECONDS", 1, 3600, 60),
             receive_timeout_s=reader.integer("ARKVORY_RECEIVE_TIMEOUT_SECONDS", 1, 3600, 60),
-            max_artifact_bytes=reader.integer("ARKVORY_MAX_ARTIFACT_BYTES", 1, 2**50, 64 * 1024**3),
+            max_artifact_bytes=max_artifact_bytes,
             # Uploads stop short of filling the disk: this much stays free for everything else.
             min_free_bytes=reader.integer("ARKVORY_MIN_FREE_BYTES", 0, 2**50, 1024**3),
             upload_expiry_s=reader.duration("ARKVORY_UPLOAD_EXPIRY", "24h"),
@@ -190,6 +225,7 @@ class Settings:
                 "ARKVORY_TLS_KEY_FILE" if key is None else "ARKVORY_TLS_CERT_FILE",
                 "expected ARKVORY_TLS_CERT_FILE and ARKVORY_TLS_KEY_FILE to be set together",
             )
+        reader.refuse_unknown(CLIENT_VARIABLES)
         if reader.problems:
             raise SettingsError(reader.problems)
         return cls(**values)
@@ -252,6 +288,7 @@ class _Reader:
         self.environ = environ
         self.problems: list[str] = []
         self.failed: set[str] = set()
+        self.known: set[str] = set()  # every name looked up, for `refuse_unknown`
 
     def problem(self, name: str, expected: str, *, show_value: bool = True) -> None:
         self.failed.add(name)
@@ -264,6 +301,7 @@ class _Reader:
         self.problems.append(line)
 
     def _raw(self, name: str) -> str | None:
+        self.known.add(name)
         value = self.environ.get(name)
         return None if value is None or value.strip() == "" else value.strip()
 
@@ -364,6 +402,34 @@ class _Reader:
             match = _DURATION.match(value)
             assert match is not None
         return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+    def networks(
+        self, name: str
+    ) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """A comma- or space-separated list of addresses and CIDRs (an address is a /32 or /128)."""
+        value = self._raw(name)
+        if value is None:
+            return ()
+        networks = []
+        for item in re.split(r"[,\s]+", value):
+            if not item:
+                continue
+            try:
+                networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                self.problem(name, "expected addresses or CIDRs separated by commas, e.g. 10.0.0.0/8,::1")
+                return ()
+        return tuple(networks)
+
+    def refuse_unknown(self, also_known: frozenset[str]) -> None:
+        """One problem per ARKVORY_* name that nothing reads, with the nearest known name."""
+        known = self.known | also_known
+        for name in sorted(self.environ):
+            if not name.startswith("ARKVORY_") or name in known:
+                continue
+            nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {nearest[0]}?" if nearest else ""
+            self.problem(name, f"unknown variable{hint}", show_value=False)
 
     def existing_file(self, name: str) -> pathlib.Path | None:
         value = self._raw(name)

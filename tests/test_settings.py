@@ -151,6 +151,19 @@ SINGLE_RULES = [
     *range_cases("ARKVORY_DOWNLOAD_QUEUE_SIZE", 1, 1024),
     *range_cases("ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS", 1, 120000),
     *range_cases("ARKVORY_MAX_UPLOADS", 1, 32),
+    *range_cases("ARKVORY_MAX_UPLOADS_PER_PRINCIPAL", 1, 2),  # 2 = default max
+    *range_cases("ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND", 0, MAX_RATE),
+    *range_cases("ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL", 1, 2**50),
+    # balancers whose X-Forwarded-For is believed
+    case("trusted-proxies-not-an-address", {"ARKVORY_TRUSTED_PROXIES": "10.0.0.1,balancer"},
+         ("ARKVORY_TRUSTED_PROXIES", "addresses or CIDRs", "10.0.0.1,balancer")),
+    case("trusted-proxies-bad-prefix", {"ARKVORY_TRUSTED_PROXIES": "10.0.0.0/33"},
+         ("ARKVORY_TRUSTED_PROXIES", "addresses or CIDRs", "10.0.0.0/33")),
+    # a typo never falls back to a default silently
+    case("unknown-variable-typo", {"ARKVORY_MAX_DOWNLAODS": "8"},
+         ("ARKVORY_MAX_DOWNLAODS", "unknown variable; did you mean ARKVORY_MAX_DOWNLOADS?", None)),
+    case("unknown-variable-far-from-any", {"ARKVORY_FROBNICATE": "1"},
+         ("ARKVORY_FROBNICATE", "unknown variable", None)),
     # slow or silent peers
     *range_cases("ARKVORY_SEND_TIMEOUT_SECONDS", 1, 3600),
     *range_cases("ARKVORY_RECEIVE_TIMEOUT_SECONDS", 1, 3600),
@@ -251,6 +264,9 @@ CROSS_RULES = [
     case("max-downloads-per-principal-above-max",
          {"ARKVORY_MAX_DOWNLOADS": "8", "ARKVORY_MAX_DOWNLOADS_PER_PRINCIPAL": "9"},
          ("ARKVORY_MAX_DOWNLOADS_PER_PRINCIPAL", "1..8", "9")),
+    case("max-uploads-per-principal-above-max",
+         {"ARKVORY_MAX_UPLOADS": "4", "ARKVORY_MAX_UPLOADS_PER_PRINCIPAL": "5"},
+         ("ARKVORY_MAX_UPLOADS_PER_PRINCIPAL", "1..4", "5")),
     case("max-downloads-per-principal-above-max-1",
          {"ARKVORY_MAX_DOWNLOADS": "1", "ARKVORY_MAX_DOWNLOADS_PER_PRINCIPAL": "2"},
          ("ARKVORY_MAX_DOWNLOADS_PER_PRINCIPAL", "1..1", "2")),
@@ -409,6 +425,26 @@ def test_defaults():
     assert (s.task_retention_s, s.idempotency_retention_s) == (7 * 86400, 86400)
     assert (s.allow_signup, s.public_metrics) == (False, False)
     assert (s.log_format, s.log_level) == ("text", "info")
+    assert (s.max_uploads_per_principal, s.min_upload_bytes_per_second) == (1, 1024)
+    assert s.max_reserved_bytes_per_principal == s.max_artifact_bytes == 64 * 1024**3
+    assert s.trusted_proxies == ()
+
+
+def test_per_principal_upload_limits_follow_the_totals():
+    assert settings(ARKVORY_MAX_UPLOADS="8").max_uploads_per_principal == 4
+    assert settings(ARKVORY_MAX_UPLOADS="1").max_uploads_per_principal == 1
+    s = settings(ARKVORY_MAX_ARTIFACT_BYTES="1000")
+    assert s.max_reserved_bytes_per_principal == 1000
+
+
+def test_trusted_proxies_are_networks():
+    s = settings(ARKVORY_TRUSTED_PROXIES="10.0.0.1, 192.168.0.0/16 ::1")
+    assert [str(n) for n in s.trusted_proxies] == ["10.0.0.1/32", "192.168.0.0/16", "::1/128"]
+
+
+def test_client_variables_are_known_to_every_process():
+    s = settings(ARKVORY_URL="http://x", ARKVORY_TOKEN="t", ARKVORY_PROFILE="p")
+    assert s.role == "api"
 
 
 def test_standalone_is_unlimited():
