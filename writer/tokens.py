@@ -5,6 +5,12 @@ The token is in the creation answer once and nowhere else: only its SHA-256 is s
 never show it. Revoking deletes the row; the delete notifies every process, which forget what
 they cached (shared/credentials.py), so the next request with it is 401 everywhere.
 
+A credential never makes one that outlives it (SPEC §5): the new one's expiry is capped at its
+maker's, sessions included, and the answer's `expiresAt` says what was granted. A keys-file key
+has no expiry (it lasts until the operator removes it from the file), so what it makes is bounded
+only by `MAX_EXPIRY_S`. Nor does a credential make one with more access: a `read` token makes
+none, and only an administrator makes service keys.
+
 Creation answers hold the secret, so they are never recorded with an Idempotency-Key (the key is
 checked, see accounts.py); a retry makes a second token and the lost one can be revoked from
 the list. Revocation records its key like every other change.
@@ -72,21 +78,36 @@ def _expiry(body: dict[str, Any]) -> int:
     return seconds
 
 
+# The new credential expires when asked, but never after the credential that makes it
+# (`$10`; NULL for a keys-file key, which has no expiry): capped in the same statement that
+# reads the creator, so a creator revoked or expired meanwhile makes nothing (no row).
+_INSERT_CAPPED = f"""
+INSERT INTO arkvory_credentials (id, kind, digest, account_id, label, access, scopes, created_by, expires_at)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, least(now() + make_interval(secs => $9), creator.expires_at)
+FROM (SELECT $10::uuid AS id) wanted LEFT JOIN arkvory_credentials creator ON creator.id = wanted.id
+WHERE wanted.id IS NULL OR creator.expires_at > now()
+RETURNING {_COLUMNS}
+"""
+
+
 async def _create(
     request: Request, kind: str, account_id: uuid.UUID | None, principal: Principal,
     label: str, expires_in: int, access: str | None, scopes: list[str],
 ) -> Response:
+    """Capping rather than refusing: the answer's `expiresAt` is the real expiry, so a client
+    sees at once what it got, and a default lifetime keeps working from a short-lived session."""
     new = mint(kind)
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
         row = await conn.fetchrow(
-            "INSERT INTO arkvory_credentials (id, kind, digest, account_id, label, access, scopes,"
-            " created_by, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
-            f" now() + make_interval(secs => $9)) RETURNING {_COLUMNS}",
+            _INSERT_CAPPED,
             new.id, kind, new.digest, account_id, label, access, scopes, principal.id, float(expires_in),
+            principal.credential_id,
             timeout=QUERY_TIMEOUT_S,
         )
+    if row is None:
+        raise Unauthorized("the credential making this one was revoked or expired meanwhile")
     return JSONResponse(
         {**credential_json(row), "token": new.token}, status_code=201, headers={"Cache-Control": "no-store"}
     )
@@ -229,7 +250,8 @@ _CREDENTIAL = {
 }
 _CREATED = {**_CREDENTIAL, "required": [*_CREDENTIAL["required"], "token"],
             "properties": {**_CREDENTIAL["properties"], "token": {"type": "string", "description": "shown once"}}}
-_EXPIRY = {"type": "integer", "minimum": 1, "maximum": MAX_EXPIRY_S, "default": DEFAULT_EXPIRY_S}
+_EXPIRY = {"type": "integer", "minimum": 1, "maximum": MAX_EXPIRY_S, "default": DEFAULT_EXPIRY_S,
+           "description": "capped at the expiry of the credential making it (see expiresAt in the answer)"}
 _LABEL = {"type": "string", "maxLength": MAX_LABEL}
 _ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
 _LIST = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": _CREDENTIAL}}}
