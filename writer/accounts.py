@@ -4,7 +4,7 @@ administrators' account management (create, list, disable, enable).
 A failed login says the same thing whether the account exists or not, and takes as long: an
 unknown name is verified against a dummy hash. Attempts are limited per name and per client
 address before anything is hashed (login_limits.py); scrypt runs off the event loop, bounded
-(passwords.py).
+(passwords.py), and a hash made at an older cost is replaced at the next successful login.
 
 Idempotency: routes whose answer holds a secret (login) or whose input is a password (register,
 create, password change) never record their request or result with the Idempotency-Key, since
@@ -28,13 +28,13 @@ from starlette.routing import Route
 
 from shared.catalog import QUERY_TIMEOUT_S, pooled
 from shared.credentials import SESSION_COOKIE, forget_cached, mint
-from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from shared.identity import Principal
 
 from . import openapi
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits
-from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text
+from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from .repositories import json_body, principal_of, runtime_of
 
 ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
@@ -103,6 +103,24 @@ async def insert_account(conn: asyncpg.Connection, name: str, hashed: PasswordHa
         raise Conflict(f"account {name!r} already exists") from None
 
 
+async def _upgrade_hash(
+    state: AccountsState, pool: asyncpg.Pool, account_id: uuid.UUID, password: str, stored: PasswordHash
+) -> None:
+    """Replace a hash made at an older cost, now that the password is known to be right. Only if
+    the stored hash is still the one that was checked: a password change meanwhile wins."""
+    try:
+        hashed = await state.hasher.hash(password)
+    except Busy:
+        return  # the login still succeeds; the next one upgrades
+    async with pooled(pool) as conn:
+        await conn.execute(
+            "UPDATE arkvory_accounts SET password_hash = $2, password_salt = $3, scrypt_n = $4,"
+            " scrypt_r = $5, scrypt_p = $6 WHERE id = $1 AND password_hash = $7",
+            account_id, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, stored.digest,
+            timeout=QUERY_TIMEOUT_S,
+        )
+
+
 def _session_cookie(request: Request, token: str, max_age: int) -> str:
     secure = "; Secure" if runtime_of(request).settings.tls_cert_file is not None else ""
     return f"{SESSION_COOKIE}={token}; Max-Age={max_age}; Path=/; HttpOnly; SameSite=Strict{secure}"
@@ -128,10 +146,13 @@ async def login(request: Request) -> Response:
             name,
             timeout=QUERY_TIMEOUT_S,
         )
-    matches = await state.hasher.verify(password, _stored_hash(row))
+    stored = _stored_hash(row)
+    matches = await state.hasher.verify(password, stored)
     if row is None or not matches or row["disabled"]:
         state.limits.failed(name)
         raise Unauthorized(LOGIN_FAILED)
+    if needs_rehash(stored):
+        await _upgrade_hash(state, runtime.pool, row["id"], password, stored)
     lifetime = runtime.settings.session_lifetime_s
     session = mint("session")
     async with pooled(runtime.pool) as conn:
