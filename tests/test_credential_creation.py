@@ -9,7 +9,7 @@ import time
 import pytest
 
 from .harness import ADMIN_TOKEN, OTHER_TOKEN
-from .test_accounts import make_account, login
+from .test_accounts import PASSWORD, login, make_account
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,3 +72,16 @@ def test_a_credential_never_makes_one_with_more_access(writer):
     with writer.client(OTHER_TOKEN) as key:  # write:other, no account, not an admin
         assert key.post("/api/v1/tokens", json={"access": "read"}).status_code == 403
         assert key.post("/api/v1/keys", json={"scopes": ["write:other"]}).status_code == 403
+
+
+def test_an_account_that_reenters_its_password_makes_a_token_that_outlives_its_session(writer):
+    """The password made the session; re-entered, it makes long-lived tokens the same way."""
+    session = login(writer, "root").json()["token"]
+    with writer.client(session) as client:
+        wrong = client.post("/api/v1/tokens", json={"password": "not the password", "expiresInSeconds": YEAR})
+        assert wrong.status_code == 401 and wrong.json()["code"] == "unauthorized"
+        token = client.post("/api/v1/tokens", json={"password": PASSWORD, "expiresInSeconds": YEAR})
+        key = client.post("/api/v1/keys", json={"scopes": ["read:*"], "password": PASSWORD, "expiresInSeconds": YEAR})
+    assert expiry(token) > in_days(365) and expiry(key) > in_days(365)
+    with writer.client(ADMIN_TOKEN) as admin:  # a key has no password: what it makes ends with it
+        assert admin.post("/api/v1/keys", json={"scopes": ["read:*"], "password": PASSWORD}).status_code == 400
