@@ -142,20 +142,25 @@ class LoginLimits:
         when the client holds a valid device cookie for this account, else for the account."""
         self.count_address(address)
         if device is not None:
-            return self._begin(self.by_device, f"device:{device}", f"a device of account {account_name!r}", address)
-        return self._begin(self.by_account, account_name.casefold(), f"account {account_name!r}", address)
+            return self._begin(
+                self.by_device, f"device:{device}", "from this device", f"a device of account {account_name!r}", address
+            )
+        return self._begin(
+            self.by_account, account_name.casefold(), "for this account", f"account {account_name!r}", address
+        )
 
     def begin_reentry(self, account_id: str, account_name: str, address: str) -> PasswordAttempt:
         """Before hashing a password that a signed-in credential of the account re-enters: a
         limit of their own, never the one that guessers from outside use up."""
         return self._begin(
-            self.by_device, f"signed-in:{account_id}", f"the signed-in credentials of account {account_name!r}", address
+            self.by_device, f"signed-in:{account_id}", "with this account's credentials",
+            f"the signed-in credentials of account {account_name!r}", address,
         )
 
-    def _begin(self, limiter: AttemptLimiter, key: str, what: str, address: str) -> PasswordAttempt:
+    def _begin(self, limiter: AttemptLimiter, key: str, refusal: str, what: str, address: str) -> PasswordAttempt:
         wait = limiter.take(key)
         if wait is not None:
-            _refuse("for this account" if limiter is self.by_account else "from this device", wait)
+            _refuse(refusal, wait)
         return PasswordAttempt(limiter, key, what, address)
 
 
