@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import ADMIN_TOKEN
+from .harness import ADMIN_TOKEN, OTHER_TOKEN
 from .test_accounts import make_account, session_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -80,3 +80,34 @@ def test_a_read_token_never_writes_even_for_an_administrator(writer):
         assert grant(client, "alice", "write").status_code == 403
     with writer.client(read_write) as client:
         assert upload(client).status_code == 201
+
+
+def set_public(client, public: bool, repo: str = "secret"):
+    return client.patch(f"/api/v1/repositories/{repo}", json={"public": public})
+
+
+def test_making_a_repository_public_or_private_needs_its_admin_not_write(writer):
+    """Public is anonymous read for everyone: a decision like granting permissions (issue 13)."""
+    with writer.client(ADMIN_TOKEN) as admin:
+        assert grant(admin, "alice", "write").status_code == 200
+        assert grant(admin, "bob", "admin").status_code == 200
+        assert admin.post("/api/v1/repositories", json={"name": "other"}).status_code == 201
+    alice, bob, root = (session_of(writer, name) for name in ("alice", "bob", "root"))
+    with writer.client(alice) as client:
+        refused = set_public(client, True)
+        assert refused.status_code == 403 and "admin" in refused.json()["message"], refused.text
+    with writer.client(OTHER_TOKEN) as key:  # a write:other service key
+        assert upload(key, "other").status_code == 201  # it writes there...
+        assert set_public(key, True, "other").status_code == 403  # ...but does not publish it
+        assert key.post("/api/v1/repositories", json={"name": "other", "public": True}).status_code == 403
+    with writer.client(None) as anonymous:
+        assert anonymous.get("/api/v1/repositories/secret").status_code == 401
+        assert anonymous.get("/api/v1/repositories/other").status_code == 401
+    with writer.client(bob) as client:  # the repository's admin
+        assert set_public(client, True).json()["public"] is True
+    with writer.client(alice) as client:
+        assert set_public(client, False).status_code == 403  # nor private again
+    with writer.client(root) as client:  # an administrator account
+        assert set_public(client, False).json()["public"] is False
+    with writer.client(ADMIN_TOKEN) as admin:
+        assert set_public(admin, True, "other").json()["public"] is True

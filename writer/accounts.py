@@ -2,9 +2,16 @@
 administrators' account management (create, list, disable, enable).
 
 A failed login says the same thing whether the account exists or not, and takes as long: an
-unknown name is verified against a dummy hash. Attempts are limited per name and per client
-address before anything is hashed (login_limits.py); scrypt runs off the event loop, bounded
-(passwords.py).
+unknown name is verified against a dummy hash. Attempts are limited per client address (as seen
+through ARKVORY_TRUSTED_PROXIES, shared/client_address.py) and per account name, or per device
+for a client that signed in before (its device cookie, device_cookies.py), counted before
+anything is hashed (login_limits.py); scrypt runs off the event loop, bounded (passwords.py),
+and a hash made at an older cost is replaced at the next successful login.
+
+`confirm_password` checks the password of an account that is already signed in (a password
+change; a token that may outlive the session, tokens.py) under the limit of the account's
+signed-in credentials, never under the lockout that guessers at the login cause. The routes'
+OpenAPI fragment is in accounts_openapi.py.
 
 Idempotency: routes whose answer holds a secret (login) or whose input is a password (register,
 create, password change) never record their request or result with the Idempotency-Key, since
@@ -27,14 +34,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.catalog import QUERY_TIMEOUT_S, pooled
+from shared.client_address import client_address
 from shared.credentials import SESSION_COOKIE, forget_cached, mint
-from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from shared.identity import Principal
 
-from . import openapi
+from . import device_cookies
+from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
-from .login_limits import LoginLimits
-from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text
+from .login_limits import LoginLimits, PasswordAttempt
+from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
+from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from .repositories import json_body, principal_of, runtime_of
 
 ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
@@ -42,11 +52,13 @@ LOGIN_FAILED = "wrong account name or password"
 
 
 class AccountsState:
-    """The writer's login state: one hasher (bounded threads) and the attempt limits."""
+    """The writer's login state: one hasher (bounded threads), the attempt limits and the
+    device cookies that exempt a client from its account's lockout."""
 
     def __init__(self) -> None:
         self.hasher = PasswordHasher()
         self.limits = LoginLimits()
+        self.devices = DeviceCookies()
 
 
 def accounts_state(request: Request) -> AccountsState:
@@ -79,7 +91,7 @@ _ACCOUNT_COLUMNS = "id, name, is_admin, disabled, created_at"
 
 
 def _client_address(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+    return client_address(request.scope, runtime_of(request).settings.trusted_proxies)
 
 
 def _stored_hash(row: asyncpg.Record | None) -> PasswordHash:
@@ -103,9 +115,42 @@ async def insert_account(conn: asyncpg.Connection, name: str, hashed: PasswordHa
         raise Conflict(f"account {name!r} already exists") from None
 
 
-def _session_cookie(request: Request, token: str, max_age: int) -> str:
+async def _upgrade_hash(
+    state: AccountsState, pool: asyncpg.Pool, account_id: uuid.UUID, password: str, stored: PasswordHash
+) -> None:
+    """Replace a hash made at an older cost, now that the password is known to be right. Only if
+    the stored hash is still the one that was checked: a password change meanwhile wins."""
+    try:
+        hashed = await state.hasher.hash(password)
+    except Busy:
+        return  # the login still succeeds; the next one upgrades
+    async with pooled(pool) as conn:
+        await conn.execute(
+            "UPDATE arkvory_accounts SET password_hash = $2, password_salt = $3, scrypt_n = $4,"
+            " scrypt_r = $5, scrypt_p = $6 WHERE id = $1 AND password_hash = $7",
+            account_id, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, stored.digest,
+            timeout=QUERY_TIMEOUT_S,
+        )
+
+
+def _cookie(request: Request, name: str, value: str, max_age: int, path: str = "/") -> str:
     secure = "; Secure" if runtime_of(request).settings.tls_cert_file is not None else ""
-    return f"{SESSION_COOKIE}={token}; Max-Age={max_age}; Path=/; HttpOnly; SameSite=Strict{secure}"
+    return f"{name}={value}; Max-Age={max_age}; Path={path}; HttpOnly; SameSite=Strict{secure}"
+
+
+def _session_cookie(request: Request, token: str, max_age: int) -> str:
+    return _cookie(request, SESSION_COOKIE, token, max_age)
+
+
+async def _checked(state: AccountsState, attempt: PasswordAttempt, password: str, stored: PasswordHash) -> bool:
+    """The password check behind `attempt`, which learns how it went. Busy (no check made)
+    gives the attempt back; a cancelled check stays counted, as its hash still runs."""
+    try:
+        matches = await state.hasher.verify(password, stored)
+    except Busy:
+        attempt.passed()
+        raise
+    return matches
 
 
 async def login(request: Request) -> Response:
@@ -118,9 +163,11 @@ async def login(request: Request) -> Response:
     if not isinstance(password, str) or not 1 <= len(password) <= MAX_PASSWORD:
         raise InvalidInput(f"'password' must be a string of 1-{MAX_PASSWORD} characters")
     state = accounts_state(request)
-    state.limits.check(name, _client_address(request))
     runtime = runtime_of(request)
     assert runtime.pool is not None
+    await state.devices.load_secret(runtime.pool)
+    device = state.devices.device_of(request.cookies.get(device_cookies.COOKIE), name)
+    attempt = state.limits.begin_login(name, _client_address(request), device)
     async with pooled(runtime.pool) as conn:
         row = await conn.fetchrow(
             f"SELECT {_ACCOUNT_COLUMNS}, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
@@ -128,10 +175,14 @@ async def login(request: Request) -> Response:
             name,
             timeout=QUERY_TIMEOUT_S,
         )
-    matches = await state.hasher.verify(password, _stored_hash(row))
+    stored = _stored_hash(row)
+    matches = await _checked(state, attempt, password, stored)
     if row is None or not matches or row["disabled"]:
-        state.limits.failed(name)
+        attempt.failed(name_exists=row is not None)
         raise Unauthorized(LOGIN_FAILED)
+    attempt.passed()
+    if needs_rehash(stored):
+        await _upgrade_hash(state, runtime.pool, row["id"], password, stored)
     lifetime = runtime.settings.session_lifetime_s
     session = mint("session")
     async with pooled(runtime.pool) as conn:
@@ -147,6 +198,11 @@ async def login(request: Request) -> Response:
         headers={"Cache-Control": "no-store"},
     )
     answer.headers["Set-Cookie"] = _session_cookie(request, session.token, lifetime)
+    # A fresh device cookie at every sign-in: this client keeps its way in (login_limits.py).
+    answer.headers.append("Set-Cookie", _cookie(
+        request, device_cookies.COOKIE, state.devices.issue(row["name"]), device_cookies.LIFETIME_S,
+        device_cookies.PATH,
+    ))
     return answer
 
 
@@ -178,7 +234,7 @@ async def register(request: Request) -> Response:
     password = check_password_text(body.get("password"))
     state = accounts_state(request)
     # Sign-up costs a hash like a login: the same per-address limit applies.
-    state.limits.check(name, _client_address(request))
+    state.limits.count_address(_client_address(request))
     hashed = await state.hasher.hash(password)
     pool = runtime_of(request).pool
     assert pool is not None
@@ -207,22 +263,10 @@ async def change_password(request: Request) -> Response:
     if not isinstance(old, str) or not 1 <= len(old) <= MAX_PASSWORD:
         raise InvalidInput(f"'oldPassword' must be a string of 1-{MAX_PASSWORD} characters")
     new = check_password_text(body.get("newPassword"), "'newPassword'")
+    await confirm_password(request, principal, old, "the old password is wrong")
+    state = accounts_state(request)
     runtime = runtime_of(request)
     assert runtime.pool is not None
-    async with pooled(runtime.pool) as conn:
-        row = await conn.fetchrow(
-            "SELECT name, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
-            " FROM arkvory_accounts WHERE id = $1",
-            account_id,
-            timeout=QUERY_TIMEOUT_S,
-        )
-    if row is None:
-        raise Unauthorized("the account no longer exists")
-    state = accounts_state(request)
-    state.limits.check(row["name"], _client_address(request))
-    if not await state.hasher.verify(old, _stored_hash(row)):
-        state.limits.failed(row["name"])
-        raise Unauthorized("the old password is wrong")
     hashed = await state.hasher.hash(new)
     async with pooled(runtime.pool) as conn, conn.transaction():
         await conn.execute(
@@ -240,6 +284,30 @@ async def change_password(request: Request) -> Response:
         )
     forget_cached(runtime)
     return Response(status_code=204)
+
+
+async def confirm_password(request: Request, principal: Principal, password: str, wrong: str) -> None:
+    """The signed-in account's own password, re-entered: 401 `wrong` unless it is right. The
+    credential signed in before, so it is limited with the account's other credentials
+    (login_limits.py) and never waits for a lockout that guessers caused on the account."""
+    assert principal.account_id is not None
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    async with pooled(runtime.pool) as conn:
+        row = await conn.fetchrow(
+            "SELECT name, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
+            " FROM arkvory_accounts WHERE id = $1",
+            principal.account_id,
+            timeout=QUERY_TIMEOUT_S,
+        )
+    if row is None:
+        raise Unauthorized("the account no longer exists")
+    state = accounts_state(request)
+    attempt = state.limits.begin_reentry(str(principal.account_id), row["name"], _client_address(request))
+    if not await _checked(state, attempt, password, _stored_hash(row)):
+        attempt.failed()
+        raise Unauthorized(wrong)
+    attempt.passed()
 
 
 def _require_admin(principal: Principal) -> None:
@@ -322,97 +390,3 @@ routes = [
     Route("/api/v1/accounts/{name}/disable", disable_account, methods=["POST"]),
     Route("/api/v1/accounts/{name}/enable", enable_account, methods=["POST"]),
 ]
-
-
-_ACCOUNT = {
-    "type": "object",
-    "required": ["id", "name", "admin", "disabled", "createdAt"],
-    "properties": {
-        "id": {"type": "string", "format": "uuid"},
-        "name": {"type": "string"},
-        "admin": {"type": "boolean"},
-        "disabled": {"type": "boolean"},
-        "createdAt": {"type": "string", "format": "date-time"},
-    },
-}
-_NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"}
-_NEW_PASSWORD = {"type": "string", "minLength": 8, "maxLength": MAX_PASSWORD}
-_NAME_PARAM = {"name": "name", "in": "path", "required": True, "description": "Account name.", "schema": _NAME}
-
-
-def _ok(description: str, schema: dict | None = None, **extra: Any) -> dict[str, Any]:
-    answer: dict[str, Any] = {"description": description, **extra}
-    if schema is not None:
-        answer["content"] = openapi.json_content(schema)
-    return answer
-
-
-def _credentials_object(*names: str, **schemas: dict) -> dict[str, Any]:
-    return openapi.json_body({"type": "object", "required": list(names), "properties": schemas})
-
-
-_SET_COOKIE = {"Set-Cookie": {"schema": {"type": "string"}, "description": "arkvory_session (HttpOnly, SameSite=Strict)"}}
-
-OPENAPI_PATHS: dict[str, Any] = {
-    "/api/v1/login": {"post": {
-        "summary": "Log in: a session token, also set as the arkvory_session cookie (never recorded by Idempotency-Key)",
-        "security": [{}],
-        "parameters": [openapi.IDEMPOTENCY_KEY],
-        "requestBody": _credentials_object(
-            "name", "password", name={"type": "string", "minLength": 1, "maxLength": 64},
-            password={"type": "string", "minLength": 1, "maxLength": MAX_PASSWORD}),
-        "responses": {
-            "200": _ok("Logged in", {"type": "object", "required": ["token", "sessionId", "expiresAt", "account"],
-                                     "properties": {"token": {"type": "string", "pattern": "^dps_"},
-                                                    "sessionId": {"type": "string", "format": "uuid"},
-                                                    "expiresAt": {"type": "string", "format": "date-time"},
-                                                    "account": _ACCOUNT}}, headers=_SET_COOKIE),
-            **openapi.errors(400, 401, 413, 429),
-        },
-    }},
-    "/api/v1/logout": {"post": {
-        "summary": "End this session and clear its cookie",
-        "parameters": [openapi.IDEMPOTENCY_KEY],
-        "responses": {"204": _ok("Logged out", headers=_SET_COOKIE), **openapi.errors(400, 401)},
-    }},
-    "/api/v1/register": {"post": {
-        "summary": "Self-registration (404 unless ARKVORY_ALLOW_SIGNUP)",
-        "security": [{}],
-        "parameters": [openapi.IDEMPOTENCY_KEY],
-        "requestBody": _credentials_object("name", "password", name=_NAME, password=_NEW_PASSWORD),
-        "responses": {"201": _ok("Account created", _ACCOUNT), **openapi.errors(400, 404, 409, 413, 429)},
-    }},
-    "/api/v1/account/password": {"post": {
-        "summary": "Change your password (needs the old one); ends your other sessions",
-        "parameters": [openapi.IDEMPOTENCY_KEY],
-        "requestBody": _credentials_object(
-            "oldPassword", "newPassword", oldPassword={"type": "string", "minLength": 1, "maxLength": MAX_PASSWORD},
-            newPassword=_NEW_PASSWORD),
-        "responses": {"204": _ok("Changed"), **openapi.errors(400, 401, 403, 413, 429)},
-    }},
-    "/api/v1/accounts": {
-        "post": {
-            "summary": "Create an account (admin)",
-            "parameters": [openapi.IDEMPOTENCY_KEY],
-            "requestBody": _credentials_object(
-                "name", "password", name=_NAME, password=_NEW_PASSWORD, admin={"type": "boolean", "default": False}),
-            "responses": {"201": _ok("Created", _ACCOUNT), **openapi.errors(400, 401, 403, 409, 413)},
-        },
-        "get": {
-            "summary": "List accounts (admin)",
-            "responses": {"200": _ok("Accounts", {"type": "object", "required": ["items"],
-                                                   "properties": {"items": {"type": "array", "items": _ACCOUNT}}}),
-                          **openapi.errors(401, 403)},
-        },
-    },
-    "/api/v1/accounts/{name}/disable": {"post": {
-        "summary": "Disable an account (admin): its sessions and tokens end at once",
-        "parameters": [_NAME_PARAM, openapi.IDEMPOTENCY_KEY],
-        "responses": {"200": _ok("Disabled", _ACCOUNT), **openapi.errors(400, 401, 403, 404, 409, 422)},
-    }},
-    "/api/v1/accounts/{name}/enable": {"post": {
-        "summary": "Enable a disabled account (admin)",
-        "parameters": [_NAME_PARAM, openapi.IDEMPOTENCY_KEY],
-        "responses": {"200": _ok("Enabled", _ACCOUNT), **openapi.errors(400, 401, 403, 404, 409, 422)},
-    }},
-}

@@ -1,10 +1,14 @@
 """Password hashing for accounts: scrypt from hashlib, off the event loop and bounded.
 
-Each hash keeps its salt and cost parameters beside it, so the cost can be raised later and old
-hashes still verify. One hash costs tens of milliseconds of CPU and 16 MiB: it runs in a worker
-thread (the event loop keeps serving downloads), at most `MAX_CONCURRENT` at once, with at most
-`MAX_WAITING` callers in line (at most ~1 s of waiting); beyond that a login is `503 busy` at once
-instead of a queue that grows with an attack.
+The cost follows OWASP's guidance for scrypt (N=2^17, r=8, p=1). Each hash keeps its salt and
+cost parameters beside it, so old hashes (N=2^14 before issue 13) still verify and a login that
+succeeds with one stores a new hash at today's cost (`needs_rehash`).
+
+One hash needs 128 MiB (128 × r × N bytes) and about 0.3 s of one core. hashlib releases the GIL
+while it runs, so each runs in a worker thread and the event loop keeps serving downloads; at
+most `MAX_CONCURRENT` run at once (memory: 128 MiB each; CPU: at most half of the cores, so
+serving always keeps some), with at most `MAX_WAITING` callers in line (about 2 s of waiting);
+beyond that a login is `503 busy` at once instead of a queue that grows with an attack.
 """
 
 from __future__ import annotations
@@ -18,12 +22,11 @@ import os
 
 from shared.errors import Busy, InvalidInput
 
-SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**17, 8, 1
 DKLEN = 32
-MAXMEM = 64 * 1024 * 1024
 MIN_PASSWORD, MAX_PASSWORD = 8, 1024
-MAX_CONCURRENT = 2
-MAX_WAITING = 32
+MAX_CONCURRENT = max(1, min(2, (os.cpu_count() or 1) // 2))
+MAX_WAITING = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +45,15 @@ def check_password_text(password: object, what: str = "'password'") -> str:
     return password
 
 
+def scrypt_memory(n: int, r: int, p: int) -> int:
+    """The bytes OpenSSL's scrypt allocates (its `maxmem` check): V is 128·r·(N+2), B is 128·r·p."""
+    return 128 * r * (n + 2 + p)
+
+
 def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
-    return hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, maxmem=MAXMEM, dklen=DKLEN)
+    return hashlib.scrypt(
+        password.encode(), salt=salt, n=n, r=r, p=p, maxmem=scrypt_memory(n, r, p), dklen=DKLEN
+    )
 
 
 def hash_password(password: str) -> PasswordHash:
@@ -54,6 +64,11 @@ def hash_password(password: str) -> PasswordHash:
 def verify_password(password: str, stored: PasswordHash) -> bool:
     candidate = _scrypt(password, stored.salt, stored.n, stored.r, stored.p)
     return hmac.compare_digest(candidate, stored.digest)
+
+
+def needs_rehash(stored: PasswordHash) -> bool:
+    """A hash made at another cost than today's: replaced after the next successful login."""
+    return (stored.n, stored.r, stored.p) != (SCRYPT_N, SCRYPT_R, SCRYPT_P)
 
 
 # Verified when the account does not exist, so that a failed login takes as long either way.

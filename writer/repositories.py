@@ -138,6 +138,8 @@ async def create_repository(request: Request) -> Response:
         raise InvalidInput("'public' must be true or false")
     if not principal.may_write(name):
         raise Forbidden(f"no permission to create {name!r}")
+    if public:
+        require_publishing_right(principal, name)
 
     async def work(conn: asyncpg.Connection) -> Result:
         try:
@@ -189,9 +191,17 @@ async def show_repository(request: Request) -> Response:
     return JSONResponse(repository_json(repo))
 
 
+def require_publishing_right(principal: Principal, name: str) -> None:
+    """Public means anonymous read for everyone, so choosing it is a permission decision like
+    granting `read` to all: it needs the repository's admin (or a global admin), not `write`."""
+    if not principal.may_administer(name):
+        raise Forbidden(f"making {name!r} public or private needs its admin permission")
+
+
 async def update_repository(request: Request) -> Response:
     principal = await principal_of(request)
-    name = await writable_name(request, principal)
+    name = await writable_name(request, principal)  # a repository you may not read stays hidden
+    require_publishing_right(principal, name)
     body = await json_body(request)
     public = body.get("public")
     if not isinstance(public, bool):
@@ -269,7 +279,8 @@ _REPOSITORY_OK = {"content": openapi.json_content(_REPOSITORY)}
 OPENAPI_PATHS: dict[str, Any] = {
     "/api/v1/repositories": {
         "post": {
-            "summary": "Create a repository (any write scope; the name must be writable by you)",
+            "summary": "Create a repository (any write scope; the name must be writable by you;"
+            " `public: true` needs the admin scope)",
             "parameters": [openapi.IDEMPOTENCY_KEY],
             "requestBody": openapi.json_body({
                 "type": "object",
@@ -302,7 +313,8 @@ OPENAPI_PATHS: dict[str, Any] = {
             "responses": {"200": {"description": "The repository", **_REPOSITORY_OK}, **openapi.errors(400, 401, 404)},
         },
         "patch": {
-            "summary": "Make a repository public (anonymous reads) or private",
+            "summary": "Make a repository public (anonymous reads) or private: needs its repository"
+            " admin permission or the admin scope (write is not enough)",
             "parameters": [openapi.repo_param(), openapi.IDEMPOTENCY_KEY],
             "requestBody": openapi.json_body(
                 {"type": "object", "required": ["public"], "properties": {"public": {"type": "boolean"}}}

@@ -5,6 +5,15 @@ The token is in the creation answer once and nowhere else: only its SHA-256 is s
 never show it. Revoking deletes the row; the delete notifies every process, which forget what
 they cached (shared/credentials.py), so the next request with it is 401 everywhere.
 
+A credential never makes one that outlives it (SPEC §5): the new one's expiry is capped at its
+maker's, sessions included, and the answer's `expiresAt` says what was granted. A keys-file key
+has no expiry (it lasts until the operator removes it from the file), so what it makes is bounded
+only by `MAX_EXPIRY_S`. An account that wants a token to outlive its session (a CI token made
+in the console) re-enters its password in the request (`password`): then the password, not the
+session, makes it, as a login makes a session (accounts.confirm_password, with its limits).
+Nor does a credential make one with more access: a `read` token makes none, and only an
+administrator makes service keys.
+
 Creation answers hold the secret, so they are never recorded with an Idempotency-Key (the key is
 checked, see accounts.py); a retry makes a second token and the lost one can be revoked from
 the list. Revocation records its key like every other change.
@@ -27,7 +36,9 @@ from shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from shared.identity import Principal, is_scope
 
 from . import openapi
+from .accounts import confirm_password
 from .idempotency import idempotent, key_of
+from .passwords import MAX_PASSWORD
 from .repositories import json_body, principal_of, runtime_of
 
 DEFAULT_EXPIRY_S = 90 * 86400
@@ -72,21 +83,49 @@ def _expiry(body: dict[str, Any]) -> int:
     return seconds
 
 
+# The new credential expires when asked, but never after the credential that makes it
+# (`$10`; NULL for a keys-file key, which has no expiry): capped in the same statement that
+# reads the creator, so a creator revoked or expired meanwhile makes nothing (no row).
+_INSERT_CAPPED = f"""
+INSERT INTO arkvory_credentials (id, kind, digest, account_id, label, access, scopes, created_by, expires_at)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, least(now() + make_interval(secs => $9), creator.expires_at)
+FROM (SELECT $10::uuid AS id) wanted LEFT JOIN arkvory_credentials creator ON creator.id = wanted.id
+WHERE wanted.id IS NULL OR creator.expires_at > now()
+RETURNING {_COLUMNS}
+"""
+
+
+async def _maker(request: Request, principal: Principal, body: dict[str, Any]) -> uuid.UUID | None:
+    """The credential whose expiry caps the new one: the request's own (None for a keys-file
+    key), or none when the account re-entered its password."""
+    password = body.get("password")
+    if password is None:
+        return principal.credential_id
+    if not isinstance(password, str) or not 1 <= len(password) <= MAX_PASSWORD:
+        raise InvalidInput(f"'password' must be a string of 1-{MAX_PASSWORD} characters")
+    if principal.account_id is None:
+        raise InvalidInput("'password' is an account's; what a service key makes ends with it")
+    await confirm_password(request, principal, password, "the password is wrong")
+    return None
+
+
 async def _create(
     request: Request, kind: str, account_id: uuid.UUID | None, principal: Principal,
-    label: str, expires_in: int, access: str | None, scopes: list[str],
+    label: str, expires_in: int, access: str | None, scopes: list[str], maker: uuid.UUID | None,
 ) -> Response:
+    """Capping rather than refusing: the answer's `expiresAt` is the real expiry, so a client
+    sees at once what it got, and a default lifetime keeps working from a short-lived session."""
     new = mint(kind)
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
         row = await conn.fetchrow(
-            "INSERT INTO arkvory_credentials (id, kind, digest, account_id, label, access, scopes,"
-            " created_by, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
-            f" now() + make_interval(secs => $9)) RETURNING {_COLUMNS}",
-            new.id, kind, new.digest, account_id, label, access, scopes, principal.id, float(expires_in),
+            _INSERT_CAPPED,
+            new.id, kind, new.digest, account_id, label, access, scopes, principal.id, float(expires_in), maker,
             timeout=QUERY_TIMEOUT_S,
         )
+    if row is None:
+        raise Unauthorized("the credential making this one was revoked or expired meanwhile")
     return JSONResponse(
         {**credential_json(row), "token": new.token}, status_code=201, headers={"Cache-Control": "no-store"}
     )
@@ -110,7 +149,9 @@ async def create_token(request: Request) -> Response:
     access = body.get("access", "read")
     if access not in ACCESS:
         raise InvalidInput("'access' must be 'read' or 'read-write'")
-    return await _create(request, "pat", account_id, principal, _label(body), _expiry(body), access, [])
+    label, expires_in = _label(body), _expiry(body)
+    maker = await _maker(request, principal, body)
+    return await _create(request, "pat", account_id, principal, label, expires_in, access, [], maker)
 
 
 async def list_tokens(request: Request) -> Response:
@@ -178,9 +219,9 @@ async def create_key(request: Request) -> Response:
         raise InvalidInput(
             f"'scopes' must be a list of 1-{MAX_SCOPES} of admin, read:*, write:*, read:<repo>, write:<repo>"
         )
-    return await _create(
-        request, "service_key", None, principal, _label(body), _expiry(body), None, sorted(set(scopes))
-    )
+    label, expires_in = _label(body), _expiry(body)
+    maker = await _maker(request, principal, body)
+    return await _create(request, "service_key", None, principal, label, expires_in, None, sorted(set(scopes)), maker)
 
 
 async def list_keys(request: Request) -> Response:
@@ -229,8 +270,12 @@ _CREDENTIAL = {
 }
 _CREATED = {**_CREDENTIAL, "required": [*_CREDENTIAL["required"], "token"],
             "properties": {**_CREDENTIAL["properties"], "token": {"type": "string", "description": "shown once"}}}
-_EXPIRY = {"type": "integer", "minimum": 1, "maximum": MAX_EXPIRY_S, "default": DEFAULT_EXPIRY_S}
+_EXPIRY = {"type": "integer", "minimum": 1, "maximum": MAX_EXPIRY_S, "default": DEFAULT_EXPIRY_S,
+           "description": "capped at the expiry of the credential making it (see expiresAt in the answer)"}
 _LABEL = {"type": "string", "maxLength": MAX_LABEL}
+_PASSWORD = {"type": "string", "minLength": 1, "maxLength": MAX_PASSWORD,
+             "description": "an account's own password, re-entered: the new credential may then outlive the"
+             " session or token that asks for it (limited like logins: 401 when wrong, 429)"}
 _ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
 _LIST = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": _CREDENTIAL}}}
 
@@ -242,7 +287,7 @@ def _family(what: str, create_body: dict[str, Any], who: str) -> dict[str, Any]:
             "parameters": [openapi.IDEMPOTENCY_KEY],
             "requestBody": openapi.json_body(create_body),
             "responses": {"201": {"description": "Created", "content": openapi.json_content(_CREATED)},
-                          **openapi.errors(400, 401, 403, 413)},
+                          **openapi.errors(400, 401, 403, 413, 429)},
         },
         "get": {
             "summary": f"List {what}s ({who}); never the token",
@@ -263,11 +308,11 @@ def _revocation(what: str) -> dict[str, Any]:
 OPENAPI_PATHS: dict[str, Any] = {
     "/api/v1/tokens": _family("personal token", {"type": "object", "properties": {
         "label": _LABEL, "access": {"type": "string", "enum": list(ACCESS), "default": "read"},
-        "expiresInSeconds": _EXPIRY}}, "an account's session or read-write token"),
+        "expiresInSeconds": _EXPIRY, "password": _PASSWORD}}, "an account's session or read-write token"),
     "/api/v1/tokens/{id}": _revocation("personal token (yours; an admin: anyone's)"),
     "/api/v1/keys": _family("managed service key", {"type": "object", "required": ["scopes"], "properties": {
         "label": _LABEL, "scopes": {"type": "array", "minItems": 1, "maxItems": MAX_SCOPES, "items": {
             "type": "string", "description": "admin, read:*, write:*, read:<repo>, write:<repo>"}},
-        "expiresInSeconds": _EXPIRY}}, "admin"),
+        "expiresInSeconds": _EXPIRY, "password": _PASSWORD}}, "admin"),
     "/api/v1/keys/{id}": _revocation("managed service key (admin)"),
 }

@@ -1,0 +1,73 @@
+"""The client's address as Arkvory believes it (SPEC §5): login limits and log lines use it.
+
+Without `ARKVORY_TRUSTED_PROXIES` it is the TCP peer and `X-Forwarded-For` is ignored: anyone can
+write that header. When the peer is one of the operator's balancers, its `X-Forwarded-For` is
+read from the right, the end each balancer appends to, skipping the balancers' own addresses; the
+first hop that is not one of them is the client. Hops further left were written by the client
+itself and are never believed. Several `X-Forwarded-For` headers count as one list in order
+(HAProxy adds its own header after the client's, nginx appends to the client's).
+
+uvicorn's `proxy_headers` is off: it trusts a whole header list or nothing, and would rewrite the
+peer for every request, downloads included, where nothing needs it; this resolves on demand,
+once per request.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+from starlette.types import Scope
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+UNKNOWN = "unknown"
+# A bound on the work per request: a chain of balancers is a few hops, never dozens.
+MAX_HOPS = 16
+_SCOPE_KEY = "arkvory.client_address"
+
+
+def client_address(scope: Scope, trusted: tuple[Network, ...]) -> str:
+    """The believed client address of this request (computed once, kept in the scope)."""
+    known = scope.get(_SCOPE_KEY)
+    if known is None:
+        peer = scope.get("client")
+        forwarded = (value.decode("latin-1") for key, value in scope["headers"] if key == b"x-forwarded-for")
+        known = scope[_SCOPE_KEY] = believed_address(peer[0] if peer else None, forwarded, trusted)
+    return known
+
+
+def believed_address(peer: str | None, forwarded_for: Iterable[str], trusted: tuple[Network, ...]) -> str:
+    """The right-most hop that is not a trusted balancer; the peer itself unless it is one."""
+    believed = _parse(peer) if peer is not None else None
+    if believed is None:
+        return UNKNOWN
+    if not _is_trusted(believed, trusted):
+        return str(believed)
+    hops = [hop for value in forwarded_for for hop in value.split(",")]
+    for hop in reversed(hops[-MAX_HOPS:]):
+        address = _parse(hop)
+        if address is None:
+            # A trusted balancer writes addresses; anything else came from further left, where
+            # nothing is believed: the last balancer is the best we know.
+            break
+        believed = address
+        if not _is_trusted(address, trusted):
+            break
+    return str(believed)
+
+
+def _parse(text: str) -> Address | None:
+    try:
+        address = ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+    # A dual-stack socket shows IPv4 clients as ::ffff:a.b.c.d; they are IPv4 to the operator.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _is_trusted(address: Address, trusted: tuple[Network, ...]) -> bool:
+    return any(address in network for network in trusted)

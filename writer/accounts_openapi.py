@@ -1,0 +1,117 @@
+"""The OpenAPI fragment of the account routes (writer/accounts.py): login, logout, sign-up,
+password change and the administrators' account management."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import device_cookies, openapi
+from .passwords import MAX_PASSWORD
+
+
+_ACCOUNT = {
+    "type": "object",
+    "required": ["id", "name", "admin", "disabled", "createdAt"],
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "name": {"type": "string"},
+        "admin": {"type": "boolean"},
+        "disabled": {"type": "boolean"},
+        "createdAt": {"type": "string", "format": "date-time"},
+    },
+}
+_NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"}
+_NEW_PASSWORD = {"type": "string", "minLength": 8, "maxLength": MAX_PASSWORD}
+_NAME_PARAM = {"name": "name", "in": "path", "required": True, "description": "Account name.", "schema": _NAME}
+
+
+def _ok(description: str, schema: dict | None = None, **extra: Any) -> dict[str, Any]:
+    answer: dict[str, Any] = {"description": description, **extra}
+    if schema is not None:
+        answer["content"] = openapi.json_content(schema)
+    return answer
+
+
+def _credentials_object(*names: str, **schemas: dict) -> dict[str, Any]:
+    return openapi.json_body({"type": "object", "required": list(names), "properties": schemas})
+
+
+_SET_COOKIE = {"Set-Cookie": {"schema": {"type": "string"}, "description": "arkvory_session (HttpOnly, SameSite=Strict)"}}
+_LOGIN_COOKIES = {"Set-Cookie": {"schema": {"type": "string"}, "description": (
+    "arkvory_session (HttpOnly, SameSite=Strict), and a fresh arkvory_device cookie (Path=/api/v1/login,"
+    " one year): sent back, it keeps this client signing in while guessers lock the account out")}}
+_DEVICE_COOKIE = {
+    "name": device_cookies.COOKIE, "in": "cookie", "required": False,
+    "description": "From an earlier successful login as this account: limits this client on its own"
+    " (5 failures a minute) instead of with every client without it.",
+    "schema": {"type": "string", "maxLength": 127},
+}
+
+OPENAPI_PATHS: dict[str, Any] = {
+    "/api/v1/login": {"post": {
+        "summary": "Log in: a session token, also set as the arkvory_session cookie (never recorded by Idempotency-Key)",
+        "description": "Limited per client address (20 a minute, through ARKVORY_TRUSTED_PROXIES) and per"
+        " account name (5 failures a minute), or per device for a client that sends its arkvory_device cookie:"
+        " 429 with Retry-After.",
+        "security": [{}],
+        "parameters": [openapi.IDEMPOTENCY_KEY, _DEVICE_COOKIE],
+        "requestBody": _credentials_object(
+            "name", "password", name={"type": "string", "minLength": 1, "maxLength": 64},
+            password={"type": "string", "minLength": 1, "maxLength": MAX_PASSWORD}),
+        "responses": {
+            "200": _ok("Logged in", {"type": "object", "required": ["token", "sessionId", "expiresAt", "account"],
+                                     "properties": {"token": {"type": "string", "pattern": "^dps_"},
+                                                    "sessionId": {"type": "string", "format": "uuid"},
+                                                    "expiresAt": {"type": "string", "format": "date-time"},
+                                                    "account": _ACCOUNT}}, headers=_LOGIN_COOKIES),
+            **openapi.errors(400, 401, 413, 429),
+        },
+    }},
+    "/api/v1/logout": {"post": {
+        "summary": "End this session and clear its cookie",
+        "parameters": [openapi.IDEMPOTENCY_KEY],
+        "responses": {"204": _ok("Logged out", headers=_SET_COOKIE), **openapi.errors(400, 401)},
+    }},
+    "/api/v1/register": {"post": {
+        "summary": "Self-registration (404 unless ARKVORY_ALLOW_SIGNUP)",
+        "security": [{}],
+        "parameters": [openapi.IDEMPOTENCY_KEY],
+        "requestBody": _credentials_object("name", "password", name=_NAME, password=_NEW_PASSWORD),
+        "responses": {"201": _ok("Account created", _ACCOUNT), **openapi.errors(400, 404, 409, 413, 429)},
+    }},
+    "/api/v1/account/password": {"post": {
+        "summary": "Change your password (needs the old one); ends your other sessions",
+        "description": "Wrong old passwords are limited per account (5 a minute) for its signed-in credentials"
+        " only: a lockout by guessers at the login does not stop it.",
+        "parameters": [openapi.IDEMPOTENCY_KEY],
+        "requestBody": _credentials_object(
+            "oldPassword", "newPassword", oldPassword={"type": "string", "minLength": 1, "maxLength": MAX_PASSWORD},
+            newPassword=_NEW_PASSWORD),
+        "responses": {"204": _ok("Changed"), **openapi.errors(400, 401, 403, 413, 429)},
+    }},
+    "/api/v1/accounts": {
+        "post": {
+            "summary": "Create an account (admin)",
+            "parameters": [openapi.IDEMPOTENCY_KEY],
+            "requestBody": _credentials_object(
+                "name", "password", name=_NAME, password=_NEW_PASSWORD, admin={"type": "boolean", "default": False}),
+            "responses": {"201": _ok("Created", _ACCOUNT), **openapi.errors(400, 401, 403, 409, 413)},
+        },
+        "get": {
+            "summary": "List accounts (admin)",
+            "responses": {"200": _ok("Accounts", {"type": "object", "required": ["items"],
+                                                   "properties": {"items": {"type": "array", "items": _ACCOUNT}}}),
+                          **openapi.errors(401, 403)},
+        },
+    },
+    "/api/v1/accounts/{name}/disable": {"post": {
+        "summary": "Disable an account (admin): its sessions and tokens end at once",
+        "parameters": [_NAME_PARAM, openapi.IDEMPOTENCY_KEY],
+        "responses": {"200": _ok("Disabled", _ACCOUNT), **openapi.errors(400, 401, 403, 404, 409, 422)},
+    }},
+    "/api/v1/accounts/{name}/enable": {"post": {
+        "summary": "Enable a disabled account (admin)",
+        "parameters": [_NAME_PARAM, openapi.IDEMPOTENCY_KEY],
+        "responses": {"200": _ok("Enabled", _ACCOUNT), **openapi.errors(400, 401, 403, 404, 409, 422)},
+    }},
+}
