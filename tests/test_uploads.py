@@ -445,3 +445,17 @@ def test_parts_and_one_shot_uploads_share_the_upload_places(cluster):
             busy = put_part(client, session, 1, data)
             assert busy.status_code == 503 and busy.json()["code"] == "busy"
         wait_for(lambda: put_part(client, session, 1, data).status_code == 200)
+
+
+def test_a_cut_whole_content_put_keeps_every_part_that_fully_arrived(writer):
+    """Issue 13 item 4: cut after 3.5 of 5 parts, the session has parts 0, 1 and 2 (the last
+    finished one was still being written when the cut came, and was lost)."""
+    data = os.urandom(5 * MiB)
+    with writer.client() as client:
+        session = create(client, data)
+        send_and_leave(writer.port, f"PUT {BASE}/{session['id']}/content", data[: 3 * MiB + MiB // 2], len(data))
+        # Once the cut request is over, its claim on every part is released: part 4 goes in.
+        wait_for(lambda: put_part(client, session, 4, data).status_code == 200)
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == [0, 1, 2, 4]
+        assert put_part(client, session, 3, data).status_code == 200
+        assert complete(client, session).status_code == 201

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from shared.bodies import ReceiveTimedOut, body_chunks
 from shared.errors import Conflict, DigestMismatch, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from shared.metrics import Metrics
 from shared.storage import Storage, is_out_of_space, out_of_space
+
+log = logging.getLogger("arkvory.uploads")
 
 # A thread hop costs ~50 µs; at 1 MiB or more per hop it is lost in the hashing (~1 ms/MiB).
 BATCH = 2 * 1024 * 1024
@@ -127,8 +130,10 @@ class BatchedReceiver:
                         await self._flush(on_region)
             await self._flush(on_region)
             await self._settle(on_region)
-        except ReceiveTimedOut:
-            metrics.transfer_aborts.labels(direction="upload", reason="receive_timeout").inc()
+        except Exception as exc:
+            if isinstance(exc, ReceiveTimedOut):
+                metrics.transfer_aborts.labels(direction="upload", reason="receive_timeout").inc()
+            await self._keep_finished_region(on_region)
             raise
         finally:
             # Never leave a thread writing into a file the caller is about to remove.
@@ -165,6 +170,23 @@ class BatchedReceiver:
         await future
         if closing is not None:
             await on_region(closing)
+
+    async def _keep_finished_region(self, on_region: Callable) -> None:
+        """The body failed (cut, silent, too long) while the batch that finished a region was
+        still in the thread: once that batch is safely written, record the region like any
+        other, so a cut body keeps every part that fully arrived. A failure to record it is
+        logged; the body's own error is what the client gets."""
+        future, closing = self._in_flight, self._closing
+        if future is None or closing is None:
+            return
+        self._in_flight = self._closing = None
+        await asyncio.wait([future])
+        if future.cancelled() or future.exception() is not None:
+            return
+        try:
+            await on_region(closing)
+        except Exception:
+            log.warning("could not record part %d after its body failed", closing.index, exc_info=True)
 
     def _absorb(self, region: Region, batch: bytearray, at: int, closes: bool) -> None:
         """Worker thread: hash the batch and, unless the region is already recorded, write it."""
