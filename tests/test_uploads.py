@@ -130,7 +130,7 @@ def test_whole_content_put_publishes_and_checks_the_declared_digest(writer, data
         wrong = create(client, data, sha256=sha(b"other"))
         answer = client.put(f"{BASE}/{wrong['id']}/content", content=data)
         assert answer.status_code == 422 and answer.json()["code"] == "digest_mismatch"
-        assert complete(client, wrong).status_code == 422
+        assert complete(client, wrong).status_code == 409  # nothing was kept: parts missing
     assert_one_artifact(writer, database_url, data)
 
 
@@ -459,3 +459,20 @@ def test_a_cut_whole_content_put_keeps_every_part_that_fully_arrived(writer):
         assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == [0, 1, 2, 4]
         assert put_part(client, session, 3, data).status_code == 200
         assert complete(client, session).status_code == 201
+
+
+def test_a_whole_content_put_of_other_bytes_than_the_declared_sha256_keeps_nothing(writer, database_url):
+    """Issue 14 §4: 422, and as the README says nothing was kept: the right bytes sent next
+    are taken (not refused as other bytes for received parts) and publish."""
+    data = os.urandom(2 * MiB + 7)
+    other = os.urandom(len(data))
+    with writer.client() as client:
+        session = create(client, data)
+        answer = client.put(f"{BASE}/{session['id']}/content", content=other)
+        assert answer.status_code == 422 and answer.json()["code"] == "digest_mismatch", answer.text
+        assert "nothing was kept" in answer.json()["message"]
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == []
+        answer = client.put(f"{BASE}/{session['id']}/content", content=data)
+        assert answer.status_code == 200 and answer.json()["receivedParts"] == [0, 1, 2], answer.text
+        assert complete(client, session).status_code == 201
+    assert_one_artifact(writer, database_url, data)

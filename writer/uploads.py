@@ -312,13 +312,30 @@ async def put_content(request: Request) -> Response:
         recorded = {r["index"]: r["sha256"] for r in rows}
         regions = [Region(i, *part_span(session, i), recorded.get(i)) for i in range(count)]
         await _receive_regions(request, session, regions, whole)
-    if session["sha256"] is not None and whole.hexdigest() != session["sha256"]:
-        raise DigestMismatch(
-            f"the content has sha256 {whole.hexdigest()}, not the session's {session['sha256']}"
-        )
+        if session["sha256"] is not None and whole.hexdigest() != session["sha256"]:
+            # Still holding every part: nobody can use the parts this body recorded before
+            # they go again.
+            await _unrecord(request, session["id"], [r.index for r in regions if r.recorded is None])
+            raise DigestMismatch(
+                f"the content has sha256 {whole.hexdigest()}, not the session's {session['sha256']};"
+                " nothing was kept: send the right file"
+            )
     async with pooled(pool) as conn:
         received = await _received(conn, session["id"])
     return JSONResponse(session_json(session, received, repo))
+
+
+async def _unrecord(request: Request, session_id: uuid.UUID, indexes: list[int]) -> None:
+    """Forget parts this request recorded (their bytes stay in the file until sent again),
+    and the prefix hash that may have read them."""
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        await conn.execute(
+            "DELETE FROM arkvory_upload_parts WHERE upload_id = $1 AND index = ANY($2::int[])",
+            session_id, indexes, timeout=QUERY_TIMEOUT_S,
+        )
+    active_uploads(request).forget(session_id)
 
 
 def _check_length(request: Request, expected: int) -> None:
