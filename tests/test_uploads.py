@@ -476,3 +476,71 @@ def test_a_whole_content_put_of_other_bytes_than_the_declared_sha256_keeps_nothi
         assert answer.status_code == 200 and answer.json()["receivedParts"] == [0, 1, 2], answer.text
         assert complete(client, session).status_code == 201
     assert_one_artifact(writer, database_url, data)
+
+
+def test_a_descriptor_with_an_unknown_field_or_a_bad_name_is_refused_as_a_body_field(writer, database_url):
+    """Issue 13 item 16: strict like task bodies (a typo such as `sha265` must not silently
+    drop the check it meant), and a bad `name` is reported as the body's field."""
+    with writer.client() as client:
+        for extra in ({"sha265": "a" * 64}, {"partsize": MiB}, {"Name": "x"}):
+            answer = client.post(BASE, json={"name": "a", "size": 1, **extra},
+                                 headers={"Idempotency-Key": uuid.uuid4().hex})
+            assert answer.status_code == 400 and answer.json()["code"] == "invalid_input", answer.text
+            assert f"unknown field {next(iter(extra))!r}" in answer.json()["message"]
+        for name in ("a/b", "", "x\x01"):
+            answer = client.post(BASE, json={"name": name, "size": 1}, headers={"Idempotency-Key": uuid.uuid4().hex})
+            assert answer.status_code == 400, answer.text
+            message = answer.json()["message"]
+            assert "'name'" in message and "query" not in message, message
+        # The one-shot upload takes its name from the query: said so there.
+        answer = client.post("/api/v1/repositories/builds/artifacts", params={"name": "a/b"}, content=b"x")
+        assert answer.status_code == 400 and "query parameter 'name'" in answer.json()["message"]
+    assert db_fetch(database_url, "SELECT id FROM arkvory_uploads") == []
+
+
+def test_a_delete_after_or_racing_a_successful_complete_never_makes_the_next_complete_a_404(writer, database_url):
+    """Issue 13 item 16: a completed session answers DELETE with 409 and keeps replaying its
+    artifact; raced, either the complete published (then the DELETE lost and complete
+    replays) or the DELETE won (then complete was refused and no artifact exists)."""
+    data = os.urandom(MiB + 1)
+    with writer.client() as client:
+        session = create(client, data)
+        for index in (0, 1):
+            assert put_part(client, session, index, data).status_code == 200
+        published = complete(client, session)
+        assert published.status_code == 201
+        answer = client.delete(f"{BASE}/{session['id']}")
+        assert answer.status_code == 409 and answer.json()["code"] == "conflict", answer.text
+        again = complete(client, session)
+        assert again.status_code == 200 and again.json()["id"] == published.json()["id"], again.text
+    published_ids = {published.json()["id"]}
+    for _ in range(6):
+        with writer.client() as client:
+            session = create(client, data)
+            for index in (0, 1):
+                assert put_part(client, session, index, data).status_code == 200
+        answers: dict[str, httpx.Response] = {}
+
+        def send(what: str) -> None:
+            with writer.client() as own:
+                if what == "complete":
+                    answers[what] = complete(own, session)
+                else:
+                    answers[what] = own.delete(f"{BASE}/{session['id']}")
+
+        threads = [threading.Thread(target=send, args=(what,)) for what in ("complete", "delete")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        with writer.client() as client:
+            after = complete(client, session)
+        if answers["complete"].status_code == 201:
+            assert answers["delete"].status_code == 409, answers["delete"].text
+            assert after.status_code == 200 and after.json()["id"] == answers["complete"].json()["id"], after.text
+            published_ids.add(after.json()["id"])
+        else:
+            assert answers["complete"].status_code in (404, 409), answers["complete"].text
+            assert answers["delete"].status_code == 204, answers["delete"].text
+            assert after.status_code == 404, after.text
+    assert {str(r["id"]) for r in artifacts(database_url)} == published_ids

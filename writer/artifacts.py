@@ -47,11 +47,12 @@ from .upload_store import BatchedReceiver, Region, refuse_form_upload
 MAX_NAME = 255
 
 
-def check_artifact_name(name: str) -> str:
-    """A file name as clients will save it: no path separators, no `.`/`..`, no controls."""
-    check_text(name, "query parameter 'name'", MAX_NAME)
+def check_artifact_name(name: str, what: str = "query parameter 'name'") -> str:
+    """A file name as clients will save it: no path separators, no `.`/`..`, no controls.
+    `what` names where it came from (the one-shot query, or a session descriptor's field)."""
+    check_text(name, what, MAX_NAME)
     if "/" in name or "\\" in name or name in (".", ".."):
-        raise InvalidInput("query parameter 'name' must be a file name: no '/', '\\', '.' or '..'")
+        raise InvalidInput(f"{what} must be a file name: no '/', '\\', '.' or '..'")
     return name
 
 

@@ -111,11 +111,18 @@ def session_json(session: asyncpg.Record, received: list[int], repo: Repository)
     }
 
 
+_DESCRIPTOR_FIELDS = frozenset({"name", "size", "sha256", "mediaType", "partSize"})
+
+
 def _descriptor(body: dict[str, Any], max_bytes: int) -> dict[str, Any]:
+    # Strict like a task body: a misspelt `sha256` must not quietly drop the check it asked for.
+    unknown = sorted(set(body) - _DESCRIPTOR_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]!r}; known: {', '.join(sorted(_DESCRIPTOR_FIELDS))}")
     name = body.get("name")
     if not isinstance(name, str):
         raise InvalidInput("'name' is required")
-    check_artifact_name(name)
+    check_artifact_name(name, "'name'")
     size = body.get("size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise InvalidInput("'size' must be a whole number of bytes, 0 or more")
@@ -231,16 +238,36 @@ async def show_upload(request: Request) -> Response:
     return JSONResponse(session_json(session, received, repo))
 
 
+_COMPLETED = (
+    "this upload is completed: its artifact exists (delete the artifact instead); the session"
+    " stays until it expires so that a repeated complete returns the artifact"
+)
+
+
 async def delete_upload(request: Request) -> Response:
+    """Abandon an open session. A completed one is refused (409): its row is what a repeated
+    `complete` replays from, so a DELETE racing a successful complete loses."""
     check_key(request)
     _, session = await _session_for(request)
     runtime = runtime_of(request)
     assert runtime.pool is not None and runtime.storage is not None
+    if session["status"] != "open":
+        raise Conflict(_COMPLETED)
     if active_uploads(request).busy(session["id"]):
         raise Conflict("this upload is receiving a part or completing; retry when it is done")
     async with pooled(runtime.pool) as conn:
-        active_uploads(request).forget(session["id"])
-        await remove_sessions(conn, runtime.storage, [session["id"]])
+        # Only while still open: a complete that committed since (its row lock orders the two)
+        # keeps its row.
+        removed = await conn.fetchval(
+            "DELETE FROM arkvory_uploads WHERE id = $1 AND status = 'open' RETURNING id",
+            session["id"], timeout=QUERY_TIMEOUT_S,
+        )
+    if removed is None:
+        raise Conflict(_COMPLETED)
+    active_uploads(request).forget(session["id"])
+    # Row first, then the file (a crash in between leaves an orphan file for the sweep); a
+    # preallocated file of many GiB can take seconds to free, so not on the event loop.
+    await asyncio.to_thread(unlink_quietly, session_path(runtime.storage, session["id"]))
     return Response(status_code=204)
 
 
