@@ -1,7 +1,9 @@
 """Uploads that are safe to retry and to re-run (SPEC §6, §10).
 
-A file goes up through the resumable session API in parts (16 MiB by default), two at a time,
-each with its `X-Content-SHA256` and its own retry sequence: a byte flipped in flight is a
+A file goes up through the resumable session API in parts (16 MiB by default), one at a time
+(a principal has one upload place on a writer with default settings,
+ARKVORY_MAX_UPLOADS_PER_PRINCIPAL; a second body at once would only be refused) while the next
+part is read and hashed in a thread, each with its `X-Content-SHA256` and its own retry sequence: a byte flipped in flight is a
 `422 digest_mismatch` for that part alone, which is sent again. The whole logical upload has one
 `Idempotency-Key`, written *before* the session is created to `NAME.arkvory-upload` beside the
 file (JSON: key, session id, size, mtime_ns, SHA-256 when known, and the request's parameters).
@@ -59,7 +61,6 @@ from .wholehash import WholeFileHash
 
 MiB = 1024 * 1024
 MIN_PART, MAX_PART, MAX_PARTS = 1 * MiB, 64 * MiB, 10_000  # the server's bounds (writer/upload_sessions.py)
-PARALLEL_PARTS = 2  # the writer takes ARKVORY_MAX_UPLOADS (default 2) bodies at once
 STATE_SUFFIX = ".arkvory-upload"
 STATE_VERSION = 1
 HASH_READ = 8 * MiB
@@ -329,8 +330,9 @@ class Upload:
     # -- parts --------------------------------------------------------------------------------
 
     def _send_missing(self, fd: int, session: dict[str, Any]) -> str | None:
-        """Send the parts the session lacks, two at a time. Returns the whole file's SHA-256 when
-        the session holds parts of an earlier run (else None: see `_needs_whole_hash`)."""
+        """Send the parts the session lacks in order, one at a time, the next one read and
+        hashed meanwhile. Returns the whole file's SHA-256 when the session holds parts of an
+        earlier run (else None: see the module docstring)."""
         size, part_size = session["size"], session["partSize"]
         received = set(session["receivedParts"])
         missing = [i for i in range(session["partCount"]) if i not in received]
@@ -340,21 +342,30 @@ class Upload:
         try:
             self._done = sum(_part_length(size, part_size, i) for i in received)
             self._report()
-            with concurrent.futures.ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="arkvory-put") as pool:
-                futures = [pool.submit(self._send_part, fd, session, i, whole) for i in missing]
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arkvory-put-read") as reader:
+                upcoming = reader.submit(self._read_part, fd, session, missing[0], whole) if missing else None
                 try:
-                    for future in concurrent.futures.as_completed(futures):
-                        future.result()
+                    for position, index in enumerate(missing):
+                        assert upcoming is not None
+                        data, part_sha256 = upcoming.result()
+                        following = missing[position + 1] if position + 1 < len(missing) else None
+                        upcoming = None if following is None else reader.submit(
+                            self._read_part, fd, session, following, whole
+                        )
+                        self._send_part(session, index, data, part_sha256)
                 except BaseException:
-                    for future in futures:
-                        future.cancel()
+                    if upcoming is not None:
+                        upcoming.cancel()
                     raise
         except BaseException:
             whole.abandon()
             raise
         return whole.hexdigest()
 
-    def _send_part(self, fd: int, session: dict[str, Any], index: int, whole: WholeFileHash | _NoWholeHash) -> None:
+    def _read_part(
+        self, fd: int, session: dict[str, Any], index: int, whole: WholeFileHash | _NoWholeHash
+    ) -> tuple[bytes, str]:
+        """In the reading thread: the part's bytes and their SHA-256."""
         size, part_size = session["size"], session["partSize"]
         length = _part_length(size, part_size, index)
         try:
@@ -364,7 +375,10 @@ class Upload:
         if len(data) != length:
             raise LocalIOError(f"{self.path} became shorter during the upload")
         whole.offer(index, data)
-        part_sha256 = hashlib.sha256(data).hexdigest()
+        return data, hashlib.sha256(data).hexdigest()
+
+    def _send_part(self, session: dict[str, Any], index: int, data: bytes, part_sha256: str) -> None:
+        length = len(data)
         what = f"upload part {index} of {self.path.name}"
         path = f"{self.base}/uploads/{session['id']}/parts/{index}"
         http = self.transport.http
