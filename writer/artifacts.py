@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from shared.bodies import declared_length
 from shared.catalog import QUERY_TIMEOUT_S, Repository, check_text, parse_uuid, pooled, repository_for_read
-from shared.errors import Busy, Conflict, InvalidInput, NotFound, PayloadTooLarge
+from shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
 from shared.settings import Settings
 from shared.metrics import Metrics
@@ -42,6 +42,7 @@ from .idempotency import HeldKey, Result, holding_key, idempotent
 from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
 from .pagination import page, page_cursor, page_limit
 from .repositories import principal_of, repository_for_write, runtime_of
+from .upload_places import UploadPlaces
 from .upload_store import BatchedReceiver, Region, refuse_form_upload
 
 MAX_NAME = 255
@@ -95,7 +96,7 @@ async def received_body(
                     fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
                     open_ended=expected is None,
                 )
-                await receiver.receive(request, settings.receive_timeout_s, _nothing_to_record, metrics)
+                await receiver.receive(request, settings, _nothing_to_record, metrics)
                 await asyncio.to_thread(os.fsync, fd)
             finally:
                 os.close(fd)
@@ -149,21 +150,18 @@ async def upload_artifact(request: Request) -> Response:
         request.query_params.get("mediaType"), request.headers.get("content-type")
     )
     declared_length(request)  # a malformed Content-Length is refused before taking a place
-    limiter: asyncio.Semaphore = request.app.state.upload_slots
-    # Waiting for a place is bounded by not waiting at all: the client retries after
-    # Retry-After, and a place is held at most until its body goes silent (receive timeout).
-    if limiter.locked():
-        raise Busy("too many uploads at once (ARKVORY_MAX_UPLOADS)", retry_after=5)
     runtime = runtime_of(request)
     assert runtime.storage is not None
+    places: UploadPlaces = request.app.state.upload_places
     # The key is held while the body streams (a concurrent duplicate gets 409 at once) and
     # recorded in the transaction that inserts the artifact (a retry replays it).
-    async with holding_key(request, principal) as held, limiter:
-        try:
-            async with received_body(request, runtime.storage, runtime.settings, runtime.metrics) as body:
-                return await _publish_received(request, held, repo, name, media_type, *body)
-        except ClientDisconnect:
-            return Response(status_code=400)  # nobody is listening; nothing was kept
+    with places.hold(principal.id):
+        async with holding_key(request, principal) as held:
+            try:
+                async with received_body(request, runtime.storage, runtime.settings, runtime.metrics) as body:
+                    return await _publish_received(request, held, repo, name, media_type, *body)
+            except ClientDisconnect:
+                return Response(status_code=400)  # nobody is listening; nothing was kept
 
 
 async def _publish_received(

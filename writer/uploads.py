@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
-from shared.errors import Busy, Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
+from shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
 
 from .artifacts import artifact_json, check_artifact_name, place_claimed_blob
@@ -58,6 +58,7 @@ from .upload_sessions import (
     unlink_quietly,
     whole_digest,
 )
+from .upload_places import UploadPlaces
 from .upload_store import BatchedReceiver, Region, parse_sha256, refuse_form_upload
 from .uploads_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 
@@ -274,15 +275,6 @@ async def delete_upload(request: Request) -> Response:
 # -- receiving parts ---------------------------------------------------------------------------
 
 
-def _upload_place(request: Request) -> asyncio.Semaphore:
-    limiter: asyncio.Semaphore = request.app.state.upload_slots
-    # Not waiting is the bound on waiting: the client retries after Retry-After, and a place is
-    # held at most until its body goes silent (receive timeout). Shared with the one-shot upload.
-    if limiter.locked():
-        raise Busy("too many uploads at once (ARKVORY_MAX_UPLOADS)", retry_after=5)
-    return limiter
-
-
 async def put_part(request: Request) -> Response:
     refuse_form_upload(request)
     check_key(request)
@@ -302,7 +294,7 @@ async def put_part(request: Request) -> Response:
     _check_length(request, size)
     pool = runtime_of(request).pool
     assert pool is not None
-    async with _receiving(request, session["id"], range(index, index + 1)):
+    async with _receiving(request, session, range(index, index + 1)):
         # Looked up after the claim: no other request can record this part until we are done.
         async with pooled(pool) as conn:
             recorded = await conn.fetchval(
@@ -330,7 +322,7 @@ async def put_content(request: Request) -> Response:
     assert pool is not None
     count = part_count(session["size"], session["part_size"])
     whole = hashlib.sha256()
-    async with _receiving(request, session["id"], range(count)):
+    async with _receiving(request, session, range(count)):
         async with pooled(pool) as conn:
             rows = await conn.fetch(
                 "SELECT index, sha256 FROM arkvory_upload_parts WHERE upload_id = $1",
@@ -372,16 +364,17 @@ def _check_length(request: Request, expected: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _receiving(request: Request, session_id: uuid.UUID, indexes: range):
-    """An upload place (shared with the one-shot upload) and the claim on these parts."""
-    limiter = _upload_place(request)
-    registry = active_uploads(request)
-    registry.claim(session_id, indexes)
-    try:
-        async with limiter:
+async def _receiving(request: Request, session: asyncpg.Record, indexes: range):
+    """An upload place of the session's principal (shared with the one-shot upload) and the
+    claim on these parts."""
+    places: UploadPlaces = request.app.state.upload_places
+    with places.hold(session["principal_id"]):
+        registry = active_uploads(request)
+        registry.claim(session["id"], indexes)
+        try:
             yield
-    finally:
-        registry.release(session_id, indexes)
+        finally:
+            registry.release(session["id"], indexes)
 
 
 async def _receive_regions(
@@ -412,7 +405,7 @@ async def _receive_regions(
 
     try:
         receiver = BatchedReceiver(fd, regions, storage=storage, reserve=0, check_room=False, whole=whole)
-        await receiver.receive(request, runtime.settings.receive_timeout_s, record, runtime.metrics)
+        await receiver.receive(request, runtime.settings, record, runtime.metrics)
     except ClientDisconnect:
         raise InvalidInput("the client went away; the parts it finished are kept") from None
     finally:
