@@ -544,3 +544,48 @@ def test_a_delete_after_or_racing_a_successful_complete_never_makes_the_next_com
             assert answers["delete"].status_code == 204, answers["delete"].text
             assert after.status_code == 404, after.text
     assert {str(r["id"]) for r in artifacts(database_url)} == published_ids
+
+
+def test_one_principal_reserves_at_most_its_share_of_the_disk(cluster, database_url):
+    """Issue 13 item 10: ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL (here 3 MiB) bounds what one
+    principal's open sessions reserve: beyond it a session is 409 naming the setting (413 when
+    it alone is larger), concurrent creates cannot both take the last of it, another principal
+    is unaffected, and the caller can list what holds its share."""
+    writer = cluster.writer(ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL=str(3 * MiB)).wait_ready()
+
+    def start(client: httpx.Client, size: int, repo: str = "builds") -> httpx.Response:
+        return client.post(f"/api/v1/repositories/{repo}/uploads", json={"name": "a", "size": size},
+                           headers={"Idempotency-Key": uuid.uuid4().hex})
+
+    with writer.client() as client:
+        for repo in ("builds", "other"):
+            assert client.post("/api/v1/repositories", json={"name": repo}).status_code == 201
+        first = start(client, 2 * MiB)
+        assert first.status_code == 201, first.text
+        refused = start(client, 2 * MiB)
+        assert refused.status_code == 409 and refused.json()["code"] == "conflict", refused.text
+        assert "ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL" in refused.json()["message"]
+        alone = start(client, 4 * MiB)
+        assert alone.status_code == 413 and "ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL" in alone.json()["message"]
+        listed = client.get(BASE).json()
+        assert [s["id"] for s in listed["items"]] == [first.json()["id"]]
+        assert listed["reservedBytes"] == 2 * MiB and listed["maxReservedBytes"] == 3 * MiB
+    with writer.client(OTHER_TOKEN) as other:
+        assert start(other, 2 * MiB, repo="other").status_code == 201
+    with writer.client() as client:
+        assert client.delete(f"{BASE}/{first.json()['id']}").status_code == 204
+        answers: list[httpx.Response] = []
+
+        def race() -> None:
+            with writer.client() as own:
+                answers.append(start(own, 2 * MiB))
+
+        threads = [threading.Thread(target=race) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(a.status_code for a in answers) == [201, 409, 409, 409, 409, 409], [a.text for a in answers]
+    rows = db_fetch(database_url, "SELECT principal_id, sum(size) AS reserved FROM arkvory_uploads"
+                                  " WHERE status = 'open' GROUP BY principal_id ORDER BY principal_id")
+    assert [(r["principal_id"], r["reserved"]) for r in rows] == [("key:admin", 2 * MiB), ("key:other", 2 * MiB)]

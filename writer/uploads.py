@@ -16,8 +16,12 @@ Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their file
 writer's start (shared/storage.py), on access, by each new session, and by the worker of the
 next issue (`upload_sessions.sweep_expired_uploads`).
 
-Session files and in-process bookkeeping are in upload_sessions.py, receiving bytes in
-upload_store.py, the OpenAPI fragment in uploads_openapi.py.
+A completed session stays (DELETE is 409) until the idempotency retention ends, so a repeated
+`complete` returns its artifact.
+
+Session files and in-process bookkeeping are in upload_sessions.py, the disk one principal's
+sessions may reserve in upload_reservations.py, the upload places in upload_places.py,
+receiving bytes in upload_store.py, the OpenAPI fragment in uploads_openapi.py.
 """
 
 from __future__ import annotations
@@ -60,14 +64,10 @@ from .upload_sessions import (
 )
 from .upload_places import UploadPlaces
 from .upload_store import BatchedReceiver, Region, parse_sha256, refuse_form_upload
+from .upload_reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
 from .uploads_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 
 log = logging.getLogger("arkvory.uploads")
-
-# Open sessions per principal: each reserves its space until it completes or expires, so one
-# client cannot take the disk (down to the reserve) with sessions it never finishes.
-MAX_OPEN_SESSIONS = 100
-
 
 def check_key(request: Request) -> None:
     """Routes that are idempotent by nature (a part, complete) still refuse a malformed key."""
@@ -163,18 +163,12 @@ async def create_upload(request: Request) -> Response:
     settings, storage = runtime.settings, runtime.storage
     assert storage is not None
     descriptor = _descriptor(await json_body(request), settings.max_artifact_bytes)
+    limit = settings.max_reserved_bytes_per_principal
+    check_reservable(descriptor["size"], limit)
     await _sweep_some(request)
 
     async def work(conn: asyncpg.Connection) -> Result:
-        open_sessions = await conn.fetchval(
-            "SELECT count(*) FROM arkvory_uploads WHERE principal_id = $1 AND status = 'open'",
-            principal.id, timeout=QUERY_TIMEOUT_S,
-        )
-        if open_sessions >= MAX_OPEN_SESSIONS:
-            raise Conflict(
-                f"{open_sessions} upload sessions of yours are open (at most {MAX_OPEN_SESSIONS}):"
-                " complete or delete some first"
-            )
+        await claim_reservation(conn, principal.id, descriptor["size"], limit)
         session_id = uuid.uuid4()
         row = await conn.fetchrow(
             "INSERT INTO arkvory_uploads (id, repository_id, principal_id, name, size, sha256,"
@@ -228,6 +222,38 @@ async def _session_for(request: Request) -> tuple[Repository, asyncpg.Record]:
     if row is None:
         raise NotFound(f"no upload {session_id} in {repo.name!r}")
     return repo, row
+
+
+async def list_uploads(request: Request) -> Response:
+    """The caller's open sessions in this repository (at most MAX_OPEN_SESSIONS: no pages), and
+    what all its open sessions reserve: what to complete or delete when a new one is refused.
+    Needs write permission, like every upload route: the client asks here whether it may upload
+    before it answers "stored already" (shared/client/upload.py)."""
+    principal = await principal_of(request)
+    repo = await repository_for_write(request, principal)
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    async with pooled(runtime.pool) as conn:
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS}, (SELECT count(*) FROM arkvory_upload_parts p WHERE p.upload_id = u.id)"
+            " AS received FROM arkvory_uploads u WHERE repository_id = $1 AND principal_id = $2"
+            " AND status = 'open' ORDER BY created_at, id LIMIT $3",
+            repo.id, principal.id, MAX_OPEN_SESSIONS, timeout=QUERY_TIMEOUT_S,
+        )
+        _, reserved = await reserved_by(conn, principal.id)
+    return JSONResponse({
+        "items": [_session_summary(row, repo) for row in rows],
+        "reservedBytes": reserved,
+        "maxReservedBytes": runtime.settings.max_reserved_bytes_per_principal,
+    })
+
+
+def _session_summary(row: asyncpg.Record, repo: Repository) -> dict[str, Any]:
+    """A session in a list: the count of its parts instead of their indexes (up to 10,000)."""
+    summary = session_json(row, [], repo)
+    del summary["receivedParts"]
+    summary["receivedPartCount"] = row["received"]
+    return summary
 
 
 async def show_upload(request: Request) -> Response:
@@ -531,6 +557,7 @@ _BASE = "/api/v1/repositories/{repo}/uploads"
 
 routes = [
     Route(_BASE, create_upload, methods=["POST"]),
+    Route(_BASE, list_uploads, methods=["GET"]),
     Route(_BASE + "/{upload_id}", show_upload, methods=["GET"]),
     Route(_BASE + "/{upload_id}", delete_upload, methods=["DELETE"]),
     Route(_BASE + "/{upload_id}/content", put_content, methods=["PUT"]),
