@@ -15,9 +15,11 @@ Re-running an upload that already succeeded makes no second artifact: an artifac
 name and SHA-256 in the repository is taken as the result. Only when one of the same name and
 size exists is the file hashed before anything is sent (and the SHA-256 then declared to the
 session, so the writer refuses anything else). That answer is given only to a principal that
-may write: the upload session is created first, under the upload's key, as for any upload (a
-reader gets the writer's 403 there, an AuthError), and then deleted unused. Listing artifacts
-needs only read access, so without that step a reader would be told its put worked.
+may write: the client lists its upload sessions in the repository first, which needs write
+permission (a reader gets the writer's 403 there, an AuthError). Listing artifacts needs only
+read access, so without that step a reader would be told its put worked. No session is opened
+for it: a session reserves the file's size on the writer's disk, within the principal's
+ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL.
 
 Why the artifact is the file without a whole-file hash of our own on the common path: every
 part's SHA-256 is computed here from the bytes read for it and checked by the writer, which
@@ -212,16 +214,11 @@ class Upload:
         )
         saved = UploadState.load(self.state_file)
         state = saved if saved is not None and saved.same_upload(wanted) else wanted
+        if done_before is not None:
+            return self._stored_already(done_before, state if state is saved else None)
         if state is wanted:
             state.save(self.state_file)
-        # Before any answer, even "done already": creating the session is the writer's own
-        # check that this principal may write here (403 for a reader).
         session = self._start_session(state)
-        if done_before is not None and session["status"] == "open":
-            self._delete_session_quietly(session)
-            self._point_asset(done_before, state.key)
-            self.state_file.unlink(missing_ok=True)
-            return done_before
         artifact, sha256 = self._through_session(state, session)
         expected = sha256 or state.sha256
         if (expected is not None and artifact["sha256"] != expected) or artifact["size"] != size:
@@ -234,6 +231,20 @@ class Upload:
                 f" the file has {expected} ({size} bytes); the artifact was deleted, run the upload again"
             )
         self._point_asset(artifact, state.key)
+        self.state_file.unlink(missing_ok=True)
+        return artifact
+
+    def _stored_already(self, artifact: dict[str, Any], saved: UploadState | None) -> dict[str, Any]:
+        """The file is in the repository already: that artifact is the answer, but only for a
+        principal that may write here, and without opening a session (which would reserve the
+        file's size on the writer's disk just to be deleted). Listing this repository's upload
+        sessions is the writer's own check: a reader gets its 403 (AuthError)."""
+        self.transport.json("GET", f"{self.base}/uploads", f"upload {self.path.name}")
+        if saved is not None and saved.session is not None:
+            # An earlier run of this upload left a session: free what it reserves (a completed
+            # one is refused and stays, which is right: it replays its artifact).
+            self._delete_session_quietly({"id": saved.session})
+        self._point_asset(artifact, saved.key if saved is not None else uuid.uuid4().hex)
         self.state_file.unlink(missing_ok=True)
         return artifact
 
@@ -258,8 +269,8 @@ class Upload:
         return session
 
     def _delete_session_quietly(self, session: dict[str, Any]) -> None:
-        """The session opened only to be refused or allowed is not needed: free its space now
-        (if this fails, the writer's expiry sweep frees it later)."""
+        """A session this upload no longer needs: free its space now (if this fails, the
+        writer's expiry sweep frees it later)."""
         try:
             self.transport.request(
                 "DELETE", f"{self.base}/uploads/{session['id']}", "delete the unneeded upload session"
