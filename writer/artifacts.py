@@ -153,10 +153,11 @@ async def upload_artifact(request: Request) -> Response:
     runtime = runtime_of(request)
     assert runtime.storage is not None
     places: UploadPlaces = request.app.state.upload_places
-    # The key is held while the body streams (a concurrent duplicate gets 409 at once) and
-    # recorded in the transaction that inserts the artifact (a retry replays it).
-    with places.hold(principal.id):
-        async with holding_key(request, principal) as held:
+    # The key is held while the body streams (a concurrent duplicate gets 409 at once, before
+    # the 503 its principal's full share of places would give) and recorded in the transaction
+    # that inserts the artifact (a retry replays it).
+    async with holding_key(request, principal) as held:
+        with places.hold(principal.id):
             try:
                 async with received_body(request, runtime.storage, runtime.settings, runtime.metrics) as body:
                     return await _publish_received(request, held, repo, name, media_type, *body)

@@ -391,16 +391,17 @@ def _check_length(request: Request, expected: int) -> None:
 
 @contextlib.asynccontextmanager
 async def _receiving(request: Request, session: asyncpg.Record, indexes: range):
-    """An upload place of the session's principal (shared with the one-shot upload) and the
-    claim on these parts."""
+    """The claim on these parts and an upload place of the session's principal (shared with
+    the one-shot upload). The claim first: a retry of a part whose cut request still holds it
+    gets the 409 that says so, not the 503 of its principal's share of places."""
     places: UploadPlaces = request.app.state.upload_places
-    with places.hold(session["principal_id"]):
-        registry = active_uploads(request)
-        registry.claim(session["id"], indexes)
-        try:
+    registry = active_uploads(request)
+    registry.claim(session["id"], indexes)
+    try:
+        with places.hold(session["principal_id"]):
             yield
-        finally:
-            registry.release(session["id"], indexes)
+    finally:
+        registry.release(session["id"], indexes)
 
 
 async def _receive_regions(
