@@ -289,8 +289,12 @@ async def delete_upload(request: Request) -> Response:
             "DELETE FROM arkvory_uploads WHERE id = $1 AND status = 'open' RETURNING id",
             session["id"], timeout=QUERY_TIMEOUT_S,
         )
-    if removed is None:
-        raise Conflict(_COMPLETED)
+        if removed is None:
+            if await conn.fetchval(
+                "SELECT 1 FROM arkvory_uploads WHERE id = $1", session["id"], timeout=QUERY_TIMEOUT_S
+            ):
+                raise Conflict(_COMPLETED)
+            raise NotFound(f"upload {session['id']} was removed meanwhile")
     active_uploads(request).forget(session["id"])
     # Row first, then the file (a crash in between leaves an orphan file for the sweep); a
     # preallocated file of many GiB can take seconds to free, so not on the event loop.

@@ -1,12 +1,13 @@
 """Uploads that are safe to retry and to re-run (SPEC §6, §10).
 
 A file goes up through the resumable session API in parts (16 MiB by default), one at a time
-(a principal has one upload place on a writer with default settings,
-ARKVORY_MAX_UPLOADS_PER_PRINCIPAL; a second body at once would only be refused) while the next
-part is read and hashed in a thread, each with its `X-Content-SHA256` and its own retry sequence: a byte flipped in flight is a
-`422 digest_mismatch` for that part alone, which is sent again. The whole logical upload has one
-`Idempotency-Key`, written *before* the session is created to `NAME.arkvory-upload` beside the
-file (JSON: key, session id, size, mtime_ns, SHA-256 when known, and the request's parameters).
+while the next one is read and hashed in a thread (a principal has one upload place on a writer
+with default settings, ARKVORY_MAX_UPLOADS_PER_PRINCIPAL: a second body at once would only be
+refused), each with its `X-Content-SHA256` and its own retry sequence: a byte flipped in flight
+is a `422 digest_mismatch` for that part alone, which is sent again. The whole logical upload has
+one `Idempotency-Key`, written *before* the session is created to `NAME.arkvory-upload` beside
+the file (JSON: key, session id, size, mtime_ns, SHA-256 when known, and the request's
+parameters).
 A re-run of the same upload finds it and resumes the same session, sending only the parts the
 server lacks; a changed file or other parameters start a new upload with a new key. The key file
 is removed once the artifact exists (and the asset points at it, when asked).
