@@ -6,7 +6,7 @@ back to the kernel by default; every run also measures `Client.download(durable=
 `arkvory get --fsync` does: early flushes, fsync, rename, directory fsync) next to curl followed
 by `sync FILE`, the same durability: the disk's write speed bounds both, so that row is for
 information. `Client.upload` ≥ 0.8 × the raw resumable upload of bench/upload.py (same part
-size, two parts in parallel, part hashes computed before its clock starts), the client's
+size, one part at a time, part hashes computed before its clock starts), the client's
 hashing of each part included in its time.
 
 The gateway runs in shared mode with the largest total the settings accept (2^40 B/s), as in
@@ -148,7 +148,7 @@ def bench_upload(bench: BenchCluster, size: int, runs: int, part: int) -> list[t
     client_rate = size / MiB / statistics.median(client_times)
     ratio = client_rate / raw_rate
     return [
-        (f"upload: raw resumable, {part // MiB} MiB parts, 2 parallel (bench/upload.py)",
+        (f"upload: raw resumable, {part // MiB} MiB parts, one at a time (bench/upload.py)",
          f"{statistics.median(raw_times):.2f}", each(raw_times), f"{raw_rate:.0f}", "", ""),
         ("upload: Client.upload (each part hashed as it is sent)", f"{statistics.median(client_times):.2f}",
          each(client_times), f"{client_rate:.0f}", f"{ratio:.2f} (≥ 0.80)", verdict(ratio >= 0.8)),

@@ -5,8 +5,9 @@ Goals (issue 7): upload ≥ 0.7 × the speed of `sha256sum FILE && cp FILE COPY`
 and the writer's concurrent downloads keep their rate (≥ 0.9 × their rate without the upload:
 the upload must not starve the event loop).
 
-The upload: a session with parts of --part-mib MiB (8-64), sent two at a time by two client
-threads (each part read from the file and sent with its X-Content-SHA256), then `complete`. The
+The upload: a session with parts of --part-mib MiB (8-64), sent one at a time (a principal's
+share of the writer's upload places with default settings, ARKVORY_MAX_UPLOADS_PER_PRINCIPAL;
+each part read from the file and sent with its X-Content-SHA256), then `complete`. The
 part hashes are computed before the clock starts, as the reference's work is only the server
 side's: hash + copy. The downloads: one curl at a time, in a loop, of a 64 MiB artifact from the
 writer, throttled by the writer to --download-mib-s (ARKVORY_DOWNLOAD_BYTES_PER_SECOND); their
@@ -41,6 +42,9 @@ from cluster import (
     upload,
     verdict,
 )
+
+
+SENDERS = 1  # parts in flight: one principal's upload places on a writer with default settings
 
 
 def make_file(path, size: int) -> None:
@@ -102,8 +106,8 @@ def resumable_upload(writer, path, size: int, part: int, hashes: list[str], whol
                 if answer.status_code != 200:
                     raise BenchError(f"part {index}: {answer.status_code} {answer.text}")
 
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        for future in [pool.submit(sender) for _ in range(2)]:
+    with concurrent.futures.ThreadPoolExecutor(SENDERS) as pool:
+        for future in [pool.submit(sender) for _ in range(SENDERS)]:
             future.result()
     with admin(writer) as client:
         answer = client.post(f"{base}/{session['id']}/complete")

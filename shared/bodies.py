@@ -3,7 +3,9 @@
 A body is read only after the route authenticated the caller. JSON is parsed only once the
 body is known to be small (`MAX_JSON_BYTES`) and shallow (`MAX_JSON_DEPTH`): `json.loads` of
 200,000 `[` recurses until Python gives up, and of 100 MB blocks the event loop for seconds.
-Every receive waits at most the receive timeout, so a silent client cannot hold a request open.
+Every receive waits at most the receive timeout, so a silent client cannot hold a request open;
+an upload body must also keep a minimum rate after its first seconds (`MinimumRate`), so a
+trickling one cannot either.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,8 +32,53 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _OPEN_AS_SQUARE = bytes.maketrans(b"{}", b"[]")
 
 
+# An upload body is judged on its rate only after this long (connection set-up, TCP slow start,
+# a client that opens its file), or after the receive timeout when that is shorter: a body is
+# never given longer to get going than it may stay silent.
+MIN_RATE_GRACE_S = 10.0
+
+
 class ReceiveTimedOut(RequestTimeout):
     """Raised instead of `TimeoutError`, which the HTTP edge reads as a slow database."""
+
+    reason = "receive_timeout"  # the label of arkvory_transfer_aborts_total
+
+
+class TooSlow(ReceiveTimedOut):
+    """The body arrives, but slower than ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND."""
+
+    reason = "min_rate"
+
+
+class MinimumRate:
+    """Apache mod_reqtimeout's MinRate for one body: after a grace of `grace_s`, every byte
+    received allows 1/`bytes_per_second` s more, with at most `grace_s` of credit banked, so a
+    fast start cannot buy a trickle hours of holding its place.
+
+    Only the time spent waiting for the client counts (`received` is told how long each wait
+    took): time this server spends writing or recording a part is never held against it."""
+
+    def __init__(self, bytes_per_second: int, grace_s: float) -> None:
+        if bytes_per_second <= 0 or grace_s <= 0:
+            raise ValueError(f"bytes_per_second and grace_s must be positive, got {bytes_per_second}, {grace_s}")
+        self.bytes_per_second = bytes_per_second
+        self.grace_s = grace_s
+        self.waited_s = 0.0
+        self._allowed_s = grace_s
+
+    def seconds_left(self) -> float:
+        """How much longer the client may take before the body is too slow."""
+        return self._allowed_s - self.waited_s
+
+    def received(self, size: int, waited_s: float) -> None:
+        self.waited_s += waited_s
+        self._allowed_s = min(self._allowed_s + size / self.bytes_per_second, self.waited_s + self.grace_s)
+
+    def too_slow(self) -> TooSlow:
+        return TooSlow(
+            f"the request body arrived slower than {self.bytes_per_second} bytes/s after its first"
+            f" {self.grace_s:g} s (ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND)"
+        )
 
 
 def declared_length(request: Request) -> int | None:
@@ -43,22 +91,32 @@ def declared_length(request: Request) -> int | None:
     return int(value)
 
 
-async def body_chunks(request: Request, timeout_s: float) -> AsyncIterator[bytes]:
-    """The body's chunks as they arrive; each wait for the next one is bounded by `timeout_s`.
+async def body_chunks(
+    request: Request, timeout_s: float, min_rate: MinimumRate | None = None
+) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive; each wait for the next one is bounded by `timeout_s`,
+    and with `min_rate` by the time the body has left before it is too slow.
 
     Reads the ASGI `receive` directly: Starlette's `request.stream()` would wait forever."""
     receive = request.receive
     while True:
+        wait_s = timeout_s if min_rate is None else max(0.0, min(timeout_s, min_rate.seconds_left()))
+        started = time.monotonic()
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(wait_s):
                 message = await receive()
         except TimeoutError:
+            if min_rate is not None and wait_s < timeout_s:
+                min_rate.received(0, wait_s)
+                raise min_rate.too_slow() from None
             raise ReceiveTimedOut(
                 f"the request body sent no byte for {timeout_s:g} s"
             ) from None
         if message["type"] == "http.disconnect":
             raise ClientDisconnect()
         chunk = message.get("body", b"")
+        if min_rate is not None:
+            min_rate.received(len(chunk), time.monotonic() - started)
         if chunk:
             yield chunk
         if not message.get("more_body", False):

@@ -68,7 +68,7 @@ class Metrics:
         self.transfer_aborts = Counter(
             "arkvory_transfer_aborts",
             "Transfers cut by the server, by direction (download, upload) and reason "
-            "(send_timeout, receive_timeout, lease_lost, short_read)",
+            "(send_timeout, receive_timeout, min_rate, lease_lost, short_read)",
             ["direction", "reason"],
             registry=registry,
         )

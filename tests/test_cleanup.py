@@ -50,7 +50,7 @@ async def run_cleanup(cluster, params: dict) -> tuple[dict, str]:
 
 def test_cleanup_in_a_loop_during_downloads_and_uploads_breaks_nothing_and_reclaims(cluster):
     shared = cluster.shared_env(slots=3)
-    writer = cluster.writer(shared, ARKVORY_MAX_UPLOADS="8").wait_ready()
+    writer = cluster.writer(shared, ARKVORY_MAX_UPLOADS="8", ARKVORY_MAX_UPLOADS_PER_PRINCIPAL="8").wait_ready()
     keep, garbage, churn = {}, {}, [os.urandom(150_000 + n) for n in range(3)]
     with writer.client() as client:
         assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201

@@ -235,3 +235,24 @@ def test_a_reader_is_never_told_that_a_put_of_stored_bytes_worked(writer, proxy,
         assert http.get("/api/v1/repositories/builds/asset", params={"path": "latest/app.tar.gz"}).json()[
             "artifactId"
         ] == stored["id"]
+
+
+def test_a_rerun_of_a_stored_file_reserves_nothing(cluster, source):
+    """Issue 13 item 10: the client learns that its file is stored already without opening
+    (and so preallocating) a session: it works even when the principal's reservation is
+    full, and the writer sees no session created."""
+    writer = cluster.writer(ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL=str(SIZE)).wait_ready()
+    with writer.client() as http:
+        assert http.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
+    with HttpFaultProxy(writer.port) as proxy:
+        with Client(proxy.url, ADMIN_TOKEN, retry=QUICK) as client:
+            stored = client.upload("builds", source, part_size=PART)
+            with writer.client() as http:  # another upload in progress holds the whole share
+                held = http.post("/api/v1/repositories/builds/uploads", json={"name": "other", "size": SIZE},
+                                 headers={"Idempotency-Key": "held"})
+                assert held.status_code == 201, held.text
+            creates = len(proxy.requests_to("/uploads", "POST"))
+            again = client.upload("builds", source, part_size=PART)
+        assert again["id"] == stored["id"]
+        assert len(proxy.requests_to("/uploads", "POST")) == creates
+    assert not state_path(source).exists()

@@ -8,12 +8,13 @@ import contextlib
 import hashlib
 import os
 import subprocess
+import threading
 import uuid
 
 import httpx
 import pytest
 
-from .harness import db_fetch
+from .harness import DEFAULT_KEYS, Cluster, db_fetch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,3 +108,47 @@ def test_without_a_reserve_a_session_larger_than_the_free_space_is_507(cluster, 
                 assert leftovers(cluster.data_dir) == []
         finally:
             writer.kill()
+
+
+def test_concurrent_sessions_never_take_the_disk_below_the_reserve(database_url, tmp_path):
+    """Issue 13 item 10: the free-space check and the preallocation are one step. Eight
+    principals create 4 MiB sessions at once on a 24 MiB disk that must keep 8 MiB free: those
+    that got 201 fit, the others are 507 with nothing left behind, and the reserve holds."""
+    tokens = {f"arkvory_key_test_writer_{n}_{'0' * 20}": (f"writer{n}", ["write:builds"]) for n in range(8)}
+    cluster = Cluster(database_url, tmp_path, keys={**DEFAULT_KEYS, **tokens})
+    try:
+        with small_tmpfs(cluster.data_dir, "24m"):
+            writer = cluster.writer(
+                ARKVORY_MIN_FREE_BYTES=str(8 * MiB), ARKVORY_DATABASE_POOL_SIZE="10"
+            ).wait_ready()
+            with writer.client() as client:
+                assert client.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
+            for _ in range(5):  # a race: a few rounds make a lost one likely to show
+                answers: list[httpx.Response] = []
+                go = threading.Barrier(len(tokens))
+
+                def create(token: str) -> None:
+                    with writer.client(token) as own:
+                        go.wait()
+                        answers.append(own.post(UPLOADS, json={"name": "c", "size": 4 * MiB},
+                                                headers={"Idempotency-Key": uuid.uuid4().hex}))
+
+                threads = [threading.Thread(target=create, args=(token,)) for token in tokens]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(30)
+                statuses = sorted(a.status_code for a in answers)
+                assert set(statuses) <= {201, 507} and 201 in statuses, [a.text for a in answers]
+                stats = os.statvfs(cluster.data_dir)
+                assert stats.f_bavail * stats.f_frsize >= 8 * MiB, statuses
+                sessions = db_fetch(database_url, "SELECT id, principal_id FROM arkvory_uploads")
+                assert len(sessions) == statuses.count(201)
+                assert sorted(leftovers(cluster.data_dir)) == sorted(str(r["id"]) for r in sessions)
+                owners = {f"key:{key_id}": token for token, (key_id, _) in tokens.items()}
+                for row in sessions:
+                    with writer.client(owners[row["principal_id"]]) as own:
+                        assert own.delete(f"{UPLOADS}/{row['id']}").status_code == 204
+            writer.kill()
+    finally:
+        cluster.close()

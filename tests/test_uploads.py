@@ -130,7 +130,7 @@ def test_whole_content_put_publishes_and_checks_the_declared_digest(writer, data
         wrong = create(client, data, sha256=sha(b"other"))
         answer = client.put(f"{BASE}/{wrong['id']}/content", content=data)
         assert answer.status_code == 422 and answer.json()["code"] == "digest_mismatch"
-        assert complete(client, wrong).status_code == 422
+        assert complete(client, wrong).status_code == 409  # nothing was kept: parts missing
     assert_one_artifact(writer, database_url, data)
 
 
@@ -445,3 +445,147 @@ def test_parts_and_one_shot_uploads_share_the_upload_places(cluster):
             busy = put_part(client, session, 1, data)
             assert busy.status_code == 503 and busy.json()["code"] == "busy"
         wait_for(lambda: put_part(client, session, 1, data).status_code == 200)
+
+
+def test_a_cut_whole_content_put_keeps_every_part_that_fully_arrived(writer):
+    """Issue 13 item 4: cut after 3.5 of 5 parts, the session has parts 0, 1 and 2 (the last
+    finished one was still being written when the cut came, and was lost)."""
+    data = os.urandom(5 * MiB)
+    with writer.client() as client:
+        session = create(client, data)
+        send_and_leave(writer.port, f"PUT {BASE}/{session['id']}/content", data[: 3 * MiB + MiB // 2], len(data))
+        # Once the cut request is over, its claim on every part is released: part 4 goes in.
+        wait_for(lambda: put_part(client, session, 4, data).status_code == 200)
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == [0, 1, 2, 4]
+        assert put_part(client, session, 3, data).status_code == 200
+        assert complete(client, session).status_code == 201
+
+
+def test_a_whole_content_put_of_other_bytes_than_the_declared_sha256_keeps_nothing(writer, database_url):
+    """Issue 14 §4: 422, and as the README says nothing was kept: the right bytes sent next
+    are taken (not refused as other bytes for received parts) and publish."""
+    data = os.urandom(2 * MiB + 7)
+    other = os.urandom(len(data))
+    with writer.client() as client:
+        session = create(client, data)
+        answer = client.put(f"{BASE}/{session['id']}/content", content=other)
+        assert answer.status_code == 422 and answer.json()["code"] == "digest_mismatch", answer.text
+        assert "nothing was kept" in answer.json()["message"]
+        assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == []
+        answer = client.put(f"{BASE}/{session['id']}/content", content=data)
+        assert answer.status_code == 200 and answer.json()["receivedParts"] == [0, 1, 2], answer.text
+        assert complete(client, session).status_code == 201
+    assert_one_artifact(writer, database_url, data)
+
+
+def test_a_descriptor_with_an_unknown_field_or_a_bad_name_is_refused_as_a_body_field(writer, database_url):
+    """Issue 13 item 16: strict like task bodies (a typo such as `sha265` must not silently
+    drop the check it meant), and a bad `name` is reported as the body's field."""
+    with writer.client() as client:
+        for extra in ({"sha265": "a" * 64}, {"partsize": MiB}, {"Name": "x"}):
+            answer = client.post(BASE, json={"name": "a", "size": 1, **extra},
+                                 headers={"Idempotency-Key": uuid.uuid4().hex})
+            assert answer.status_code == 400 and answer.json()["code"] == "invalid_input", answer.text
+            assert f"unknown field {next(iter(extra))!r}" in answer.json()["message"]
+        for name in ("a/b", "", "x\x01"):
+            answer = client.post(BASE, json={"name": name, "size": 1}, headers={"Idempotency-Key": uuid.uuid4().hex})
+            assert answer.status_code == 400, answer.text
+            message = answer.json()["message"]
+            assert "'name'" in message and "query" not in message, message
+        # The one-shot upload takes its name from the query: said so there.
+        answer = client.post("/api/v1/repositories/builds/artifacts", params={"name": "a/b"}, content=b"x")
+        assert answer.status_code == 400 and "query parameter 'name'" in answer.json()["message"]
+    assert db_fetch(database_url, "SELECT id FROM arkvory_uploads") == []
+
+
+def test_a_delete_after_or_racing_a_successful_complete_never_makes_the_next_complete_a_404(writer, database_url):
+    """Issue 13 item 16: a completed session answers DELETE with 409 and keeps replaying its
+    artifact; raced, either the complete published (then the DELETE lost and complete
+    replays) or the DELETE won (then complete was refused and no artifact exists)."""
+    data = os.urandom(MiB + 1)
+    with writer.client() as client:
+        session = create(client, data)
+        for index in (0, 1):
+            assert put_part(client, session, index, data).status_code == 200
+        published = complete(client, session)
+        assert published.status_code == 201
+        answer = client.delete(f"{BASE}/{session['id']}")
+        assert answer.status_code == 409 and answer.json()["code"] == "conflict", answer.text
+        again = complete(client, session)
+        assert again.status_code == 200 and again.json()["id"] == published.json()["id"], again.text
+    published_ids = {published.json()["id"]}
+    for _ in range(6):
+        with writer.client() as client:
+            session = create(client, data)
+            for index in (0, 1):
+                assert put_part(client, session, index, data).status_code == 200
+        answers: dict[str, httpx.Response] = {}
+
+        def send(what: str) -> None:
+            with writer.client() as own:
+                if what == "complete":
+                    answers[what] = complete(own, session)
+                else:
+                    answers[what] = own.delete(f"{BASE}/{session['id']}")
+
+        threads = [threading.Thread(target=send, args=(what,)) for what in ("complete", "delete")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        with writer.client() as client:
+            after = complete(client, session)
+        if answers["complete"].status_code == 201:
+            assert answers["delete"].status_code == 409, answers["delete"].text
+            assert after.status_code == 200 and after.json()["id"] == answers["complete"].json()["id"], after.text
+            published_ids.add(after.json()["id"])
+        else:
+            assert answers["complete"].status_code in (404, 409), answers["complete"].text
+            assert answers["delete"].status_code == 204, answers["delete"].text
+            assert after.status_code == 404, after.text
+    assert {str(r["id"]) for r in artifacts(database_url)} == published_ids
+
+
+def test_one_principal_reserves_at_most_its_share_of_the_disk(cluster, database_url):
+    """Issue 13 item 10: ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL (here 3 MiB) bounds what one
+    principal's open sessions reserve: beyond it a session is 409 naming the setting (413 when
+    it alone is larger), concurrent creates cannot both take the last of it, another principal
+    is unaffected, and the caller can list what holds its share."""
+    writer = cluster.writer(ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL=str(3 * MiB)).wait_ready()
+
+    def start(client: httpx.Client, size: int, repo: str = "builds") -> httpx.Response:
+        return client.post(f"/api/v1/repositories/{repo}/uploads", json={"name": "a", "size": size},
+                           headers={"Idempotency-Key": uuid.uuid4().hex})
+
+    with writer.client() as client:
+        for repo in ("builds", "other"):
+            assert client.post("/api/v1/repositories", json={"name": repo}).status_code == 201
+        first = start(client, 2 * MiB)
+        assert first.status_code == 201, first.text
+        refused = start(client, 2 * MiB)
+        assert refused.status_code == 409 and refused.json()["code"] == "conflict", refused.text
+        assert "ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL" in refused.json()["message"]
+        alone = start(client, 4 * MiB)
+        assert alone.status_code == 413 and "ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL" in alone.json()["message"]
+        listed = client.get(BASE).json()
+        assert [s["id"] for s in listed["items"]] == [first.json()["id"]]
+        assert listed["reservedBytes"] == 2 * MiB and listed["maxReservedBytes"] == 3 * MiB
+    with writer.client(OTHER_TOKEN) as other:
+        assert start(other, 2 * MiB, repo="other").status_code == 201
+    with writer.client() as client:
+        assert client.delete(f"{BASE}/{first.json()['id']}").status_code == 204
+        answers: list[httpx.Response] = []
+
+        def race() -> None:
+            with writer.client() as own:
+                answers.append(start(own, 2 * MiB))
+
+        threads = [threading.Thread(target=race) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(a.status_code for a in answers) == [201, 409, 409, 409, 409, 409], [a.text for a in answers]
+    rows = db_fetch(database_url, "SELECT principal_id, sum(size) AS reserved FROM arkvory_uploads"
+                                  " WHERE status = 'open' GROUP BY principal_id ORDER BY principal_id")
+    assert [(r["principal_id"], r["reserved"]) for r in rows] == [("key:admin", 2 * MiB), ("key:other", 2 * MiB)]

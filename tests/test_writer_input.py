@@ -380,3 +380,151 @@ def test_stale_upload_temp_files_are_removed_at_start(cluster):
     cluster.writer(ARKVORY_RECEIVE_TIMEOUT_SECONDS="60").wait_ready()
     assert not stale.exists()
     assert fresh.exists() and other.exists()
+
+
+# -- uploads: a principal's share of the places, and a minimum rate ------------------------------
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """The whole response (head and body), until the server closes or it is complete."""
+    answer = b""
+    while not (b"\r\n\r\n" in answer and _complete(answer)):
+        data = sock.recv(65536)
+        if not data:
+            break
+        answer += data
+    return answer
+
+
+def trickle(sock: socket.socket, stop: threading.Event, every_s: float = 0.5) -> None:
+    """Send one byte every `every_s` (well within the receive timeout) until told to stop."""
+    try:
+        while not stop.wait(every_s):
+            sock.sendall(b"x")
+    except OSError:
+        pass  # the server answered and closed
+
+
+def held_upload(port: int, repo: str = "priv", length: int = 1_000_000) -> socket.socket:
+    """A one-shot upload that has sent its head and 10 bytes: it holds an upload place."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    sock.sendall(
+        f"POST /api/v1/repositories/{repo}/artifacts?name=slow HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {ADMIN_TOKEN}\r\nContent-Length: {length}\r\n\r\n0123456789".encode()
+    )
+    return sock
+
+
+def wait_for_temp_files(tmp, count: int) -> None:
+    deadline = time.monotonic() + 5
+    while len([p for p in tmp.iterdir() if p.name.startswith("upload-")]) < count:
+        assert time.monotonic() < deadline, "the upload never started"
+        time.sleep(0.05)
+
+
+def test_one_principal_holds_at_most_its_share_of_the_upload_places(cluster):
+    """Issue 13 item 11: ARKVORY_MAX_UPLOADS=2 (so 1 per principal): while one slow upload of
+    the admin holds a place, the admin's next upload is 503 busy naming the per-principal
+    limit, with Retry-After, and another principal still gets the other place."""
+    writer = cluster.writer(ARKVORY_MAX_UPLOADS="2", ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND="0").wait_ready()
+    with writer.client() as client:
+        for name in ("priv", "other"):
+            assert client.post("/api/v1/repositories", json={"name": name}).status_code == 201
+    with held_upload(writer.port):
+        wait_for_temp_files(cluster.data_dir / "tmp", 1)
+        with writer.client() as client:
+            answer = upload(client)
+            assert_error(answer, 503, "busy")
+            assert "ARKVORY_MAX_UPLOADS_PER_PRINCIPAL" in answer.json()["message"]
+            assert int(answer.headers["Retry-After"]) > 0
+        with writer.client(OTHER_TOKEN) as other:
+            assert upload(other, repo="other").status_code == 201
+    with writer.client() as client:  # the cut upload gave its place back
+        deadline = time.monotonic() + 5
+        while (answer := upload(client)).status_code == 503:
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.1)
+        assert answer.status_code == 201, answer.text
+
+
+def test_an_upload_below_the_minimum_rate_is_cut_after_its_grace_and_frees_its_place(cluster):
+    """Issue 13 item 11: one byte every 0.5 s never trips the receive timeout (2 s) but is far
+    below ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND: once the grace (the receive timeout here, being
+    shorter than 10 s) is spent it gets 408, its place is free and the cut is counted."""
+    writer = cluster.writer(
+        ARKVORY_RECEIVE_TIMEOUT_SECONDS="2", ARKVORY_MAX_UPLOADS="1", ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND="100000",
+    ).wait_ready()
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "priv"}).status_code == 201
+    stop = threading.Event()
+    with held_upload(writer.port) as sock:
+        sender = threading.Thread(target=trickle, args=(sock, stop))
+        started = time.monotonic()
+        sender.start()
+        try:
+            answer = read_answer(sock)
+        finally:
+            stop.set()
+            sender.join(5)
+        took = time.monotonic() - started
+    assert status_of(answer) == 408 and b'"request_timeout"' in answer, answer[:300]
+    assert b"ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND" in answer
+    assert 1.5 < took < 8, took
+    assert not [p for p in (cluster.data_dir / "tmp").iterdir() if p.name.startswith("upload-")]
+    with writer.client() as client:
+        assert upload(client).status_code == 201
+        metrics = client.get("/health/metrics").text
+    assert 'arkvory_transfer_aborts_total{direction="upload",reason="min_rate"} 1.0' in metrics
+
+
+def test_a_resumable_content_put_cut_for_its_rate_keeps_the_parts_that_arrived(cluster):
+    """The same cut on `PUT …/uploads/{id}/content`: a first part that arrived at full speed is
+    kept (a fast start buys at most the grace, not hours of trickling)."""
+    writer = cluster.writer(
+        ARKVORY_RECEIVE_TIMEOUT_SECONDS="2", ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND="100000",
+    ).wait_ready()
+    MiB = 1024 * 1024
+    data = os.urandom(2 * MiB)
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "priv"}).status_code == 201
+        session = client.post(
+            "/api/v1/repositories/priv/uploads", json={"name": "a", "size": len(data), "partSize": MiB},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        ).json()
+    path = f"/api/v1/repositories/priv/uploads/{session['id']}"
+    stop = threading.Event()
+    with socket.create_connection(("127.0.0.1", writer.port), timeout=20) as sock:
+        sock.sendall(
+            f"PUT {path}/content HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n".encode() + data[:MiB]
+        )
+        sender = threading.Thread(target=trickle, args=(sock, stop))
+        started = time.monotonic()
+        sender.start()
+        try:
+            answer = read_answer(sock)
+        finally:
+            stop.set()
+            sender.join(5)
+        took = time.monotonic() - started
+    assert status_of(answer) == 408 and b"ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND" in answer, answer[:300]
+    assert took < 8, took
+    with writer.client() as client:
+        assert client.get(path).json()["receivedParts"] == [0]
+
+
+def test_the_minimum_rate_banks_at_most_its_grace_of_credit():
+    """MinimumRate alone, with the waits given (no clock): the grace is free, a steady body at
+    the rate never runs out, and a fast start buys at most the grace, not hours."""
+    from shared.bodies import MinimumRate
+
+    rate = MinimumRate(1000, grace_s=10)
+    rate.received(0, 9.5)
+    assert rate.seconds_left() == pytest.approx(0.5)
+    for _ in range(100):
+        rate.received(1000, 1.0)  # exactly the rate
+    assert rate.seconds_left() == pytest.approx(0.5)
+    rate.received(10**9, 0.0)  # a gigabyte at once: credit for the grace only
+    assert rate.seconds_left() == pytest.approx(10)
+    rate.received(1, 10.0)  # then a trickle: out of time
+    assert rate.seconds_left() == pytest.approx(0.001)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 
 from starlette.applications import Starlette
@@ -19,6 +18,7 @@ from .tasks import api as tasks
 from .tasks.metrics import TaskMetrics
 from .tasks.schedule import Schedule
 from .tasks.stream import TaskEventHub
+from .upload_places import UploadPlaces
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (
@@ -33,7 +33,9 @@ def build_writer_app(runtime: Runtime) -> Starlette:
         routes=[route for module in ROUTE_MODULES for route in module.routes],
         middleware=[Middleware(RequestGuard)],
     )
-    app.state.upload_slots = asyncio.Semaphore(runtime.settings.max_uploads)
+    app.state.upload_places = UploadPlaces(
+        runtime.settings.max_uploads, runtime.settings.max_uploads_per_principal
+    )
     app.state.idempotency_keys = InFlightKeys()
     app.state.idempotency_results = RecordedResults()
     app.state.openapi_json = openapi.document_bytes(ROUTE_MODULES)

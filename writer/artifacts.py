@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from shared.bodies import declared_length
 from shared.catalog import QUERY_TIMEOUT_S, Repository, check_text, parse_uuid, pooled, repository_for_read
-from shared.errors import Busy, Conflict, InvalidInput, NotFound, PayloadTooLarge
+from shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
 from shared.settings import Settings
 from shared.metrics import Metrics
@@ -42,16 +42,18 @@ from .idempotency import HeldKey, Result, holding_key, idempotent
 from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
 from .pagination import page, page_cursor, page_limit
 from .repositories import principal_of, repository_for_write, runtime_of
+from .upload_places import UploadPlaces
 from .upload_store import BatchedReceiver, Region, refuse_form_upload
 
 MAX_NAME = 255
 
 
-def check_artifact_name(name: str) -> str:
-    """A file name as clients will save it: no path separators, no `.`/`..`, no controls."""
-    check_text(name, "query parameter 'name'", MAX_NAME)
+def check_artifact_name(name: str, what: str = "query parameter 'name'") -> str:
+    """A file name as clients will save it: no path separators, no `.`/`..`, no controls.
+    `what` names where it came from (the one-shot query, or a session descriptor's field)."""
+    check_text(name, what, MAX_NAME)
     if "/" in name or "\\" in name or name in (".", ".."):
-        raise InvalidInput("query parameter 'name' must be a file name: no '/', '\\', '.' or '..'")
+        raise InvalidInput(f"{what} must be a file name: no '/', '\\', '.' or '..'")
     return name
 
 
@@ -94,7 +96,7 @@ async def received_body(
                     fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
                     open_ended=expected is None,
                 )
-                await receiver.receive(request, settings.receive_timeout_s, _nothing_to_record, metrics)
+                await receiver.receive(request, settings, _nothing_to_record, metrics)
                 await asyncio.to_thread(os.fsync, fd)
             finally:
                 os.close(fd)
@@ -148,21 +150,19 @@ async def upload_artifact(request: Request) -> Response:
         request.query_params.get("mediaType"), request.headers.get("content-type")
     )
     declared_length(request)  # a malformed Content-Length is refused before taking a place
-    limiter: asyncio.Semaphore = request.app.state.upload_slots
-    # Waiting for a place is bounded by not waiting at all: the client retries after
-    # Retry-After, and a place is held at most until its body goes silent (receive timeout).
-    if limiter.locked():
-        raise Busy("too many uploads at once (ARKVORY_MAX_UPLOADS)", retry_after=5)
     runtime = runtime_of(request)
     assert runtime.storage is not None
-    # The key is held while the body streams (a concurrent duplicate gets 409 at once) and
-    # recorded in the transaction that inserts the artifact (a retry replays it).
-    async with holding_key(request, principal) as held, limiter:
-        try:
-            async with received_body(request, runtime.storage, runtime.settings, runtime.metrics) as body:
-                return await _publish_received(request, held, repo, name, media_type, *body)
-        except ClientDisconnect:
-            return Response(status_code=400)  # nobody is listening; nothing was kept
+    places: UploadPlaces = request.app.state.upload_places
+    # The key is held while the body streams (a concurrent duplicate gets 409 at once, before
+    # the 503 its principal's full share of places would give) and recorded in the transaction
+    # that inserts the artifact (a retry replays it).
+    async with holding_key(request, principal) as held:
+        with places.hold(principal.id):
+            try:
+                async with received_body(request, runtime.storage, runtime.settings, runtime.metrics) as body:
+                    return await _publish_received(request, held, repo, name, media_type, *body)
+            except ClientDisconnect:
+                return Response(status_code=400)  # nobody is listening; nothing was kept
 
 
 async def _publish_received(

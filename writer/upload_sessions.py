@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import math
 import os
+import threading
 import uuid
 
 import asyncpg
@@ -118,21 +119,34 @@ def session_path(storage: Storage, session_id: uuid.UUID) -> str:
     return storage.upload_session_file(session_id)
 
 
+# Held over the free-space check and the preallocation of a session file, in whichever worker
+# thread runs them: two creates must not both see the same free space and both take it (the
+# second would leave the disk under ARKVORY_MIN_FREE_BYTES). A thread lock, not an asyncio one:
+# a cancelled request's thread still runs to its end, and holds it until then.
+_RESERVING = threading.Lock()
+
+
 def allocate_session_file(path: str, size: int, storage: Storage, reserve: int) -> None:
     """Worker thread: the session's file, with its space reserved now, so that a full disk is
     a 507 at creation rather than in the middle of the upload, and concurrent sessions cannot
-    promise the same free space twice (statvfs counts what fallocate took)."""
+    promise the same free space twice (statvfs counts what fallocate took, and `_RESERVING`
+    makes the check and the fallocate one step)."""
     try:
-        storage.require_room(size, reserve)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with _RESERVING:
+            storage.require_room(size, reserve)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                if size:
+                    try:
+                        os.posix_fallocate(fd, 0, size)
+                    except OSError as exc:
+                        if is_out_of_space(exc):
+                            raise
+                        os.ftruncate(fd, size)  # a filesystem without fallocate: sparse
+            except BaseException:
+                os.close(fd)
+                raise
         try:
-            if size:
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                except OSError as exc:
-                    if is_out_of_space(exc):
-                        raise
-                    os.ftruncate(fd, size)  # a filesystem without fallocate: sparse
             os.fsync(fd)
         finally:
             os.close(fd)

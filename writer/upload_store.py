@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Callable
 
 from starlette.requests import Request
 
-from shared.bodies import ReceiveTimedOut, body_chunks
+from shared.bodies import MIN_RATE_GRACE_S, MinimumRate, ReceiveTimedOut, body_chunks
 from shared.errors import Conflict, DigestMismatch, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from shared.metrics import Metrics
+from shared.settings import Settings
 from shared.storage import Storage, is_out_of_space, out_of_space
+
+log = logging.getLogger("arkvory.uploads")
 
 # A thread hop costs ~50 µs; at 1 MiB or more per hop it is lost in the hashing (~1 ms/MiB).
 BATCH = 2 * 1024 * 1024
@@ -46,6 +50,15 @@ def parse_sha256(value: str | None, what: str) -> str | None:
     if not _SHA256_HEX.fullmatch(value):
         raise InvalidInput(f"{what} must be a SHA-256 as 64 hex digits")
     return value
+
+
+def minimum_rate(settings: Settings) -> MinimumRate | None:
+    """The rate an upload body must keep (ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND, 0: none), judged
+    after MIN_RATE_GRACE_S or the receive timeout, whichever is shorter."""
+    if not settings.min_upload_bytes_per_second:
+        return None
+    grace_s = min(MIN_RATE_GRACE_S, float(settings.receive_timeout_s))
+    return MinimumRate(settings.min_upload_bytes_per_second, grace_s)
 
 
 def _write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -112,10 +125,12 @@ class BatchedReceiver:
         return region.size - region.filled - len(self._buffer)
 
     async def receive(
-        self, request: Request, timeout_s: float, on_region: Callable, metrics: Metrics
+        self, request: Request, settings: Settings, on_region: Callable, metrics: Metrics
     ) -> None:
+        """Receive the whole body; 408 when it goes silent for the receive timeout or falls
+        below the minimum rate (both counted in arkvory_transfer_aborts_total)."""
         try:
-            async for chunk in body_chunks(request, timeout_s):
+            async for chunk in body_chunks(request, settings.receive_timeout_s, minimum_rate(settings)):
                 view = memoryview(chunk)
                 while view:
                     if self._current >= len(self.regions):
@@ -127,8 +142,10 @@ class BatchedReceiver:
                         await self._flush(on_region)
             await self._flush(on_region)
             await self._settle(on_region)
-        except ReceiveTimedOut:
-            metrics.transfer_aborts.labels(direction="upload", reason="receive_timeout").inc()
+        except Exception as exc:
+            if isinstance(exc, ReceiveTimedOut):
+                metrics.transfer_aborts.labels(direction="upload", reason=exc.reason).inc()
+            await self._keep_finished_region(on_region)
             raise
         finally:
             # Never leave a thread writing into a file the caller is about to remove.
@@ -165,6 +182,23 @@ class BatchedReceiver:
         await future
         if closing is not None:
             await on_region(closing)
+
+    async def _keep_finished_region(self, on_region: Callable) -> None:
+        """The body failed (cut, silent, too long) while the batch that finished a region was
+        still in the thread: once that batch is safely written, record the region like any
+        other, so a cut body keeps every part that fully arrived. A failure to record it is
+        logged; the body's own error is what the client gets."""
+        future, closing = self._in_flight, self._closing
+        if future is None or closing is None:
+            return
+        self._in_flight = self._closing = None
+        await asyncio.wait([future])
+        if future.cancelled() or future.exception() is not None:
+            return
+        try:
+            await on_region(closing)
+        except Exception:
+            log.warning("could not record part %d after its body failed", closing.index, exc_info=True)
 
     def _absorb(self, region: Region, batch: bytearray, at: int, closes: bool) -> None:
         """Worker thread: hash the batch and, unless the region is already recorded, write it."""

@@ -16,8 +16,12 @@ Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their file
 writer's start (shared/storage.py), on access, by each new session, and by the worker of the
 next issue (`upload_sessions.sweep_expired_uploads`).
 
-Session files and in-process bookkeeping are in upload_sessions.py, receiving bytes in
-upload_store.py, the OpenAPI fragment in uploads_openapi.py.
+A completed session stays (DELETE is 409) until the idempotency retention ends, so a repeated
+`complete` returns its artifact.
+
+Session files and in-process bookkeeping are in upload_sessions.py, the disk one principal's
+sessions may reserve in upload_reservations.py, the upload places in upload_places.py,
+receiving bytes in upload_store.py, the OpenAPI fragment in uploads_openapi.py.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
-from shared.errors import Busy, Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
+from shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
 
 from .artifacts import artifact_json, check_artifact_name, place_claimed_blob
@@ -58,15 +62,12 @@ from .upload_sessions import (
     unlink_quietly,
     whole_digest,
 )
+from .upload_places import UploadPlaces
 from .upload_store import BatchedReceiver, Region, parse_sha256, refuse_form_upload
+from .upload_reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
 from .uploads_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 
 log = logging.getLogger("arkvory.uploads")
-
-# Open sessions per principal: each reserves its space until it completes or expires, so one
-# client cannot take the disk (down to the reserve) with sessions it never finishes.
-MAX_OPEN_SESSIONS = 100
-
 
 def check_key(request: Request) -> None:
     """Routes that are idempotent by nature (a part, complete) still refuse a malformed key."""
@@ -111,11 +112,18 @@ def session_json(session: asyncpg.Record, received: list[int], repo: Repository)
     }
 
 
+_DESCRIPTOR_FIELDS = frozenset({"name", "size", "sha256", "mediaType", "partSize"})
+
+
 def _descriptor(body: dict[str, Any], max_bytes: int) -> dict[str, Any]:
+    # Strict like a task body: a misspelt `sha256` must not quietly drop the check it asked for.
+    unknown = sorted(set(body) - _DESCRIPTOR_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown field {unknown[0]!r}; known: {', '.join(sorted(_DESCRIPTOR_FIELDS))}")
     name = body.get("name")
     if not isinstance(name, str):
         raise InvalidInput("'name' is required")
-    check_artifact_name(name)
+    check_artifact_name(name, "'name'")
     size = body.get("size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise InvalidInput("'size' must be a whole number of bytes, 0 or more")
@@ -155,18 +163,12 @@ async def create_upload(request: Request) -> Response:
     settings, storage = runtime.settings, runtime.storage
     assert storage is not None
     descriptor = _descriptor(await json_body(request), settings.max_artifact_bytes)
+    limit = settings.max_reserved_bytes_per_principal
+    check_reservable(descriptor["size"], limit)
     await _sweep_some(request)
 
     async def work(conn: asyncpg.Connection) -> Result:
-        open_sessions = await conn.fetchval(
-            "SELECT count(*) FROM arkvory_uploads WHERE principal_id = $1 AND status = 'open'",
-            principal.id, timeout=QUERY_TIMEOUT_S,
-        )
-        if open_sessions >= MAX_OPEN_SESSIONS:
-            raise Conflict(
-                f"{open_sessions} upload sessions of yours are open (at most {MAX_OPEN_SESSIONS}):"
-                " complete or delete some first"
-            )
+        await claim_reservation(conn, principal.id, descriptor["size"], limit)
         session_id = uuid.uuid4()
         row = await conn.fetchrow(
             "INSERT INTO arkvory_uploads (id, repository_id, principal_id, name, size, sha256,"
@@ -222,6 +224,38 @@ async def _session_for(request: Request) -> tuple[Repository, asyncpg.Record]:
     return repo, row
 
 
+async def list_uploads(request: Request) -> Response:
+    """The caller's open sessions in this repository (at most MAX_OPEN_SESSIONS: no pages), and
+    what all its open sessions reserve: what to complete or delete when a new one is refused.
+    Needs write permission, like every upload route: the client asks here whether it may upload
+    before it answers "stored already" (shared/client/upload.py)."""
+    principal = await principal_of(request)
+    repo = await repository_for_write(request, principal)
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    async with pooled(runtime.pool) as conn:
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS}, (SELECT count(*) FROM arkvory_upload_parts p WHERE p.upload_id = u.id)"
+            " AS received FROM arkvory_uploads u WHERE repository_id = $1 AND principal_id = $2"
+            " AND status = 'open' ORDER BY created_at, id LIMIT $3",
+            repo.id, principal.id, MAX_OPEN_SESSIONS, timeout=QUERY_TIMEOUT_S,
+        )
+        _, reserved = await reserved_by(conn, principal.id)
+    return JSONResponse({
+        "items": [_session_summary(row, repo) for row in rows],
+        "reservedBytes": reserved,
+        "maxReservedBytes": runtime.settings.max_reserved_bytes_per_principal,
+    })
+
+
+def _session_summary(row: asyncpg.Record, repo: Repository) -> dict[str, Any]:
+    """A session in a list: the count of its parts instead of their indexes (up to 10,000)."""
+    summary = session_json(row, [], repo)
+    del summary["receivedParts"]
+    summary["receivedPartCount"] = row["received"]
+    return summary
+
+
 async def show_upload(request: Request) -> Response:
     repo, session = await _session_for(request)
     pool = runtime_of(request).pool
@@ -231,29 +265,44 @@ async def show_upload(request: Request) -> Response:
     return JSONResponse(session_json(session, received, repo))
 
 
+_COMPLETED = (
+    "this upload is completed: its artifact exists (delete the artifact instead); the session"
+    " stays until it expires so that a repeated complete returns the artifact"
+)
+
+
 async def delete_upload(request: Request) -> Response:
+    """Abandon an open session. A completed one is refused (409): its row is what a repeated
+    `complete` replays from, so a DELETE racing a successful complete loses."""
     check_key(request)
     _, session = await _session_for(request)
     runtime = runtime_of(request)
     assert runtime.pool is not None and runtime.storage is not None
+    if session["status"] != "open":
+        raise Conflict(_COMPLETED)
     if active_uploads(request).busy(session["id"]):
         raise Conflict("this upload is receiving a part or completing; retry when it is done")
     async with pooled(runtime.pool) as conn:
-        active_uploads(request).forget(session["id"])
-        await remove_sessions(conn, runtime.storage, [session["id"]])
+        # Only while still open: a complete that committed since (its row lock orders the two)
+        # keeps its row.
+        removed = await conn.fetchval(
+            "DELETE FROM arkvory_uploads WHERE id = $1 AND status = 'open' RETURNING id",
+            session["id"], timeout=QUERY_TIMEOUT_S,
+        )
+        if removed is None:
+            if await conn.fetchval(
+                "SELECT 1 FROM arkvory_uploads WHERE id = $1", session["id"], timeout=QUERY_TIMEOUT_S
+            ):
+                raise Conflict(_COMPLETED)
+            raise NotFound(f"upload {session['id']} was removed meanwhile")
+    active_uploads(request).forget(session["id"])
+    # Row first, then the file (a crash in between leaves an orphan file for the sweep); a
+    # preallocated file of many GiB can take seconds to free, so not on the event loop.
+    await asyncio.to_thread(unlink_quietly, session_path(runtime.storage, session["id"]))
     return Response(status_code=204)
 
 
 # -- receiving parts ---------------------------------------------------------------------------
-
-
-def _upload_place(request: Request) -> asyncio.Semaphore:
-    limiter: asyncio.Semaphore = request.app.state.upload_slots
-    # Not waiting is the bound on waiting: the client retries after Retry-After, and a place is
-    # held at most until its body goes silent (receive timeout). Shared with the one-shot upload.
-    if limiter.locked():
-        raise Busy("too many uploads at once (ARKVORY_MAX_UPLOADS)", retry_after=5)
-    return limiter
 
 
 async def put_part(request: Request) -> Response:
@@ -275,7 +324,7 @@ async def put_part(request: Request) -> Response:
     _check_length(request, size)
     pool = runtime_of(request).pool
     assert pool is not None
-    async with _receiving(request, session["id"], range(index, index + 1)):
+    async with _receiving(request, session, range(index, index + 1)):
         # Looked up after the claim: no other request can record this part until we are done.
         async with pooled(pool) as conn:
             recorded = await conn.fetchval(
@@ -303,7 +352,7 @@ async def put_content(request: Request) -> Response:
     assert pool is not None
     count = part_count(session["size"], session["part_size"])
     whole = hashlib.sha256()
-    async with _receiving(request, session["id"], range(count)):
+    async with _receiving(request, session, range(count)):
         async with pooled(pool) as conn:
             rows = await conn.fetch(
                 "SELECT index, sha256 FROM arkvory_upload_parts WHERE upload_id = $1",
@@ -312,13 +361,30 @@ async def put_content(request: Request) -> Response:
         recorded = {r["index"]: r["sha256"] for r in rows}
         regions = [Region(i, *part_span(session, i), recorded.get(i)) for i in range(count)]
         await _receive_regions(request, session, regions, whole)
-    if session["sha256"] is not None and whole.hexdigest() != session["sha256"]:
-        raise DigestMismatch(
-            f"the content has sha256 {whole.hexdigest()}, not the session's {session['sha256']}"
-        )
+        if session["sha256"] is not None and whole.hexdigest() != session["sha256"]:
+            # Still holding every part: nobody can use the parts this body recorded before
+            # they go again.
+            await _unrecord(request, session["id"], [r.index for r in regions if r.recorded is None])
+            raise DigestMismatch(
+                f"the content has sha256 {whole.hexdigest()}, not the session's {session['sha256']};"
+                " nothing was kept: send the right file"
+            )
     async with pooled(pool) as conn:
         received = await _received(conn, session["id"])
     return JSONResponse(session_json(session, received, repo))
+
+
+async def _unrecord(request: Request, session_id: uuid.UUID, indexes: list[int]) -> None:
+    """Forget parts this request recorded (their bytes stay in the file until sent again),
+    and the prefix hash that may have read them."""
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        await conn.execute(
+            "DELETE FROM arkvory_upload_parts WHERE upload_id = $1 AND index = ANY($2::int[])",
+            session_id, indexes, timeout=QUERY_TIMEOUT_S,
+        )
+    active_uploads(request).forget(session_id)
 
 
 def _check_length(request: Request, expected: int) -> None:
@@ -328,16 +394,18 @@ def _check_length(request: Request, expected: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _receiving(request: Request, session_id: uuid.UUID, indexes: range):
-    """An upload place (shared with the one-shot upload) and the claim on these parts."""
-    limiter = _upload_place(request)
+async def _receiving(request: Request, session: asyncpg.Record, indexes: range):
+    """The claim on these parts and an upload place of the session's principal (shared with
+    the one-shot upload). The claim first: a retry of a part whose cut request still holds it
+    gets the 409 that says so, not the 503 of its principal's share of places."""
+    places: UploadPlaces = request.app.state.upload_places
     registry = active_uploads(request)
-    registry.claim(session_id, indexes)
+    registry.claim(session["id"], indexes)
     try:
-        async with limiter:
+        with places.hold(session["principal_id"]):
             yield
     finally:
-        registry.release(session_id, indexes)
+        registry.release(session["id"], indexes)
 
 
 async def _receive_regions(
@@ -368,7 +436,7 @@ async def _receive_regions(
 
     try:
         receiver = BatchedReceiver(fd, regions, storage=storage, reserve=0, check_room=False, whole=whole)
-        await receiver.receive(request, runtime.settings.receive_timeout_s, record, runtime.metrics)
+        await receiver.receive(request, runtime.settings, record, runtime.metrics)
     except ClientDisconnect:
         raise InvalidInput("the client went away; the parts it finished are kept") from None
     finally:
@@ -494,6 +562,7 @@ _BASE = "/api/v1/repositories/{repo}/uploads"
 
 routes = [
     Route(_BASE, create_upload, methods=["POST"]),
+    Route(_BASE, list_uploads, methods=["GET"]),
     Route(_BASE + "/{upload_id}", show_upload, methods=["GET"]),
     Route(_BASE + "/{upload_id}", delete_upload, methods=["DELETE"]),
     Route(_BASE + "/{upload_id}/content", put_content, methods=["PUT"]),

@@ -6,6 +6,7 @@ from typing import Any
 
 from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, repo_param
 from .openapi import json_body as body_of
+from .upload_reservations import MAX_OPEN_SESSIONS
 from .upload_sessions import DEFAULT_PART, MAX_PART, MAX_PARTS, MIN_PART
 
 _BASE = "/api/v1/repositories/{repo}/uploads"
@@ -29,6 +30,9 @@ def _openapi_paths() -> dict[str, Any]:
             "expiresAt": {"type": "string", "format": "date-time"},
         },
     }
+    summary = {**session, "required": [f for f in session["required"] if f != "receivedParts"] + ["receivedPartCount"],
+               "properties": {**{k: v for k, v in session["properties"].items() if k != "receivedParts"},
+                              "receivedPartCount": {"type": "integer"}}}
     artifact = {"type": "object", "required": ["id", "name", "sha256", "size", "mediaType", "createdAt"],
                 "properties": {"id": {"type": "string", "format": "uuid"}, "name": {"type": "string"},
                                "sha256": sha256, "size": {"type": "integer"}, "mediaType": {"type": "string"},
@@ -41,10 +45,14 @@ def _openapi_paths() -> dict[str, Any]:
             "summary": "Start a resumable upload (needs an Idempotency-Key)",
             "description": f"Parts are `partSize` bytes ({MIN_PART}..{MAX_PART}, default {DEFAULT_PART} or more, "
                            f"at most {MAX_PARTS} parts), the last one shorter. The file's space is reserved now: "
-                           "a full disk or one that would fall below ARKVORY_MIN_FREE_BYTES is 507. A session expires "
+                           "a full disk or one that would fall below ARKVORY_MIN_FREE_BYTES is 507. One principal's "
+                           "open sessions reserve at most ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL bytes and "
+                           f"{MAX_OPEN_SESSIONS} sessions: a session beyond that is 409 (413 when it alone is larger); "
+                           "GET lists what holds the share. An unknown field is 400. A session expires "
                            "ARKVORY_UPLOAD_EXPIRY after its last received part.",
             "parameters": [repo_param(), key_required],
-            "requestBody": body_of({"type": "object", "required": ["name", "size"], "properties": {
+            "requestBody": body_of({"type": "object", "required": ["name", "size"], "additionalProperties": False,
+                                    "properties": {
                 "name": {"type": "string", "minLength": 1, "maxLength": 255}, "size": {"type": "integer", "minimum": 0},
                 "sha256": sha256, "mediaType": {"type": "string"},
                 "partSize": {"type": "integer", "minimum": MIN_PART, "maximum": MAX_PART}}}),
@@ -52,16 +60,37 @@ def _openapi_paths() -> dict[str, Any]:
                                   "headers": {"Location": {"schema": {"type": "string"}}},
                                   "content": json_content(session)},
                           **errors(400, 401, 403, 404, 409, 413, 422, 507)},
-        }},
+        },
+            "get": {
+                "summary": "Your open upload sessions in this repository, and the disk all yours reserve",
+                "description": "At most the open sessions one principal may have (no pages); each with "
+                               "`receivedPartCount` instead of `receivedParts`. Needs write permission.",
+                "parameters": [repo_param()],
+                "responses": {"200": {"description": "The sessions.", "content": json_content({
+                    "type": "object", "required": ["items", "reservedBytes", "maxReservedBytes"], "properties": {
+                        "items": {"type": "array", "items": summary},
+                        "reservedBytes": {"type": "integer",
+                                          "description": "What all your open sessions reserve (every repository)."},
+                        "maxReservedBytes": {"type": "integer",
+                                             "description": "ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL."}}})},
+                              **errors(400, 401, 403, 404)},
+            }},
         _BASE + "/{upload_id}": {
             "get": {"summary": "An upload session and the parts it has", "parameters": base,
                     "responses": {"200": {"description": "The session.", "content": json_content(session)},
                                   **errors(400, 401, 403, 404)}},
-            "delete": {"summary": "Abandon an upload session and its bytes", "parameters": [*base, IDEMPOTENCY_KEY],
+            "delete": {"summary": "Abandon an open upload session and its bytes (a completed one is 409: "
+                                  "it stays so that a repeated complete returns its artifact)",
+                       "parameters": [*base, IDEMPOTENCY_KEY],
                        "responses": {"204": {"description": "Removed."}, **errors(400, 401, 403, 404, 409)}},
         },
         _BASE + "/{upload_id}/content": {"put": {
             "summary": "Send the whole file at once (recorded part by part: a cut one resumes with parts)",
+            "description": "Other bytes than the session's declared `sha256` are 422 and keep nothing. A body that "
+                           "goes silent (ARKVORY_RECEIVE_TIMEOUT_SECONDS) or falls below "
+                           "ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND is 408 and keeps the parts that fully arrived. "
+                           "503 busy when no upload place is free or this principal holds "
+                           "ARKVORY_MAX_UPLOADS_PER_PRINCIPAL already.",
             "parameters": [*base, IDEMPOTENCY_KEY], "requestBody": raw,
             "responses": {"200": {"description": "The session.", "content": json_content(session)},
                           "415": ERROR, **errors(400, 401, 403, 404, 408, 409, 413, 422)},

@@ -1,10 +1,13 @@
 """Uploads that are safe to retry and to re-run (SPEC §6, §10).
 
-A file goes up through the resumable session API in parts (16 MiB by default), two at a time,
-each with its `X-Content-SHA256` and its own retry sequence: a byte flipped in flight is a
-`422 digest_mismatch` for that part alone, which is sent again. The whole logical upload has one
-`Idempotency-Key`, written *before* the session is created to `NAME.arkvory-upload` beside the
-file (JSON: key, session id, size, mtime_ns, SHA-256 when known, and the request's parameters).
+A file goes up through the resumable session API in parts (16 MiB by default), one at a time
+while the next one is read and hashed in a thread (a principal has one upload place on a writer
+with default settings, ARKVORY_MAX_UPLOADS_PER_PRINCIPAL: a second body at once would only be
+refused), each with its `X-Content-SHA256` and its own retry sequence: a byte flipped in flight
+is a `422 digest_mismatch` for that part alone, which is sent again. The whole logical upload has
+one `Idempotency-Key`, written *before* the session is created to `NAME.arkvory-upload` beside
+the file (JSON: key, session id, size, mtime_ns, SHA-256 when known, and the request's
+parameters).
 A re-run of the same upload finds it and resumes the same session, sending only the parts the
 server lacks; a changed file or other parameters start a new upload with a new key. The key file
 is removed once the artifact exists (and the asset points at it, when asked).
@@ -13,9 +16,11 @@ Re-running an upload that already succeeded makes no second artifact: an artifac
 name and SHA-256 in the repository is taken as the result. Only when one of the same name and
 size exists is the file hashed before anything is sent (and the SHA-256 then declared to the
 session, so the writer refuses anything else). That answer is given only to a principal that
-may write: the upload session is created first, under the upload's key, as for any upload (a
-reader gets the writer's 403 there, an AuthError), and then deleted unused. Listing artifacts
-needs only read access, so without that step a reader would be told its put worked.
+may write: the client lists its upload sessions in the repository first, which needs write
+permission (a reader gets the writer's 403 there, an AuthError). Listing artifacts needs only
+read access, so without that step a reader would be told its put worked. No session is opened
+for it: a session reserves the file's size on the writer's disk, within the principal's
+ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL.
 
 Why the artifact is the file without a whole-file hash of our own on the common path: every
 part's SHA-256 is computed here from the bytes read for it and checked by the writer, which
@@ -59,7 +64,6 @@ from .wholehash import WholeFileHash
 
 MiB = 1024 * 1024
 MIN_PART, MAX_PART, MAX_PARTS = 1 * MiB, 64 * MiB, 10_000  # the server's bounds (writer/upload_sessions.py)
-PARALLEL_PARTS = 2  # the writer takes ARKVORY_MAX_UPLOADS (default 2) bodies at once
 STATE_SUFFIX = ".arkvory-upload"
 STATE_VERSION = 1
 HASH_READ = 8 * MiB
@@ -211,16 +215,11 @@ class Upload:
         )
         saved = UploadState.load(self.state_file)
         state = saved if saved is not None and saved.same_upload(wanted) else wanted
+        if done_before is not None:
+            return self._stored_already(done_before, state if state is saved else None)
         if state is wanted:
             state.save(self.state_file)
-        # Before any answer, even "done already": creating the session is the writer's own
-        # check that this principal may write here (403 for a reader).
         session = self._start_session(state)
-        if done_before is not None and session["status"] == "open":
-            self._delete_session_quietly(session)
-            self._point_asset(done_before, state.key)
-            self.state_file.unlink(missing_ok=True)
-            return done_before
         artifact, sha256 = self._through_session(state, session)
         expected = sha256 or state.sha256
         if (expected is not None and artifact["sha256"] != expected) or artifact["size"] != size:
@@ -233,6 +232,20 @@ class Upload:
                 f" the file has {expected} ({size} bytes); the artifact was deleted, run the upload again"
             )
         self._point_asset(artifact, state.key)
+        self.state_file.unlink(missing_ok=True)
+        return artifact
+
+    def _stored_already(self, artifact: dict[str, Any], saved: UploadState | None) -> dict[str, Any]:
+        """The file is in the repository already: that artifact is the answer, but only for a
+        principal that may write here, and without opening a session (which would reserve the
+        file's size on the writer's disk just to be deleted). Listing this repository's upload
+        sessions is the writer's own check: a reader gets its 403 (AuthError)."""
+        self.transport.json("GET", f"{self.base}/uploads", f"upload {self.path.name}")
+        if saved is not None and saved.session is not None:
+            # An earlier run of this upload left a session: free what it reserves (a completed
+            # one is refused and stays, which is right: it replays its artifact).
+            self._delete_session_quietly({"id": saved.session})
+        self._point_asset(artifact, saved.key if saved is not None else uuid.uuid4().hex)
         self.state_file.unlink(missing_ok=True)
         return artifact
 
@@ -257,8 +270,8 @@ class Upload:
         return session
 
     def _delete_session_quietly(self, session: dict[str, Any]) -> None:
-        """The session opened only to be refused or allowed is not needed: free its space now
-        (if this fails, the writer's expiry sweep frees it later)."""
+        """A session this upload no longer needs: free its space now (if this fails, the
+        writer's expiry sweep frees it later)."""
         try:
             self.transport.request(
                 "DELETE", f"{self.base}/uploads/{session['id']}", "delete the unneeded upload session"
@@ -329,8 +342,9 @@ class Upload:
     # -- parts --------------------------------------------------------------------------------
 
     def _send_missing(self, fd: int, session: dict[str, Any]) -> str | None:
-        """Send the parts the session lacks, two at a time. Returns the whole file's SHA-256 when
-        the session holds parts of an earlier run (else None: see `_needs_whole_hash`)."""
+        """Send the parts the session lacks in order, one at a time, the next one read and
+        hashed meanwhile. Returns the whole file's SHA-256 when the session holds parts of an
+        earlier run (else None: see the module docstring)."""
         size, part_size = session["size"], session["partSize"]
         received = set(session["receivedParts"])
         missing = [i for i in range(session["partCount"]) if i not in received]
@@ -340,21 +354,30 @@ class Upload:
         try:
             self._done = sum(_part_length(size, part_size, i) for i in received)
             self._report()
-            with concurrent.futures.ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="arkvory-put") as pool:
-                futures = [pool.submit(self._send_part, fd, session, i, whole) for i in missing]
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arkvory-put-read") as reader:
+                upcoming = reader.submit(self._read_part, fd, session, missing[0], whole) if missing else None
                 try:
-                    for future in concurrent.futures.as_completed(futures):
-                        future.result()
+                    for position, index in enumerate(missing):
+                        assert upcoming is not None
+                        data, part_sha256 = upcoming.result()
+                        following = missing[position + 1] if position + 1 < len(missing) else None
+                        upcoming = None if following is None else reader.submit(
+                            self._read_part, fd, session, following, whole
+                        )
+                        self._send_part(session, index, data, part_sha256)
                 except BaseException:
-                    for future in futures:
-                        future.cancel()
+                    if upcoming is not None:
+                        upcoming.cancel()
                     raise
         except BaseException:
             whole.abandon()
             raise
         return whole.hexdigest()
 
-    def _send_part(self, fd: int, session: dict[str, Any], index: int, whole: WholeFileHash | _NoWholeHash) -> None:
+    def _read_part(
+        self, fd: int, session: dict[str, Any], index: int, whole: WholeFileHash | _NoWholeHash
+    ) -> tuple[bytes, str]:
+        """In the reading thread: the part's bytes and their SHA-256."""
         size, part_size = session["size"], session["partSize"]
         length = _part_length(size, part_size, index)
         try:
@@ -364,7 +387,10 @@ class Upload:
         if len(data) != length:
             raise LocalIOError(f"{self.path} became shorter during the upload")
         whole.offer(index, data)
-        part_sha256 = hashlib.sha256(data).hexdigest()
+        return data, hashlib.sha256(data).hexdigest()
+
+    def _send_part(self, session: dict[str, Any], index: int, data: bytes, part_sha256: str) -> None:
+        length = len(data)
         what = f"upload part {index} of {self.path.name}"
         path = f"{self.base}/uploads/{session['id']}/parts/{index}"
         http = self.transport.http
