@@ -167,6 +167,12 @@ def test_the_planned_moves_are_the_table():
         ("cancelling", "resume"): ("cancelled", "task.cancelled"),
     }
     assert {found: planned_move(*found) for found in table} == table
+    # Attempts used up: what would run again fails instead; the rest is the table.
+    exhausted = {
+        found: ("failed", "task.failed") if move is not None and move[0] in ("queued", "running") else move
+        for found, move in table.items()
+    }
+    assert {found: planned_move(*found, attempts_left=False) for found in table} == exhausted
 
 
 # The worker's recovery read (writer/tasks/store.py `unfinished_tasks`), waiting for a lock.
