@@ -6,13 +6,14 @@ trips on the very call that exceeds it (or, asked first with `require_budget`, b
 that would). Per-item progress calls are cheap: they only count, compare and read the clock. Progress events are coalesced to at most one per
 `PROGRESS_EVENT_EVERY_S` (each carries the usage so far); the heartbeat and the task's end
 write the exact usage. A checkpoint is always written at once, with its event and the usage as
-of it (`checkpoint_usage`), in one transaction.
+of it (`checkpoint_usage`), in one transaction. Every write is fenced with the activation's
+holder (store.py `Fence`): when one is refused, the task was cancelled or is no longer ours,
+and the kind is stopped.
 
 Usage belongs to the task, not to one run (`usage_to_continue_from`): a run starts from the
 usage recorded so far, except a `resume` run of a kind that does again what it did after its
 checkpoint (verify re-hashes those blobs), which starts from the checkpoint's usage, as its
-work does. Every write is fenced with the activation's holder (store.py `Fence`): when one is
-refused, the task was cancelled or is no longer ours, and the kind is stopped.
+work does.
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ def _error(row: asyncpg.Record) -> dict[str, str]:
         return {"error_code": RESTARTED_CODE, "error_message": RESTARTED_MESSAGE}
     return {
         "error_code": EXHAUSTED_CODE,
-        "error_message": f"the task started {row['attempts']} run(s) and none ended (the worker stopped "
-        f"during each); max_attempts is {row['max_attempts']}, so it is not run again",
+        "error_message": f"the task started {row['attempts']} run(s) and the worker stopped or lost its "
+        f"lock during each; max_attempts is {row['max_attempts']}, so it is not run again",
     }
 
 
