@@ -99,6 +99,7 @@ def test_status_json_exposes_the_definition_budget_and_times(writer):
         "usage": {"items": 0, "bytes": 0, "transitions": 0, "cost_units": 0, "state_bytes": 0},
     }
     assert task["error"] is None and task["result"] is None and task["attempts"] == 0
+    assert task["max_attempts"] == 3
     assert task["created_by"] == "key:admin"
     assert task["created_at"] and task["updated_at"] and task["started_at"] is None and task["finished_at"] is None
     assert task["last_event"] == 1
@@ -128,6 +129,17 @@ def test_on_restart_defaults_suit_the_kind(writer):
         {"kind": "cleanup", "params": []},
         {"kind": "cleanup", "params": "x"},
         {"kind": "cleanup", "surprise": True},
+        # The document types each field: null is not a value of any of them.
+        {"kind": "cleanup", "budget": None},
+        {"kind": "cleanup", "params": None},
+        {"kind": "cleanup", "version": None},
+        {"kind": "cleanup", "on_restart": None},
+        {"kind": "cleanup", "max_attempts": None},
+        {"kind": "cleanup", "max_attempts": 0},
+        {"kind": "cleanup", "max_attempts": 11},
+        {"kind": "cleanup", "max_attempts": 1.5},
+        {"kind": "cleanup", "max_attempts": "3"},
+        {"kind": "cleanup", "max_attempts": True},
     ],
 )
 def test_bad_dispatch_bodies_are_400(writer, body):
@@ -171,13 +183,36 @@ def test_the_same_key_with_another_definition_is_422_across_kinds(writer, databa
     with writer.client() as client:
         assert dispatch(client, {"kind": "cleanup"}, key="k").status_code == 202
         for other in ({"kind": "verify"}, {"kind": "cleanup", "budget": {"max_items": 5}},
-                      {"kind": "cleanup", "version": "2"}, {"kind": "cleanup", "on_restart": "fail"}):
+                      {"kind": "cleanup", "version": "2"}, {"kind": "cleanup", "on_restart": "fail"},
+                      {"kind": "cleanup", "max_attempts": 5}):
             answer = dispatch(client, other, key="k")
             assert answer.status_code == 422, (other, answer.text)
             assert answer.json()["code"] == "IdempotentParameterMismatch"
         # Keys are global: another administrator's dispatch with the key gets the same task.
     count = on_connection(database_url, lambda c: c.fetchval("SELECT count(*) FROM arkvory_tasks"))
     assert count == 1
+
+
+def test_max_attempts_is_dispatched_and_shown_but_not_hashed(writer):
+    with writer.client() as client:
+        answer = dispatch(client, {"kind": "cleanup", "max_attempts": 5})
+        assert answer.status_code == 202, answer.text
+        assert client.get(answer.headers["location"]).json()["max_attempts"] == 5
+        # It says how crashes are handled, not what the work is: the definition hash is the same.
+        assert answer.json()["definition_hash"] == dispatch(client).json()["definition_hash"]
+        assert dispatch(client, {"kind": "cleanup", "max_attempts": 1.0}).json()["max_attempts"] == 1
+
+
+def test_last_event_id_is_checked_in_either_form(writer):
+    with writer.client() as client:
+        task_id = dispatch(client).json()["id"]
+        for accept in ("application/json", "text/event-stream"):
+            for bad in ("-1", "x", "2147483648"):
+                answer = client.get(f"/api/v1/tasks/{task_id}/events", headers={"Accept": accept, "Last-Event-ID": bad})
+                assert answer.status_code == 400, (accept, bad, answer.text)
+                assert answer.json()["code"] == "invalid_input" and "Last-Event-ID" in answer.json()["message"]
+        fine = client.get(f"/api/v1/tasks/{task_id}/events", headers={"Last-Event-ID": "0"})
+        assert fine.status_code == 200 and fine.json()["last_event"] == 1
 
 
 def test_racing_dispatches_with_one_key_make_one_task(writer, database_url):

@@ -218,12 +218,15 @@ def test_sigterm_exits_0_within_the_drain_bound_and_leaves_the_task_for_recovery
     assert time.monotonic() - asked < 10.0  # the kind stopped at its next step, long before the bound
     left = task(cluster.database_url, task_id)
     assert left["status"] == "running"  # for the next start's restart recovery
+    # A planned stop is no crash: the run gave its attempt back (max_attempts is not used up).
+    assert left["attempts"] == 0
     stopped_at = left["checkpoint"]["next"]
     # It stopped at its next step: the one in flight may be done, not checkpointed, no more.
     assert stopped_at <= len(steps_done(cluster.database_url, task_id)) <= stopped_at + 1
     # The next worker resumes it from that checkpoint.
     start_worker(cluster, "next").wait_active()
-    wait_for(lambda: task(cluster.database_url, task_id)["checkpoint"]["next"] > stopped_at, "resumed")
+    again = wait_for(lambda: (t := task(cluster.database_url, task_id))["checkpoint"]["next"] > stopped_at and t, "resumed")
+    assert again["attempts"] == 1
     resumed = [e for e in events(cluster.database_url, task_id) if e["type"] == "task.running"][-1]
     assert resumed["data"]["resumed"] is True
 
@@ -259,17 +262,19 @@ def test_a_lost_lock_stops_the_task_and_no_write_of_the_old_holder_lands(cluster
             lambda: [e for e in events(cluster.database_url, task_id) if e["type"] == "task.queued"][1:],
             "requeued by the new worker",
         )[0]
+        # The usage the old run recorded (it is frozen): the task's, carried into the new run.
+        carried = task(cluster.database_url, task_id)["usage"]["items"]
     finally:
         old.signal(signal.SIGCONT)  # its kind wakes up mid-step and tries to go on
     done = wait_task(cluster.database_url, task_id, "completed", timeout=30)
     assert done["attempts"] == 2 and done["result"] == {"steps": 60, "first": 0}
-    # After the new worker requeued it, every write is the new run's: its usage counts from 0
-    # and only grows; a write of the old holder (items far along) would break the sequence.
+    # After the new worker requeued it, every write is the new run's: step n of it shows the
+    # usage carried plus n + 1; a write of the old holder (its own count) would not.
     after = [e for e in events(cluster.database_url, task_id) if e["seq"] > requeued["seq"]]
     assert [e["type"] for e in after[:2]] == ["task.loading", "task.running"]
-    items = [e["data"]["usage"]["items"] for e in after if e["type"] in ("task.progress", "task.checkpoint")]
-    assert items == sorted(items) and items[0] <= 2, items
-    assert done["usage"]["items"] == 60
+    progress = [e["data"] for e in after if e["type"] == "task.progress"]
+    assert progress and all(d["usage"]["items"] == carried + d["data"]["step"] + 1 for d in progress), progress
+    assert carried > 0 and done["usage"]["items"] == carried + 60
     # The old worker noticed, stopped its task and stands by.
     old.wait_status("standby", timeout=15)
     assert "no longer the active worker" in old.stderr

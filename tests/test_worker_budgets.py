@@ -4,18 +4,20 @@ restart recovery of the next worker (the policy here is `retry`, the one that wo
 
 The `steps` kind (tests/worker_kinds.py) records each step before reporting it, then reports
 progress (one transition) and checkpoints (another), so the step that trips is the last
-recorded one. The `verify` kind asks before each blob instead, so the blob that would trip is
-never read.
+recorded one. The real kinds ask before each step instead: `verify` never reads the blob that
+would trip, `cleanup` never removes the blob that would.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 
 import pytest
 
+from .harness import db_execute, db_fetch
 from .worker_harness import dispatch, events, start_worker, steps_done, task, wait_task
 
 pytestmark = pytest.mark.timeout(120)
@@ -107,12 +109,15 @@ def test_verify_never_reads_a_blob_its_budget_does_not_cover(cluster, writer):
     for budget, message in (
         ({"max_items": 3}, "max_items exceeded: 4 > 3"),
         ({"max_bytes": 3500}, "max_bytes exceeded: 4000 > 3500"),
+        # A blob of 1000 bytes costs 2 units: opening it, and the MiB started.
+        ({"max_cost_units": 7}, "max_cost_units exceeded: 8 > 7"),
     ):
         task_id = dispatch(url, "verify", {"bytes_per_second": 0}, on_restart="retry", budget=budget)
         failed = wait_task(url, task_id, ("failed", "completed"))
         assert failed["status"] == "failed" and failed["error_code"] == "budget_exceeded", failed
         assert failed["error_message"] == message
         assert failed["usage"]["items"] == 3 and failed["usage"]["bytes"] == 3000, failed["usage"]
+        assert failed["usage"]["cost_units"] == 6, failed["usage"]
         assert _hashed_bytes(worker) - hashed == 3000, "only the blobs within the budget were read"
         hashed = _hashed_bytes(worker)
         assert failed["attempts"] == 1
@@ -121,10 +126,101 @@ def test_verify_never_reads_a_blob_its_budget_does_not_cover(cluster, writer):
     at_limit = dispatch(url, "verify", {"bytes_per_second": 0}, on_restart="retry", budget={"max_items": 10, "max_bytes": 10_000})
     done = wait_task(url, at_limit, ("failed", "completed"))
     assert done["status"] == "completed", done
-    assert done["usage"]["items"] == 10 and done["usage"]["bytes"] == 10_000
+    assert done["usage"]["items"] == 10 and done["usage"]["bytes"] == 10_000 and done["usage"]["cost_units"] == 20
     assert _hashed_bytes(worker) - hashed == 10_000
     # Not retried by the next worker either.
     worker.kill()
     start_worker(cluster, "next", real=True).wait_active()
     time.sleep(2)
     assert task(url, task_id)["status"] == "failed" and task(url, task_id)["attempts"] == 1
+
+
+def test_cleanup_never_removes_a_blob_its_budget_does_not_cover(cluster, writer):
+    """Checked before each batch, cut to what is left: 20 unreferenced blobs, budgets that
+    cover 3 of them, and exactly 3 go each time (they went in a batch of 20 before)."""
+    url = cluster.database_url
+    start_worker(cluster, real=True).wait_active()
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        for i in range(20):
+            made = admin.post("/api/v1/repositories/r/artifacts", params={"name": f"{i}.bin"}, content=os.urandom(1000))
+            assert made.status_code == 201, made.text
+            assert admin.delete(f"/api/v1/repositories/r/artifacts/{made.json()['id']}").status_code == 204
+
+    def blobs_left() -> int:
+        return len(db_fetch(url, "SELECT sha256 FROM arkvory_blobs"))
+
+    # (budget, error message): 3 blobs fit each budget, the 4th would exceed it. An
+    # unreferenced blob costs 2 units (its row and its file).
+    left = 20
+    for budget, message in (
+        ({"max_items": 3}, "max_items exceeded: 4 > 3"),
+        ({"max_bytes": 3500}, "max_bytes exceeded: 4000 > 3500"),
+        ({"max_cost_units": 7}, "max_cost_units exceeded: 8 > 7"),
+    ):
+        task_id = dispatch(url, "cleanup", {"grace_seconds": 0}, on_restart="retry", budget=budget)
+        failed = wait_task(url, task_id, ("failed", "completed"))
+        assert (failed["status"], failed["error_code"]) == ("failed", "budget_exceeded"), failed
+        assert failed["error_message"] == message
+        assert (failed["usage"]["items"], failed["usage"]["bytes"], failed["usage"]["cost_units"]) == (3, 3000, 6)
+        left -= 3
+        assert blobs_left() == left
+    # Exactly what is left: within the budget, completed.
+    at_limit = dispatch(url, "cleanup", {"grace_seconds": 0}, on_restart="retry", budget={"max_items": left})
+    done = wait_task(url, at_limit, ("failed", "completed"))
+    assert done["status"] == "completed", done
+    assert done["result"]["deleted_blobs"] == left and done["usage"]["items"] == left
+    assert blobs_left() == 0
+
+
+def test_each_cleanup_step_stops_before_its_budget(cluster, writer):
+    """Expired keys, finished tasks past retention and stray files: each step's batch is cut
+    to what the budget has left, and work left over fails the task before it is done."""
+    url = cluster.database_url
+    start_worker(cluster, real=True).wait_active()
+    with writer.client() as admin:
+        for i in range(5):
+            made = admin.post("/api/v1/repositories", json={"name": f"k{i}"}, headers={"Idempotency-Key": f"key-{i}"})
+            assert made.status_code == 201, made.text
+    db_execute(url, "UPDATE arkvory_idempotency_keys SET expires_at = now() - interval '1 second'")
+    old_tasks = [dispatch(url, "verify") for _ in range(5)]
+    db_execute(url, "UPDATE arkvory_tasks SET status = 'completed', finished_at = now() - interval '30 days'"
+                    " WHERE id = ANY($1::uuid[])", old_tasks)
+    strays = []
+    for _ in range(3):
+        content = os.urandom(5000)
+        sha256 = hashlib.sha256(content).hexdigest()
+        path = cluster.data_dir / "blobs" / "sha256" / sha256[:2] / sha256[2:4] / sha256
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+        strays.append(path)
+
+    def cleanup_with(budget: dict) -> dict:
+        task_id = dispatch(url, "cleanup", {"grace_seconds": 0}, on_restart="retry", budget=budget)
+        return wait_task(url, task_id, ("failed", "completed"))
+
+    def count(sql: str) -> int:
+        return len(db_fetch(url, sql))
+
+    # Keys first: 3 of 5 fit.
+    failed = cleanup_with({"max_items": 3})
+    assert failed["error_message"] == "max_items exceeded: 4 > 3" and failed["usage"]["items"] == 3
+    assert count("SELECT 1 FROM arkvory_idempotency_keys") == 2
+    # The 2 keys left, then 2 of the 5 old tasks.
+    failed = cleanup_with({"max_items": 4})
+    assert failed["error_message"] == "max_items exceeded: 5 > 4" and failed["usage"]["items"] == 4
+    assert count("SELECT 1 FROM arkvory_idempotency_keys") == 0
+    assert count("SELECT 1 FROM arkvory_tasks WHERE finished_at < now() - interval '1 day'") == 3
+    # The 3 old tasks (a unit each), then 2 of the 3 strays (a unit each).
+    failed = cleanup_with({"max_cost_units": 5})
+    assert failed["error_message"] == "max_cost_units exceeded: 6 > 5" and failed["usage"]["cost_units"] == 5
+    assert count("SELECT 1 FROM arkvory_tasks WHERE finished_at < now() - interval '1 day'") == 0
+    assert sum(path.exists() for path in strays) == 1
+    # The last stray is larger than the bytes left.
+    failed = cleanup_with({"max_bytes": 4999})
+    assert failed["error_message"] == "max_bytes exceeded: 5000 > 4999" and failed["usage"]["bytes"] == 0
+    assert sum(path.exists() for path in strays) == 1
+    done = cleanup_with({"max_bytes": 5000})
+    assert done["status"] == "completed" and done["usage"]["bytes"] == 5000, done
+    assert not any(path.exists() for path in strays)

@@ -114,19 +114,32 @@ def dispatch(
     *,
     on_restart: str = "retry",
     budget: dict | None = None,
+    max_attempts: int = store.DEFAULT_MAX_ATTEMPTS,
 ) -> uuid.UUID:
     """A queued task, committed with its `task.queued` event (which wakes the worker)."""
 
     async def work(conn):
         async with conn.transaction():
-            task = await store.insert_task(
-                conn, kind=kind, params=params or {}, on_restart=on_restart, definition_version=None,
-                definition_hash=uuid.uuid4().hex * 2, budget=budget or {}, idempotency_key=None,
-                created_by="test",
-            )
+            task = await insert_test_task(conn, kind, params, on_restart, budget, max_attempts)
         return task["id"]
 
     return _run(database_url, work)
+
+
+async def insert_test_task(
+    conn: asyncpg.Connection,
+    kind: str,
+    params: dict | None = None,
+    on_restart: str = "retry",
+    budget: dict | None = None,
+    max_attempts: int = store.DEFAULT_MAX_ATTEMPTS,
+) -> dict:
+    """A queued task in the caller's transaction (as the API inserts one)."""
+    return await store.insert_task(
+        conn, kind=kind, params=params or {}, on_restart=on_restart, definition_version=None,
+        definition_hash=uuid.uuid4().hex * 2, budget=budget or {}, idempotency_key=None,
+        created_by="test", max_attempts=max_attempts,
+    )
 
 
 def transition(database_url: str, task_id: uuid.UUID, allowed_from, to: str, event: str, **fields) -> dict | None:

@@ -4,20 +4,23 @@ It does `steps` steps of `step_seconds` each; after each it records the step in 
 `test_worker_steps` (so a test can count what was done, and done twice), reports progress
 (`items`, `bytes`, `cost_units` per step) and, every `checkpoint_every` steps, checkpoints
 `{"next": step + 1, "pad": "x" * (pad + pad_growth * step)}`. A `resume` run starts at the
-checkpoint's `next`. `fail_at` raises an unexpected error at that step. Registered (also as
-`steps_b`, a second kind to run next to it) by tests/worker_entry.py.
+checkpoint's `next`. `fail_at` raises an unexpected error at that step; `crash_at` kills the
+worker process (SIGKILL) there. Registered (also as `steps_b`, a second kind to run next to it)
+by tests/worker_entry.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from typing import Any
 
 from shared.errors import InvalidInput
 
 _FIELDS = {
     "steps": 5, "step_seconds": 0.0, "checkpoint_every": 1, "items": 1, "bytes": 0, "cost_units": 0,
-    "pad": 0, "pad_growth": 0, "fail_at": -1,
+    "pad": 0, "pad_growth": 0, "fail_at": -1, "crash_at": -1,
 }
 
 
@@ -38,6 +41,8 @@ async def run(ctx) -> dict:
         await asyncio.sleep(p["step_seconds"])
         if step == p["fail_at"]:
             raise RuntimeError(f"step {step} went wrong")
+        if step == p["crash_at"]:
+            os.kill(os.getpid(), signal.SIGKILL)
         await ctx.pool.execute("INSERT INTO test_worker_steps (task_id, step) VALUES ($1, $2)", ctx.task_id, step)
         await ctx.progress(items=p["items"], bytes=p["bytes"], cost_units=p["cost_units"], data={"step": step})
         if (step + 1) % p["checkpoint_every"] == 0:

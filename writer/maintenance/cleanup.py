@@ -33,6 +33,14 @@ anti-join, stray files from `os.scandir`, checked against the table in batches. 
 first: the disk work runs in one thread of its own at nice 10, and after each batch the task
 sleeps PACE times the time the batch kept a CPU busy (its wall time minus the time its thread
 waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of a core.
+
+Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a task, a session or temp
+file, a blob, a stray file), its bytes what it freed, its cost units one per row and one per
+file (an unreferenced blob costs 2). Each batch is cut, before it is removed, to what the budget
+has left, so the usage never goes over; when work is left that not even one removal fits, the
+task fails there with `budget_exceeded`. The upload-session sweep takes no bound yet: it is
+counted after it ran. What a step removed stays removed, so a resumed run keeps all the usage
+(`RESUME_REPEATS_WORK`).
 """
 
 from __future__ import annotations
@@ -44,15 +52,16 @@ import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn
 
 import asyncpg
 
 from shared.errors import InvalidInput
 from shared.storage import Storage, remove_stale_uploads
+from writer.tasks.budgets import cost_units
 from writer.tasks.context import TaskCancelled
-from writer.tasks.retention import prune_finished
+from writer.tasks.retention import any_to_prune, prune_finished_batch
 
 from .blob_locks import try_claim_for_removal
 
@@ -74,6 +83,13 @@ _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _HEX2 = re.compile(r"^[0-9a-f]{2}$")
 
 _PARAMS = {"grace_seconds"}
+
+# A resumed cleanup does not undo what it removed after its last checkpoint: keep that usage.
+RESUME_REPEATS_WORK = False
+# Cost units of one removal (writer/tasks/budgets.py).
+ROW_COST = cost_units(rows=1)  # an idempotency key; a finished task with its events
+FILE_COST = cost_units(files=1)  # a stray blob file
+BLOB_COST = cost_units(rows=1, files=1)  # an unreferenced blob: its row and its file
 
 
 def validate_params(params: Any) -> dict:
@@ -106,6 +122,7 @@ async def run(ctx) -> dict:
         totals[name] = await step(ctx, grace)
         log.info("cleanup %s: %s in %.1f s", name, totals[name], time.monotonic() - started)
         done.append(name)
+        ctx.require_budget(transitions=1)  # asked first, as for the work
         await ctx.checkpoint({"done": done, "totals": totals})
     blobs, strays = totals.get("blobs", {}), totals.get("stray_files", {})
     return {
@@ -119,6 +136,10 @@ async def run(ctx) -> dict:
 # -- steps ---------------------------------------------------------------------------------
 
 
+# The condition of writer/idempotency.py `delete_expired`: asked only when the budget is spent.
+_ANY_EXPIRED_KEY = "SELECT EXISTS (SELECT 1 FROM arkvory_idempotency_keys WHERE expires_at <= now())"
+
+
 async def _idempotency_keys(ctx, grace: int) -> dict:
     from writer.idempotency import delete_expired
 
@@ -127,11 +148,18 @@ async def _idempotency_keys(ctx, grace: int) -> dict:
         _stop_if_cancelled(ctx)
         async with _paced():
             async with ctx.pool.acquire() as conn:
-                count = await delete_expired(conn, KEY_BATCH)
+                room = _room(ctx, KEY_BATCH, ROW_COST)
+                if room == 0:
+                    if await conn.fetchval(_ANY_EXPIRED_KEY, timeout=QUERY_TIMEOUT_S):
+                        _refuse_next(ctx, ROW_COST)
+                    return {"deleted": deleted}
+                count = await delete_expired(conn, room)
         deleted += count
-        if count or not deleted:
-            await ctx.progress(items=count, message=f"expired idempotency keys: {deleted} deleted")
-        if count < KEY_BATCH:
+        if count or (not deleted and _spare_transition(ctx)):
+            await ctx.progress(
+                items=count, cost_units=count * ROW_COST, message=f"expired idempotency keys: {deleted} deleted"
+            )
+        if count < room:
             return {"deleted": deleted}
 
 
@@ -152,21 +180,29 @@ async def _upload_sessions(ctx, grace: int) -> dict:
 
 
 async def _tasks(ctx, grace: int) -> dict:
+    retention = ctx.settings.task_retention_s
     pruned = 0
     while True:
         _stop_if_cancelled(ctx)
         async with _paced():
             async with ctx.pool.acquire() as conn:
-                count = await prune_finished(conn, ctx.settings.task_retention_s, TASK_BATCH)
+                room = _room(ctx, TASK_BATCH, ROW_COST)
+                if room == 0:
+                    if await any_to_prune(conn, retention):
+                        _refuse_next(ctx, ROW_COST)
+                    return {"pruned": pruned}
+                count = await prune_finished_batch(conn, retention, room)
         pruned += count
-        if count or not pruned:
-            await ctx.progress(items=count, message=f"finished tasks past retention: {pruned} pruned")
-        if count < TASK_BATCH:
+        if count or (not pruned and _spare_transition(ctx)):
+            await ctx.progress(
+                items=count, cost_units=count * ROW_COST, message=f"finished tasks past retention: {pruned} pruned"
+            )
+        if count < room:
             return {"pruned": pruned}
 
 
 _CANDIDATES = """
-SELECT b.sha256 FROM arkvory_blobs b
+SELECT b.sha256, b.size FROM arkvory_blobs b
 WHERE b.sha256 > $1 AND b.created_at < now() - make_interval(secs => $2)
   AND NOT EXISTS (SELECT 1 FROM arkvory_artifacts a WHERE a.sha256 = b.sha256)
 ORDER BY b.sha256 LIMIT $3
@@ -193,6 +229,12 @@ async def _blobs(ctx, grace: int) -> dict:
                 rows = await conn.fetch(_CANDIDATES, after, float(grace), BLOB_BATCH, timeout=QUERY_TIMEOUT_S)
                 if not rows:
                     break
+                # Each candidate may be removed: only as many as the budget covers go in.
+                room = _room(ctx, len(rows), BLOB_COST, [r["size"] for r in rows])
+                if room == 0:
+                    _refuse_next(ctx, BLOB_COST, rows[0]["size"])
+                last_batch = len(rows) < BLOB_BATCH and room == len(rows)
+                rows = rows[:room]
                 after = rows[-1]["sha256"]
                 candidates = [r["sha256"] for r in rows]
                 count, freed = await remove_unreferenced(conn, ctx.storage, candidates, grace)
@@ -202,12 +244,12 @@ async def _blobs(ctx, grace: int) -> dict:
         ctx.metrics.cleanup_deleted_blobs.inc(count)
         ctx.metrics.cleanup_reclaimed_bytes.inc(freed)
         await ctx.progress(
-            items=count, bytes=freed,
+            items=count, bytes=freed, cost_units=count * BLOB_COST,
             message=f"unreferenced blobs: {deleted} deleted, {reclaimed} bytes reclaimed",
         )
-        if len(rows) < BLOB_BATCH:
+        if last_batch:
             break
-    if not deleted:
+    if not deleted and _spare_transition(ctx):
         await ctx.progress(message="unreferenced blobs: none to delete")
     return {"deleted": deleted, "bytes": reclaimed, "kept": skipped}
 
@@ -268,17 +310,24 @@ async def _stray_files(ctx, grace: int) -> dict:
             return
         async with _paced():
             async with ctx.pool.acquire() as conn:
-                count, freed = await remove_strays(conn, storage, pending, cutoff)
+                strays = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, pending, timeout=QUERY_TIMEOUT_S)]
         pending.clear()
-        deleted += count
-        reclaimed += freed
-        if count:
-            ctx.metrics.cleanup_deleted_blobs.inc(count)
-            ctx.metrics.cleanup_reclaimed_bytes.inc(freed)
-            await ctx.progress(
-                items=count, bytes=freed,
-                message=f"stray blob files: {deleted} deleted, {reclaimed} bytes reclaimed",
-            )
+        while strays:
+            _stop_if_cancelled(ctx)
+            batch = await _strays_within_budget(ctx, storage, strays)
+            strays = strays[len(batch):]
+            async with _paced():
+                async with ctx.pool.acquire() as conn:
+                    count, freed = await remove_strays(conn, storage, batch, cutoff)
+            deleted += count
+            reclaimed += freed
+            if count:
+                ctx.metrics.cleanup_deleted_blobs.inc(count)
+                ctx.metrics.cleanup_reclaimed_bytes.inc(freed)
+                await ctx.progress(
+                    items=count, bytes=freed, cost_units=count * FILE_COST,
+                    message=f"stray blob files: {deleted} deleted, {reclaimed} bytes reclaimed",
+                )
 
     for top in tops:
         _stop_if_cancelled(ctx)
@@ -289,8 +338,29 @@ async def _stray_files(ctx, grace: int) -> dict:
         if len(pending) >= SCAN_BATCH:
             await settle()
     await settle()
-    await ctx.progress(message=f"stray blob files: {scanned} old file(s) checked, {deleted} deleted")
+    if _spare_transition(ctx):
+        await ctx.progress(message=f"stray blob files: {scanned} old file(s) checked, {deleted} deleted")
     return {"checked": scanned, "deleted": deleted, "bytes": reclaimed}
+
+
+async def _strays_within_budget(ctx, storage: Storage, strays: list[str]) -> list[str]:
+    """The leading strays the budget covers (their sizes are read only when bytes are limited:
+    strays are few, and a digest's file has one size); fails the task when not even one does."""
+    sizes = await _on_disk(_file_sizes, storage, strays) if "bytes" in ctx.budget_left() else []
+    room = _room(ctx, len(strays), FILE_COST, sizes)
+    if room == 0:
+        _refuse_next(ctx, FILE_COST, sizes[0] if sizes else 0)
+    return strays[:room]
+
+
+def _file_sizes(storage: Storage, digests: list[str]) -> list[int]:
+    sizes = []
+    for sha256 in digests:
+        try:
+            sizes.append(os.stat(storage.blob_file(sha256), follow_symlinks=False).st_size)
+        except FileNotFoundError:
+            sizes.append(0)  # gone meanwhile: removing it frees nothing
+    return sizes
 
 
 def _old_blob_files(storage: Storage, top: str, cutoff: float) -> list[str]:
@@ -358,6 +428,38 @@ _STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (
     ("stray_files", _stray_files),
 )
 STEP_NAMES = tuple(name for name, _ in _STEPS)
+
+
+# -- budgets -------------------------------------------------------------------------------
+
+
+def _room(ctx, wanted: int, cost_each: int, sizes: Sequence[int] = ()) -> int:
+    """How many of the next `wanted` removals the task's budget still covers: each is one item
+    and `cost_each` cost units, plus its size in bytes when `sizes` gives them, and the progress
+    call that reports them is one transition."""
+    left = ctx.budget_left()
+    if left.get("transitions", 1) < 1:
+        return 0
+    room = min(wanted, left.get("items", wanted), left.get("cost_units", wanted * cost_each) // cost_each)
+    bytes_left = left.get("bytes")
+    if bytes_left is not None and sizes:
+        total = 0
+        for fitted, size in enumerate(sizes[:room]):
+            total += size
+            if total > bytes_left:
+                return fitted
+    return room
+
+
+def _spare_transition(ctx) -> bool:
+    """Whether a report of no work fits: a summary line is no reason to fail the task."""
+    return ctx.budget_left().get("transitions", 1) >= 1
+
+
+def _refuse_next(ctx, cost_each: int, size: int = 0) -> NoReturn:
+    """Work is left that the budget does not cover: fail the task before doing any of it."""
+    ctx.require_budget(items=1, bytes=size, cost_units=cost_each, transitions=1)
+    raise AssertionError("budget_left and require_budget disagree")
 
 
 # -- pacing and cancellation ---------------------------------------------------------------

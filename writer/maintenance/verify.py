@@ -17,10 +17,11 @@ What a run finds:
   out of the store, every process told to drop its cached descriptor) and recorded `corrupt`.
 
 Budgets: a blob is the step. Before one is read, it must fit what is left of the task's budget
-(one item, its recorded size in bytes, one transition for its progress call); the blobs checked
-in one thread hop are only as many as fit; the first blob that does not fit fails the task with
-`budget_exceeded` without being read (writer/tasks/budgets.py). So `max_items` N checks exactly
-N blobs and `max_bytes` never lets more than that be read. Progress is reported per blob (the
+(one item, its recorded size in bytes, its cost units: 1 to open it and 1 per MiB started, and
+one transition for its progress call); the blobs checked in one thread hop are only as many as
+fit; the first blob that does not fit fails the task with `budget_exceeded` without being read
+(writer/tasks/budgets.py). So `max_items` N checks exactly N blobs and `max_bytes` never lets
+more than that be read. Progress is reported per blob (the
 worker coalesces the events), a checkpoint `{"after": digest, counts...}` is saved every
 CHECKPOINT_EVERY_S, and a resumed task continues after the checkpoint's digest without hashing
 the finished blobs again.
@@ -40,6 +41,7 @@ import anyio
 import anyio.to_thread
 
 from shared.errors import InvalidInput
+from writer.tasks.budgets import cost_units
 from writer.tasks.context import TaskCancelled
 
 from .blob_locks import claim_for_diagnosis
@@ -173,7 +175,7 @@ class Verifier:
                 for row, (outcome, nbytes) in zip(group, found):
                     await self._record(row["sha256"], row["problem"], outcome)
                     self.after = row["sha256"]
-                    await self._report(nbytes)
+                    await self._report(nbytes, blob_cost(row["size"]))
             if len(rows) < BATCH:
                 break
         if self.ctx.budget_left().get("transitions", 1) >= 1:  # a summary is no reason to fail
@@ -191,16 +193,19 @@ class Verifier:
     def _next_group(self, rows: list, start: int) -> list:
         """The blobs from `rows[start]` to check in one thread hop: consecutive small ones (up
         to a piece of bytes or SMALL_GROUP files), or one large one; never more than what is
-        left of the budget (a blob costs one item, its size in bytes and one transition). When
-        not even `rows[start]` fits, the task fails here, before reading it."""
+        left of the budget (a blob costs one item, its size in bytes, `blob_cost` cost units and
+        one transition). When not even `rows[start]` fits, the task fails here, before reading it."""
         left = self.ctx.budget_left()
         items_left = min(left.get("items", BATCH), left.get("transitions", BATCH))
         bytes_left = left.get("bytes", -1)  # -1: unlimited
+        cost_left = left.get("cost_units", -1)
         group: list = []
-        group_bytes = 0
+        group_bytes = group_cost = 0
         for row in rows[start : start + min(SMALL_GROUP, items_left)]:
-            size = row["size"]
+            size, cost = row["size"], blob_cost(row["size"])
             if bytes_left >= 0 and group_bytes + size > bytes_left:
+                break
+            if cost_left >= 0 and group_cost + cost > cost_left:
                 break
             if size > SMALL_BLOB:
                 if not group:
@@ -210,8 +215,10 @@ class Verifier:
                 break
             group.append(row)
             group_bytes += size
+            group_cost += cost
         if not group:
-            self.ctx.require_budget(items=1, bytes=rows[start]["size"], transitions=1)  # raises
+            size = rows[start]["size"]
+            self.ctx.require_budget(items=1, bytes=size, cost_units=blob_cost(size), transitions=1)  # raises
             raise AssertionError("budget_left and require_budget disagree")
         return group
 
@@ -333,14 +340,14 @@ class Verifier:
 
     # -- progress and checkpoints ----------------------------------------------------------------
 
-    async def _report(self, nbytes: int) -> None:
-        """One blob is done (`nbytes` of it not reported yet): count it, and checkpoint with a
-        summary line (for the offline scrub's output and the task's events) every
-        CHECKPOINT_EVERY_S."""
+    async def _report(self, nbytes: int, cost: int) -> None:
+        """One blob is done (`nbytes` of it not reported yet, `cost` its cost units): count it,
+        and checkpoint with a summary line (for the offline scrub's output and the task's
+        events) every CHECKPOINT_EVERY_S."""
         now = time.monotonic()
         due = now - self._checkpoint_at >= CHECKPOINT_EVERY_S and self._spare_transitions()
         await self.ctx.progress(
-            items=1, bytes=nbytes, message=self._summary() if due else None, data=self._state()
+            items=1, bytes=nbytes, cost_units=cost, message=self._summary() if due else None, data=self._state()
         )
         self._progress_at = now
         if due:
@@ -357,6 +364,11 @@ class Verifier:
     def _summary(self) -> str:
         t = self.tally
         return f"{t.checked} blobs checked ({t.bytes} bytes), {t.missing} missing, {t.corrupt} corrupt"
+
+
+def blob_cost(size: int) -> int:
+    """A blob's cost units (writer/tasks/budgets.py): opening its file, and each MiB read."""
+    return cost_units(files=1, read_bytes=size)
 
 
 async def run(ctx: Any) -> dict[str, Any]:

@@ -42,7 +42,7 @@ DEFAULT_ON_RESTART = {"cleanup": "retry", "verify": "resume"}
 MAX_VERSION = 64
 RESERVED_KEY_PREFIX = "schedule:"  # the writer's own schedule (schedule.py) uses these keys
 MAX_EVENT_NUMBER = 2**31 - 1
-_BODY_FIELDS = frozenset({"kind", "params", "on_restart", "version", "budget"})
+_BODY_FIELDS = frozenset({"kind", "params", "on_restart", "version", "budget", "max_attempts"})
 
 
 # -- who may ------------------------------------------------------------------------------------
@@ -83,6 +83,7 @@ def task_json(task: dict[str, Any]) -> dict[str, Any]:
         "result": task["result"],
         "error": error,
         "attempts": task["attempts"],
+        "max_attempts": task["max_attempts"],
         "created_by": task["created_by"],
         "created_at": _time(task["created_at"]),
         "started_at": _time(task["started_at"]),
@@ -100,10 +101,14 @@ def task_location(task_id: uuid.UUID | str) -> str:
 
 
 def definition_from(body: dict[str, Any]) -> Definition:
-    """The checked definition of a dispatch body (400 on anything wrong)."""
+    """The checked definition of a dispatch body (400 on anything wrong). An optional field is
+    left out or given a value of its type: `null` is refused, as the OpenAPI document says."""
     unknown = sorted(set(body) - _BODY_FIELDS)
     if unknown:
         raise InvalidInput(f"unknown field {unknown[0]!r}; known: {', '.join(sorted(_BODY_FIELDS))}")
+    given_null = sorted(name for name, value in body.items() if value is None)
+    if given_null:
+        raise InvalidInput(f"{given_null[0]!r} must not be null: leave it out for its default")
     kind = body.get("kind")
     if not isinstance(kind, str) or kind not in KINDS:
         raise InvalidInput(f"'kind' must be one of: {', '.join(sorted(KINDS))}")
@@ -124,8 +129,19 @@ def definition_from(body: dict[str, Any]) -> Definition:
         # A kind's check tripping over hostile params is still the client's input: 400, not 500.
         raise InvalidInput(f"'params' are not valid for {kind}: {exc}") from None
     params = normalise(checked, "params")
-    budget = validate_budget(normalise(body.get("budget"), "budget"))
-    return Definition(kind, params, on_restart, version, budget, definition_hash(kind, version, params, budget))
+    budget = validate_budget(normalise(body.get("budget", {}), "budget"))
+    max_attempts = _max_attempts(body.get("max_attempts", store.DEFAULT_MAX_ATTEMPTS))
+    return Definition(
+        kind, params, on_restart, version, budget, definition_hash(kind, version, params, budget), max_attempts
+    )
+
+
+def _max_attempts(value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 3.0 is 3, as in the definition (definition.py)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= store.MAX_ATTEMPTS:
+        raise InvalidInput(f"'max_attempts' must be an integer from 1 to {store.MAX_ATTEMPTS}")
+    return value
 
 
 def dispatch_key(request: Request) -> str | None:
@@ -228,12 +244,13 @@ async def task_events(request: Request) -> Response:
     await administrator(request, changing=False)
     task_id = _task_id(request)
     after = _event_number(request.query_params.get("after"), "query parameter 'after'") or 0
+    # Checked for either form, as the document declares it: only a stream uses it.
+    resumed = _event_number(request.headers.get("last-event-id"), "Last-Event-ID")
     runtime = runtime_of(request)
     pool = runtime.pool
     assert pool is not None
     if wants_event_stream(request):
         # An EventSource that reconnects sends the last id it saw; that wins over `after`.
-        resumed = _event_number(request.headers.get("last-event-id"), "Last-Event-ID")
         return await _event_stream(request, pool, task_id, after if resumed is None else resumed)
     limit = page_limit(request)
     async with pooled(pool) as conn:

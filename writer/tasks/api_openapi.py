@@ -7,7 +7,7 @@ from typing import Any
 from ..openapi import IDEMPOTENCY_KEY, errors, json_body, json_content, page_of, page_params, query_param
 from .budgets import LIMITS, MAX_LIMIT
 from .kinds import KINDS
-from .store import STATUSES
+from .store import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS, STATUSES
 
 _KINDS = sorted(KINDS)
 _TIME = {"type": ["string", "null"], "format": "date-time"}
@@ -17,7 +17,7 @@ TASK: dict[str, Any] = {
     "type": "object",
     "required": [
         "id", "kind", "status", "on_restart", "definition_version", "definition_hash", "idempotency_key",
-        "params", "budget", "result", "error", "attempts", "created_by", "created_at", "started_at",
+        "params", "budget", "result", "error", "attempts", "max_attempts", "created_by", "created_at", "started_at",
         "finished_at", "updated_at", "last_event",
     ],
     "properties": {
@@ -39,9 +39,24 @@ TASK: dict[str, Any] = {
         "result": {},
         "error": {
             "type": ["object", "null"], "required": ["code", "message"],
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            "properties": {
+                "code": {
+                    "type": "string",
+                    "description": "budget_exceeded, server_restarted, attempts_exhausted, internal, "
+                    "invalid_input, unknown_kind",
+                },
+                "message": {"type": "string"},
+            },
         },
-        "attempts": {"type": "integer"},
+        "attempts": {
+            "type": "integer",
+            "description": "runs started (a run stopped by a planned stop of the worker gives its attempt back)",
+        },
+        "max_attempts": {
+            "type": "integer",
+            "description": "runs the task may start: restart recovery fails it with `attempts_exhausted` "
+            "rather than run it again after that many",
+        },
         "created_by": {"type": ["string", "null"], "description": "the dispatching principal, or `schedule`"},
         "created_at": {"type": "string", "format": "date-time"},
         "started_at": _TIME,
@@ -87,6 +102,18 @@ _DISPATCH = {
             "type": "object",
             "additionalProperties": False,
             "properties": {name: {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT} for name in LIMITS},
+            "description": "Limits the task stops before exceeding (failed, `budget_exceeded`, never "
+            "retried); the usage is the task's across its runs. `max_items`: blobs checked (verify), "
+            "things removed (cleanup); `max_bytes`: bytes read (verify), freed (cleanup); "
+            "`max_transitions`: progress reports and checkpoints; `max_state_bytes`: the checkpoint's "
+            "size. `max_cost_units`: one unit per file opened or removed, per database row removed and "
+            "per MiB read (started): a verified blob costs 1 + ceil(size / MiB); cleanup's removals "
+            "cost 2 (an unreferenced blob, an upload session: row and file) or 1 (anything else).",
+        },
+        "max_attempts": {
+            "type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS, "default": DEFAULT_MAX_ATTEMPTS,
+            "description": "runs the task may start; after a crash of the worker in its last one, "
+            "restart recovery fails it with `attempts_exhausted` (not part of definition_hash)",
         },
     },
 }
@@ -142,8 +169,8 @@ OPENAPI_PATHS: dict[str, Any] = {
                 query_param("limit", "Events per answer in the JSON form (default 100).",
                             schema={"type": "integer", "minimum": 1, "maximum": 1000}),
                 {"name": "Last-Event-ID", "in": "header", "required": False,
-                 "description": "Stream only: resume after this event number.",
-                 "schema": {"type": "integer", "minimum": 0}},
+                 "description": "Stream only: resume after this event number (checked, 400, in either form).",
+                 "schema": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}},
             ],
             "responses": {
                 "200": {

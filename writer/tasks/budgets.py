@@ -5,13 +5,23 @@ Each limit has the usage counter it bounds. `transitions` counts the task's step
 the last checkpoint as canonical JSON. Exceeding a limit fails the task at once with
 `budget_exceeded`; it is never retried.
 
-When exactly, depends on whether a kind knows what a step costs before doing it:
+A cost unit is one operation on the store, so that `max_cost_units` bounds the work a task
+does to the disk and the database whatever its mix of small and large things
+(`cost_units()`): one per file opened or removed, one per database row removed, and one per
+MiB read (started). So verify's blob of `size` bytes costs 1 + ceil(size / MiB), and cleanup's
+removals cost 1 (an idempotency key, a finished task with its events, an upload temp file, a
+stray blob file) or 2 (an unreferenced blob or an abandoned upload session: a row and a file).
 
-- a kind counts its work with `progress` after doing it: the call that takes usage past a limit
-  fails the task, and the usage shows that step (`max_items` 3: "4 > 3", usage 4);
-- a kind that knows (verify knows each blob's size) asks first (`TaskContext.budget_left`,
-  `require_budget`) and never starts a step its budget does not cover: the usage stays within
-  every limit and the error names what the refused step would have made it ("4 > 3", usage 3).
+Usage belongs to the task, not to a run: a retry continues from the usage recorded, and a
+resumed run from the usage as of its checkpoint (writer/worker/context.py says why).
+
+A budget stops work before it goes over. The kinds know what a step costs before doing it
+and ask first (`TaskContext.budget_left`, `require_budget`): verify sizes each group of blobs,
+cleanup each batch of removals, to what is left, and the first step that does not fit fails
+the task without being started. The usage stays within every limit and the error names what
+the refused step would have made it ("4 > 3", usage 3). `progress` checks too, after the fact:
+for a kind that did not ask, the call that takes usage past a limit fails the task, and the
+usage shows that step ("4 > 3", usage 4).
 """
 
 from __future__ import annotations
@@ -30,12 +40,18 @@ LIMITS = {
     "max_state_bytes": "state_bytes",
 }
 MAX_LIMIT = 2**62
+MIB = 1024 * 1024
+
+
+def cost_units(*, files: int = 0, rows: int = 0, read_bytes: int = 0) -> int:
+    """The cost units of storage work (module docstring): files opened or removed, database
+    rows removed, and bytes read (one unit per MiB started)."""
+    return files + rows + -(-read_bytes // MIB)
 
 
 def validate_budget(budget: Any) -> dict[str, int]:
-    """The budget as given in a dispatch: an object of known limits, each a positive integer."""
-    if budget is None:
-        return {}
+    """The budget as given in a dispatch: an object of known limits, each a positive integer
+    (absent: no limits; `null` is refused like any other value that is not an object)."""
     if not isinstance(budget, dict):
         raise InvalidInput("budget must be an object")
     unknown = sorted(set(budget) - set(LIMITS))

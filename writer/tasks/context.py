@@ -4,6 +4,12 @@ A kind is a module with `validate_params(params: dict) -> dict` (raises `shared.
 on bad params; the API calls it before a task is stored) and `async def run(ctx: TaskContext) ->
 dict` (the task's result). The worker implements `TaskContext`; every budget check, event and
 checkpoint goes through it, so a kind never writes task rows itself.
+
+A kind asks its budget before each step (`budget_left`, `require_budget`) and reports the step's
+usage with `progress` after it, in the units of writer/tasks/budgets.py. A module attribute
+`RESUME_REPEATS_WORK` (default True) says whether a resumed run does again what the stopped run
+did after its last checkpoint: then that work's usage is counted once, from the checkpoint's
+usage; a kind whose work stays done (cleanup removes things) sets it False and keeps it all.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ class Definition:
     version: str | None
     budget: dict[str, int]
     definition_hash: str
+    max_attempts: int = store.DEFAULT_MAX_ATTEMPTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +44,14 @@ async def find_by_key(conn: asyncpg.Connection, key: str) -> dict[str, Any] | No
 
 
 def _same_definition(task: dict[str, Any], definition: Definition) -> bool:
-    # on_restart is not part of the hashed definition (SPEC §7), but a retry that asks for
-    # another restart policy is not the same request either.
-    return task["definition_hash"] == definition.definition_hash and task["on_restart"] == definition.on_restart
+    # on_restart and max_attempts are not part of the hashed definition: the hash names the
+    # work (SPEC §7: kind, version, params, budget), they say how a crash is handled. But a
+    # retry that asks for another handling is not the same request either.
+    return (
+        task["definition_hash"] == definition.definition_hash
+        and task["on_restart"] == definition.on_restart
+        and task["max_attempts"] == definition.max_attempts
+    )
 
 
 async def insert_once(
@@ -63,7 +69,8 @@ async def insert_once(
                         if not _same_definition(existing, definition):
                             raise IdempotentParameterMismatch(
                                 f"Idempotency-Key {key!r} dispatched task {existing['id']} with another "
-                                "definition (kind, version, params, budget or on_restart); send a new key"
+                                "definition (kind, version, params, budget, on_restart or max_attempts); "
+                                "send a new key"
                             )
                         return Dispatched(existing, replayed=True)
                 task = await store.insert_task(
@@ -76,6 +83,7 @@ async def insert_once(
                     budget=definition.budget,
                     idempotency_key=key,
                     created_by=created_by,
+                    max_attempts=definition.max_attempts,
                 )
             return Dispatched(task, replayed=False)
         except asyncpg.UniqueViolationError:

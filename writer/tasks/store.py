@@ -31,12 +31,17 @@ UNFINISHED = ("queued", "loading", "running", "cancelling")
 FINISHED = ("completed", "failed", "cancelled")
 STATUSES = UNFINISHED + FINISHED
 
-_JSON_COLUMNS = ("params", "budget", "usage", "checkpoint", "result")
+# Runs a task may start (each claim or adoption is one) unless its dispatch says otherwise; the
+# bound keeps a task that crashes the worker from being run again and again (SPEC §7, issue 13).
+DEFAULT_MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = 10
+
+_JSON_COLUMNS = ("params", "budget", "usage", "checkpoint", "checkpoint_usage", "result")
 # Columns a transition may set besides the status; fixed names, never from input.
 _SETTABLE = frozenset(
     {
-        "checkpoint", "result", "error_code", "error_message", "worker", "heartbeat_at",
-        "started_at", "attempts", "usage",
+        "checkpoint", "checkpoint_usage", "result", "error_code", "error_message", "worker",
+        "heartbeat_at", "started_at", "attempts", "usage",
     }
 )
 
@@ -93,20 +98,22 @@ async def insert_task(
     budget: Mapping[str, Any],
     idempotency_key: str | None,
     created_by: str | None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> dict[str, Any]:
     """A new `queued` task with its `task.queued` event (number 1), in the caller's
-    transaction, so the task is committed, with its event, before anyone answers 202."""
+    transaction, so the task is committed, with its event, before anyone answers 202.
+    `dispatch_xact` (the column's default) records this transaction for restart recovery."""
     assert conn.is_in_transaction(), "insert_task must run inside a transaction"
     task_id = uuid.uuid4()
     row = await conn.fetchrow(
         """
         INSERT INTO arkvory_tasks (id, kind, params, on_restart, definition_version,
-            definition_hash, budget, idempotency_key, created_by, status, last_event)
-        VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7::jsonb, $8, $9, 'queued', 1)
+            definition_hash, budget, idempotency_key, created_by, max_attempts, status, last_event)
+        VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7::jsonb, $8, $9, $10, 'queued', 1)
         RETURNING *
         """,
         task_id, kind, encode_json(dict(params)), on_restart, definition_version,
-        definition_hash, encode_json(dict(budget)), idempotency_key, created_by,
+        definition_hash, encode_json(dict(budget)), idempotency_key, created_by, max_attempts,
     )
     await _insert_event(conn, task_id, 1, "task.queued", {"status": "queued"})
     return decode(row)
@@ -270,13 +277,39 @@ async def heartbeat(
     )
 
 
-async def unfinished_tasks(conn: asyncpg.Connection, created_up_to: Any) -> list[dict[str, Any]]:
-    """Every unfinished task created up to `created_up_to` (the restart table's input)."""
-    rows = await conn.fetch(
-        "SELECT id, kind, status, on_restart FROM arkvory_tasks"
-        " WHERE status = ANY($1::text[]) AND created_at <= $2 ORDER BY created_at, id",
-        list(UNFINISHED), created_up_to,
+async def planned_stop(
+    conn: asyncpg.Connection, task_id: uuid.UUID, fence: Fence, usage: Mapping[str, int]
+) -> str | None:
+    """A run this activation stopped for a planned stop (SIGTERM): save its usage and give its
+    attempt back (the run did not end in a crash, so it does not count against
+    `max_attempts`). Returns the status, or None when the task is no longer ours."""
+    return await conn.fetchval(
+        f"""
+        UPDATE arkvory_tasks SET heartbeat_at = now(), usage = $2::jsonb, attempts = greatest(attempts - 1, 0)
+        WHERE id = $1 AND status = ANY('{{running,cancelling}}'::text[])
+              AND worker = $3 AND {_lock_held(4, 5)}
+        RETURNING status
+        """,
+        task_id, encode_json(dict(usage)), fence.holder, fence.lock_pid, fence.lock_key,
     )
+
+
+# A task is left over for an activation when a worker moved it (only a worker takes a task out
+# of `queued`, and this activation has not claimed anything yet), or when it is queued and the
+# transaction that dispatched it had committed when the activation began (`pg_snapshot`). A
+# dispatch whose transaction began before the activation and committed after it is not.
+_LEFT_OVER = """
+SELECT id, kind, status, on_restart FROM arkvory_tasks
+WHERE status = ANY($1::text[])
+  AND (status <> 'queued' OR pg_visible_in_snapshot(dispatch_xact, $2::text::pg_snapshot))
+ORDER BY created_at, id
+"""
+
+
+async def unfinished_tasks(conn: asyncpg.Connection, snapshot: str) -> list[dict[str, Any]]:
+    """Every unfinished task left over for an activation that began at `snapshot` (the text
+    of `pg_current_snapshot()`): the restart table's input."""
+    rows = await conn.fetch(_LEFT_OVER, list(UNFINISHED), snapshot)
     return [dict(row) for row in rows]
 
 

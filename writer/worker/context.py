@@ -5,9 +5,15 @@ Usage is counted in memory on every call and checked against every limit at once
 trips on the very call that exceeds it (or, asked first with `require_budget`, before the step
 that would). Per-item progress calls are cheap: they only count, compare and read the clock. Progress events are coalesced to at most one per
 `PROGRESS_EVENT_EVERY_S` (each carries the usage so far); the heartbeat and the task's end
-write the exact usage. A checkpoint is always written at once, with its event, in one
-transaction. Every write is fenced with the activation's holder (store.py `Fence`): when one is
-refused, the task was cancelled or is no longer ours, and the kind is stopped.
+write the exact usage. A checkpoint is always written at once, with its event and the usage as
+of it (`checkpoint_usage`), in one transaction. Every write is fenced with the activation's
+holder (store.py `Fence`): when one is refused, the task was cancelled or is no longer ours,
+and the kind is stopped.
+
+Usage belongs to the task, not to one run (`usage_to_continue_from`): a run starts from the
+usage recorded so far, except a `resume` run of a kind that does again what it did after its
+checkpoint (verify re-hashes those blobs), which starts from the checkpoint's usage, as its
+work does.
 """
 
 from __future__ import annotations
@@ -40,6 +46,23 @@ POOL_TIMEOUT_S = 10.0
 STOP_REASONS = ("drain", "cancel", "gone")
 
 
+def usage_to_continue_from(task: dict[str, Any], repeats_work: bool) -> dict[str, int]:
+    """The usage a new run of `task` starts from. A retry does not reset it: the budget bounds
+    the task, whatever its runs cost (a crash must not buy a fresh budget). A `resume` run
+    continues from its checkpoint; when its kind does again the work done after the checkpoint
+    (`repeats_work`), that work's usage, recorded by progress and heartbeats before the
+    restart, is left out, or it would count twice: the run starts from the checkpoint's usage
+    (none when it never checkpointed: it starts over). A kind whose work after a checkpoint
+    stays done (cleanup: deleted is deleted) keeps all of it."""
+    recorded = task["usage"] or {}
+    if task["on_restart"] != "resume" or not repeats_work:
+        return dict(recorded)
+    if task["checkpoint"] is None:
+        return {}
+    # A checkpoint saved before checkpoint_usage existed (migration 0008): the usage recorded.
+    return dict(task["checkpoint_usage"] if task["checkpoint_usage"] is not None else recorded)
+
+
 class RunningTask:
     """One claimed task while its kind runs: implements `TaskContext`."""
 
@@ -52,18 +75,17 @@ class RunningTask:
         storage: Storage,
         settings: Settings,
         metrics: WorkerMetrics,
+        repeats_work: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.task_id: uuid.UUID = task["id"]
         self.kind: str = task["kind"]
         self.params: dict[str, Any] = task["params"] or {}
         self.on_restart: str = task["on_restart"]
-        # `resume` continues the one run from its checkpoint, budget usage included; `retry` and
-        # `fail` tasks start from scratch, so their usage counts this run only.
         resuming = self.on_restart == "resume"
         self.resumed_from: dict[str, Any] | None = task["checkpoint"] if resuming else None
         self.limits: dict[str, int] = task["budget"] or {}
-        self.usage: dict[str, int] = {**empty_usage(), **((task["usage"] or {}) if resuming else {})}
+        self.usage: dict[str, int] = {**empty_usage(), **usage_to_continue_from(task, repeats_work)}
         self.fence = fence
         self.pool = pool
         self.storage = storage
@@ -133,7 +155,7 @@ class RunningTask:
         await self._write(
             "task.checkpoint",
             {"state_bytes": size, "usage": dict(self.usage)},
-            {"checkpoint": state, "usage": self.usage},
+            {"checkpoint": state, "usage": self.usage, "checkpoint_usage": self.usage},
         )
 
     # -- the worker's side ------------------------------------------------------------------

@@ -53,11 +53,14 @@ OnTaskEvent = Callable[[uuid.UUID, str], None]
 
 @dataclasses.dataclass(frozen=True)
 class Activation:
-    """One tenure as the active worker: the fence for its writes and when it began (the
-    database's clock), which bounds what restart recovery looks at."""
+    """One tenure as the active worker: the fence for its writes, when it began (the
+    database's clock) and the database snapshot at that moment (`pg_current_snapshot()` as
+    text): the transactions committed before the activation began, which bounds what restart
+    recovery looks at (a commit is ordered against it, a start time is not)."""
 
     fence: Fence
     began_at: datetime.datetime
+    snapshot: str
 
 
 def application_name() -> str:
@@ -130,11 +133,13 @@ class WorkerLock:
 
     async def _activate(self, conn: asyncpg.Connection) -> Activation:
         await conn.add_listener(CHANNEL, self._on_notification)
-        began_at = await conn.fetchval("SELECT now()", timeout=db.QUERY_TIMEOUT_S)
+        began = await conn.fetchrow(
+            "SELECT now() AS at, pg_current_snapshot()::text AS snapshot", timeout=db.QUERY_TIMEOUT_S
+        )
         fence = Fence(holder=str(uuid.uuid4()), lock_pid=conn.get_server_pid(), lock_key=db.WORKER_LOCK)
         self._previous_backend = fence.lock_pid
         log.info("worker lock taken: this worker is active (activation %s)", fence.holder)
-        return Activation(fence, began_at)
+        return Activation(fence, began["at"], began["snapshot"])
 
     async def wait_lost(self) -> str:
         """Return (with the reason) once the lock can no longer be trusted."""

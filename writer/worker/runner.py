@@ -19,8 +19,10 @@ at once a task that is no longer this activation's.
 Stopping (SIGTERM): no more claims; running kinds are asked to stop at their next progress or
 checkpoint, like a cancel, but the task is left as it is (`running`) for the next activation's
 restart recovery: `resume` continues from its last checkpoint, `retry` runs again from the
-start, `fail` ends `failed` with `server_restarted`. Kinds that do not stop within
-ARKVORY_DRAIN_TIMEOUT_SECONDS are cancelled where they are, with the same outcome.
+start, `fail` ends `failed` with `server_restarted`. A kind that stopped so gives its attempt
+back (a planned stop is no crash: rolling restarts do not use up `max_attempts`). Kinds that do
+not stop within ARKVORY_DRAIN_TIMEOUT_SECONDS are cancelled where they are, with the same
+outcome, and their run counts as an attempt.
 """
 
 from __future__ import annotations
@@ -176,8 +178,10 @@ class Runner:
     # -- one task ---------------------------------------------------------------------------
 
     def _start(self, tg: anyio.abc.TaskGroup, task: dict[str, Any], *, claimed: bool) -> None:
+        kind = self.kinds.get(task["kind"])
         ctx = RunningTask(
-            task, self.fence, pool=self.pool, storage=self.storage, settings=self.settings, metrics=self.metrics
+            task, self.fence, pool=self.pool, storage=self.storage, settings=self.settings, metrics=self.metrics,
+            repeats_work=getattr(kind, "RESUME_REPEATS_WORK", True),
         )
         if self._stopping:
             ctx.request_stop("drain")
@@ -264,7 +268,7 @@ class Runner:
                 return "cancelled"
             return "gone"
         if ctx.stop_reason == "drain":
-            await self._save_usage(ctx)
+            await self._save_planned_stop(ctx)
             return "interrupted"
         return "gone"
 
@@ -310,10 +314,12 @@ class Runner:
                     await asyncio.sleep(END_WRITE_PAUSE_S)
         raise RecordingFailed(f"could not record that task {ctx.task_id} ended {to}")
 
-    async def _save_usage(self, ctx: RunningTask) -> None:
+    async def _save_planned_stop(self, ctx: RunningTask) -> None:
+        """Save the usage of a run stopped by SIGTERM and give its attempt back; if that write
+        fails, the run simply counts as an attempt (the safe side of `max_attempts`)."""
         try:
             async with self.pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
-                await store.heartbeat(conn, ctx.task_id, self.fence, ctx.usage)
+                await store.planned_stop(conn, ctx.task_id, self.fence, ctx.usage)
         except _DATABASE_ERRORS as exc:
             log.warning("task %s: could not save its usage: %s: %s", ctx.task_id, exc.__class__.__name__, exc)
 
