@@ -7,6 +7,7 @@ serving an empty store.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -14,8 +15,11 @@ import pathlib
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import anyio
+import anyio.lowlevel
 import asyncpg
 
 from .errors import InsufficientStorage, StartupRefused
@@ -28,6 +32,37 @@ UPLOAD_PREFIX = "upload-"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # errno values that mean "no room": the disk, or the user's or project's quota.
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+T = TypeVar("T")
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """Await `work` to its end even when the caller is cancelled meanwhile, then raise the
+    cancellation.
+
+    A file operation handed to a thread cannot be stopped: a caller that holds the locks
+    guarding those files (digest claims, file locks) must not let them go, by unwinding, before
+    the thread is done. Shielded from anyio's cancel scopes (no re-delivery while we wait) and
+    from a plain `Task.cancel()` alike."""
+    future = asyncio.ensure_future(work)
+    cancelled = False
+    with anyio.CancelScope(shield=True):
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                cancelled = cancelled or not future.done()
+            except Exception:
+                pass  # the future's own error, raised below
+    if cancelled:
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancellation is what the caller must see
+        raise asyncio.CancelledError()
+    # Then re-check: a cancel that anyio held back while we were shielded is raised here, not
+    # at whatever the caller awaits next.
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    return future.result()
 
 
 def fsync_directory(path: str | os.PathLike) -> None:

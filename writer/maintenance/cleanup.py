@@ -10,7 +10,9 @@ Why deleting a blob cannot break an upload or a download:
 - **Uploads.** A blob is deleted only under its digest's exclusive lock, by a statement that
   starts after the lock is granted and re-checks everything: no artifact references it, it is
   older than the grace period, no live read pin names it. The row goes, then the file, then the
-  commit releases the lock. Uploads hold the same lock (shared) from before they place or reuse
+  commit releases the lock; a cancelled task waits for its unlinking thread (which nothing can
+  stop) before its transaction ends, so the lock never goes while a file may still be
+  unlinked. Uploads hold the same lock (shared) from before they place or reuse
   the file until their artifact is committed (blob_locks.py), so they either see no file and
   place their own, or their reference is what the re-check sees. A digest being uploaded right
   now is skipped (try-lock), never waited for.
@@ -50,7 +52,7 @@ from typing import Any
 import asyncpg
 
 from shared.errors import InvalidInput
-from shared.storage import Storage, remove_stale_uploads
+from shared.storage import Storage, remove_stale_uploads, to_the_end
 from writer.tasks.context import TaskCancelled
 from writer.tasks.retention import prune_finished
 
@@ -231,9 +233,10 @@ async def remove_unreferenced(
             timeout=QUERY_TIMEOUT_S,
         )
         # Unlinked before the commit releases the locks: no upload can reuse a file we are
-        # about to remove. A failed commit leaves rows without files, which the next run
-        # deletes (and an upload of the same bytes places the file again).
-        await _on_disk(_unlink_all, storage, gone)
+        # about to remove. A cancel cannot stop the thread, so the transaction waits for it
+        # (to_the_end) and only then rolls back: rows without files, which the next run
+        # deletes (as after a failed commit; an upload of the same bytes places the file again).
+        await to_the_end(_on_disk(_unlink_all, storage, gone))
     return len(rows), sum(r["size"] for r in rows)
 
 
@@ -331,7 +334,8 @@ async def remove_strays(
             return 0, 0
         # Re-checked under the locks: an upload that placed the file has committed its row by now.
         still = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, locked, timeout=QUERY_TIMEOUT_S)]
-        return await _on_disk(_unlink_old, storage, still, cutoff)
+        # The locks last until the thread is done, even when we are cancelled meanwhile.
+        return await to_the_end(_on_disk(_unlink_old, storage, still, cutoff))
 
 
 def _unlink_old(storage: Storage, digests: list[str], cutoff: float) -> tuple[int, int]:
