@@ -124,28 +124,56 @@ class Storage:
 
     def place_blob(self, source: str | os.PathLike, sha256: str, *, link: bool = False) -> bool:
         """Move (or hard-link) a complete, fsynced file into the store under its digest; True
-        if `source` is now the file under the digest, False if a file already there was kept.
+        if another file was under the digest before (it is replaced: see below).
 
         Durable before it returns: a new `ab/` or `ab/cd/` directory is fsynced in its parent
         (a crash must not lose the directory entry the metadata row will point through), then
-        the blob's own directory. Identical content may already be there: same bytes, kept.
-        With `link`, the source stays where it is (a retried publish can link it again).
+        the blob's own directory. With `link`, the source stays where it is (a retried publish
+        can link it again).
+
+        A file already under the digest is replaced, never kept: nobody has checked it since it
+        was placed (it may have rotted on disk), while `source` holds the bytes the caller just
+        hashed. Verifying the old file instead would re-read a blob of up to many GiB on every
+        duplicate upload; a rename over it costs one directory entry, is atomic (a reader finds
+        the old file or the new one, never none) and leaves descriptors already open on the
+        old file with their bytes. The caller tells every process to drop its cached
+        descriptor of the digest when this returns True.
 
         Callers publish inside a transaction that holds the digest's claim
-        (writer/maintenance/blob_locks.py), so cleanup cannot unlink what we place or find here
-        before the row that refers to it is committed."""
+        (writer/maintenance/blob_locks.py), so cleanup cannot unlink what we place here before
+        the row that refers to it is committed; identical uploads share the claim and may
+        replace each other's file, with the same verified bytes."""
         final = self.blob_path(sha256)
         self._make_durable_dirs(final.parent)
-        placed = True
         if link:
-            try:
-                os.link(source, final)
-            except FileExistsError:
-                placed = False
+            replaced = self._link_over(source, final)
         else:
+            replaced = final.exists()
             os.replace(source, final)
         fsync_directory(final.parent)
-        return placed
+        return replaced
+
+    def _link_over(self, source: str | os.PathLike, final: pathlib.Path) -> bool:
+        """Hard-link `source` as `final`, atomically replacing another file there; True if so."""
+        try:
+            os.link(source, final)
+            return False
+        except FileExistsError:
+            if os.path.samefile(source, final):
+                return False  # a retried publish: our link is already there
+        # Linked under a temporary name, then renamed over the old file: a crash in between
+        # leaves an extra link in tmp/, which the upload temp-file sweep removes.
+        temporary = self.tmp / f"{UPLOAD_PREFIX}link-{uuid.uuid4().hex}"
+        os.link(source, temporary)
+        try:
+            os.replace(temporary, final)
+        finally:
+            # rename() of two links to one file does nothing and leaves `temporary` in place.
+            try:
+                os.unlink(temporary)
+            except FileNotFoundError:
+                pass
+        return True
 
     def _make_durable_dirs(self, directory: pathlib.Path) -> None:
         missing = []

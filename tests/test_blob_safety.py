@@ -419,3 +419,25 @@ def test_to_the_end_outlasts_a_cancel_then_raises_it(how):
         assert loop_turns < 150, f"the wait spun the loop ({loop_turns} turns in about 0.6 s)"
 
     asyncio.run(scenario())
+
+
+def test_place_blob_links_over_another_file_and_a_retry_changes_nothing(tmp_path):
+    """The session's way of placing (link): a file already under the digest is replaced by the
+    session's own (same inode as the session file); the same publish again is a no-op; no
+    temporary link is left in tmp/."""
+    storage = Storage(tmp_path)
+    storage.create_layout("test")
+    content = b"verified bytes"
+    sha256 = hashlib.sha256(content).hexdigest()
+    session = tmp_path / "uploads" / "session"
+    session.write_bytes(content)
+    final = _blob_path(tmp_path, sha256)
+    final.parent.mkdir(parents=True)
+    final.write_bytes(b"rotten bytes!!")
+    assert storage.place_blob(session, sha256, link=True) is True
+    assert os.path.samefile(session, final) and final.read_bytes() == content
+    assert storage.place_blob(session, sha256, link=True) is False
+    assert os.path.samefile(session, final)
+    assert list(storage.tmp.iterdir()) == []
+    other = _blob_path(tmp_path, "0" * 64)
+    assert storage.place_blob(session, "0" * 64, link=True) is False and os.path.samefile(session, other)

@@ -38,6 +38,7 @@ from shared.storage import Storage, is_out_of_space, out_of_space
 
 from .maintenance.blob_locks import claim_for_upload
 from .maintenance.diagnostics import clear_diagnostic
+from .maintenance.quarantine import notify_moved
 from .idempotency import HeldKey, Result, holding_key, idempotent
 from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
 from .pagination import page, page_cursor, page_limit
@@ -113,16 +114,17 @@ async def place_claimed_blob(
     *, link: bool = False,
 ) -> None:
     """Inside a publishing transaction: claim the digest (writer/maintenance/blob_locks.py),
-    place the blob under it (or keep the identical one already there) and insert its row.
-    The claim lasts until the commit that makes the artifact visible, so cleanup cannot unlink
-    the file between our look at it and our reference to it.
+    place the blob under it (replacing a file already there, which nobody has checked since:
+    shared/storage.py `place_blob`) and insert its row. The claim lasts until the commit that
+    makes the artifact visible, so cleanup cannot unlink the file between our placing it and
+    our reference to it.
 
-    `source` holds bytes whose digest the caller computed, so when it is placed (not when a
-    file already there is kept: nobody has hashed that one) the blob is good again and its
-    storage diagnostic (missing, or corrupt and quarantined) goes in the same transaction."""
+    `source` holds bytes whose digest the caller computed, so the blob is good again: its
+    storage diagnostic (missing, or corrupt) goes in the same transaction, and at the commit
+    every process drops a cached descriptor of a file we replaced (it may be a rotten one)."""
     await claim_for_upload(conn, sha256)
     try:
-        placed = await asyncio.to_thread(storage.place_blob, source, sha256, link=link)
+        replaced = await asyncio.to_thread(storage.place_blob, source, sha256, link=link)
     except OSError as exc:
         if is_out_of_space(exc):
             raise out_of_space(exc) from None
@@ -131,8 +133,9 @@ async def place_claimed_blob(
         "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
         sha256, size, timeout=QUERY_TIMEOUT_S,
     )
-    if placed:
-        await clear_diagnostic(conn, sha256)
+    await clear_diagnostic(conn, sha256)
+    if replaced:
+        await notify_moved(conn, sha256)
 
 
 async def _nothing_to_record(region: Region) -> None:
