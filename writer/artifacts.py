@@ -35,6 +35,7 @@ from shared.media_types import upload_media_type
 from shared.settings import Settings
 from shared.metrics import Metrics
 from shared.storage import Storage, is_out_of_space, out_of_space
+from shared.upload_files import hold_in_use, remove_own_file
 
 from .maintenance.blob_locks import claim_for_upload
 from .maintenance.diagnostics import clear_diagnostic
@@ -87,18 +88,19 @@ async def received_body(
     size = limit if expected is None else expected
     regions = [Region(0, 0, size, None)] if size else []
     partial = storage.tmp / f"upload-{uuid.uuid4().hex}"
+    fd: int | None = None
     try:
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                receiver = BatchedReceiver(
-                    fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
-                    open_ended=expected is None,
-                )
-                await receiver.receive(request, settings.receive_timeout_s, _nothing_to_record, metrics)
-                await asyncio.to_thread(os.fsync, fd)
-            finally:
-                os.close(fd)
+            # Held in use until it is published or removed: the sweep of stale temp files
+            # leaves it however slowly the body arrives (shared/upload_files.py).
+            hold_in_use(fd)
+            receiver = BatchedReceiver(
+                fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
+                open_ended=expected is None,
+            )
+            await receiver.receive(request, settings.receive_timeout_s, _nothing_to_record, metrics)
+            await asyncio.to_thread(os.fsync, fd)
         except OSError as exc:
             if is_out_of_space(exc):
                 raise out_of_space(exc) from None
@@ -106,7 +108,7 @@ async def received_body(
         region = regions[0] if regions else Region(0, 0, 0, None)
         yield partial, region.digest.hexdigest(), region.filled
     finally:
-        partial.unlink(missing_ok=True)
+        await remove_own_file(partial, fd)  # unless published; in a thread: it may be large
 
 
 async def place_claimed_blob(

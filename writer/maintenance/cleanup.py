@@ -52,7 +52,8 @@ from typing import Any
 import asyncpg
 
 from shared.errors import InvalidInput
-from shared.storage import Storage, remove_stale_uploads, to_the_end
+from shared.storage import Storage, to_the_end
+from shared.upload_files import remove_stale_uploads
 from writer.tasks.context import TaskCancelled
 from writer.tasks.retention import prune_finished
 
@@ -69,8 +70,8 @@ TASK_BATCH = 1000
 PACE = 2.0
 DISK_NICE = 10
 MAX_GRACE_S = 10 * 365 * 86400
-# An upload session file or temp file may be written right now when younger than this, even
-# with a zero grace period (tests): the sweep leaves it for the next run.
+# An upload session file or temp file younger than this may be one created a moment ago, not yet
+# locked by its writer, even with a zero grace period (tests): the sweep leaves it for the next run.
 MIN_ORPHAN_AGE_S = 60
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _HEX2 = re.compile(r"^[0-9a-f]{2}$")
@@ -141,11 +142,11 @@ async def _upload_sessions(ctx, grace: int) -> dict:
     from writer.upload_sessions import sweep_expired_uploads
 
     _stop_if_cancelled(ctx)
+    # Sessions and temp files the writer is using are locked by it and left alone, however old
+    # (shared/upload_files.py); the age only spares files created a moment ago.
     orphan_age = max(grace, MIN_ORPHAN_AGE_S)
     sessions = await sweep_expired_uploads(ctx.pool, ctx.storage, orphans_older_than_s=orphan_age)
-    # One-shot upload temp files: one being received is written at least every receive timeout.
-    temp_age = max(grace, 2 * ctx.settings.receive_timeout_s, MIN_ORPHAN_AGE_S)
-    temp_files = await _on_disk(remove_stale_uploads, ctx.storage, temp_age)
+    temp_files = await to_the_end(_on_disk(remove_stale_uploads, ctx.storage, orphan_age))
     await ctx.progress(
         items=sessions + temp_files,
         message=f"abandoned uploads: {sessions} session(s) and {temp_files} temp file(s) removed",
