@@ -11,6 +11,8 @@ import hashlib
 import os
 import pathlib
 import socket
+import sys
+import threading
 import time
 import uuid
 
@@ -19,7 +21,7 @@ import httpx
 import pytest
 
 from shared.storage import Storage
-from writer.upload_sessions import sweep_expired_uploads
+from writer.upload_sessions import remove_sessions, sweep_expired_uploads
 
 from .harness import ADMIN_TOKEN, db_execute, db_fetch
 from .test_cleanup import run_cleanup
@@ -240,3 +242,115 @@ def test_the_sweep_leaves_the_temp_file_of_a_slow_one_shot_upload(cluster):
     assert [r["sha256"] for r in rows] == [sha(data)]
     with writer.client() as client:
         assert client.get(f"/api/v1/repositories/builds/artifacts/{rows[0]['id']}/content").content == data
+
+
+# -- item 5: unlinks off the event loop ----------------------------------------------------------
+
+_unlinks: list[tuple[str, bool]] | None = None  # (path, on the main thread) while a test records
+
+
+def _record_unlink(event: str, args: tuple) -> None:
+    if event == "os.remove" and _unlinks is not None:
+        _unlinks.append((os.fsencode(args[0]).decode(), threading.current_thread() is threading.main_thread()))
+
+
+_hooked = False
+
+
+def _recording_unlinks() -> list[tuple[str, bool]]:
+    global _unlinks, _hooked
+    if not _hooked:
+        sys.addaudithook(_record_unlink)  # cannot be removed: inert while `_unlinks` is None
+        _hooked = True
+    _unlinks = []
+    return _unlinks
+
+
+def test_upload_files_are_unlinked_off_the_event_loop(cluster):
+    """Freeing a preallocated multi-GiB session file can take seconds, long enough to stall
+    downloads and the read-pin flusher: every removal of upload files unlinks in a worker
+    thread, never on the event loop. Here the loop is the test's (the main thread), driving the
+    functions the writer's routes and the worker's cleanup call."""
+    global _unlinks
+    writer = start_writer(cluster)
+    sessions = [create_session(writer, os.urandom(1000)) for _ in range(2)]
+    db_execute(cluster.database_url, "UPDATE arkvory_uploads SET expires_at = now() - interval '1 second'")
+    uploads = cluster.data_dir / "uploads"
+    orphan = uploads / str(uuid.uuid4())  # a session file without a session
+    orphan.write_bytes(b"left by a crash")
+    os.utime(orphan, (time.time() - 3600, time.time() - 3600))
+    by_route, by_sweep = (str(uploads / s["id"]) for s in sessions)
+
+    async def scenario() -> None:
+        pool = await asyncpg.create_pool(cluster.database_url, min_size=1, max_size=2)
+        try:
+            storage = Storage(cluster.data_dir)
+            async with pool.acquire() as conn:
+                await remove_sessions(conn, storage, [uuid.UUID(sessions[0]["id"])])  # as on access
+            assert await sweep_expired_uploads(pool, storage, orphans_older_than_s=60) == 2  # as the worker
+        finally:
+            await pool.close()
+
+    recorded = _recording_unlinks()
+    try:
+        asyncio.run(scenario())
+    finally:
+        _unlinks = None
+    unlinked = dict(recorded)
+    assert set(unlinked) == {by_route, by_sweep, str(orphan)}, recorded
+    on_the_loop = [path for path, on_loop in recorded if on_loop]
+    assert on_the_loop == [], f"unlinked on the event loop: {on_the_loop}"
+    assert list(uploads.iterdir()) == []
+
+
+_MAIN_THREAD_UNLINKS = '''
+import os, sys, threading
+_log = os.environ["TEST_UNLINK_LOG"]
+def _hook(event, args):
+    if event == "os.remove" and threading.current_thread() is threading.main_thread():
+        with open(_log, "a") as out:
+            out.write(os.fsdecode(args[0]) + "\\n")
+sys.addaudithook(_hook)
+'''
+
+
+def test_the_writer_unlinks_upload_files_off_its_event_loop(cluster, tmp_path):
+    """The same for a real writer, on every path that removes an upload file: a DELETE, an
+    expired session found on access, a complete, a one-shot upload published or cut, and the
+    sweep at start. A `sitecustomize` audit hook in the writer logs each unlink made on its main
+    thread (the event loop's); the log stays empty."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_MAIN_THREAD_UNLINKS)
+    log = tmp_path / "unlinks-on-the-loop.log"
+    log.touch()
+    env = {"PYTHONPATH": str(hooks), "TEST_UNLINK_LOG": str(log)}
+    writer = start_writer(cluster, **env)
+    data = os.urandom(MiB + 10)
+    with writer.client() as client:
+        deleted = create_session(writer, data)
+        assert client.delete(f"{BASE}/{deleted['id']}").status_code == 204
+        expired = create_session(writer, data)
+        db_execute(cluster.database_url, "UPDATE arkvory_uploads SET expires_at = now() - interval '1 second'"
+                   " WHERE id = $1", uuid.UUID(expired["id"]))
+        assert client.get(f"{BASE}/{expired['id']}").status_code == 404
+        completed = create_session(writer, data)
+        assert client.put(f"{BASE}/{completed['id']}/content", content=data).status_code == 200
+        assert client.post(f"{BASE}/{completed['id']}/complete").status_code == 201
+        one_shot = client.post("/api/v1/repositories/builds/artifacts", params={"name": "x"}, content=data)
+        assert one_shot.status_code == 201
+    with socket.create_connection(("127.0.0.1", writer.port), timeout=30) as sock:
+        sock.sendall(request_head("POST /api/v1/repositories/builds/artifacts?name=cut", len(data)) + data[:1000])
+        wait_for(lambda: any(open_in(writer.proc.pid, p) for p in (cluster.data_dir / "tmp").glob("upload-*")),
+                 "the writer receives")
+    wait_for(lambda: not list((cluster.data_dir / "tmp").iterdir()), "the cut body's temp file is removed")
+    writer.kill()
+    old = time.time() - 3600
+    for crashed in (cluster.data_dir / "tmp" / "upload-crashed", cluster.data_dir / "uploads" / str(uuid.uuid4())):
+        crashed.write_bytes(b"left by a crash")
+        os.utime(crashed, (old, old))
+    writer = cluster.writer(**env).wait_ready()  # sweeps at start
+    assert list((cluster.data_dir / "uploads").iterdir()) == []
+    assert list((cluster.data_dir / "tmp").iterdir()) == []
+    on_the_loop = [line for line in log.read_text().splitlines() if line.startswith(str(cluster.data_dir))]
+    assert on_the_loop == [], f"unlinked on the writer's event loop: {on_the_loop}"
