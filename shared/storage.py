@@ -22,7 +22,7 @@ import anyio.lowlevel
 import asyncpg
 
 from .errors import InsufficientStorage, StartupRefused
-from .open_blobs import OpenBlobs
+from .open_blobs import OpenBlobs, close_in_background
 
 ID_FILE = "arkvory-storage-id"
 UPLOAD_PREFIX = "upload-"
@@ -90,7 +90,8 @@ class Storage:
         self._blobs_prefix = str(self.blobs)
         self.tmp = root / "tmp"
         self.uploads = root / "uploads"  # resumable upload sessions (writer only)
-        self.open_blobs = OpenBlobs(self.blob_file)  # descriptors the download path reuses
+        # Descriptors the download path reuses; closed off the event loop (open_blobs.py).
+        self.open_blobs = OpenBlobs(self.blob_file, close=close_in_background)
 
     def blob_path(self, sha256: str) -> pathlib.Path:
         return pathlib.Path(self.blob_file(sha256))
