@@ -12,9 +12,9 @@ Why deleting a blob cannot break an upload or a download:
   older than the grace period, no live read pin names it. The row goes, then the file, then the
   commit releases the lock; a cancelled task waits for its unlinking thread (which nothing can
   stop) before its transaction ends, so the lock never goes while a file may still be
-  unlinked. Uploads hold the same lock (shared) from before they place or reuse
-  the file until their artifact is committed (blob_locks.py), so they either see no file and
-  place their own, or their reference is what the re-check sees. A digest being uploaded right
+  unlinked. Uploads hold the same lock (shared) from before they place their file (over any
+  file there) until their artifact is committed (blob_locks.py), so either they place it after
+  our unlink, or their reference is what the re-check sees. A digest being uploaded right
   now is skipped (try-lock), never waited for.
 - **Downloads.** A transfer opens a blob only after its read pin is committed (shared/pins.py),
   and the re-check counts a pin as live while `pinned_until > now()`, `now()` being the start
