@@ -14,11 +14,17 @@ and every process's control connection (control.py) makes `forget_everywhere` dr
 process keeps serving a corrupt file from a cached descriptor. The registry of live instances
 is process-wide because the notification is: the control connection exists before the storage
 it would otherwise need a handle on.
+
+A cached descriptor may be the last reference to a file that was unlinked meanwhile (cleanup
+deleted the blob, an upload replaced it); closing it frees the file's blocks, which can take
+seconds for a large blob. The storage's cache therefore closes in a worker thread
+(`close_in_background`), never on the event loop that serves downloads and writes read pins.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import os
 import time
 import weakref
@@ -29,6 +35,16 @@ CHANNEL = "arkvory_blobs"  # payload: a digest whose file moved away, or "*" for
 EVERY_BLOB = "*"
 
 _live: weakref.WeakSet[OpenBlobs] = weakref.WeakSet()
+_closer: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def close_in_background(fd: int) -> None:
+    """Close `fd` in a worker thread, not waited for. Its number stays taken until then, so
+    nothing can reuse it meanwhile."""
+    global _closer
+    if _closer is None:
+        _closer = concurrent.futures.ThreadPoolExecutor(1, "arkvory-close")
+    _closer.submit(os.close, fd)
 
 
 def forget_everywhere(sha256: str = EVERY_BLOB) -> None:
@@ -48,8 +64,10 @@ class OpenBlobs:
         capacity: int = 128,
         idle_s: float = IDLE_S,
         clock: Callable[[], float] = time.monotonic,
+        close: Callable[[int], None] = os.close,
     ) -> None:
         self._path_of = path_of
+        self._close = close
         self.capacity = capacity
         self.idle_s = idle_s
         self._clock = clock
@@ -80,7 +98,7 @@ class OpenBlobs:
             entry[1] -= 1
             if entry[1] == 0:
                 del self._evicted[fd]
-                os.close(fd)
+                self._close(fd)
             return
         entry[1] -= 1
         entry[2] = self._clock()
@@ -113,7 +131,7 @@ class OpenBlobs:
                 self._open.move_to_end(sha256)
                 continue
             del self._open[sha256]
-            os.close(entry[0])
+            self._close(entry[0])
 
     def _evict(self) -> None:
         while len(self._open) > self.capacity:
@@ -122,6 +140,6 @@ class OpenBlobs:
 
     def _drop(self, entry: list) -> None:
         if entry[1] == 0:
-            os.close(entry[0])
+            self._close(entry[0])
         else:
             self._evicted[entry[0]] = entry

@@ -37,6 +37,7 @@ from .storage import Storage, prepare_storage, verify_storage
 from .supervision import supervised
 from .throttle import BandwidthScheduler
 from .transfers import Transfers
+from .upload_files import sweep_at_start
 
 log = logging.getLogger("arkvory.runtime")
 
@@ -121,9 +122,8 @@ class Runtime:
         assert self.control is not None
         await self.control.take_lock("writer")
         self.schema_version = await db.migrate(control)
-        self.storage = await prepare_storage(
-            control, self.settings.data_dir, stale_upload_s=self.settings.receive_timeout_s
-        )
+        self.storage = await prepare_storage(control, self.settings.data_dir)
+        await sweep_at_start(control, self.storage, self.settings.receive_timeout_s)
         await policy.save_or_check(control, self.settings.shared)
 
     async def _start_gateway(self, control: asyncpg.Connection) -> None:

@@ -1,4 +1,5 @@
-"""The storage directory: its identity (SPEC §3) and the content-addressed blob layout.
+"""The storage directory: its identity (SPEC §3) and the content-addressed blob layout
+(upload files in use and their removal: upload_files.py).
 
 The writer creates the layout and the storage id on first start; a gateway only verifies them
 and never creates anything, so a gateway pointed at the wrong directory stops instead of
@@ -7,27 +8,58 @@ serving an empty store.
 
 from __future__ import annotations
 
+import asyncio
 import errno
-import logging
 import os
 import pathlib
 import re
-import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable
+from typing import TypeVar
 
+import anyio
+import anyio.lowlevel
 import asyncpg
 
 from .errors import InsufficientStorage, StartupRefused
-from .open_blobs import OpenBlobs
-
-log = logging.getLogger("arkvory.storage")
+from .open_blobs import OpenBlobs, close_in_background
 
 ID_FILE = "arkvory-storage-id"
 UPLOAD_PREFIX = "upload-"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # errno values that mean "no room": the disk, or the user's or project's quota.
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+T = TypeVar("T")
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """Await `work` to its end even when the caller is cancelled meanwhile, then raise the
+    cancellation.
+
+    A file operation handed to a thread cannot be stopped: a caller that holds the locks
+    guarding those files (digest claims, file locks) must not let them go, by unwinding, before
+    the thread is done. Shielded from anyio's cancel scopes (no re-delivery while we wait) and
+    from a plain `Task.cancel()` alike."""
+    future = asyncio.ensure_future(work)
+    cancelled = False
+    with anyio.CancelScope(shield=True):
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                cancelled = cancelled or not future.done()
+            except Exception:
+                pass  # the future's own error, raised below
+    if cancelled:
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancellation is what the caller must see
+        raise asyncio.CancelledError()
+    # Then re-check: a cancel that anyio held back while we were shielded is raised here, not
+    # at whatever the caller awaits next.
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    return future.result()
 
 
 def fsync_directory(path: str | os.PathLike) -> None:
@@ -58,7 +90,8 @@ class Storage:
         self._blobs_prefix = str(self.blobs)
         self.tmp = root / "tmp"
         self.uploads = root / "uploads"  # resumable upload sessions (writer only)
-        self.open_blobs = OpenBlobs(self.blob_file)  # descriptors the download path reuses
+        # Descriptors the download path reuses; closed off the event loop (open_blobs.py).
+        self.open_blobs = OpenBlobs(self.blob_file, close=close_in_background)
 
     def blob_path(self, sha256: str) -> pathlib.Path:
         return pathlib.Path(self.blob_file(sha256))
@@ -89,28 +122,56 @@ class Storage:
 
     def place_blob(self, source: str | os.PathLike, sha256: str, *, link: bool = False) -> bool:
         """Move (or hard-link) a complete, fsynced file into the store under its digest; True
-        if `source` is now the file under the digest, False if a file already there was kept.
+        if another file was under the digest before (it is replaced: see below).
 
         Durable before it returns: a new `ab/` or `ab/cd/` directory is fsynced in its parent
         (a crash must not lose the directory entry the metadata row will point through), then
-        the blob's own directory. Identical content may already be there: same bytes, kept.
-        With `link`, the source stays where it is (a retried publish can link it again).
+        the blob's own directory. With `link`, the source stays where it is (a retried publish
+        can link it again).
+
+        A file already under the digest is replaced, never kept: nobody has checked it since it
+        was placed (it may have rotted on disk), while `source` holds the bytes the caller just
+        hashed. Verifying the old file instead would re-read a blob of up to many GiB on every
+        duplicate upload; a rename over it costs one directory entry, is atomic (a reader finds
+        the old file or the new one, never none) and leaves descriptors already open on the
+        old file with their bytes. The caller tells every process to drop its cached
+        descriptor of the digest when this returns True.
 
         Callers publish inside a transaction that holds the digest's claim
-        (writer/maintenance/blob_locks.py), so cleanup cannot unlink what we place or find here
-        before the row that refers to it is committed."""
+        (writer/maintenance/blob_locks.py), so cleanup cannot unlink what we place here before
+        the row that refers to it is committed; identical uploads share the claim and may
+        replace each other's file, with the same verified bytes."""
         final = self.blob_path(sha256)
         self._make_durable_dirs(final.parent)
-        placed = True
         if link:
-            try:
-                os.link(source, final)
-            except FileExistsError:
-                placed = False
+            replaced = self._link_over(source, final)
         else:
+            replaced = final.exists()
             os.replace(source, final)
         fsync_directory(final.parent)
-        return placed
+        return replaced
+
+    def _link_over(self, source: str | os.PathLike, final: pathlib.Path) -> bool:
+        """Hard-link `source` as `final`, atomically replacing another file there; True if so."""
+        try:
+            os.link(source, final)
+            return False
+        except FileExistsError:
+            if os.path.samefile(source, final):
+                return False  # a retried publish: our link is already there
+        # Linked under a temporary name, then renamed over the old file: a crash in between
+        # leaves an extra link in tmp/, which the upload temp-file sweep removes.
+        temporary = self.tmp / f"{UPLOAD_PREFIX}link-{uuid.uuid4().hex}"
+        os.link(source, temporary)
+        try:
+            os.replace(temporary, final)
+        finally:
+            # rename() of two links to one file does nothing and leaves `temporary` in place.
+            try:
+                os.unlink(temporary)
+            except FileNotFoundError:
+                pass
+        return True
 
     def _make_durable_dirs(self, directory: pathlib.Path) -> None:
         missing = []
@@ -141,125 +202,14 @@ class Storage:
             os.replace(partial, self.root / ID_FILE)
 
 
-def remove_stale_uploads(storage: Storage, older_than_s: float) -> int:
-    """Remove temp files of uploads a crash left behind; returns how many were removed.
-
-    Runs at writer start-up, under the writer lock, before the port is open (no upload of this
-    writer can be running), and in the cleanup task while the writer serves. Either way only
-    files older than `older_than_s` go: an upload being received writes its file at least every
-    receive timeout, so callers pass more than that."""
-    cutoff = time.time() - older_than_s
-    removed = 0
-    try:
-        entries = list(os.scandir(storage.tmp))
-    except FileNotFoundError:
-        return 0
-    for entry in entries:
-        if not entry.name.startswith(UPLOAD_PREFIX) or not entry.is_file(follow_symlinks=False):
-            continue
-        try:
-            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                os.unlink(entry.path)
-                removed += 1
-        except FileNotFoundError:
-            continue
-    if removed:
-        log.info("removed %d stale upload temp file(s) from %s", removed, storage.tmp)
-    return removed
-
-
-SWEEP_BATCH = 100
-
-
-async def remove_upload_sessions(conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID]) -> None:
-    """Rows first, then files: a crash in between leaves an orphan file (removed by the sweep's
-    directory pass), never a row whose file is gone."""
-    await conn.execute("DELETE FROM arkvory_uploads WHERE id = ANY($1::uuid[])", ids, timeout=10)
-    for session_id in ids:
-        try:
-            os.unlink(storage.upload_session_file(session_id))
-        except FileNotFoundError:
-            pass
-
-
-async def sweep_upload_sessions(
-    conn: asyncpg.Connection,
-    storage: Storage,
-    *,
-    orphans_older_than_s: float | None = None,
-    skip: Callable[[uuid.UUID], bool] | None = None,
-    removed: Callable[[uuid.UUID], None] | None = None,
-) -> int:
-    """Remove upload sessions past their expiry, rows and files; returns how many.
-
-    Writer-side housekeeping of the storage directory, like `remove_stale_uploads`: run at the
-    writer's start (before it serves), by the writer's session routes, and by the worker. With
-    `orphans_older_than_s`, session files without a row (a crash before the create committed,
-    a repository deleted with its sessions) go too once that old, so a session being created
-    right now is never touched. `skip` keeps sessions this process is writing."""
-    count = 0
-    while True:
-        rows = await conn.fetch(
-            "SELECT id FROM arkvory_uploads WHERE expires_at < now() ORDER BY expires_at LIMIT $1",
-            SWEEP_BATCH, timeout=10,
-        )
-        ids = [r["id"] for r in rows if skip is None or not skip(r["id"])]
-        if ids:
-            await remove_upload_sessions(conn, storage, ids)
-            for session_id in ids:
-                if removed is not None:
-                    removed(session_id)
-        count += len(ids)
-        if len(rows) < SWEEP_BATCH or not ids:
-            break
-    if orphans_older_than_s is not None:
-        count += await _remove_orphan_session_files(conn, storage, orphans_older_than_s)
-    if count:
-        log.info("removed %d expired or orphaned upload session(s)", count)
-    return count
-
-
-async def _remove_orphan_session_files(conn: asyncpg.Connection, storage: Storage, older_than_s: float) -> int:
-    cutoff = time.time() - older_than_s
-    try:
-        entries = list(os.scandir(storage.uploads))
-    except FileNotFoundError:
-        return 0
-    candidates: dict[uuid.UUID, str] = {}
-    for entry in entries:
-        try:
-            session_id = uuid.UUID(entry.name)
-            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                candidates[session_id] = entry.path
-        except (ValueError, FileNotFoundError):
-            continue
-    if not candidates:
-        return 0
-    known = {
-        r["id"] for r in await conn.fetch(
-            "SELECT id FROM arkvory_uploads WHERE id = ANY($1::uuid[])", list(candidates), timeout=10
-        )
-    }
-    orphans = [path for session_id, path in candidates.items() if session_id not in known]
-    for path in orphans:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    return len(orphans)
-
-
 async def _database_storage_id(conn: asyncpg.Connection) -> str | None:
     value = await conn.fetchval("SELECT storage_id FROM arkvory_storage", timeout=10)
     return None if value is None else str(value)
 
 
-async def prepare_storage(
-    conn: asyncpg.Connection, root: pathlib.Path, *, stale_upload_s: float | None = None
-) -> Storage:
-    """Writer: create the layout and id on first start, otherwise insist that they match;
-    with `stale_upload_s`, remove upload temp files older than that, expired upload sessions,
-    and session files without a session older than that (the schema is migrated by now)."""
+async def prepare_storage(conn: asyncpg.Connection, root: pathlib.Path) -> Storage:
+    """Writer: create the layout and id on first start, otherwise insist that they match.
+    (What uploads left behind is swept next: shared/upload_files.py `sweep_at_start`.)"""
     storage = Storage(root)
     recorded = await _database_storage_id(conn)
     on_disk = storage.read_id_file() if root.is_dir() else None
@@ -271,9 +221,6 @@ async def prepare_storage(
         return storage
     _require_match(root, recorded, on_disk)
     storage.create_layout(on_disk)  # re-creates missing sub-directories only
-    if stale_upload_s is not None:
-        remove_stale_uploads(storage, stale_upload_s)
-        await sweep_upload_sessions(conn, storage, orphans_older_than_s=stale_upload_s)
     return storage
 
 

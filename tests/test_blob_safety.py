@@ -12,6 +12,7 @@ import hashlib
 import os
 import pathlib
 import random
+import threading
 import time
 
 import asyncpg
@@ -19,6 +20,8 @@ import httpx
 import pytest
 
 from shared.storage import Storage
+from writer.maintenance import cleanup
+from writer.maintenance.blob_locks import DIGEST_NAMESPACE, digest_key
 from writer.maintenance.cleanup import remove_unreferenced
 
 from .harness import ADMIN_TOKEN, db_fetch
@@ -241,3 +244,200 @@ def test_a_claimed_digest_is_skipped_and_an_unclaimed_one_waits_for_nobody(clust
             await cleaner.close()
 
     asyncio.run(scenario())
+
+
+class _GatedStorage(Storage):
+    """The store seen by a cleanup whose disk thread stops just before it unlinks `gated`, until
+    the test opens `gate`: a slow unlink at a known moment (the thread is where a cancel cannot
+    reach)."""
+
+    def __init__(self, root: pathlib.Path, gated: str) -> None:
+        super().__init__(root)
+        self.gated = gated
+        self.reached = threading.Event()
+        self.gate = threading.Event()
+
+    def blob_file(self, sha256: str) -> str:
+        if sha256 == self.gated and threading.current_thread() is not threading.main_thread():
+            self.reached.set()
+            self.gate.wait(30)
+        return super().blob_file(sha256)
+
+
+async def _disk_thread_idle() -> None:
+    """Returns once the cleanup's one disk thread has finished what it was given before."""
+    await cleanup._on_disk(lambda: None)
+
+
+def test_a_cancelled_cleanup_keeps_its_digest_lock_until_its_unlinks_are_done(cluster):
+    """Cleanup is cancelled (worker lock lost, drain timeout, second SIGTERM) while its disk
+    thread is about to unlink an unreferenced blob, and an upload of the same bytes starts at
+    once: the upload waits for the digest until the thread is done, then places its own file,
+    and its artifact has its bytes. (Unshielded, the cancel rolled back at once and freed the
+    digest lock, the upload committed, and the thread went on to delete the upload's file.)"""
+    writer = cluster.writer().wait_ready()
+    content = os.urandom(100_000)
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        made = client.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content).json()
+        assert client.delete(f"/api/v1/repositories/r/artifacts/{made['id']}").status_code == 204
+    sha256 = made["sha256"]
+    storage = _GatedStorage(cluster.data_dir, sha256)
+
+    async def scenario() -> None:
+        conn = await asyncpg.connect(cluster.database_url)
+        try:
+            cleaning = asyncio.create_task(remove_unreferenced(conn, storage, [sha256], 0))
+            assert await asyncio.to_thread(storage.reached.wait, 10), "cleanup never reached the unlink"
+            cleaning.cancel()
+            async with httpx.AsyncClient(base_url=writer.url, headers=AUTH, timeout=30) as http:
+                upload = asyncio.create_task(
+                    http.post("/api/v1/repositories/r/artifacts", params={"name": "again"}, content=content)
+                )
+                await asyncio.sleep(1.0)
+                waited_for_cleanup = not upload.done()
+                storage.gate.set()
+                with pytest.raises(asyncio.CancelledError):
+                    await cleaning
+                await _disk_thread_idle()
+                again = await upload
+                assert again.status_code == 201, again.text
+                path = _blob_path(cluster.data_dir, sha256)
+                assert path.is_file(), "the cancelled cleanup's thread deleted the new upload's file"
+                assert path.read_bytes() == content
+                served = await http.get(f"/api/v1/repositories/r/artifacts/{again.json()['id']}/content")
+                assert served.status_code == 200 and served.content == content
+            assert waited_for_cleanup, "the upload took the digest while cleanup was still deleting"
+        finally:
+            storage.gate.set()
+            await conn.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("step", ["unreferenced", "stray"])
+def test_a_cancelled_cleanup_batch_ends_its_transaction_only_after_its_disk_thread(cluster, step):
+    """Both deleting steps: after a cancel, the digest's exclusive lock is still held for as
+    long as the thread may unlink; it goes with the transaction once the thread is done."""
+    writer = cluster.writer().wait_ready()
+    content = os.urandom(10_000)
+    sha256 = hashlib.sha256(content).hexdigest()
+    if step == "unreferenced":
+        with writer.client() as client:
+            assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+            made = client.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content).json()
+            assert client.delete(f"/api/v1/repositories/r/artifacts/{made['id']}").status_code == 204
+    else:  # a file without a row, as a crash between placing and committing leaves one
+        path = _blob_path(cluster.data_dir, sha256)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    storage = _GatedStorage(cluster.data_dir, sha256)
+
+    async def lock_is_free(conn: asyncpg.Connection) -> bool:
+        key = digest_key(sha256)
+        if await conn.fetchval("SELECT pg_try_advisory_lock_shared($1, $2)", DIGEST_NAMESPACE, key):
+            await conn.execute("SELECT pg_advisory_unlock_shared($1, $2)", DIGEST_NAMESPACE, key)
+            return True
+        return False
+
+    async def scenario() -> None:
+        conn = await asyncpg.connect(cluster.database_url)
+        observer = await asyncpg.connect(cluster.database_url)
+        try:
+            if step == "unreferenced":
+                work = remove_unreferenced(conn, storage, [sha256], 0)
+            else:
+                work = cleanup.remove_strays(conn, storage, [sha256], time.time() - 60)
+            cleaning = asyncio.create_task(work)
+            assert await asyncio.to_thread(storage.reached.wait, 10), "cleanup never reached the unlink"
+            cleaning.cancel()
+            await asyncio.sleep(0.5)
+            held_while_deleting = not await lock_is_free(observer)
+            ended_early = cleaning.done()
+            storage.gate.set()
+            with pytest.raises(asyncio.CancelledError):
+                await cleaning
+            await _disk_thread_idle()
+            assert held_while_deleting and not ended_early, "the transaction ended before the disk thread"
+            assert await lock_is_free(observer)
+        finally:
+            storage.gate.set()
+            await conn.close()
+            await observer.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("how", ["anyio scope", "task.cancel"])
+def test_to_the_end_outlasts_a_cancel_then_raises_it(how):
+    """The helper both deleting steps use: a cancel (anyio's, as in the worker, or a plain
+    `Task.cancel()`) waits for the thread, without spinning the loop, and is raised as soon as
+    the thread has returned."""
+    import anyio
+
+    from shared.storage import to_the_end
+
+    gate, finished, ended, went_on = threading.Event(), [], [], []
+
+    def slow_unlink() -> None:
+        gate.wait(10)
+        finished.append(time.monotonic())
+
+    async def waiting() -> None:
+        try:
+            await to_the_end(asyncio.to_thread(slow_unlink))
+            went_on.append(True)  # must not happen: the cancel is raised right after the thread
+            await asyncio.sleep(0)
+        finally:
+            ended.append(time.monotonic())
+
+    async def scenario() -> None:
+        loop_turns = 0
+
+        async def count_turns() -> None:
+            nonlocal loop_turns
+            while True:
+                loop_turns += 1
+                await asyncio.sleep(0.01)
+
+        counter = asyncio.create_task(count_turns())
+        threading.Timer(0.6, gate.set).start()
+        if how == "anyio scope":
+            with anyio.CancelScope() as scope:
+                asyncio.get_running_loop().call_later(0.1, scope.cancel)
+                await waiting()
+            assert scope.cancelled_caught
+        else:
+            task = asyncio.create_task(waiting())
+            asyncio.get_running_loop().call_later(0.1, task.cancel)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        counter.cancel()
+        assert finished and ended and ended[0] >= finished[0], "the cancel was raised before the thread ended"
+        assert not went_on, "the caller went on after the cancel"
+        assert loop_turns < 150, f"the wait spun the loop ({loop_turns} turns in about 0.6 s)"
+
+    asyncio.run(scenario())
+
+
+def test_place_blob_links_over_another_file_and_a_retry_changes_nothing(tmp_path):
+    """The session's way of placing (link): a file already under the digest is replaced by the
+    session's own (same inode as the session file); the same publish again is a no-op; no
+    temporary link is left in tmp/."""
+    storage = Storage(tmp_path)
+    storage.create_layout("test")
+    content = b"verified bytes"
+    sha256 = hashlib.sha256(content).hexdigest()
+    session = tmp_path / "uploads" / "session"
+    session.write_bytes(content)
+    final = _blob_path(tmp_path, sha256)
+    final.parent.mkdir(parents=True)
+    final.write_bytes(b"rotten bytes!!")
+    assert storage.place_blob(session, sha256, link=True) is True
+    assert os.path.samefile(session, final) and final.read_bytes() == content
+    assert storage.place_blob(session, sha256, link=True) is False
+    assert os.path.samefile(session, final)
+    assert list(storage.tmp.iterdir()) == []
+    other = _blob_path(tmp_path, "0" * 64)
+    assert storage.place_blob(session, "0" * 64, link=True) is False and os.path.samefile(session, other)

@@ -14,7 +14,7 @@ from shared.errors import RateLimited
 from writer.login_limits import ACCOUNT_LIMIT, ADDRESS_LIMIT, DEVICE_LIMIT, WINDOW_S, LoginLimits
 
 from .fakeclock import FakeTime
-from .test_accounts import PASSWORD, login, make_account
+from .test_accounts import PASSWORD, make_account
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -80,3 +80,63 @@ def test_a_blob_idle_longer_than_the_bound_is_closed_on_the_next_acquire(tmp_pat
     assert not is_open(idle) and is_open(busy) and len(blobs) == 1
     blobs.release("b", busy)
     blobs.release("b", other)
+
+
+_CLOSES_OF_REMOVED_FILES_ON_THE_LOOP = '''
+import os, threading
+_log = os.environ["TEST_CLOSE_LOG"]
+_close = os.close
+def _logging_close(fd):
+    if threading.current_thread() is threading.main_thread():
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if target.endswith(" (deleted)"):
+            with open(_log, "a") as out:
+                out.write(target + "\\n")
+    _close(fd)
+os.close = _logging_close
+'''
+
+
+def test_a_cached_descriptor_of_a_removed_blob_is_closed_off_the_event_loop(cluster, tmp_path):
+    """The last close of a removed file frees its blocks (seconds for a multi-GiB blob): a
+    gateway whose cached descriptor is the last one left of a blob that was replaced (an upload
+    of the same bytes) or deleted closes it in a worker thread, not on its event loop. A
+    `sitecustomize` in the gateway logs every close of a removed file on its main thread."""
+    import hashlib
+    import time
+
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_CLOSES_OF_REMOVED_FILES_ON_THE_LOOP)
+    log = tmp_path / "closes-on-the-loop.log"
+    log.touch()
+    shared = cluster.shared_env(slots=2)
+    writer = cluster.writer(shared).wait_ready()
+    data = os.urandom(200_000)
+    sha256 = hashlib.sha256(data).hexdigest()
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        made = client.post("/api/v1/repositories/r/artifacts", params={"name": "a"}, content=data).json()
+    gateway = cluster.gateway(1, shared, PYTHONPATH=str(hooks), TEST_CLOSE_LOG=str(log)).wait_ready()
+    with gateway.client() as client:
+        assert client.get(f"/api/v1/repositories/r/artifacts/{made['id']}/content").content == data
+
+    def gateway_holds_the_old_file() -> bool:
+        for fd in os.listdir(f"/proc/{gateway.proc.pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{gateway.proc.pid}/fd/{fd}").endswith(f"{sha256} (deleted)"):
+                    return True
+            except OSError:
+                continue
+        return False
+
+    with writer.client() as client:  # the same bytes again: the old file is replaced
+        assert client.post("/api/v1/repositories/r/artifacts", params={"name": "b"}, content=data).status_code == 201
+    deadline = time.monotonic() + 10
+    while gateway_holds_the_old_file():
+        assert time.monotonic() < deadline, "the gateway kept the replaced file open"
+        time.sleep(0.05)
+    assert log.read_text() == "", "closed on the gateway's event loop: " + log.read_text()

@@ -35,9 +35,11 @@ from shared.media_types import upload_media_type
 from shared.settings import Settings
 from shared.metrics import Metrics
 from shared.storage import Storage, is_out_of_space, out_of_space
+from shared.upload_files import hold_in_use, remove_own_file
 
 from .maintenance.blob_locks import claim_for_upload
 from .maintenance.diagnostics import clear_diagnostic
+from .maintenance.quarantine import notify_moved
 from .idempotency import HeldKey, Result, holding_key, idempotent
 from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
 from .pagination import page, page_cursor, page_limit
@@ -88,18 +90,19 @@ async def received_body(
     size = limit if expected is None else expected
     regions = [Region(0, 0, size, None)] if size else []
     partial = storage.tmp / f"upload-{uuid.uuid4().hex}"
+    fd: int | None = None
     try:
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                receiver = BatchedReceiver(
-                    fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
-                    open_ended=expected is None,
-                )
-                await receiver.receive(request, settings, _nothing_to_record, metrics)
-                await asyncio.to_thread(os.fsync, fd)
-            finally:
-                os.close(fd)
+            # Held in use until it is published or removed: the sweep of stale temp files
+            # leaves it however slowly the body arrives (shared/upload_files.py).
+            hold_in_use(fd)
+            receiver = BatchedReceiver(
+                fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
+                open_ended=expected is None,
+            )
+            await receiver.receive(request, settings, _nothing_to_record, metrics)
+            await asyncio.to_thread(os.fsync, fd)
         except OSError as exc:
             if is_out_of_space(exc):
                 raise out_of_space(exc) from None
@@ -107,7 +110,7 @@ async def received_body(
         region = regions[0] if regions else Region(0, 0, 0, None)
         yield partial, region.digest.hexdigest(), region.filled
     finally:
-        partial.unlink(missing_ok=True)
+        await remove_own_file(partial, fd)  # unless published; in a thread: it may be large
 
 
 async def place_claimed_blob(
@@ -115,16 +118,17 @@ async def place_claimed_blob(
     *, link: bool = False,
 ) -> None:
     """Inside a publishing transaction: claim the digest (writer/maintenance/blob_locks.py),
-    place the blob under it (or keep the identical one already there) and insert its row.
-    The claim lasts until the commit that makes the artifact visible, so cleanup cannot unlink
-    the file between our look at it and our reference to it.
+    place the blob under it (replacing a file already there, which nobody has checked since:
+    shared/storage.py `place_blob`) and insert its row. The claim lasts until the commit that
+    makes the artifact visible, so cleanup cannot unlink the file between our placing it and
+    our reference to it.
 
-    `source` holds bytes whose digest the caller computed, so when it is placed (not when a
-    file already there is kept: nobody has hashed that one) the blob is good again and its
-    storage diagnostic (missing, or corrupt and quarantined) goes in the same transaction."""
+    `source` holds bytes whose digest the caller computed, so the blob is good again: its
+    storage diagnostic (missing, or corrupt) goes in the same transaction, and at the commit
+    every process drops a cached descriptor of a file we replaced (it may be a rotten one)."""
     await claim_for_upload(conn, sha256)
     try:
-        placed = await asyncio.to_thread(storage.place_blob, source, sha256, link=link)
+        replaced = await asyncio.to_thread(storage.place_blob, source, sha256, link=link)
     except OSError as exc:
         if is_out_of_space(exc):
             raise out_of_space(exc) from None
@@ -133,8 +137,9 @@ async def place_claimed_blob(
         "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
         sha256, size, timeout=QUERY_TIMEOUT_S,
     )
-    if placed:
-        await clear_diagnostic(conn, sha256)
+    await clear_diagnostic(conn, sha256)
+    if replaced:
+        await notify_moved(conn, sha256)
 
 
 async def _nothing_to_record(region: Region) -> None:

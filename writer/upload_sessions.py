@@ -5,7 +5,9 @@ A session's bytes live in one file, `<data>/uploads/<id>`, preallocated at creat
 space is reserved then, so a full disk is a 507 at creation, not in the middle of an upload);
 part `i` covers `[i * partSize, min(size, (i + 1) * partSize))`. One process (the writer,
 under its lock) writes session files, so the in-process registry is the whole truth about
-which parts are being received and which completions are running.
+which parts are being received and which completions are running in this process; the
+worker's sweep, another process, sees the same through the lock the writer holds on a session
+file it uses (shared/upload_files.py).
 """
 
 from __future__ import annotations
@@ -21,14 +23,8 @@ import asyncpg
 
 from shared.catalog import pooled
 from shared.errors import Conflict
-from shared.storage import (
-    Storage,
-    fsync_directory,
-    is_out_of_space,
-    out_of_space,
-    remove_upload_sessions,
-    sweep_upload_sessions,
-)
+from shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
+from shared.upload_files import remove_upload_sessions, sweep_upload_sessions
 
 
 MiB = 1024 * 1024
@@ -188,14 +184,22 @@ async def whole_digest(registry: ActiveUploads, session: asyncpg.Record, path: s
 
 
 def unlink_quietly(path: str) -> None:
+    """In a worker thread only (a session file may be large): on the loop, use
+    shared/upload_files.py `remove_own_file`."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
 
 
-async def remove_sessions(conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID]) -> None:
-    await remove_upload_sessions(conn, storage, ids)
+async def remove_sessions(
+    conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID], *, only_expired: bool = True,
+    only_open: bool = False,
+) -> list[uuid.UUID]:
+    """Sessions and their files, except those in use; returns the ids removed (shared/upload_files.py)."""
+    return await remove_upload_sessions(
+        conn, storage, ids, only_expired=only_expired, only_open=only_open
+    )
 
 
 async def sweep_expired_uploads(
@@ -204,7 +208,8 @@ async def sweep_expired_uploads(
 ) -> int:
     """Remove sessions past their expiry with their files; returns how many. For the worker's
     periodic cleanup (on the writer's host) and the writer's own sweeps; sessions `busy` in
-    this process are left alone (shared/storage.py holds the rules)."""
+    this process are left alone, and so are those any process holds in use
+    (shared/upload_files.py holds the rules)."""
     async with pooled(pool) as conn:
         return await sweep_upload_sessions(
             conn, storage, orphans_older_than_s=orphans_older_than_s,

@@ -13,8 +13,9 @@ same part at once, and makes a repeated `complete` wait for the one already runn
 fsynced), inserts the blob and the artifact and marks the session completed: a crash anywhere
 before that commit leaves no artifact and a session that `complete` finishes.
 Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files at the
-writer's start (shared/storage.py), on access, by each new session, and by the worker of the
-next issue (`upload_sessions.sweep_expired_uploads`).
+writer's start, on access, by each new session, and by the worker's cleanup
+(`upload_sessions.sweep_expired_uploads`), never while this writer receives into or completes
+from a session's file: it holds the file locked meanwhile (shared/upload_files.py).
 
 A completed session stays (DELETE is 409) until the idempotency retention ends, so a repeated
 `complete` returns its artifact.
@@ -43,6 +44,7 @@ from starlette.routing import Route
 from shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
 from shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
 from shared.media_types import upload_media_type
+from shared.upload_files import open_in_use, remove_own_file
 
 from .artifacts import artifact_json, check_artifact_name, place_claimed_blob
 from .idempotency import Result, idempotent, key_of
@@ -59,7 +61,6 @@ from .upload_sessions import (
     remove_sessions,
     session_path,
     sweep_expired_uploads,
-    unlink_quietly,
     whole_digest,
 )
 from .upload_places import UploadPlaces
@@ -280,25 +281,26 @@ async def delete_upload(request: Request) -> Response:
     assert runtime.pool is not None and runtime.storage is not None
     if session["status"] != "open":
         raise Conflict(_COMPLETED)
+    busy = Conflict("this upload is receiving a part or completing; retry when it is done")
     if active_uploads(request).busy(session["id"]):
-        raise Conflict("this upload is receiving a part or completing; retry when it is done")
+        raise busy
     async with pooled(runtime.pool) as conn:
         # Only while still open: a complete that committed since (its row lock orders the two)
-        # keeps its row.
-        removed = await conn.fetchval(
-            "DELETE FROM arkvory_uploads WHERE id = $1 AND status = 'open' RETURNING id",
-            session["id"], timeout=QUERY_TIMEOUT_S,
+        # keeps its row. The file goes after the row, in a thread (it may be many GiB).
+        removed = await remove_sessions(
+            conn, runtime.storage, [session["id"]], only_expired=False, only_open=True
         )
-        if removed is None:
-            if await conn.fetchval(
-                "SELECT 1 FROM arkvory_uploads WHERE id = $1", session["id"], timeout=QUERY_TIMEOUT_S
-            ):
+        if not removed:
+            status = await conn.fetchval(
+                "SELECT status FROM arkvory_uploads WHERE id = $1", session["id"],
+                timeout=QUERY_TIMEOUT_S,
+            )
+            if status is None:
+                raise NotFound(f"upload {session['id']} was removed meanwhile")
+            if status != "open":
                 raise Conflict(_COMPLETED)
-            raise NotFound(f"upload {session['id']} was removed meanwhile")
+            raise busy  # its file is in use: a request took it since our look
     active_uploads(request).forget(session["id"])
-    # Row first, then the file (a crash in between leaves an orphan file for the sweep); a
-    # preallocated file of many GiB can take seconds to free, so not on the event loop.
-    await asyncio.to_thread(unlink_quietly, session_path(runtime.storage, session["id"]))
     return Response(status_code=204)
 
 
@@ -416,7 +418,7 @@ async def _receive_regions(
     assert storage is not None and pool is not None
     path = session_path(storage, session["id"])
     try:
-        fd = os.open(path, os.O_WRONLY)
+        fd = await open_in_use(path, os.O_WRONLY)  # no sweep removes it while we write
     except FileNotFoundError:
         raise NotFound("this upload was removed meanwhile; start a new one") from None
 
@@ -454,7 +456,7 @@ async def complete_upload(request: Request) -> Response:
         # A crash right after the publishing commit may have left the session's own link.
         storage = runtime_of(request).storage
         assert storage is not None
-        unlink_quietly(session_path(storage, session["id"]))
+        await remove_own_file(session_path(storage, session["id"]))
         return await _completed_answer(request, session, replay=True)
     if registry.parts.get(session["id"]):
         raise Conflict("parts of this upload are still being received; complete when they are done")
@@ -462,7 +464,7 @@ async def complete_upload(request: Request) -> Response:
     if task is None:
         # The publication runs to its end even if this client goes away: a repeat (from this
         # client's retry) waits for the same task instead of hashing and publishing again.
-        task = asyncio.ensure_future(_publish(request, repo, session))
+        task = asyncio.ensure_future(_publish_in_use(request, repo, session))
         registry.completing[session["id"]] = task
         task.add_done_callback(lambda done: _completion_ended(registry, session["id"], done))
     row = await asyncio.shield(task)
@@ -487,6 +489,21 @@ async def _completed_answer(request: Request, session: asyncpg.Record, replay: b
     if row is None:
         raise NotFound("this upload was published, but its artifact has been deleted since")
     return JSONResponse(artifact_json(row), headers={"Idempotent-Replayed": "true"} if replay else None)
+
+
+async def _publish_in_use(request: Request, repo: Repository, session: asyncpg.Record) -> asyncpg.Record:
+    """`_publish` while holding the session's file in use (shared/upload_files.py): no sweep
+    removes the session or its file from before it is read until it is published."""
+    storage = runtime_of(request).storage
+    assert storage is not None
+    try:
+        fd = await open_in_use(session_path(storage, session["id"]), os.O_RDONLY)
+    except FileNotFoundError:
+        raise NotFound("this upload's bytes are gone (removed or expired); start a new one") from None
+    try:
+        return await _publish(request, repo, session)
+    finally:
+        os.close(fd)  # cheap: the file is the blob now, or still the session's
 
 
 async def _publish(request: Request, repo: Repository, session: asyncpg.Record) -> asyncpg.Record:
@@ -542,7 +559,7 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
         await conn.execute(
             "DELETE FROM arkvory_upload_parts WHERE upload_id = $1", session_id, timeout=QUERY_TIMEOUT_S
         )
-    unlink_quietly(path)
+    await remove_own_file(path)
     return row
 
 
@@ -550,7 +567,7 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
 
 
 async def _sweep_some(request: Request) -> None:
-    """Expired sessions go at the writer's start (shared/storage.py) and when accessed; each
+    """Expired sessions go at the writer's start (shared/upload_files.py) and when accessed; each
     new session also sweeps those expired since (one indexed query when there are none), so
     a writer that runs for weeks without the worker still frees their space."""
     runtime = runtime_of(request)

@@ -1,14 +1,14 @@
 """Digest claims: the lock that keeps an upload and the cleanup task from racing on one blob.
 
-The danger: an upload finds `blobs/sha256/ab/cd/<hex>` already there (an old, unreferenced blob
-with the same bytes), "reuses" it, and commits its artifact, while cleanup, which checked a
-moment earlier that nothing referenced that blob, unlinks the file. The result would be a
+The danger: an upload places its file as `blobs/sha256/ab/cd/<hex>` (over an old, unreferenced
+blob with the same bytes) and commits its artifact, while cleanup, which checked a moment
+earlier that nothing referenced that blob, unlinks the file. The result would be a
 committed artifact without content.
 
 The rule that prevents it, with a transaction-level advisory lock per digest:
 
 - an upload's publishing transaction takes the digest's lock **shared** first, then places the
-  blob (or finds it there), inserts the blob row and the artifact, and commits: the lock is
+  blob (over any file there), inserts the blob row and the artifact, and commits: the lock is
   held from before the file is looked at until the reference is visible;
 - cleanup takes the digest's lock **exclusively**, re-checks under it that no artifact
   references the blob (and no live read pin, and that it is older than the grace period),

@@ -10,9 +10,11 @@ Why deleting a blob cannot break an upload or a download:
 - **Uploads.** A blob is deleted only under its digest's exclusive lock, by a statement that
   starts after the lock is granted and re-checks everything: no artifact references it, it is
   older than the grace period, no live read pin names it. The row goes, then the file, then the
-  commit releases the lock. Uploads hold the same lock (shared) from before they place or reuse
-  the file until their artifact is committed (blob_locks.py), so they either see no file and
-  place their own, or their reference is what the re-check sees. A digest being uploaded right
+  commit releases the lock; a cancelled task waits for its unlinking thread (which nothing can
+  stop) before its transaction ends, so the lock never goes while a file may still be
+  unlinked. Uploads hold the same lock (shared) from before they place their file (over any
+  file there) until their artifact is committed (blob_locks.py), so either they place it after
+  our unlink, or their reference is what the re-check sees. A digest being uploaded right
   now is skipped (try-lock), never waited for.
 - **Downloads.** A transfer opens a blob only after its read pin is committed (shared/pins.py),
   and the re-check counts a pin as live while `pinned_until > now()`, `now()` being the start
@@ -58,7 +60,8 @@ from typing import Any, NoReturn
 import asyncpg
 
 from shared.errors import InvalidInput
-from shared.storage import Storage, remove_stale_uploads
+from shared.storage import Storage, to_the_end
+from shared.upload_files import remove_stale_uploads
 from writer.tasks.budgets import cost_units
 from writer.tasks.context import TaskCancelled
 from writer.tasks.retention import any_to_prune, prune_finished_batch
@@ -76,8 +79,8 @@ TASK_BATCH = 1000
 PACE = 2.0
 DISK_NICE = 10
 MAX_GRACE_S = 10 * 365 * 86400
-# An upload session file or temp file may be written right now when younger than this, even
-# with a zero grace period (tests): the sweep leaves it for the next run.
+# An upload session file or temp file younger than this may be one created a moment ago, not yet
+# locked by its writer, even with a zero grace period (tests): the sweep leaves it for the next run.
 MIN_ORPHAN_AGE_S = 60
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _HEX2 = re.compile(r"^[0-9a-f]{2}$")
@@ -167,11 +170,11 @@ async def _upload_sessions(ctx, grace: int) -> dict:
     from writer.upload_sessions import sweep_expired_uploads
 
     _stop_if_cancelled(ctx)
+    # Sessions and temp files the writer is using are locked by it and left alone, however old
+    # (shared/upload_files.py); the age only spares files created a moment ago.
     orphan_age = max(grace, MIN_ORPHAN_AGE_S)
     sessions = await sweep_expired_uploads(ctx.pool, ctx.storage, orphans_older_than_s=orphan_age)
-    # One-shot upload temp files: one being received is written at least every receive timeout.
-    temp_age = max(grace, 2 * ctx.settings.receive_timeout_s, MIN_ORPHAN_AGE_S)
-    temp_files = await _on_disk(remove_stale_uploads, ctx.storage, temp_age)
+    temp_files = await to_the_end(_on_disk(remove_stale_uploads, ctx.storage, orphan_age))
     await ctx.progress(
         items=sessions + temp_files,
         message=f"abandoned uploads: {sessions} session(s) and {temp_files} temp file(s) removed",
@@ -273,9 +276,10 @@ async def remove_unreferenced(
             timeout=QUERY_TIMEOUT_S,
         )
         # Unlinked before the commit releases the locks: no upload can reuse a file we are
-        # about to remove. A failed commit leaves rows without files, which the next run
-        # deletes (and an upload of the same bytes places the file again).
-        await _on_disk(_unlink_all, storage, gone)
+        # about to remove. A cancel cannot stop the thread, so the transaction waits for it
+        # (to_the_end) and only then rolls back: rows without files, which the next run
+        # deletes (as after a failed commit; an upload of the same bytes places the file again).
+        await to_the_end(_on_disk(_unlink_all, storage, gone))
     return len(rows), sum(r["size"] for r in rows)
 
 
@@ -401,7 +405,8 @@ async def remove_strays(
             return 0, 0
         # Re-checked under the locks: an upload that placed the file has committed its row by now.
         still = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, locked, timeout=QUERY_TIMEOUT_S)]
-        return await _on_disk(_unlink_old, storage, still, cutoff)
+        # The locks last until the thread is done, even when we are cancelled meanwhile.
+        return await to_the_end(_on_disk(_unlink_old, storage, still, cutoff))
 
 
 def _unlink_old(storage: Storage, digests: list[str], cutoff: float) -> tuple[int, int]:

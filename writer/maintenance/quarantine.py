@@ -3,8 +3,7 @@
 A blob whose bytes are not its digest must never be served as if it were good. It is moved to
 `<data>/quarantine/sha256/<digest>.<UTC time>` (the same filesystem: a rename, no copy), so the
 content path finds no file and answers 503 `content_unavailable`, and a re-upload of the right
-bytes places a good file under the digest again (an upload keeps a file that is already there,
-so the bad one has to be out of the way). Cached descriptors are the one place a moved file
+bytes places a good file under the digest again. Cached descriptors are the one place a moved file
 lives on: `notify_moved` makes every process drop its own (shared/open_blobs.py).
 
 A good file can take the bad one's place between hashing and moving (a re-upload of the same
