@@ -44,11 +44,14 @@ class ConnectionHandle:
     message completes the response through uvicorn as usual.
     """
 
-    __slots__ = ("transport", "cycle", "_on_lost", "_socket_fd", "_audit", "_stats")
+    __slots__ = ("transport", "cycle", "cut", "_on_lost", "_socket_fd", "_audit", "_stats")
 
     def __init__(self, protocol: ArkvoryHttpProtocol, cycle: RequestResponseCycle) -> None:
         self.transport = protocol.transport
         self.cycle = cycle
+        # The response ended early and that was accounted for (the server cut it, or the
+        # client's leaving was counted): a transfer is counted as aborted once.
+        self.cut = False
         self._on_lost: Callable[[], None] | None = None
         self._audit = protocol.audit_payload
         self._socket_fd = protocol.socket_fd
@@ -118,8 +121,9 @@ class ConnectionHandle:
 
     def sendfile(self, fd: int, offset: int, count: int) -> int:
         """Send up to `count` bytes of `fd` at `offset` straight from the page cache; returns how
-        many the socket took (0 when it is full; EOFError when the file ends first). Only call
-        with nothing buffered in the transport, or the bytes would overtake what is queued."""
+        many the socket took (0 when it is full; EOFError when the file ends first; a
+        ConnectionError when the client is gone, after which the connection is dropped). Only
+        call with nothing buffered in the transport, or the bytes would overtake what is queued."""
         cycle = self.cycle
         if count > cycle.expected_content_length:
             raise RuntimeError("Response content longer than Content-Length")
@@ -128,6 +132,10 @@ class ConnectionHandle:
             sent = os.sendfile(self._socket_fd, fd, offset, count)
         except (BlockingIOError, InterruptedError):
             return 0
+        except ConnectionError:  # EPIPE or ECONNRESET: the client reset or closed its end
+            self.cycle.disconnected = True  # nothing more is written; uvicorn reports no error
+            self.transport.abort()
+            raise
         if not sent:
             raise EOFError(f"the file ends before offset {offset} + {count}")
         cycle.expected_content_length -= sent
@@ -140,6 +148,7 @@ class ConnectionHandle:
         # Marked at once (connection_lost comes a loop turn later), so that nothing else is
         # written and uvicorn does not report the unfinished response as an application error.
         self.cycle.disconnected = True
+        self.cut = True
         # A reset, not an orderly close: what the kernel still holds for this client is dropped
         # too, so a cut transfer stops at once instead of draining megabytes at the client's pace.
         sock = self.transport.get_extra_info("socket")

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -199,6 +200,47 @@ def test_silent_readers_are_cut_after_the_send_timeout_and_free_their_places(clu
     assert _metric(
         metrics, "arkvory_transfer_aborts_total", 'direction="download",reason="send_timeout"'
     ) == 4
+
+
+# -- issue 13 item 14: a client that resets mid-download ---------------------------------------
+
+
+RESETS = 30
+
+
+def _reset_after_first_bytes(port: int, path: str) -> None:
+    """Ask for `path`, read the head and some payload, then reset the connection (RST)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(_request(path))
+        received = 0
+        while received < 256 * 1024:
+            piece = sock.recv(65536)
+            assert piece, "the server closed before sending payload"
+            received += len(piece)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def test_clients_that_reset_mid_download_are_counted_as_aborts_and_log_nothing(cluster):
+    writer = cluster.writer().wait_ready()
+    with writer.client(timeout=60) as client:
+        assert client.post("/api/v1/repositories", json={"name": "pub", "public": True}).status_code == 201
+        artifact = _upload(client, "pub", "big.bin", os.urandom(BIG))
+    path = f"/api/v1/repositories/pub/artifacts/{artifact['id']}/content"
+    for _ in range(RESETS):  # the reset lands during sendfile in about a third of them
+        _reset_after_first_bytes(writer.port, path)
+    with writer.client() as client:
+
+        def all_counted() -> float:
+            metrics = client.get("/health/metrics").text
+            return _metric(metrics, "arkvory_transfer_aborts_total", 'direction="download",reason="client_gone"')
+
+        deadline = time.monotonic() + 10
+        while all_counted() < RESETS and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all_counted() == RESETS, writer.stderr
+        assert client.get("/health/status").status_code == 200
+    log = writer.stderr
+    assert "Traceback" not in log and " ERROR " not in log and " WARNING " not in log, log
 
 
 # -- §4 a lost lease cuts a transfer that waits for a slow socket ------------------------------
