@@ -205,6 +205,10 @@ class _LingeringTransport:
         elif not self._protocol.lingering:  # a lingering connection is dropped on its timer
             self._real.close()
 
+    def close_now(self) -> None:
+        """Flush and close without lingering (TLS ends with its own close_notify)."""
+        self._real.close()
+
 
 class ArkvoryHttpProtocol(HttpToolsProtocol):
     """Installed with `uvicorn.Config(http=protocol_for(...))`; class attributes are the bounds."""
@@ -335,21 +339,28 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_S, self.transport.abort)
 
     def _refuse_head(self) -> None:
-        self._refused = True
         self._cancel_head_timer()
         if self.stats is not None:
             self.stats.too_large += 1
+        transport = self.transport
         if self.cycle is not None and not self.cycle.response_complete:
-            self.transport.close()  # a response is streaming here: an answer would corrupt it
+            # A response is streaming here: an answer would corrupt it, so the connection ends.
+            for handle in self._handles:
+                handle.cut = True  # counted as a refused head, not as a download abort
+            transport.close_now()
         else:
-            self.transport.write(_head_too_large_response())
-            # Lingering close (as nginx does): stop sending, keep reading and discarding for a
-            # moment, so the kernel does not reset the connection before the client reads the 431.
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
+            transport.write(_head_too_large_response())
+            if transport.can_write_eof():
+                # Lingering close (as nginx does): stop sending, keep reading and discarding for
+                # a moment, so the kernel does not reset the connection before the client reads
+                # the 431. The client sees the end of the stream at once.
+                transport.write_eof()
             else:
-                self.transport.close()
-        self.loop.call_later(LINGER_S, self.transport.abort)
+                transport.close_now()  # TLS: the 431, then close_notify
+        # Only now: from here on `close()` is a no-op (the connection lingers until the timer),
+        # which made the closes above do nothing when this was set first.
+        self._refused = True
+        self.loop.call_later(LINGER_S, transport.abort)
 
     # -- payload audit -------------------------------------------------------------------------
 
