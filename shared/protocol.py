@@ -11,11 +11,16 @@ one read (256 KiB) unmetered per request, a linear cost.
 
 The handle (`scope["extensions"]["arkvory.connection"]`) is bound to the request's own
 `RequestResponseCycle` in `on_headers_complete`, so with pipelining each request sees its own.
+
+None of what this module builds on is a public API (uvicorn's cycle, flow control and parser
+callbacks, httptools' parser, uvloop's transports), so the three are pinned in pyproject.toml
+and `check_http_stack` refuses to serve (exit 78) on any other version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import secrets
@@ -27,6 +32,12 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from .errors import StartupRefused
+
+# What this module was written and tested against; pyproject.toml pins the same (a test holds
+# the two equal).
+HTTP_STACK = {"uvicorn": "0.54.0", "httptools": "0.9.0", "uvloop": "0.23.0"}
 
 MAX_HEAD_BYTES = 64 * 1024
 # After a 431, read and discard at most this long and this much, so that the kernel does not
@@ -369,6 +380,31 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         independent check of the gate the content routes apply before every write."""
         if self.stats is not None and not self.may_send_payload():
             self.stats.late_payload_chunks += 1
+
+
+def http_stack_mismatches(installed: Callable[[str], str] = importlib.metadata.version) -> list[str]:
+    """'name found (needs wanted)' for each package of HTTP_STACK at another version."""
+    problems = []
+    for name, wanted in HTTP_STACK.items():
+        try:
+            found = installed(name)
+        except importlib.metadata.PackageNotFoundError:
+            found = "missing"
+        if found != wanted:
+            problems.append(f"{name} {found} (needs {wanted})")
+    return problems
+
+
+def check_http_stack() -> None:
+    """Refuse to start (exit 78) on an HTTP stack this protocol was not built for: a silent
+    change in uvicorn's internals would break head bounds, payload writes or lingering close."""
+    problems = http_stack_mismatches()
+    if problems:
+        wanted = " ".join(f"'{name}=={version}'" for name, version in HTTP_STACK.items())
+        raise StartupRefused(
+            "the HTTP stack differs from the one shared/protocol.py is built on: "
+            f"{', '.join(problems)}; install the pinned versions (pip install {wanted})"
+        )
 
 
 def _head_too_large_response() -> bytes:
