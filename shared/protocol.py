@@ -40,8 +40,11 @@ from .errors import StartupRefused
 HTTP_STACK = {"uvicorn": "0.54.0", "httptools": "0.9.0", "uvloop": "0.23.0"}
 
 MAX_HEAD_BYTES = 64 * 1024
-# After a 431, read and discard at most this long and this much, so that the kernel does not
-# reset the connection (losing the answer) while the client is still sending its head.
+# Lingering close (nginx's `lingering_close`), after a 431 or a refused body: what the client
+# still sends is read and discarded for LINGER_S, so that the kernel does not reset the
+# connection (losing the answer) while the client is still sending. At most LINGER_MAX_BYTES
+# are discarded; past that reading stops, so that the client's sends stall (and it reads the
+# answer) instead of meeting a reset, until the connection is dropped at LINGER_S.
 LINGER_S = 2.0
 LINGER_MAX_BYTES = 1024 * 1024
 HANDLE_KEY = "arkvory.connection"
@@ -191,9 +194,9 @@ class _LingeringTransport:
     """The connection's transport as uvicorn's cycles and our handles see it, with a lingering
     close (nginx's `lingering_close`). A response that ends the connection while the client is
     still sending its body (a refused upload or JSON body: 401, 405, 413...) half-closes instead,
-    and what still arrives is discarded for up to LINGER_S and LINGER_MAX_BYTES before the
-    connection is dropped: closing with unread bytes makes the kernel reset the connection, and
-    the client then loses the answer it was sent. Everything else goes straight to the real
+    and what still arrives is discarded (up to LINGER_MAX_BYTES, then no longer read) until the
+    connection is dropped after LINGER_S: closing with unread bytes makes the kernel reset the
+    connection, and the client then loses the answer it was sent. Everything else goes straight to the real
     transport (the hot methods are bound once, not looked up per call)."""
 
     __slots__ = (
@@ -252,7 +255,10 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         if self._refused:  # lingering after a 431 or a refused body: discard
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES + LINGER_MAX_BYTES:
-                self.transport.abort()
+                # Not an abort: a client still pushing its body would meet the reset on its
+                # next send, milliseconds after the answer, and lose it (the kernel's buffers
+                # alone hold more than LINGER_MAX_BYTES). The LINGER_S timer drops it.
+                self.transport.pause_reading()
             return
         if not self._reading_head:
             super().data_received(data)
@@ -325,7 +331,7 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
     def linger(self) -> None:
         """Stop sending, discard what the client still sends, drop the connection after LINGER_S."""
         self._refused = True
-        self._head_bytes = MAX_HEAD_BYTES  # LINGER_MAX_BYTES more are discarded, then abort
+        self._head_bytes = MAX_HEAD_BYTES  # LINGER_MAX_BYTES more are discarded, then not read
         self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.abort)
 
