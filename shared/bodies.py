@@ -115,9 +115,10 @@ def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, An
 def parse_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     if not nesting_within(body, max_depth):
         raise InvalidInput(f"the body must be JSON nested at most {max_depth} levels deep")
+    if not body.strip():
+        raise InvalidInput("the body must be a JSON object")
     try:
-        text = body.decode("utf-8")
-        document = json.loads(text, object_pairs_hook=_object_without_duplicate_keys) if body.strip() else None
+        document = json.loads(body.decode("utf-8"), object_pairs_hook=_object_without_duplicate_keys)
     except (ValueError, UnicodeDecodeError):
         raise InvalidInput("the body must be JSON (UTF-8)") from None
     if not isinstance(document, dict):

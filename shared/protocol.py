@@ -196,8 +196,8 @@ class _LingeringTransport:
     still sending its body (a refused upload or JSON body: 401, 405, 413...) half-closes instead,
     and what still arrives is discarded (up to LINGER_MAX_BYTES, then no longer read) until the
     connection is dropped after LINGER_S: closing with unread bytes makes the kernel reset the
-    connection, and the client then loses the answer it was sent. Everything else goes straight to the real
-    transport (the hot methods are bound once, not looked up per call)."""
+    connection, and the client then loses the answer it was sent. Everything else goes straight
+    to the real transport (the hot methods are bound once, not looked up per call)."""
 
     __slots__ = (
         "_real", "_protocol", "write", "writelines", "is_closing", "get_extra_info", "abort",

@@ -48,7 +48,9 @@ def test_a_database_outage_logs_one_line_down_and_one_back_per_process_and_no_tr
     assert wait_until(lambda: all(BACK in p.stderr for p in processes), 20), [
         (p.name, p.stderr) for p in processes
     ]
-    writer.wait_ready(10), gateway.wait_ready(10), worker.wait_active(10)
+    writer.wait_ready(10)
+    gateway.wait_ready(10)
+    worker.wait_active(10)
     with writer.client(ADMIN_TOKEN) as client:  # the writer makes changes again
         assert client.post("/api/v1/repositories", json={"name": "after"}).status_code == 201
     time.sleep(2.5)  # a line that would still come (a late retry) has come
