@@ -3,6 +3,8 @@
 A body is read only after the route authenticated the caller. JSON is parsed only once the
 body is known to be small (`MAX_JSON_BYTES`) and shallow (`MAX_JSON_DEPTH`): `json.loads` of
 200,000 `[` recurses until Python gives up, and of 100 MB blocks the event loop for seconds.
+A key twice in one object is refused at any depth: parsers disagree on which value wins, so
+such a body could mean one thing to a proxy or an audit log and another to us.
 Every receive waits at most the receive timeout, so a silent client cannot hold a request open;
 an upload body must also keep a minimum rate after its first seconds (`MinimumRate`), so a
 trickling one cannot either.
@@ -155,11 +157,26 @@ def nesting_within(body: bytes, max_depth: int) -> bool:
     return not brackets
 
 
+def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's `object_pairs_hook`: called for every object, nested ones included."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                shown = key if len(key) <= 40 else key[:40] + "..."
+                raise InvalidInput(f"the body has the key {shown!r} twice in one object")
+            seen.add(key)
+    return document
+
+
 def parse_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     if not nesting_within(body, max_depth):
         raise InvalidInput(f"the body must be JSON nested at most {max_depth} levels deep")
+    if not body.strip():
+        raise InvalidInput("the body must be a JSON object")
     try:
-        document = json.loads(body.decode("utf-8")) if body.strip() else None
+        document = json.loads(body.decode("utf-8"), object_pairs_hook=_object_without_duplicate_keys)
     except (ValueError, UnicodeDecodeError):
         raise InvalidInput("the body must be JSON (UTF-8)") from None
     if not isinstance(document, dict):

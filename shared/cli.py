@@ -53,6 +53,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return await serve(runtime, build(runtime))
 
     try:
+        from .protocol import check_http_stack
+
+        check_http_stack()  # before anything binds or connects
         import uvloop
 
         return uvloop.run(main())

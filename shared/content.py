@@ -174,7 +174,10 @@ class BlobResponse:
                 guard.armed = False
         except asyncio.CancelledError:
             if guard.fired and guard.task.uncancel() == 0:
-                return  # the client left while waiting or receiving
+                # The client left while waiting or receiving; once payload flowed, an abort.
+                if handle is not None and handle.cycle.response_started:
+                    _client_gone(self.runtime, handle, "it closed the connection")
+                return
             raise  # cancelled from outside (too)
         finally:
             if handle is not None:
@@ -379,6 +382,7 @@ class Payload:
                 self.response._send_timed_out(handle)
                 return False
             if handle.lost:
+                _client_gone(runtime, handle, "it closed the connection")
                 return False
             if not _payload_may_flow(runtime):
                 self._cut_for_lease()
@@ -389,6 +393,9 @@ class Payload:
                     sent = handle.sendfile(fd, offset, granted)
                 except EOFError:
                     raise self.response._short_read() from None
+                except ConnectionError as exc:  # broken pipe, reset
+                    _client_gone(runtime, handle, f"{exc.__class__.__name__}: {exc}")
+                    return False
             if not sent:
                 size = granted if not zero_copy else min(granted, COPY_PIECE_BYTES)
                 data = os.pread(fd, size, offset)
@@ -403,8 +410,10 @@ class Payload:
         if not await handle.writable(timeout):
             self.response._send_timed_out(handle)
             return False
-        return not handle.lost
-
+        if handle.lost:
+            _client_gone(runtime, handle, "it closed the connection")
+            return False
+        return True
 
     def _cut_for_lease(self) -> None:
         if not self.handle.lost:
@@ -414,6 +423,18 @@ class Payload:
 
 def _payload_may_flow(runtime: Runtime) -> bool:
     return runtime.payload_allowed()
+
+
+def _client_gone(runtime: Runtime, handle: ConnectionHandle, why: str) -> None:
+    """The client left in the middle of its download (a reset, a broken pipe, a close): an
+    abort like the server's own cuts, counted once per transfer, and not an error of ours, so
+    it is logged at debug only."""
+    handle.cycle.disconnected = True  # uvicorn then reports no unfinished response
+    if handle.cut:
+        return  # the server had cut it already (and counted why)
+    handle.cut = True
+    runtime.metrics.transfer_aborts.labels(direction="download", reason="client_gone").inc()
+    log.debug("download aborted: the client left (%s)", why)
 
 
 def _aborter(runtime: Runtime, handle: ConnectionHandle) -> Callable[[str], None]:

@@ -7,7 +7,8 @@ A session-level advisory lock and a LISTEN live only as long as their backend, s
 connection silently loses both. `run` pings every 2 s with a timeout (a half-open connection
 answers nothing), and on loss reconnects, re-takes the lock, re-LISTENs and flushes both caches;
 the caches answer nothing in between. A writer that finds its lock taken by another writer
-meanwhile must not go on: `run` raises StartupRefused (exit 78), as at start-up.
+meanwhile must not go on: `run` raises StartupRefused (exit 78), as at start-up. Pings and
+reconnection attempts report to `supervision.DATABASE`: an outage is one line, not one per retry.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from . import db, open_blobs
 from .catalog_cache import CatalogCache
 from .credentials import CredentialCache
 from .errors import DatabaseUnavailable, StartupRefused
+from .supervision import DATABASE
 
 log = logging.getLogger("arkvory.control")
 
@@ -34,6 +36,7 @@ RECONNECT_EVERY_S = 1.0
 # A half-open old backend of ours may still hold the writer lock; we end it and wait this long.
 OWN_BACKEND_WAIT_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
+LOOP = "control connection"  # as named in the process's database outage lines
 
 Lock = Literal["writer", "maintenance"]
 
@@ -136,7 +139,9 @@ class ControlConnection:
             try:
                 await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT_S)
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                DATABASE.failed(LOOP, exc)
                 return f"ping failed: {exc.__class__.__name__}: {exc}"
+            DATABASE.succeeded(LOOP)
             await self._record_last_used(conn)
 
     async def _record_last_used(self, conn: asyncpg.Connection) -> None:
@@ -154,9 +159,10 @@ class ControlConnection:
                 if self.lock is not None:
                     await self.take_lock(self.lock, previous_backend=previous_backend)
                 await self.listen()
+                DATABASE.succeeded(LOOP)
                 return
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable) as exc:
-                log.warning("control connection: reconnect failed: %s: %s", exc.__class__.__name__, exc)
+                DATABASE.failed(LOOP, exc)  # logged once per outage, each attempt at debug
                 self._drop()
                 await asyncio.sleep(RECONNECT_EVERY_S)
 

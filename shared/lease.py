@@ -21,6 +21,7 @@ would still run out on time and no payload would follow it.
 
 The acquisition is conditional on the saved download policy still being the one this process
 checked: a `reset-download-policy` racing with the start-up leaves no lease behind (exit 78).
+A failed renewal is counted and reported to `supervision.DATABASE` (one line per outage).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from collections.abc import Callable
 import asyncpg
 
 from .errors import DatabaseUnavailable, SlotBusy, StartupRefused
+from .supervision import DATABASE
 
 log = logging.getLogger("arkvory.lease")
 
@@ -50,6 +52,7 @@ ACQUIRE_LIMIT_S = 15.0
 RENEW_TIMEOUT_S = 1.5
 POLL_S = 0.25
 CLOSE_TIMEOUT_S = 3.0
+LOOP = "slot lease"  # as named in the process's database outage lines
 
 # $7..$9: the policy this process checked. FOR SHARE keeps a concurrent reset from deleting the
 # policy row under us; a reset that committed first leaves no row, so nothing is inserted.
@@ -315,9 +318,10 @@ class SlotLease:
             )
         except (OSError, TimeoutError, asyncpg.PostgresError, DatabaseUnavailable) as exc:
             self.report.renewal("failed")
-            log.warning("slot %d renewal failed: %s: %s", self.slot, exc.__class__.__name__, exc)
+            DATABASE.failed(LOOP, exc)  # the trust left decides; the outage is logged once
             self._drop_connection()
             return
+        DATABASE.succeeded(LOOP)
         if status != "UPDATE 1":
             self.report.renewal("rejected")
             self._lose("the database refused the renewal (reservation expired or taken over)")

@@ -13,6 +13,7 @@ import logging
 import sys
 
 from .errors import TransferAborted
+from .supervision import QuietPoolRetries
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,5 +45,7 @@ def configure(log_format: str, level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("uvicorn.error").addFilter(_drop_deliberate_aborts)
+    # While the database is down its retries would log a traceback each (issue 13 item 17).
+    logging.getLogger("asyncpg.pool").addFilter(QuietPoolRetries())
     # uvicorn's own error logger is useful; its access log would repeat every request.
     logging.getLogger("uvicorn.access").disabled = True

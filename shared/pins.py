@@ -23,7 +23,8 @@ The converse needs the same care as the lease: a row we could not refresh expire
 blob is still being read. So pins are trusted like the lease, for 8 s after the last successful
 write was *sent* (2 s before its rows can expire); past that `healthy` is false, the process
 hands out no payload (`Runtime.payload_allowed`) until a write succeeds again, and `run` calls
-`on_unhealthy` once per outage so that transfers in flight are cut.
+`on_unhealthy` once per outage so that transfers in flight are cut. A failed write is reported
+to `supervision.DATABASE` (one line per outage), not logged per attempt.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import anyio
 import asyncpg
 
 from .lease import TRUST_S
+from .supervision import DATABASE
 
 log = logging.getLogger("arkvory.pins")
 
@@ -48,6 +50,7 @@ PIN_SECONDS = 10.0
 FLUSH_TIMEOUT_S = 2.0
 LINGER_S = 10.0  # a digest stays pinned this long after its last transfer ended
 VISIBLE_WAIT_S = 4.0  # a transfer waits at most this long for its pin to be written
+LOOP = "read pins"  # as named in the process's database outage lines
 
 _UPSERT = """
 INSERT INTO arkvory_read_pins (slot, sha256, pinned_until)
@@ -180,11 +183,12 @@ class ReadPins:
                         await self._conn.execute(_UPSERT, self.slot, digests, PIN_SECONDS)
                     await self._conn.execute(_DROP_OTHERS, self.slot, digests)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            log.warning("could not write read pins: %s: %s", exc.__class__.__name__, exc)
+            DATABASE.failed(LOOP, exc)
             if self._conn is not None:
                 self._conn.terminate()
                 self._conn = None
             return False
+        DATABASE.succeeded(LOOP)
         self._written_until = sent + TRUST_S
         self._visible = frozenset(digests)
         return True

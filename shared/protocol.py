@@ -11,11 +11,16 @@ one read (256 KiB) unmetered per request, a linear cost.
 
 The handle (`scope["extensions"]["arkvory.connection"]`) is bound to the request's own
 `RequestResponseCycle` in `on_headers_complete`, so with pipelining each request sees its own.
+
+None of what this module builds on is a public API (uvicorn's cycle, flow control and parser
+callbacks, httptools' parser, uvloop's transports), so the three are pinned in pyproject.toml
+and `check_http_stack` refuses to serve (exit 78) on any other version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import secrets
@@ -28,9 +33,18 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from .errors import StartupRefused
+
+# What this module was written and tested against; pyproject.toml pins the same (a test holds
+# the two equal).
+HTTP_STACK = {"uvicorn": "0.54.0", "httptools": "0.9.0", "uvloop": "0.23.0"}
+
 MAX_HEAD_BYTES = 64 * 1024
-# After a 431, read and discard at most this long and this much, so that the kernel does not
-# reset the connection (losing the answer) while the client is still sending its head.
+# Lingering close (nginx's `lingering_close`), after a 431 or a refused body: what the client
+# still sends is read and discarded for LINGER_S, so that the kernel does not reset the
+# connection (losing the answer) while the client is still sending. At most LINGER_MAX_BYTES
+# are discarded; past that reading stops, so that the client's sends stall (and it reads the
+# answer) instead of meeting a reset, until the connection is dropped at LINGER_S.
 LINGER_S = 2.0
 LINGER_MAX_BYTES = 1024 * 1024
 HANDLE_KEY = "arkvory.connection"
@@ -44,11 +58,14 @@ class ConnectionHandle:
     message completes the response through uvicorn as usual.
     """
 
-    __slots__ = ("transport", "cycle", "_on_lost", "_socket_fd", "_audit", "_stats")
+    __slots__ = ("transport", "cycle", "cut", "_on_lost", "_socket_fd", "_audit", "_stats")
 
     def __init__(self, protocol: ArkvoryHttpProtocol, cycle: RequestResponseCycle) -> None:
         self.transport = protocol.transport
         self.cycle = cycle
+        # The response ended early and that was accounted for (the server cut it, or the
+        # client's leaving was counted): a transfer is counted as aborted once.
+        self.cut = False
         self._on_lost: Callable[[], None] | None = None
         self._audit = protocol.audit_payload
         self._socket_fd = protocol.socket_fd
@@ -118,8 +135,9 @@ class ConnectionHandle:
 
     def sendfile(self, fd: int, offset: int, count: int) -> int:
         """Send up to `count` bytes of `fd` at `offset` straight from the page cache; returns how
-        many the socket took (0 when it is full; EOFError when the file ends first). Only call
-        with nothing buffered in the transport, or the bytes would overtake what is queued."""
+        many the socket took (0 when it is full; EOFError when the file ends first; a
+        ConnectionError when the client is gone, after which the connection is dropped). Only
+        call with nothing buffered in the transport, or the bytes would overtake what is queued."""
         cycle = self.cycle
         if count > cycle.expected_content_length:
             raise RuntimeError("Response content longer than Content-Length")
@@ -128,6 +146,10 @@ class ConnectionHandle:
             sent = os.sendfile(self._socket_fd, fd, offset, count)
         except (BlockingIOError, InterruptedError):
             return 0
+        except ConnectionError:  # EPIPE or ECONNRESET: the client reset or closed its end
+            self.cycle.disconnected = True  # nothing more is written; uvicorn reports no error
+            self.transport.abort()
+            raise
         if not sent:
             raise EOFError(f"the file ends before offset {offset} + {count}")
         cycle.expected_content_length -= sent
@@ -140,6 +162,7 @@ class ConnectionHandle:
         # Marked at once (connection_lost comes a loop turn later), so that nothing else is
         # written and uvicorn does not report the unfinished response as an application error.
         self.cycle.disconnected = True
+        self.cut = True
         # A reset, not an orderly close: what the kernel still holds for this client is dropped
         # too, so a cut transfer stops at once instead of draining megabytes at the client's pace.
         sock = self.transport.get_extra_info("socket")
@@ -171,10 +194,10 @@ class _LingeringTransport:
     """The connection's transport as uvicorn's cycles and our handles see it, with a lingering
     close (nginx's `lingering_close`). A response that ends the connection while the client is
     still sending its body (a refused upload or JSON body: 401, 405, 413...) half-closes instead,
-    and what still arrives is discarded for up to LINGER_S and LINGER_MAX_BYTES before the
-    connection is dropped: closing with unread bytes makes the kernel reset the connection, and
-    the client then loses the answer it was sent. Everything else goes straight to the real
-    transport (the hot methods are bound once, not looked up per call)."""
+    and what still arrives is discarded (up to LINGER_MAX_BYTES, then no longer read) until the
+    connection is dropped after LINGER_S: closing with unread bytes makes the kernel reset the
+    connection, and the client then loses the answer it was sent. Everything else goes straight
+    to the real transport (the hot methods are bound once, not looked up per call)."""
 
     __slots__ = (
         "_real", "_protocol", "write", "writelines", "is_closing", "get_extra_info", "abort",
@@ -195,6 +218,10 @@ class _LingeringTransport:
             self._protocol.linger()
         elif not self._protocol.lingering:  # a lingering connection is dropped on its timer
             self._real.close()
+
+    def close_now(self) -> None:
+        """Flush and close without lingering (TLS ends with its own close_notify)."""
+        self._real.close()
 
 
 class ArkvoryHttpProtocol(HttpToolsProtocol):
@@ -228,7 +255,10 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         if self._refused:  # lingering after a 431 or a refused body: discard
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES + LINGER_MAX_BYTES:
-                self.transport.abort()
+                # Not an abort: a client still pushing its body would meet the reset on its
+                # next send, milliseconds after the answer, and lose it (the kernel's buffers
+                # alone hold more than LINGER_MAX_BYTES). The LINGER_S timer drops it.
+                self.transport.pause_reading()
             return
         if not self._reading_head:
             super().data_received(data)
@@ -301,7 +331,7 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
     def linger(self) -> None:
         """Stop sending, discard what the client still sends, drop the connection after LINGER_S."""
         self._refused = True
-        self._head_bytes = MAX_HEAD_BYTES  # LINGER_MAX_BYTES more are discarded, then abort
+        self._head_bytes = MAX_HEAD_BYTES  # LINGER_MAX_BYTES more are discarded, then not read
         self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.abort)
 
@@ -326,21 +356,28 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_S, self.transport.abort)
 
     def _refuse_head(self) -> None:
-        self._refused = True
         self._cancel_head_timer()
         if self.stats is not None:
             self.stats.too_large += 1
+        transport = self.transport
         if self.cycle is not None and not self.cycle.response_complete:
-            self.transport.close()  # a response is streaming here: an answer would corrupt it
+            # A response is streaming here: an answer would corrupt it, so the connection ends.
+            for handle in self._handles:
+                handle.cut = True  # counted as a refused head, not as a download abort
+            transport.close_now()
         else:
-            self.transport.write(_head_too_large_response())
-            # Lingering close (as nginx does): stop sending, keep reading and discarding for a
-            # moment, so the kernel does not reset the connection before the client reads the 431.
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
+            transport.write(_head_too_large_response())
+            if transport.can_write_eof():
+                # Lingering close (as nginx does): stop sending, keep reading and discarding for
+                # a moment, so the kernel does not reset the connection before the client reads
+                # the 431. The client sees the end of the stream at once.
+                transport.write_eof()
             else:
-                self.transport.close()
-        self.loop.call_later(LINGER_S, self.transport.abort)
+                transport.close_now()  # TLS: the 431, then close_notify
+        # Only now: from here on `close()` is a no-op (the connection lingers until the timer),
+        # which made the closes above do nothing when this was set first.
+        self._refused = True
+        self.loop.call_later(LINGER_S, transport.abort)
 
     # -- payload audit -------------------------------------------------------------------------
 
@@ -349,6 +386,31 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         independent check of the gate the content routes apply before every write."""
         if self.stats is not None and not self.may_send_payload():
             self.stats.late_payload_chunks += 1
+
+
+def http_stack_mismatches(installed: Callable[[str], str] = importlib.metadata.version) -> list[str]:
+    """'name found (needs wanted)' for each package of HTTP_STACK at another version."""
+    problems = []
+    for name, wanted in HTTP_STACK.items():
+        try:
+            found = installed(name)
+        except importlib.metadata.PackageNotFoundError:
+            found = "missing"
+        if found != wanted:
+            problems.append(f"{name} {found} (needs {wanted})")
+    return problems
+
+
+def check_http_stack() -> None:
+    """Refuse to start (exit 78) on an HTTP stack this protocol was not built for: a silent
+    change in uvicorn's internals would break head bounds, payload writes or lingering close."""
+    problems = http_stack_mismatches()
+    if problems:
+        wanted = " ".join(f"'{name}=={version}'" for name, version in HTTP_STACK.items())
+        raise StartupRefused(
+            "the HTTP stack differs from the one shared/protocol.py is built on: "
+            f"{', '.join(problems)}; install the pinned versions (pip install {wanted})"
+        )
 
 
 def _head_too_large_response() -> bytes:

@@ -1,11 +1,18 @@
 """Background loops, each supervised on its own (house style): started with `tg.start()` so
 that a failure before it is up reaches whoever starts it, and after that an unexpected
 exception is logged once, with its traceback, and handed to `on_failure` instead of silently
-ending the loop or cancelling its siblings (the caller decides: stop serving, exit 75)."""
+ending the loop or cancelling its siblings (the caller decides: stop serving, exit 75).
+
+And what those loops say about the database (issue 13 item 17): each loop that reconnects or
+retries reports its attempts to `DATABASE`, so that an outage costs the process one line when
+the database stops answering and one when it answers again, whatever the number of loops and
+retries; each failed attempt goes to debug only, with its traceback.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -49,3 +56,72 @@ async def supervised(
         else:
             log.error("%s failed unexpectedly", name, exc_info=exc)
         await on_failure(name, exc)
+
+
+class DatabaseReachability:
+    """Whether this process reaches its database, as its retrying loops see it.
+
+    The first loop that fails makes the process log "database unreachable: <reason>" (warning);
+    once every loop that failed has succeeded again it logs "database reachable again" (info).
+    So a reporting loop must keep retrying until it succeeds or the process ends (a lost lease
+    ends it). Thread-safe: the lease renews in a thread of its own.
+    """
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self._log = logger or logging.getLogger("arkvory.database")
+        self._lock = threading.Lock()
+        self._failing: set[str] = set()
+
+    @property
+    def reachable(self) -> bool:
+        return not self._failing
+
+    def failed(self, loop: str, problem: BaseException | str) -> None:
+        """One attempt of `loop` to reach the database failed."""
+        reason = describe_failure(problem)
+        traceback = problem if isinstance(problem, BaseException) else None
+        self._log.debug("%s: attempt failed: %s", loop, reason, exc_info=traceback)
+        with self._lock:
+            went_down = not self._failing
+            self._failing.add(loop)
+        if went_down:
+            self._log.warning("database unreachable: %s (%s)", reason, loop)
+
+    def succeeded(self, loop: str) -> None:
+        """An attempt of `loop` succeeded (cheap when nothing failed: called every round)."""
+        if loop not in self._failing:
+            return
+        with self._lock:
+            if loop not in self._failing:
+                return
+            self._failing.discard(loop)
+            came_back = not self._failing
+        if came_back:
+            self._log.info("database reachable again")
+
+
+def describe_failure(problem: BaseException | str) -> str:
+    if isinstance(problem, str):
+        return problem
+    text = str(problem)
+    if isinstance(problem, TimeoutError) and not text:
+        text = "no answer in time"
+    return f"{problem.__class__.__name__}: {text}" if text else problem.__class__.__name__
+
+
+# The process's one view (a process is one writer, gateway or worker).
+DATABASE = DatabaseReachability()
+
+
+class QuietPoolRetries(logging.Filter):
+    """asyncpg's pool logs a warning with a traceback each time it fails to restore its floor
+    of connections (every 1, 2, 4... s while the database is down). The loops above already
+    say that the database is down, once: those records go to debug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or "connection floor" not in record.getMessage():
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True

@@ -24,6 +24,8 @@ class TcpProxy:
     stall(): nothing is forwarded any more, in either direction, on current and new connections,
     and the sockets stay open, as in a network partition. A connection accepted during a stall
     reaches the server only after resume(). cut(): every current connection is closed.
+    refuse(): every current connection is closed and every new one at once, as by a stopped
+    server, until resume().
     """
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
@@ -34,6 +36,7 @@ class TcpProxy:
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
         self._flowing: asyncio.Event | None = None
+        self._refusing = False
         self._links: dict[asyncio.Task, list[socket.socket | asyncio.StreamWriter]] = {}
 
     @classmethod
@@ -74,6 +77,9 @@ class TcpProxy:
 
     def resume(self) -> None:
         self._call(self._set_flowing(True))
+
+    def refuse(self) -> None:
+        self._call(self._refuse())
 
     def cut(self) -> None:
         self._call(self._cut())
@@ -124,15 +130,23 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:  # none waiting (BlockingIOError); out of descriptors: a test's bug
                 return
+            if self._refusing:
+                client.close()
+                continue
             client.setblocking(False)
             self._links[self._loop.create_task(self._relay(client))] = [client]
 
     async def _set_flowing(self, flowing: bool) -> None:
         # Runs on the loop, so it takes effect between two chunks, never within one.
         if flowing:
+            self._refusing = False
             self._flowing.set()
         else:
             self._flowing.clear()
+
+    async def _refuse(self) -> None:
+        self._refusing = True
+        await self._cut()
 
     async def _relay(self, client: socket.socket) -> None:
         link = self._links[asyncio.current_task()]

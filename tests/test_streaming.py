@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import socket
 import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -102,6 +104,87 @@ def test_a_head_above_64_kib_gets_431_and_a_closed_connection(cluster):
         sock.sendall(_request("/health/live", extra=b"X-Big: " + b"a" * (60 * 1024) + b"\r\n"))
         status, _, _ = _read_response(sock)
         assert status == 200
+
+
+def _self_signed(tmp_path) -> tuple[pathlib.Path, pathlib.Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert, key
+
+
+def _wait_serving(process, context: ssl.SSLContext | None, timeout: float = 30.0) -> None:
+    url = f"{'https' if context else 'http'}://127.0.0.1:{process.port}/health/status"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, verify=context or True, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert process.proc.poll() is None and time.monotonic() < deadline, process.stderr
+        time.sleep(0.1)
+
+
+def _read_to_the_end(sock: socket.socket, seconds: float) -> tuple[bytes, float | None]:
+    """Everything the server sends until it closes (or resets) the connection, and when."""
+    started = time.monotonic()
+    data = b""
+    sock.settimeout(0.2)
+    while time.monotonic() - started < seconds:
+        try:
+            piece = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except (ConnectionError, ssl.SSLError):
+            return data, time.monotonic() - started
+        if not piece:
+            return data, time.monotonic() - started
+        data += piece
+    return data, None
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_request_pipelined_after_a_431_gets_no_answer_and_the_connection_ends_at_once(cluster, tmp_path, scheme):
+    """Issue 13 item 15: the lingering close after a 431 must not keep the connection up to 2 s."""
+    tls = {}
+    if scheme == "https":
+        cert, key = _self_signed(tmp_path)
+        tls = {"ARKVORY_TLS_CERT_FILE": str(cert), "ARKVORY_TLS_KEY_FILE": str(key)}
+    writer = cluster.writer(**tls)
+    context = ssl.create_default_context(cafile=tls["ARKVORY_TLS_CERT_FILE"]) if tls else None
+    _wait_serving(writer, context)
+    raw = socket.create_connection(("127.0.0.1", writer.port), timeout=10)
+    sock = context.wrap_socket(raw, server_hostname="127.0.0.1") if context else raw
+    with sock:
+        too_large = _request("/health/live", extra=b"X-Big: " + b"a" * (70 * 1024) + b"\r\n")
+        sock.sendall(too_large + _request("/health/live"))
+        answer, closed_after = _read_to_the_end(sock, 5)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1, answer  # the pipelined request is not answered
+    assert closed_after is not None and closed_after < 1.0, closed_after
+
+
+def test_a_too_large_head_pipelined_behind_a_streaming_response_ends_the_connection_at_once(cluster):
+    """Issue 13 item 15: no answer can follow a response still streaming, so the connection
+    closes; it used to go on streaming until the 2 s lingering timer dropped it."""
+    writer = cluster.writer(ARKVORY_DOWNLOAD_BYTES_PER_SECOND=str(1024 * 1024)).wait_ready()
+    with writer.client(timeout=60) as client:
+        assert client.post("/api/v1/repositories", json={"name": "pub", "public": True}).status_code == 201
+        artifact = _upload(client, "pub", "slow.bin", os.urandom(8 * 1024 * 1024))  # 8 s at 1 MiB/s
+    with socket.create_connection(("127.0.0.1", writer.port), timeout=10) as sock:
+        sock.sendall(_request(f"/api/v1/repositories/pub/artifacts/{artifact['id']}/content"))
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 "), first[:200]
+        sock.sendall(_request("/health/live", extra=b"X-Big: " + b"a" * (70 * 1024) + b"\r\n"))
+        rest, closed_after = _read_to_the_end(sock, 5)
+    assert b"HTTP/1.1 431" not in rest  # an answer now would corrupt the stream
+    assert closed_after is not None and closed_after < 1.0, closed_after
+    with writer.client() as client:
+        assert client.get("/health/status").status_code == 200
 
 
 def test_a_200_mb_header_is_cut_early_and_the_process_keeps_serving(cluster):
@@ -199,6 +282,47 @@ def test_silent_readers_are_cut_after_the_send_timeout_and_free_their_places(clu
     assert _metric(
         metrics, "arkvory_transfer_aborts_total", 'direction="download",reason="send_timeout"'
     ) == 4
+
+
+# -- issue 13 item 14: a client that resets mid-download ---------------------------------------
+
+
+RESETS = 30
+
+
+def _reset_after_first_bytes(port: int, path: str) -> None:
+    """Ask for `path`, read the head and some payload, then reset the connection (RST)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(_request(path))
+        received = 0
+        while received < 256 * 1024:
+            piece = sock.recv(65536)
+            assert piece, "the server closed before sending payload"
+            received += len(piece)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def test_clients_that_reset_mid_download_are_counted_as_aborts_and_log_nothing(cluster):
+    writer = cluster.writer().wait_ready()
+    with writer.client(timeout=60) as client:
+        assert client.post("/api/v1/repositories", json={"name": "pub", "public": True}).status_code == 201
+        artifact = _upload(client, "pub", "big.bin", os.urandom(BIG))
+    path = f"/api/v1/repositories/pub/artifacts/{artifact['id']}/content"
+    for _ in range(RESETS):  # the reset lands during sendfile in about a third of them
+        _reset_after_first_bytes(writer.port, path)
+    with writer.client() as client:
+
+        def all_counted() -> float:
+            metrics = client.get("/health/metrics").text
+            return _metric(metrics, "arkvory_transfer_aborts_total", 'direction="download",reason="client_gone"')
+
+        deadline = time.monotonic() + 10
+        while all_counted() < RESETS and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all_counted() == RESETS, writer.stderr
+        assert client.get("/health/status").status_code == 200
+    log = writer.stderr
+    assert "Traceback" not in log and " ERROR " not in log and " WARNING " not in log, log
 
 
 # -- §4 a lost lease cuts a transfer that waits for a slow socket ------------------------------

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from shared import db
-from shared.supervision import supervised
+from shared.supervision import DatabaseReachability, QuietPoolRetries, supervised
 
 from .harness import db_execute, db_fetch, run_arkvory
 
@@ -264,3 +264,42 @@ def test_writer_whose_lock_another_writer_took_meanwhile_stops_with_78(cluster):
     asyncio.run(take_the_lock_in_the_gap())
     assert writer.wait_exit(5) == 78, writer.stderr
     assert "another Arkvory writer" in writer.stderr
+
+
+def test_an_outage_seen_by_several_loops_is_one_line_down_and_one_back(caplog):
+    reachability = DatabaseReachability(logging.getLogger("test.database"))
+    with caplog.at_level(logging.DEBUG, logger="test.database"):
+        for attempt in range(5):
+            reachability.failed("read pins", TimeoutError())
+            reachability.failed("control connection", ConnectionRefusedError(111, "refused"))
+        reachability.succeeded("read pins")
+        assert not reachability.reachable  # the control connection still fails
+        reachability.succeeded("control connection")
+        reachability.succeeded("control connection")
+    assert reachability.reachable
+    above_debug = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno > logging.DEBUG]
+    assert above_debug == [
+        ("WARNING", "database unreachable: TimeoutError: no answer in time (read pins)"),
+        ("INFO", "database reachable again"),
+    ]
+    attempts = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(attempts) == 10 and all(r.exc_info for r in attempts)  # tracebacks at debug only
+
+
+def test_asyncpg_pool_retries_go_to_debug(caplog):
+    pool_log = logging.getLogger("asyncpg.pool")
+    pool_log.addFilter(quiet := QuietPoolRetries())
+    try:
+        with caplog.at_level(logging.INFO):
+            try:
+                raise TimeoutError
+            except TimeoutError:
+                pool_log.warning("Failed to restore the pool connection floor; retrying", exc_info=True)
+            pool_log.warning("something else")
+        assert [r.getMessage() for r in caplog.records] == ["something else"]
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            pool_log.warning("Failed to restore the pool connection floor; retrying")
+        assert [r.levelname for r in caplog.records] == ["DEBUG"]
+    finally:
+        pool_log.removeFilter(quiet)

@@ -131,3 +131,31 @@ def test_stop_is_prompt_with_stalled_connections_and_idempotent(database_url: st
     finally:
         for client in clients:
             client.close()
+
+
+@pytest.mark.timeout(120)
+def test_refuse_closes_every_connection_at_once_until_resume(proxy: TcpProxy, database_url: str) -> None:
+    url = proxy.url_for(database_url)
+    lost = (asyncpg.ConnectionDoesNotExistError, asyncpg.InterfaceError, OSError)
+
+    async def scenario() -> None:
+        victim = await asyncpg.connect(url, timeout=10)
+        try:
+            proxy.refuse()
+            with pytest.raises(lost):
+                await victim.fetchval("select 1", timeout=10)
+        finally:
+            victim.terminate()
+        began = time.monotonic()
+        with pytest.raises(lost):  # a stopped server: no waiting for a timeout
+            await asyncpg.connect(url, timeout=10)
+        assert time.monotonic() - began < 2
+
+        proxy.resume()
+        fresh = await asyncpg.connect(url, timeout=10)
+        try:
+            assert await fresh.fetchval("select 4", timeout=10) == 4
+        finally:
+            await fresh.close(timeout=10)
+
+    asyncio.run(scenario())

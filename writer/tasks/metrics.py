@@ -2,7 +2,8 @@
 the oldest queued task, read from the database every REFRESH_S by a supervised loop (a scrape
 never queries the database), and the live event streams of this writer.
 
-A refresh that fails (database down) keeps the last values and is logged once per outage.
+A refresh that fails (database down) keeps the last values; the process logs the outage once
+(`shared.supervision.DATABASE`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from shared.catalog import QUERY_TIMEOUT_S, pooled
 from shared.errors import DatabaseUnavailable
+from shared.supervision import DATABASE
 
 from .kinds import KINDS
 from .store import STATUSES
@@ -25,6 +27,7 @@ from .stream import TaskEventHub
 log = logging.getLogger("arkvory.tasks.metrics")
 
 REFRESH_S = 5.0
+LOOP = "task metrics"  # as named in the process's database outage lines
 _DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
 
 
@@ -68,17 +71,11 @@ class TaskMetrics:
     async def run(self, pool_of: Any, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Refresh every REFRESH_S from a pool connection (`pool_of()` gives the pool)."""
         task_status.started()
-        outage = False
         while True:
             try:
                 async with pooled(pool_of()) as conn:
                     await self.refresh(conn)
-                if outage:
-                    log.info("task metrics: the database answers again")
-                    outage = False
+                DATABASE.succeeded(LOOP)
             except _DATABASE_ERRORS as exc:
-                if not outage:
-                    log.warning("task metrics: cannot refresh (%s: %s); keeping the last values",
-                                exc.__class__.__name__, exc)
-                    outage = True
+                DATABASE.failed(LOOP, exc)  # the last values stay
             await asyncio.sleep(REFRESH_S)

@@ -13,7 +13,8 @@ start) or `resume` (verify: continues from its checkpoint) as their restart poli
 freed when its task is pruned (ARKVORY_TASK_RETENTION), long after its period ended, unless the
 retention is shorter than the interval.
 
-The loop survives the database: an error is logged once per outage and retried a second later.
+The loop survives the database: an error is retried a second later, and the process logs the
+outage once (`shared.supervision.DATABASE`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shared.catalog import QUERY_TIMEOUT_S, pooled
 from shared.errors import ApiError, DatabaseUnavailable
 from shared.runtime import Runtime
 from shared.settings import Settings
+from shared.supervision import DATABASE
 
 from .definition import definition_hash
 from .dispatch import Definition, insert_once
@@ -40,6 +42,7 @@ CREATED_BY = "schedule"
 ON_RESTART = {"cleanup": "retry", "verify": "resume"}
 RETRY_S = 1.0
 MAX_SLEEP_S = 30.0  # re-read the database clock at least this often (it may be set anew)
+LOOP = "task schedule"  # as named in the process's database outage lines
 _DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
 
 
@@ -77,18 +80,12 @@ class Schedule:
         task_status.started()
         if not self.intervals:
             return
-        outage = False
         while True:
             try:
                 sleep_s = await self.tick()
-                if outage:
-                    log.info("task schedule: the database answers again")
-                    outage = False
+                DATABASE.succeeded(LOOP)
             except _DATABASE_ERRORS as exc:
-                if not outage:
-                    log.warning("task schedule: the database failed (%s: %s); retrying every %.0f s",
-                                exc.__class__.__name__, exc, RETRY_S)
-                    outage = True
+                DATABASE.failed(LOOP, exc)
                 sleep_s = RETRY_S
             except ApiError as exc:  # a kind refusing its own default params: a bug, not an outage
                 log.error("task schedule: cannot dispatch: %s", exc)

@@ -38,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 from shared import db
 from shared.catalog import pooled
 from shared.errors import Busy, DatabaseUnavailable
+from shared.supervision import DATABASE
 
 from . import store
 
@@ -55,6 +56,7 @@ PING_TIMEOUT_S = 1.5
 RECONNECT_EVERY_S = 1.0
 TICK_S = 0.5  # how soon the hub notices a drain
 _DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
+LOOP = "task event listener"  # as named in the process's database outage lines
 
 
 class Subscription:
@@ -155,6 +157,7 @@ class TaskEventHub:
                 gone = asyncio.Event()
                 conn.add_termination_listener(lambda _conn: gone.set())
                 await conn.add_listener(CHANNEL, self._on_notify)
+                DATABASE.succeeded(LOOP)
                 self.listening = True
                 # Whatever was notified while nobody listened: every stream reads again.
                 self.wake_all()
@@ -164,6 +167,7 @@ class TaskEventHub:
                     outage_logged = False
                 reason = await self._until_lost(conn, gone)
             except _DATABASE_ERRORS as exc:
+                DATABASE.failed(LOOP, exc)  # one line per outage for the process
                 reason = f"{exc.__class__.__name__}: {exc}"
             finally:
                 self.listening = False

@@ -11,6 +11,7 @@ every task write with it (writer/tasks/store.py `Fence`), so an activation that 
 can never again write a task that the next activation recovered. A worker that finds the lock
 taken waits in standby, says so once (naming the active worker from `pg_stat_activity`), and
 tries again every 2 s; a killed worker's connection closes with it, so the lock frees at once.
+Database trouble is reported to `shared.supervision.DATABASE`: one line per outage, not per retry.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import asyncpg
 
 from shared import db
 from shared.errors import DatabaseUnavailable
+from shared.supervision import DATABASE
 from writer.tasks.store import Fence
 
 log = logging.getLogger("arkvory.worker.lock")
@@ -38,6 +40,7 @@ PING_EVERY_S = 2.0
 PING_TIMEOUT_S = 1.5
 RETRY_EVERY_S = 2.0
 CLOSE_TIMEOUT_S = 2.0
+LOOP = "worker lock"  # as named in the process's database outage lines
 _CONNECTION_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
 
 _HOLDER = """
@@ -90,13 +93,14 @@ class WorkerLock:
 
     async def acquire(self) -> Activation:
         """Wait in standby until this process holds the worker lock; then LISTEN and return
-        the new activation. Database trouble is retried every 2 s (logged when it changes)."""
+        the new activation. Database trouble is retried every 2 s."""
         said_standby = False
-        last_problem = None
         while True:
             try:
                 conn = await self._connection()
-                if await conn.fetchval("SELECT pg_try_advisory_lock($1)", db.WORKER_LOCK, timeout=db.QUERY_TIMEOUT_S):
+                taken = await conn.fetchval("SELECT pg_try_advisory_lock($1)", db.WORKER_LOCK, timeout=db.QUERY_TIMEOUT_S)
+                DATABASE.succeeded(LOOP)
+                if taken:
                     return await self._activate(conn)
                 holder = await conn.fetchrow(_HOLDER, db.WORKER_LOCK, timeout=db.QUERY_TIMEOUT_S)
                 if holder is not None and holder["pid"] == self._previous_backend:
@@ -113,12 +117,8 @@ class WorkerLock:
                         _describe(holder),
                         RETRY_EVERY_S,
                     )
-                last_problem = None
             except _CONNECTION_ERRORS as exc:
-                problem = f"{exc.__class__.__name__}: {exc}"
-                if problem != last_problem:
-                    log.warning("worker lock: cannot reach the database (%s); trying again every %.0f s", problem, RETRY_EVERY_S)
-                    last_problem = problem
+                DATABASE.failed(LOOP, exc)  # one line per outage for the process
                 self._drop()
             await asyncio.sleep(RETRY_EVERY_S)
 
@@ -151,9 +151,11 @@ class WorkerLock:
                 return "the lock connection closed"
             try:
                 await conn.fetchval("SELECT 1", timeout=PING_TIMEOUT_S)
-            except TimeoutError:
+            except TimeoutError as exc:
+                DATABASE.failed(LOOP, exc)
                 return f"the lock connection did not answer a ping within {PING_TIMEOUT_S} s"
             except _CONNECTION_ERRORS as exc:
+                DATABASE.failed(LOOP, exc)
                 return f"ping failed: {exc.__class__.__name__}: {exc}"
 
     def drop(self) -> None:
