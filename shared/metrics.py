@@ -67,8 +67,9 @@ class Metrics:
         )
         self.transfer_aborts = Counter(
             "arkvory_transfer_aborts",
-            "Transfers cut by the server, by direction (download, upload) and reason "
-            "(send_timeout, receive_timeout, min_rate, lease_lost, short_read)",
+            "Transfers that ended before their last byte, by direction (download, upload) and "
+            "reason: cut by the server (send_timeout, receive_timeout, min_rate, lease_lost, "
+            "process_failed, pins_unwritable, short_read) or lost by the client (client_gone)",
             ["direction", "reason"],
             registry=registry,
         )
