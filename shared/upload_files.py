@@ -163,10 +163,13 @@ class _Held:
         return removed
 
 
-def _remove_unused(paths: Iterable[str]) -> int:
-    """Worker thread: unlink each of `paths` that nobody uses, one at a time; returns how many."""
+def _remove_unused(paths: Iterable[str], limit: int | None = None) -> int:
+    """Worker thread: unlink each of `paths` that nobody uses, one at a time, until `limit` are
+    gone; returns how many."""
     removed = 0
     for path in paths:
+        if limit is not None and removed >= limit:
+            break
         held = _Held()
         held.take([path])
         removed += held.remove([path])
@@ -176,17 +179,30 @@ def _remove_unused(paths: Iterable[str]) -> int:
 # -- one-shot temp files ---------------------------------------------------------------------------
 
 
-def remove_stale_uploads(storage: Storage, older_than_s: float) -> int:
+def remove_stale_uploads(storage: Storage, older_than_s: float, limit: int | None = None) -> int:
     """Worker thread: remove upload temp files older than `older_than_s` that no writer holds (a
-    crash left them, or a publish's temporary link: Storage.place_blob); returns how many.
+    crash left them, or a publish's temporary link: Storage.place_blob), at most `limit` of
+    them; returns how many.
 
     A file being received is held by its writer however long ago it was written (module
     docstring); the age only spares a file created a moment ago, before its lock was taken."""
+    removed = _remove_unused(_stale_uploads(storage, older_than_s), limit)
+    if removed:
+        log.info("removed %d stale upload temp file(s) from %s", removed, storage.tmp)
+    return removed
+
+
+def any_stale_upload(storage: Storage, older_than_s: float) -> bool:
+    """Worker thread: whether an upload temp file is older than `older_than_s` (in use or not)."""
+    return bool(_stale_uploads(storage, older_than_s))
+
+
+def _stale_uploads(storage: Storage, older_than_s: float) -> list[str]:
     cutoff = time.time() - older_than_s
     try:
         entries = list(os.scandir(storage.tmp))
     except FileNotFoundError:
-        return 0
+        return []
     stale = []
     for entry in entries:
         if not entry.name.startswith(UPLOAD_PREFIX) or not entry.is_file(follow_symlinks=False):
@@ -196,10 +212,7 @@ def remove_stale_uploads(storage: Storage, older_than_s: float) -> int:
                 stale.append(entry.path)
         except FileNotFoundError:
             continue
-    removed = _remove_unused(stale)
-    if removed:
-        log.info("removed %d stale upload temp file(s) from %s", removed, storage.tmp)
-    return removed
+    return stale
 
 
 # -- resumable sessions ----------------------------------------------------------------------------
@@ -248,17 +261,20 @@ async def sweep_upload_sessions(
     orphans_older_than_s: float | None = None,
     skip: Callable[[uuid.UUID], bool] | None = None,
     removed: Callable[[uuid.UUID], None] | None = None,
+    limit: int | None = None,
 ) -> int:
     """Remove upload sessions past their expiry, rows and files, but none in use; returns how
     many. Run at the writer's start (before it serves), by the writer's session routes, and by
     the worker's cleanup. With `orphans_older_than_s`, session files without a row (a crash
     before the create committed, a repository deleted with its sessions) go too once that old,
     so a session being created right now is never touched. `skip` spares sessions this process
-    knows busy (one query less); `removed` hears of each session removed."""
+    knows busy (one query less); `removed` hears of each session removed; `limit` (a task's
+    budget) bounds how many sessions and orphan files go in all."""
     count = 0
     after: tuple = (None, None)
-    while True:
-        rows = await conn.fetch(_EXPIRED_PAGE, *after, SWEEP_BATCH, timeout=QUERY_TIMEOUT_S)
+    while limit is None or count < limit:
+        page = SWEEP_BATCH if limit is None else min(SWEEP_BATCH, limit - count)
+        rows = await conn.fetch(_EXPIRED_PAGE, *after, page, timeout=QUERY_TIMEOUT_S)
         if not rows:
             break
         after = (rows[-1]["expires_at"], rows[-1]["id"])  # in use ones stay behind us
@@ -268,16 +284,19 @@ async def sweep_upload_sessions(
             if removed is not None:
                 removed(session_id)
         count += len(gone)
-        if len(rows) < SWEEP_BATCH:
+        if len(rows) < page:
             break
-    if orphans_older_than_s is not None:
-        count += await _remove_orphan_session_files(conn, storage, orphans_older_than_s)
+    if orphans_older_than_s is not None and (limit is None or count < limit):
+        left = None if limit is None else limit - count
+        count += await _remove_orphan_session_files(conn, storage, orphans_older_than_s, left)
     if count:
         log.info("removed %d expired or orphaned upload session(s)", count)
     return count
 
 
-async def _remove_orphan_session_files(conn: asyncpg.Connection, storage: Storage, older_than_s: float) -> int:
+async def _remove_orphan_session_files(
+    conn: asyncpg.Connection, storage: Storage, older_than_s: float, limit: int | None
+) -> int:
     candidates = await asyncio.to_thread(_old_session_files, storage, older_than_s)
     if not candidates:
         return 0
@@ -287,7 +306,7 @@ async def _remove_orphan_session_files(conn: asyncpg.Connection, storage: Storag
         )
     }
     orphans = [path for session_id, path in candidates.items() if session_id not in known]
-    return await to_the_end(asyncio.to_thread(_remove_unused, orphans))
+    return await to_the_end(asyncio.to_thread(_remove_unused, orphans, limit))
 
 
 def _old_session_files(storage: Storage, older_than_s: float) -> dict[uuid.UUID, str]:

@@ -224,3 +224,43 @@ def test_each_cleanup_step_stops_before_its_budget(cluster, writer):
     done = cleanup_with({"max_bytes": 5000})
     assert done["status"] == "completed" and done["usage"]["bytes"] == 5000, done
     assert not any(path.exists() for path in strays)
+
+
+def test_the_abandoned_upload_sweep_stops_before_its_budget(cluster, writer):
+    """Expired upload sessions and stale temp files are removed one budget unit at a time like
+    every other step: an abandoned upload is an item and 2 cost units (its row and its file)."""
+    url = cluster.database_url
+    start_worker(cluster, real=True).wait_active()
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        for i in range(5):
+            made = admin.post(
+                "/api/v1/repositories/r/uploads", json={"name": f"{i}.bin", "size": 1000},
+                headers={"Idempotency-Key": f"upload-{i}"},
+            )
+            assert made.status_code == 201, made.text
+    db_execute(url, "UPDATE arkvory_uploads SET expires_at = now() - interval '1 second'")
+    temp_files = []
+    for i in range(2):
+        path = cluster.data_dir / "tmp" / f"upload-abandoned-{i}"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+        temp_files.append(path)
+
+    def cleanup_with(budget: dict) -> dict:
+        task_id = dispatch(url, "cleanup", {"grace_seconds": 0}, on_restart="retry", budget=budget)
+        return wait_task(url, task_id, ("failed", "completed"))
+
+    def sessions_left() -> int:
+        return len(db_fetch(url, "SELECT id FROM arkvory_uploads"))
+
+    failed = cleanup_with({"max_items": 3})
+    assert failed["error_message"] == "max_items exceeded: 4 > 3", failed
+    assert (failed["usage"]["items"], failed["usage"]["cost_units"]) == (3, 6)
+    assert sessions_left() == 2 and all(path.exists() for path in temp_files)
+    failed = cleanup_with({"max_cost_units": 7})  # 3 uploads fit, the 4th would make 8
+    assert failed["error_message"] == "max_cost_units exceeded: 8 > 7", failed
+    assert sessions_left() == 0 and sum(path.exists() for path in temp_files) == 1
+    done = cleanup_with({"max_items": 1})
+    assert done["status"] == "completed" and done["usage"]["items"] == 1, done
+    assert not any(path.exists() for path in temp_files)

@@ -204,7 +204,7 @@ async def remove_sessions(
 
 async def sweep_expired_uploads(
     pool: asyncpg.Pool, storage: Storage, *, orphans_older_than_s: float | None = None,
-    busy: ActiveUploads | None = None,
+    busy: ActiveUploads | None = None, limit: int | None = None,
 ) -> int:
     """Remove sessions past their expiry with their files; returns how many. For the worker's
     periodic cleanup (on the writer's host) and the writer's own sweeps; sessions `busy` in
@@ -215,4 +215,5 @@ async def sweep_expired_uploads(
             conn, storage, orphans_older_than_s=orphans_older_than_s,
             skip=busy.busy if busy is not None else None,
             removed=busy.forget if busy is not None else None,
+            limit=limit,
         )

@@ -38,10 +38,10 @@ waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of 
 
 Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a task, a session or temp
 file, a blob, a stray file), its bytes what it freed, its cost units one per row and one per
-file (an unreferenced blob costs 2). Each batch is cut, before it is removed, to what the budget
-has left, so the usage never goes over; when work is left that not even one removal fits, the
-task fails there with `budget_exceeded`. The upload-session sweep takes no bound yet: it is
-counted after it ran. What a step removed stays removed, so a resumed run keeps all the usage
+file (an unreferenced blob and an abandoned upload cost 2). Each batch is cut, before it is
+removed, to what the budget has left, so the usage never goes over; when work is left that not
+even one removal fits, the task fails there with `budget_exceeded`. What a step removed stays
+removed, so a resumed run keeps all the usage
 (`RESUME_REPEATS_WORK`).
 """
 
@@ -61,7 +61,7 @@ import asyncpg
 
 from shared.errors import InvalidInput
 from shared.storage import Storage, to_the_end
-from shared.upload_files import remove_stale_uploads
+from shared.upload_files import any_stale_upload, remove_stale_uploads
 from writer.tasks.budgets import cost_units
 from writer.tasks.context import TaskCancelled
 from writer.tasks.retention import any_to_prune, prune_finished_batch
@@ -93,6 +93,9 @@ RESUME_REPEATS_WORK = False
 ROW_COST = cost_units(rows=1)  # an idempotency key; a finished task with its events
 FILE_COST = cost_units(files=1)  # a stray blob file
 BLOB_COST = cost_units(rows=1, files=1)  # an unreferenced blob: its row and its file
+# An abandoned upload: its session row (none for a temp file or an orphan) and its file.
+UPLOAD_COST = cost_units(rows=1, files=1)
+UPLOAD_SWEEP_MAX = 1_000_000  # per run; the next run takes the rest
 
 
 def validate_params(params: Any) -> dict:
@@ -173,13 +176,35 @@ async def _upload_sessions(ctx, grace: int) -> dict:
     # Sessions and temp files the writer is using are locked by it and left alone, however old
     # (shared/upload_files.py); the age only spares files created a moment ago.
     orphan_age = max(grace, MIN_ORPHAN_AGE_S)
-    sessions = await sweep_expired_uploads(ctx.pool, ctx.storage, orphans_older_than_s=orphan_age)
-    temp_files = await to_the_end(_on_disk(remove_stale_uploads, ctx.storage, orphan_age))
-    await ctx.progress(
-        items=sessions + temp_files,
-        message=f"abandoned uploads: {sessions} session(s) and {temp_files} temp file(s) removed",
-    )
+    room = _room(ctx, UPLOAD_SWEEP_MAX, UPLOAD_COST)
+    sessions = temp_files = 0
+    if room:
+        sessions = await sweep_expired_uploads(
+            ctx.pool, ctx.storage, orphans_older_than_s=orphan_age, limit=room
+        )
+        if sessions < room:
+            temp_files = await to_the_end(
+                _on_disk(remove_stale_uploads, ctx.storage, orphan_age, room - sessions)
+            )
+    removed = sessions + temp_files
+    if removed or _spare_transition(ctx):
+        await ctx.progress(
+            items=removed, cost_units=removed * UPLOAD_COST,
+            message=f"abandoned uploads: {sessions} session(s) and {temp_files} temp file(s) removed",
+        )
+    if removed == room < UPLOAD_SWEEP_MAX and await _abandoned_uploads_left(ctx, orphan_age):
+        _refuse_next(ctx, UPLOAD_COST)  # the budget stopped the sweep, not the end of the work
     return {"sessions": sessions, "temp_files": temp_files}
+
+
+async def _abandoned_uploads_left(ctx, orphan_age: float) -> bool:
+    async with ctx.pool.acquire() as conn:
+        if await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM arkvory_uploads WHERE expires_at < now())",
+            timeout=QUERY_TIMEOUT_S,
+        ):
+            return True
+    return await _on_disk(any_stale_upload, ctx.storage, orphan_age)
 
 
 async def _tasks(ctx, grace: int) -> dict:
