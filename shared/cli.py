@@ -17,7 +17,7 @@ from .settings import Settings, SettingsError, format_problems
 EXIT_USAGE = 2
 # Packages whose `commands.register` adds their subcommands: the worker, the offline repair
 # tools, and the client's get/put/ls/stat/rm.
-_COMMAND_PACKAGES = ("writer.worker", "writer.maintenance", "shared.client")
+_COMMAND_PACKAGES = ("arkvory.writer.worker", "arkvory.writer.maintenance", "arkvory.shared.client")
 
 
 def _settings_or_exit(environ) -> Settings:
@@ -47,9 +47,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         runtime = await Runtime.start(settings, keys)
         if settings.is_writer:
-            from writer.app import build_writer_app as build
+            from arkvory.writer.app import build_writer_app as build
         else:
-            from gateway.app import build_gateway_app as build
+            from arkvory.gateway.app import build_gateway_app as build
         return await serve(runtime, build(runtime))
 
     try:
@@ -127,8 +127,8 @@ def _read_password() -> str | None:
 
 
 def cmd_create_user(args: argparse.Namespace) -> int:
-    from writer.accounts import ACCOUNT_NAME
-    from writer.passwords import MAX_PASSWORD, MIN_PASSWORD, hash_password
+    from arkvory.writer.accounts import ACCOUNT_NAME
+    from arkvory.writer.passwords import MAX_PASSWORD, MIN_PASSWORD, hash_password
 
     if not ACCOUNT_NAME.fullmatch(args.name):
         print("arkvory: NAME must be 1-64 letters, digits, '.', '_', '@' and '-'", file=sys.stderr)

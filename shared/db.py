@@ -33,7 +33,7 @@ _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) for every file in shared/migrations, in order."""
     found = []
-    for entry in importlib.resources.files("shared.migrations").iterdir():
+    for entry in importlib.resources.files("arkvory.shared.migrations").iterdir():
         match = _MIGRATION_NAME.match(entry.name)
         if match:
             found.append((int(match.group(1)), entry.name, entry.read_text()))

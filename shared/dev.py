@@ -298,7 +298,7 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
                 env["ARKVORY_ROLE"] = "api" if slot == 0 else "reader"
                 if gateways:
                     env["ARKVORY_GATEWAY_SLOT"] = str(slot)
-                process = subprocess.Popen([sys.executable, "-m", "shared.cli", "serve"], env=env)
+                process = subprocess.Popen([sys.executable, "-m", "arkvory.shared.cli", "serve"], env=env)
                 processes.append(process)
                 started.append(("writer" if slot == 0 else f"gateway {slot}", urls[slot], process))
             _wait_ready(started, token)
@@ -306,7 +306,7 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
         worker_port = _worker_port(base_port + gateways + 1)
         worker_url = f"http://127.0.0.1:{worker_port}"
         worker = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "worker"], env=base | {"ARKVORY_WORKER_PORT": str(worker_port)}
+            [sys.executable, "-m", "arkvory.shared.cli", "worker"], env=base | {"ARKVORY_WORKER_PORT": str(worker_port)}
         )
         processes.append(worker)
         _wait_ready([("worker", worker_url, worker)], token)

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 
 import asyncpg
 
-from shared.errors import StartupError
+from arkvory.shared.errors import StartupError
 
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0

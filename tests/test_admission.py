@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from shared.admission import Admission, AdmissionRejected
+from arkvory.shared.admission import Admission, AdmissionRejected
 
 from .fakeclock import FakeTime, settle
 

@@ -19,10 +19,10 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.storage import Storage
-from writer.maintenance import cleanup
-from writer.maintenance.blob_locks import DIGEST_NAMESPACE, digest_key
-from writer.maintenance.cleanup import remove_unreferenced
+from arkvory.shared.storage import Storage
+from arkvory.writer.maintenance import cleanup
+from arkvory.writer.maintenance.blob_locks import DIGEST_NAMESPACE, digest_key
+from arkvory.writer.maintenance.cleanup import remove_unreferenced
 
 from .harness import ADMIN_TOKEN, db_fetch
 
@@ -206,7 +206,7 @@ def test_a_claimed_digest_is_skipped_and_an_unclaimed_one_waits_for_nobody(clust
     """The protocol itself, step by step: while an upload's transaction holds the claim,
     cleanup leaves the blob (row and file) alone at once; after that transaction committed its
     artifact, the re-check keeps it; an unclaimed, unreferenced one goes."""
-    from writer.maintenance.blob_locks import claim_for_upload
+    from arkvory.writer.maintenance.blob_locks import claim_for_upload
 
     writer = cluster.writer().wait_ready()
     with writer.client() as client:
@@ -376,7 +376,7 @@ def test_to_the_end_outlasts_a_cancel_then_raises_it(how):
     the thread has returned."""
     import anyio
 
-    from shared.storage import to_the_end
+    from arkvory.shared.storage import to_the_end
 
     gate, finished, ended, went_on = threading.Event(), [], [], []
 

@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from shared.client_address import MAX_HOPS, believed_address, client_address
+from arkvory.shared.client_address import MAX_HOPS, believed_address, client_address
 
 BALANCERS = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fd00::/8"))
 

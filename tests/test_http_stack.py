@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from shared.protocol import HTTP_STACK, http_stack_mismatches
+from arkvory.shared.protocol import HTTP_STACK, http_stack_mismatches
 
 from .harness import ROOT, run_arkvory
 

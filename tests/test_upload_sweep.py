@@ -20,8 +20,8 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.storage import Storage
-from writer.upload_sessions import remove_sessions, sweep_expired_uploads
+from arkvory.shared.storage import Storage
+from arkvory.writer.upload_sessions import remove_sessions, sweep_expired_uploads
 
 from .harness import ADMIN_TOKEN, db_execute, db_fetch
 from .test_cleanup import run_cleanup

@@ -33,11 +33,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.client_address import client_address
-from shared.credentials import SESSION_COOKIE, forget_cached, mint
-from shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from shared.identity import Principal
+from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.client_address import client_address
+from arkvory.shared.credentials import SESSION_COOKIE, forget_cached, mint
+from arkvory.shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.identity import Principal
 
 from . import device_cookies
 from .device_cookies import DeviceCookies

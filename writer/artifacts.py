@@ -28,14 +28,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.bodies import declared_length
-from shared.catalog import QUERY_TIMEOUT_S, Repository, check_text, parse_uuid, pooled, repository_for_read
-from shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from shared.media_types import upload_media_type
-from shared.settings import Settings
-from shared.metrics import Metrics
-from shared.storage import Storage, is_out_of_space, out_of_space
-from shared.upload_files import hold_in_use, remove_own_file
+from arkvory.shared.bodies import declared_length
+from arkvory.shared.catalog import QUERY_TIMEOUT_S, Repository, check_text, parse_uuid, pooled, repository_for_read
+from arkvory.shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from arkvory.shared.media_types import upload_media_type
+from arkvory.shared.settings import Settings
+from arkvory.shared.metrics import Metrics
+from arkvory.shared.storage import Storage, is_out_of_space, out_of_space
+from arkvory.shared.upload_files import hold_in_use, remove_own_file
 
 from .maintenance.blob_locks import claim_for_upload
 from .maintenance.diagnostics import clear_diagnostic

@@ -33,7 +33,7 @@ import math
 import time
 from collections.abc import Callable
 
-from shared.errors import RateLimited
+from arkvory.shared.errors import RateLimited
 
 log = logging.getLogger("arkvory.login")
 

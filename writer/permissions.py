@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled, repository_for_read
-from shared.credentials import forget_cached
-from shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled, repository_for_read
+from arkvory.shared.credentials import forget_cached
+from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 
 from .accounts import check_account_name
 from . import openapi

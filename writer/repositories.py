@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.bodies import read_json_object
-from shared.catalog import (
+from arkvory.shared.bodies import read_json_object
+from arkvory.shared.catalog import (
     QUERY_TIMEOUT_S,
     Repository,
     check_repository_name,
@@ -20,10 +20,10 @@ from shared.catalog import (
     pooled,
     repository_for_read,
 )
-from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from shared.credentials import SESSION_COOKIE, resolve
-from shared.identity import Principal
-from shared.runtime import Runtime
+from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.credentials import SESSION_COOKIE, resolve
+from arkvory.shared.identity import Principal
+from arkvory.shared.runtime import Runtime
 
 from . import openapi
 from .idempotency import Result, idempotent

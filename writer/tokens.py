@@ -30,10 +30,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, check_text, parse_uuid, pooled
-from shared.credentials import forget_cached, mint
-from shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
-from shared.identity import Principal, is_scope
+from arkvory.shared.catalog import QUERY_TIMEOUT_S, check_text, parse_uuid, pooled
+from arkvory.shared.credentials import forget_cached, mint
+from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.identity import Principal, is_scope
 
 from . import openapi
 from .accounts import confirm_password

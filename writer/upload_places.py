@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from shared.errors import Busy
+from arkvory.shared.errors import Busy
 
 RETRY_AFTER_S = 5
 

@@ -18,8 +18,8 @@ import hashlib
 
 import asyncpg
 
-from shared.catalog import QUERY_TIMEOUT_S
-from shared.errors import Conflict, PayloadTooLarge
+from arkvory.shared.catalog import QUERY_TIMEOUT_S
+from arkvory.shared.errors import Conflict, PayloadTooLarge
 
 # Open sessions per principal: a bound on its rows whatever their sizes.
 MAX_OPEN_SESSIONS = 100

@@ -21,10 +21,10 @@ import uuid
 
 import asyncpg
 
-from shared.catalog import pooled
-from shared.errors import Conflict
-from shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
-from shared.upload_files import remove_upload_sessions, sweep_upload_sessions
+from arkvory.shared.catalog import pooled
+from arkvory.shared.errors import Conflict
+from arkvory.shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
+from arkvory.shared.upload_files import remove_upload_sessions, sweep_upload_sessions
 
 
 MiB = 1024 * 1024

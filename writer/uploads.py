@@ -41,10 +41,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
-from shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
-from shared.media_types import upload_media_type
-from shared.upload_files import open_in_use, remove_own_file
+from arkvory.shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
+from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
+from arkvory.shared.media_types import upload_media_type
+from arkvory.shared.upload_files import open_in_use, remove_own_file
 
 from .artifacts import artifact_json, check_artifact_name, place_claimed_blob
 from .idempotency import Result, idempotent, key_of

@@ -1,7 +1,7 @@
 """The Arkvory client library (SPEC §10): resumable, verified downloads; uploads that are safe
 to retry and re-run; retries by the table of SPEC §6.
 
-    from shared.client import Client, RetryPolicy, DownloadResult, errors
+    from arkvory.shared.client import Client, RetryPolicy, DownloadResult, errors
 """
 
 from __future__ import annotations

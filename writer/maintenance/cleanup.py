@@ -59,12 +59,12 @@ from typing import Any, NoReturn
 
 import asyncpg
 
-from shared.errors import InvalidInput
-from shared.storage import Storage, to_the_end
-from shared.upload_files import remove_stale_uploads
-from writer.tasks.budgets import cost_units
-from writer.tasks.context import TaskCancelled
-from writer.tasks.retention import any_to_prune, prune_finished_batch
+from arkvory.shared.errors import InvalidInput
+from arkvory.shared.storage import Storage, to_the_end
+from arkvory.shared.upload_files import remove_stale_uploads
+from arkvory.writer.tasks.budgets import cost_units
+from arkvory.writer.tasks.context import TaskCancelled
+from arkvory.writer.tasks.retention import any_to_prune, prune_finished_batch
 
 from .blob_locks import try_claim_for_removal
 
@@ -144,7 +144,7 @@ _ANY_EXPIRED_KEY = "SELECT EXISTS (SELECT 1 FROM arkvory_idempotency_keys WHERE 
 
 
 async def _idempotency_keys(ctx, grace: int) -> dict:
-    from writer.idempotency import delete_expired
+    from arkvory.writer.idempotency import delete_expired
 
     deleted = 0
     while True:
@@ -167,7 +167,7 @@ async def _idempotency_keys(ctx, grace: int) -> dict:
 
 
 async def _upload_sessions(ctx, grace: int) -> dict:
-    from writer.upload_sessions import sweep_expired_uploads
+    from arkvory.writer.upload_sessions import sweep_expired_uploads
 
     _stop_if_cancelled(ctx)
     # Sessions and temp files the writer is using are locked by it and left alone, however old

@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.errors import Forbidden, InvalidInput, Unauthorized
+from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import Forbidden, InvalidInput, Unauthorized
 
 from .. import openapi
 from ..pagination import page, page_cursor, page_limit

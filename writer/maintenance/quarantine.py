@@ -19,8 +19,8 @@ import pathlib
 
 import asyncpg
 
-from shared.open_blobs import CHANNEL
-from shared.storage import Storage, fsync_directory
+from arkvory.shared.open_blobs import CHANNEL
+from arkvory.shared.storage import Storage, fsync_directory
 
 QUERY_TIMEOUT_S = 10
 

@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, parse_uuid, pooled
-from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from shared.identity import Principal
+from arkvory.shared.catalog import QUERY_TIMEOUT_S, parse_uuid, pooled
+from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.identity import Principal
 
 from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
 from ..pagination import page, page_cursor, page_limit

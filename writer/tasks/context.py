@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from shared.settings import Settings
-from shared.storage import Storage
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage
 
 
 class TaskCancelled(Exception):

@@ -14,8 +14,8 @@ from typing import Any
 
 import asyncpg
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.errors import IdempotentParameterMismatch
+from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import IdempotentParameterMismatch
 
 from . import store
 

@@ -26,11 +26,11 @@ from typing import Any
 import anyio
 import asyncpg
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.errors import ApiError, DatabaseUnavailable
-from shared.runtime import Runtime
-from shared.settings import Settings
-from shared.supervision import DATABASE
+from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import ApiError, DatabaseUnavailable
+from arkvory.shared.runtime import Runtime
+from arkvory.shared.settings import Settings
+from arkvory.shared.supervision import DATABASE
 
 from .definition import definition_hash
 from .dispatch import Definition, insert_once

@@ -35,10 +35,10 @@ import asyncpg
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from shared import db
-from shared.catalog import pooled
-from shared.errors import Busy, DatabaseUnavailable
-from shared.supervision import DATABASE
+from arkvory.shared import db
+from arkvory.shared.catalog import pooled
+from arkvory.shared.errors import Busy, DatabaseUnavailable
+from arkvory.shared.supervision import DATABASE
 
 from . import store
 

@@ -28,10 +28,10 @@ from collections.abc import Callable
 
 import asyncpg
 
-from shared import db
-from shared.errors import DatabaseUnavailable
-from shared.supervision import DATABASE
-from writer.tasks.store import Fence
+from arkvory.shared import db
+from arkvory.shared.errors import DatabaseUnavailable
+from arkvory.shared.supervision import DATABASE
+from arkvory.writer.tasks.store import Fence
 
 log = logging.getLogger("arkvory.worker.lock")
 
