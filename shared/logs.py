@@ -12,8 +12,9 @@ import json
 import logging
 import sys
 
+from arkvory.shared.cluster.supervision import QuietPoolRetries
+
 from .errors import TransferAborted
-from .supervision import QuietPoolRetries
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,5 +1,5 @@
 """Cleanup against uploads and downloads at the worst moments (writer/maintenance/blob_locks.py,
-shared/pins.py): an upload reusing an old unreferenced blob while cleanup deletes it, a download
+shared/cluster/pins.py): an upload reusing an old unreferenced blob while cleanup deletes it, a download
 whose artifact is deleted and collected while it waits to open the blob, and a referenced blob
 missing on disk. Real writer and gateway processes; cleanup runs in the test against the same
 database and storage directory, over and over, with a zero grace period.

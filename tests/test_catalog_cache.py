@@ -92,8 +92,8 @@ def test_no_cached_answer_while_the_listener_is_gone_and_caching_after_it_is_bac
     import anyio
 
     from arkvory.shared import db
-    from arkvory.shared.catalog_cache import CatalogCache
-    from arkvory.shared.control import ControlConnection
+    from arkvory.shared.download.catalog_cache import CatalogCache
+    from arkvory.shared.cluster.control import ControlConnection
 
     async def scenario():
         setup = await db.connect(database_url)

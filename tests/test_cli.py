@@ -525,7 +525,7 @@ def test_a_reader_that_leaves_early_is_no_error(env, work, tmp_path):
 def test_serving_and_help_load_no_client_libraries():
     """`arkvory serve` builds the same parser: the client's httpx, tenacity and tqdm stay out."""
     probe = (
-        "import sys, arkvory.shared.cli; arkvory.shared.cli.parser();"
+        "import sys, arkvory.shared.cli.main; arkvory.shared.cli.main.parser();"
         "print(sorted(m for m in ('httpx', 'tenacity', 'tqdm') if m in sys.modules))"
     )
     run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -13,8 +13,8 @@ import asyncpg
 import pytest
 
 from arkvory.shared import db
+from arkvory.shared.cluster.lease import RENEW_EVERY_S, TRUST_S, RenewalCounter, SlotLease
 from arkvory.shared.errors import StartupRefused
-from arkvory.shared.lease import RENEW_EVERY_S, TRUST_S, RenewalCounter, SlotLease
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -15,8 +15,8 @@ import time
 import asyncpg
 import pytest
 
-from arkvory.shared import localpg
-from arkvory.shared.localpg import LocalPostgres, start_local_postgres
+from arkvory.shared.cli import localpg
+from arkvory.shared.cli.localpg import LocalPostgres, start_local_postgres
 
 # Never the DATABASE_URL of the machine running the tests: these tests start their own servers.
 NO_ENV: dict[str, str] = {}
@@ -184,7 +184,7 @@ def test_the_server_dies_with_the_process_that_started_it(tmp_path: pathlib.Path
         f"""
         import pathlib, sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from arkvory.shared.localpg import start_local_postgres
+        from arkvory.shared.cli.localpg import start_local_postgres
         postgres = start_local_postgres(pathlib.Path({str(tmp_path)!r}), fsync=False, environ={{}})
         print(postgres.data_dir, flush=True)
         time.sleep(120)

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
-from arkvory.shared.identity import KeyRing
-from arkvory.shared.runtime import Runtime
+from arkvory.shared.auth.identity import KeyRing
+from arkvory.shared.process.runtime import Runtime
 from arkvory.shared.settings import Settings
 from arkvory.writer.app import build_writer_app
 from arkvory.writer.openapi import build_document

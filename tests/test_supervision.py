@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from arkvory.shared import db
-from arkvory.shared.supervision import DatabaseReachability, QuietPoolRetries, supervised
+from arkvory.shared.cluster.supervision import DatabaseReachability, QuietPoolRetries, supervised
 
 from .harness import db_execute, db_fetch, run_arkvory
 

@@ -1,4 +1,4 @@
-"""The sweep of abandoned uploads (shared/storage.py) against uploads in progress in a real
+"""The sweep of abandoned uploads (shared/storage/directory.py) against uploads in progress in a real
 writer: the worker's cleanup, a separate process that sees nothing of the writer's memory, never
 removes a session whose part is being received or that is being completed, keeps a session
 completed between its look and its delete, and leaves a slow one-shot upload's temp file alone.

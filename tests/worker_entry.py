@@ -1,6 +1,6 @@
 """`arkvory worker` (and every other `arkvory` command) with the test kinds registered too."""
 
-from arkvory.shared.cli import main
+from arkvory.shared.cli.main import main
 from tests import worker_kinds
 from arkvory.writer.tasks.kinds import KINDS
 

@@ -34,7 +34,7 @@ class WorkerProc:
         self.url = f"http://127.0.0.1:{self.port}"
         self.stderr_path = workdir / f"{name}-{self.port}.stderr"
         self._stderr = open(self.stderr_path, "wb")
-        module = "arkvory.shared.cli" if real else "tests.worker_entry"
+        module = "arkvory.shared.cli.main" if real else "tests.worker_entry"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, "worker"],
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr,

@@ -3,7 +3,7 @@ administrators' account management (create, list, disable, enable).
 
 A failed login says the same thing whether the account exists or not, and takes as long: an
 unknown name is verified against a dummy hash. Attempts are limited per client address (as seen
-through ARKVORY_TRUSTED_PROXIES, shared/client_address.py) and per account name, or per device
+through ARKVORY_TRUSTED_PROXIES, shared/http/client_address.py) and per account name, or per device
 for a client that signed in before (its device cookie, device_cookies.py), counted before
 anything is hashed (login_limits.py); scrypt runs off the event loop, bounded (passwords.py),
 and a hash made at an older cost is replaced at the next successful login.
@@ -33,17 +33,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
-from arkvory.shared.client_address import client_address
-from arkvory.shared.credentials import SESSION_COOKIE, forget_cached, mint
+from arkvory.shared.auth.credentials import SESSION_COOKIE, forget_cached, mint
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from arkvory.shared.identity import Principal
+from arkvory.shared.http.client_address import client_address
 
 from . import device_cookies
+from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
-from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from .repositories import json_body, principal_of, runtime_of
 

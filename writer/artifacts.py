@@ -28,19 +28,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.bodies import declared_length
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, Repository, check_text, parse_uuid, pooled, repository_for_read
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, Repository, check_text, parse_uuid, pooled, repository_for_read
 from arkvory.shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from arkvory.shared.media_types import upload_media_type
-from arkvory.shared.settings import Settings
+from arkvory.shared.http.bodies import declared_length
+from arkvory.shared.http.media_types import upload_media_type
 from arkvory.shared.metrics import Metrics
+from arkvory.shared.settings import Settings
 from arkvory.shared.storage import Storage, is_out_of_space, out_of_space
-from arkvory.shared.upload_files import hold_in_use, remove_own_file
+from arkvory.shared.storage.upload_files import hold_in_use, remove_own_file
 
+from .idempotency import HeldKey, Result, holding_key, idempotent
 from .maintenance.blob_locks import claim_for_upload
 from .maintenance.diagnostics import clear_diagnostic
 from .maintenance.quarantine import notify_moved
-from .idempotency import HeldKey, Result, holding_key, idempotent
 from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
 from .pagination import page, page_cursor, page_limit
 from .repositories import principal_of, repository_for_write, runtime_of
@@ -95,7 +95,7 @@ async def received_body(
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             # Held in use until it is published or removed: the sweep of stale temp files
-            # leaves it however slowly the body arrives (shared/upload_files.py).
+            # leaves it however slowly the body arrives (shared/storage/upload_files.py).
             hold_in_use(fd)
             receiver = BatchedReceiver(
                 fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
@@ -119,7 +119,7 @@ async def place_claimed_blob(
 ) -> None:
     """Inside a publishing transaction: claim the digest (writer/maintenance/blob_locks.py),
     place the blob under it (replacing a file already there, which nobody has checked since:
-    shared/storage.py `place_blob`) and insert its row. The claim lasts until the commit that
+    shared/storage/directory.py `place_blob`) and insert its row. The claim lasts until the commit that
     makes the artifact visible, so cleanup cannot unlink the file between our placing it and
     our reference to it.
 

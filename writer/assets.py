@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.catalog import MAX_ASSET_PATH, QUERY_TIMEOUT_S, Repository, check_asset_path, pooled, repository_for_read
+from arkvory.shared.download.catalog import MAX_ASSET_PATH, QUERY_TIMEOUT_S, Repository, check_asset_path, pooled, repository_for_read
 from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 
 from . import openapi

@@ -20,7 +20,7 @@ import time
 
 import asyncpg
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
 
 COOKIE = "arkvory_device"
 LIFETIME_S = 365 * 86400

@@ -72,9 +72,9 @@ import asyncpg
 from starlette.requests import Request
 from starlette.responses import Response
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Conflict, IdempotencyKeyInUse, IdempotentParameterMismatch, InvalidInput
-from arkvory.shared.identity import Principal
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"

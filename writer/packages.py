@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.catalog import MAX_PACKAGE_FIELD, QUERY_TIMEOUT_S, check_text, pooled, repository_for_read
+from arkvory.shared.download.catalog import MAX_PACKAGE_FIELD, QUERY_TIMEOUT_S, check_text, pooled, repository_for_read
 from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 
 from . import openapi

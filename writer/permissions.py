@@ -1,7 +1,7 @@
 """Repository permissions for accounts (`read`, `write`, `admin`) and their management API.
 
 Only an administrator or the repository's own admins manage them. A repository the caller may
-not read answers as if it did not exist (shared/catalog.py), so management cannot probe names.
+not read answers as if it did not exist (shared/download/catalog.py), so management cannot probe names.
 A change notifies `arkvory_credentials` (migration 0004): every process drops the principals it
 cached, and the account's next request has exactly its new permissions.
 """
@@ -15,12 +15,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled, repository_for_read
-from arkvory.shared.credentials import forget_cached
+from arkvory.shared.auth.credentials import forget_cached
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled, repository_for_read
 from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 
-from .accounts import check_account_name
 from . import openapi
+from .accounts import check_account_name
 from .idempotency import idempotent
 from .repositories import json_body, principal_of, runtime_of
 

@@ -11,8 +11,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.bodies import read_json_object
-from arkvory.shared.catalog import (
+from arkvory.shared.auth.credentials import SESSION_COOKIE, resolve
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.download.catalog import (
     QUERY_TIMEOUT_S,
     Repository,
     check_repository_name,
@@ -21,9 +22,8 @@ from arkvory.shared.catalog import (
     repository_for_read,
 )
 from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from arkvory.shared.credentials import SESSION_COOKIE, resolve
-from arkvory.shared.identity import Principal
-from arkvory.shared.runtime import Runtime
+from arkvory.shared.http.bodies import read_json_object
+from arkvory.shared.process.runtime import Runtime
 
 from . import openapi
 from .idempotency import Result, idempotent
@@ -40,7 +40,7 @@ def forget_cached_lookups(request: Request) -> None:
 
 
 async def principal_of(request: Request) -> Principal:
-    """Any credential kind (shared/credentials.py); on the writer also the session cookie of the
+    """Any credential kind (shared/auth/credentials.py); on the writer also the session cookie of the
     console (SameSite=Strict, so other sites cannot make a browser send it)."""
     return await resolve(
         runtime_of(request),

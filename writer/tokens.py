@@ -3,7 +3,7 @@
 
 The token is in the creation answer once and nowhere else: only its SHA-256 is stored, lists
 never show it. Revoking deletes the row; the delete notifies every process, which forget what
-they cached (shared/credentials.py), so the next request with it is 401 everywhere.
+they cached (shared/auth/credentials.py), so the next request with it is 401 everywhere.
 
 A credential never makes one that outlives it (SPEC §5): the new one's expiry is capped at its
 maker's, sessions included, and the answer's `expiresAt` says what was granted. A keys-file key
@@ -30,10 +30,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, check_text, parse_uuid, pooled
-from arkvory.shared.credentials import forget_cached, mint
+from arkvory.shared.auth.credentials import forget_cached, mint
+from arkvory.shared.auth.identity import Principal, is_scope
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, check_text, parse_uuid, pooled
 from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
-from arkvory.shared.identity import Principal, is_scope
 
 from . import openapi
 from .accounts import confirm_password

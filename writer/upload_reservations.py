@@ -18,7 +18,7 @@ import hashlib
 
 import asyncpg
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S
 from arkvory.shared.errors import Conflict, PayloadTooLarge
 
 # Open sessions per principal: a bound on its rows whatever their sizes.

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from starlette.requests import Request
 
-from arkvory.shared.bodies import MIN_RATE_GRACE_S, MinimumRate, ReceiveTimedOut, body_chunks
 from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from arkvory.shared.http.bodies import MIN_RATE_GRACE_S, MinimumRate, ReceiveTimedOut, body_chunks
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import Storage, is_out_of_space, out_of_space

@@ -15,7 +15,7 @@ before that commit leaves no artifact and a session that `complete` finishes.
 Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files at the
 writer's start, on access, by each new session, and by the worker's cleanup
 (`upload_sessions.sweep_expired_uploads`), never while this writer receives into or completes
-from a session's file: it holds the file locked meanwhile (shared/upload_files.py).
+from a session's file: it holds the file locked meanwhile (shared/storage/upload_files.py).
 
 A completed session stays (DELETE is 409) until the idempotency retention ends, so a repeated
 `complete` returns its artifact.
@@ -41,14 +41,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
 from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
-from arkvory.shared.media_types import upload_media_type
-from arkvory.shared.upload_files import open_in_use, remove_own_file
+from arkvory.shared.http.media_types import upload_media_type
+from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
 from .artifacts import artifact_json, check_artifact_name, place_claimed_blob
 from .idempotency import Result, idempotent, key_of
 from .repositories import json_body, principal_of, repository_for_write, runtime_of
+from .upload_places import UploadPlaces
+from .upload_reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
 from .upload_sessions import (
     DEFAULT_PART,
     MAX_PART,
@@ -63,9 +65,7 @@ from .upload_sessions import (
     sweep_expired_uploads,
     whole_digest,
 )
-from .upload_places import UploadPlaces
 from .upload_store import BatchedReceiver, Region, parse_sha256, refuse_form_upload
-from .upload_reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
 from .uploads_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 
 log = logging.getLogger("arkvory.uploads")
@@ -492,7 +492,7 @@ async def _completed_answer(request: Request, session: asyncpg.Record, replay: b
 
 
 async def _publish_in_use(request: Request, repo: Repository, session: asyncpg.Record) -> asyncpg.Record:
-    """`_publish` while holding the session's file in use (shared/upload_files.py): no sweep
+    """`_publish` while holding the session's file in use (shared/storage/upload_files.py): no sweep
     removes the session or its file from before it is read until it is published."""
     storage = runtime_of(request).storage
     assert storage is not None
@@ -567,7 +567,7 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
 
 
 async def _sweep_some(request: Request) -> None:
-    """Expired sessions go at the writer's start (shared/upload_files.py) and when accessed; each
+    """Expired sessions go at the writer's start (shared/storage/upload_files.py) and when accessed; each
     new session also sweeps those expired since (one indexed query when there are none), so
     a writer that runs for weeks without the worker still frees their space."""
     runtime = runtime_of(request)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Client", "DownloadResult", "RetryPolicy", "errors"]
 
-# Loaded on first use (PEP 562), not with the package: shared/cli.py imports this package's
+# Loaded on first use (PEP 562), not with the package: shared/cli/main.py imports this package's
 # `commands` to register get/put/ls/stat/rm, and `arkvory serve` must not load httpx and tenacity.
 _EXPORTS = {"Client": "api", "DownloadResult": "download", "RetryPolicy": "retries", "errors": None}
 

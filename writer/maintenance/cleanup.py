@@ -16,11 +16,11 @@ Why deleting a blob cannot break an upload or a download:
   file there) until their artifact is committed (blob_locks.py), so either they place it after
   our unlink, or their reference is what the re-check sees. A digest being uploaded right
   now is skipped (try-lock), never waited for.
-- **Downloads.** A transfer opens a blob only after its read pin is committed (shared/pins.py),
+- **Downloads.** A transfer opens a blob only after its read pin is committed (shared/cluster/pins.py),
   and the re-check counts a pin as live while `pinned_until > now()`, `now()` being the start
   of our transaction (earlier than the check: conservative). A cleanup that checked before the
   pin existed can only delete a blob whose artifact was already gone; the transfer then finds
-  no file and answers 404 (shared/content.py). An open descriptor keeps its bytes after unlink.
+  no file and answers 404 (shared/download/content.py). An open descriptor keeps its bytes after unlink.
   A process whose pins cannot be written serves no payload, so no expired pin hides a read.
 - **Stray files.** A file without a row is deleted only when its mtime is older than the grace
   period and, under the digest's exclusive lock, there is still no row: an upload placing it is
@@ -61,7 +61,7 @@ import asyncpg
 
 from arkvory.shared.errors import InvalidInput
 from arkvory.shared.storage import Storage, to_the_end
-from arkvory.shared.upload_files import remove_stale_uploads
+from arkvory.shared.storage.upload_files import remove_stale_uploads
 from arkvory.writer.tasks.budgets import cost_units
 from arkvory.writer.tasks.context import TaskCancelled
 from arkvory.writer.tasks.retention import any_to_prune, prune_finished_batch
@@ -171,7 +171,7 @@ async def _upload_sessions(ctx, grace: int) -> dict:
 
     _stop_if_cancelled(ctx)
     # Sessions and temp files the writer is using are locked by it and left alone, however old
-    # (shared/upload_files.py); the age only spares files created a moment ago.
+    # (shared/storage/upload_files.py); the age only spares files created a moment ago.
     orphan_age = max(grace, MIN_ORPHAN_AGE_S)
     sessions = await sweep_expired_uploads(ctx.pool, ctx.storage, orphans_older_than_s=orphan_age)
     temp_files = await to_the_end(_on_disk(remove_stale_uploads, ctx.storage, orphan_age))

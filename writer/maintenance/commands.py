@@ -37,7 +37,7 @@ def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAc
 
 
 def _common(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from arkvory.shared.dev import DEFAULT_DIR
+    from arkvory.shared.cli.dev import DEFAULT_DIR
 
     action.add_argument(
         "--params", metavar="JSON", default=None,
@@ -52,7 +52,7 @@ def _common(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _runner(kind_name: str):
     def run(args: argparse.Namespace) -> int:
-        from arkvory.shared.cli import _settings_or_exit
+        from arkvory.shared.cli.main import _settings_or_exit
         from arkvory.shared.errors import InvalidInput, StartupError
         from arkvory.writer.tasks.kinds import KINDS
 
@@ -60,7 +60,7 @@ def _runner(kind_name: str):
 
         environ = dict(os.environ)
         if args.dev is not None:
-            from arkvory.shared.dev import dev_environment
+            from arkvory.shared.cli.dev import dev_environment
 
             try:
                 environ.update(dev_environment(args.dev))

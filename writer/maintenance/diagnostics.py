@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Forbidden, InvalidInput, Unauthorized
 
 from .. import openapi

@@ -20,13 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, parse_uuid, pooled
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, parse_uuid, pooled
 from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from arkvory.shared.identity import Principal
 
-from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
-from ..pagination import page, page_cursor, page_limit
-from ..repositories import json_body, principal_of, runtime_of
 from . import store
 from .api_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .budgets import budget_json, validate_budget
@@ -34,6 +31,9 @@ from .definition import definition_hash, normalise
 from .dispatch import Definition, dispatch
 from .kinds import KINDS
 from .stream import EventStreamResponse, TaskEventHub, event_json, frames
+from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
+from ..pagination import page, page_cursor, page_limit
+from ..repositories import json_body, principal_of, runtime_of
 
 ON_RESTART = ("fail", "retry", "resume")
 # Without `on_restart`, a kind gets the policy that suits it: cleanup is safe to run again

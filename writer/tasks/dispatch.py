@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import IdempotentParameterMismatch
 
 from . import store

@@ -16,9 +16,9 @@ import anyio
 import asyncpg
 from prometheus_client import CollectorRegistry, Gauge
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.cluster.supervision import DATABASE
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import DatabaseUnavailable
-from arkvory.shared.supervision import DATABASE
 
 from .kinds import KINDS
 from .store import STATUSES

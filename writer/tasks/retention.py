@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S
 
 from .store import FINISHED
 

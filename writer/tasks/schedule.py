@@ -26,11 +26,11 @@ from typing import Any
 import anyio
 import asyncpg
 
-from arkvory.shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.cluster.supervision import DATABASE
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import ApiError, DatabaseUnavailable
-from arkvory.shared.runtime import Runtime
+from arkvory.shared.process.runtime import Runtime
 from arkvory.shared.settings import Settings
-from arkvory.shared.supervision import DATABASE
 
 from .definition import definition_hash
 from .dispatch import Definition, insert_once

@@ -36,9 +36,9 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from arkvory.shared import db
-from arkvory.shared.catalog import pooled
+from arkvory.shared.cluster.supervision import DATABASE
+from arkvory.shared.download.catalog import pooled
 from arkvory.shared.errors import Busy, DatabaseUnavailable
-from arkvory.shared.supervision import DATABASE
 
 from . import store
 

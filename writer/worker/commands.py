@@ -1,4 +1,4 @@
-"""`arkvory` subcommands of this package (registered by shared/cli.py): `arkvory worker`."""
+"""`arkvory` subcommands of this package (registered by shared/cli/main.py): `arkvory worker`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """Run the task worker; the same settings rules and exit statuses as `serve`."""
     from arkvory.shared import logs
     from arkvory.shared.errors import StartupError
-    from arkvory.shared.identity import KeyRing, KeysFileError
+    from arkvory.shared.auth.identity import KeyRing, KeysFileError
     from arkvory.shared.settings import SettingsError, format_problems
 
     from .startup import worker_settings

@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.credentials import CredentialCache, resolve
+from arkvory.shared.auth.credentials import CredentialCache, resolve
 from arkvory.shared.errors import Unauthorized
-from arkvory.shared.http import EXCEPTION_HANDLERS, RequestGuard
+from arkvory.shared.http.edge import EXCEPTION_HANDLERS, RequestGuard
 
 if TYPE_CHECKING:
     from .process import WorkerProcess

@@ -29,8 +29,8 @@ from collections.abc import Callable
 import asyncpg
 
 from arkvory.shared import db
+from arkvory.shared.cluster.supervision import DATABASE
 from arkvory.shared.errors import DatabaseUnavailable
-from arkvory.shared.supervision import DATABASE
 from arkvory.writer.tasks.store import Fence
 
 log = logging.getLogger("arkvory.worker.lock")

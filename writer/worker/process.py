@@ -34,7 +34,7 @@ import asyncpg
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from arkvory.shared.identity import KeyRing
+from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import Storage
 from arkvory.writer.tasks import kinds

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidInput
+from arkvory.shared.errors import InvalidInput
 
 MAX_MEDIA_TYPE = 255
 DEFAULT_MEDIA_TYPE = "application/octet-stream"

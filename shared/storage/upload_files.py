@@ -41,8 +41,9 @@ from collections.abc import Callable, Iterable
 
 import asyncpg
 
-from .errors import Busy
-from .storage import UPLOAD_PREFIX, Storage, to_the_end
+from arkvory.shared.errors import Busy
+
+from .directory import UPLOAD_PREFIX, Storage, to_the_end
 
 log = logging.getLogger("arkvory.storage")
 

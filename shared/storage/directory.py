@@ -21,7 +21,8 @@ import anyio
 import anyio.lowlevel
 import asyncpg
 
-from .errors import InsufficientStorage, StartupRefused
+from arkvory.shared.errors import InsufficientStorage, StartupRefused
+
 from .open_blobs import OpenBlobs, close_in_background
 
 ID_FILE = "arkvory-storage-id"
@@ -209,7 +210,7 @@ async def _database_storage_id(conn: asyncpg.Connection) -> str | None:
 
 async def prepare_storage(conn: asyncpg.Connection, root: pathlib.Path) -> Storage:
     """Writer: create the layout and id on first start, otherwise insist that they match.
-    (What uploads left behind is swept next: shared/upload_files.py `sweep_at_start`.)"""
+    (What uploads left behind is swept next: shared/storage/upload_files.py `sweep_at_start`.)"""
     storage = Storage(root)
     recorded = await _database_storage_id(conn)
     on_disk = storage.read_id_file() if root.is_dir() else None

@@ -15,9 +15,10 @@ import uuid
 
 import asyncpg
 
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.errors import InvalidInput, NotFound, Unauthorized
+
 from .catalog_cache import CatalogCache
-from .errors import InvalidInput, NotFound, Unauthorized
-from .identity import Principal
 
 QUERY_TIMEOUT_S = 5.0
 POOL_WAIT_S = 5.0  # a request that cannot get a connection by then answers 503 busy

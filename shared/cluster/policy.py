@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from .errors import StartupRefused
-from .settings import SharedDownloads
+from arkvory.shared.errors import StartupRefused
+from arkvory.shared.settings import SharedDownloads
 
 _REQUIRED = "the database requires the shared download configuration"
 

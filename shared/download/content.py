@@ -5,7 +5,7 @@ Reads use `os.pread` on the event loop: blobs are read sequentially from the pag
 64 KiB read costs microseconds, far less than a thread hop per chunk.
 
 Cleanup runs while we serve (writer/maintenance/cleanup.py). A transfer pins its digest from the
-lookup on and opens the blob only once the pin is committed (shared/pins.py says why that is
+lookup on and opens the blob only once the pin is committed (shared/cluster/pins.py says why that is
 race-free); a blob found missing then means its artifact is gone (404) or its file is missing or
 quarantined (503 `content_unavailable`), decided by the database, never a 500 or a partial body.
 """
@@ -28,6 +28,23 @@ from starlette.requests import Request
 from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
+from arkvory.shared.auth.credentials import resolve
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.errors import (
+    ApiError,
+    Busy,
+    ContentUnavailable,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+    TransferAborted,
+    Unavailable,
+)
+from arkvory.shared.http.edge import EXCEPTION_HANDLERS, ambiguous_credentials, error_response, send_error
+from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle
+from arkvory.shared.http.ranges import ByteRange, not_modified, requested_range
+from arkvory.shared.process.runtime import Runtime
+
 from .admission import AdmissionRejected
 from .catalog import (
     Artifact,
@@ -40,22 +57,6 @@ from .catalog import (
     parse_uuid,
     pooled,
 )
-from .errors import (
-    ApiError,
-    Busy,
-    ContentUnavailable,
-    InvalidInput,
-    LeaseLost,
-    NotFound,
-    TransferAborted,
-    Unavailable,
-)
-from .http import EXCEPTION_HANDLERS, ambiguous_credentials, error_response, send_error
-from .credentials import resolve
-from .identity import Principal
-from .protocol import HANDLE_KEY, ConnectionHandle
-from .ranges import ByteRange, not_modified, requested_range
-from .runtime import Runtime
 
 log = logging.getLogger("arkvory.content")
 
@@ -190,7 +191,7 @@ class BlobResponse:
     ) -> None:
         runtime = self.runtime
         try:
-            # Pinned from the lookup on (in memory; shared/pins.py writes it while we queue),
+            # Pinned from the lookup on (in memory; shared/cluster/pins.py writes it while we queue),
             # so that the blob can be opened once the pin is visible to cleanup.
             with runtime.pins.hold(self.artifact.sha256):
                 async with runtime.admission.admit(self.principal.id):

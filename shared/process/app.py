@@ -9,9 +9,11 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import content, health
-from .errors import Unavailable
-from .http import EXCEPTION_HANDLERS, RequestContext, send_error
+from arkvory.shared.download import content
+from arkvory.shared.errors import Unavailable
+from arkvory.shared.http.edge import EXCEPTION_HANDLERS, RequestContext, send_error
+
+from . import health
 from .runtime import Runtime
 
 

@@ -12,9 +12,9 @@ account and permission change), flushed on every notification and on every recon
 nothing is remembered *or answered* from memory while the listener is down. Expiry is checked
 on every hit against the expiry read from the database.
 
-Last-used times are collected in memory and written in one statement per control-connection
-ping (control.py, every 2 s), so a credential is written at most once per ping, never once per
-request; gateways record them too.
+Last-used times are collected in memory and written in one statement per control-connection ping
+(shared/cluster/control.py, every 2 s), so a credential is written at most once per ping, never
+once per request; gateways record them too.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from .catalog import QUERY_TIMEOUT_S, pooled
-from .errors import Unauthorized
+from arkvory.shared.cluster.notified_cache import NotifiedCache
+from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import Unauthorized
+
 from .identity import ANONYMOUS, Principal, bearer_token
-from .notified_cache import NotifiedCache
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from arkvory.shared.process.runtime import Runtime
 
 log = logging.getLogger("arkvory.credentials")
 

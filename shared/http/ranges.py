@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from .errors import RangeNotSatisfiable
+from arkvory.shared.errors import RangeNotSatisfiable
 
 # ASCII digits only: `\d` would also take other scripts' digits, which `int()` accepts.
 _RANGE = re.compile(r"[ \t]*bytes[ \t]*=[ \t]*([0-9]*)[ \t]*-[ \t]*([0-9]*)[ \t]*", re.IGNORECASE)

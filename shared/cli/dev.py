@@ -30,8 +30,8 @@ import time
 import urllib.error
 import urllib.request
 
-from .errors import StartupError
-from .identity import token_digest
+from arkvory.shared.auth.identity import token_digest
+from arkvory.shared.errors import StartupError
 
 RATE_PER_SLOT = 64 * 1024 * 1024
 DEFAULT_DIR = ".arkvory-dev"
@@ -132,7 +132,7 @@ def _check_ports(base_port: int, count: int) -> None:
 
 
 async def _saved_slots(url: str) -> int | None:
-    from . import db
+    from arkvory.shared import db
 
     conn = await db.connect(url)
     try:
@@ -298,7 +298,7 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
                 env["ARKVORY_ROLE"] = "api" if slot == 0 else "reader"
                 if gateways:
                     env["ARKVORY_GATEWAY_SLOT"] = str(slot)
-                process = subprocess.Popen([sys.executable, "-m", "arkvory.shared.cli", "serve"], env=env)
+                process = subprocess.Popen([sys.executable, "-m", "arkvory.shared.cli.main", "serve"], env=env)
                 processes.append(process)
                 started.append(("writer" if slot == 0 else f"gateway {slot}", urls[slot], process))
             _wait_ready(started, token)
@@ -306,7 +306,7 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
         worker_port = _worker_port(base_port + gateways + 1)
         worker_url = f"http://127.0.0.1:{worker_port}"
         worker = subprocess.Popen(
-            [sys.executable, "-m", "arkvory.shared.cli", "worker"], env=base | {"ARKVORY_WORKER_PORT": str(worker_port)}
+            [sys.executable, "-m", "arkvory.shared.cli.main", "worker"], env=base | {"ARKVORY_WORKER_PORT": str(worker_port)}
         )
         processes.append(worker)
         _wait_ready([("worker", worker_url, worker)], token)

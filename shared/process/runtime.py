@@ -5,11 +5,12 @@ database, the writer lock or the gateway's maintenance lock, migrations or the s
 storage identity, the download policy and the slot lease. Only then does the server bind its
 port, so a process that cannot serve never accepts a connection.
 
-The lease renews in its own thread from the moment it is acquired (lease.py). The other
-background loops (read pins, the lease watcher, the control connection) run supervised on the
-serving loop (supervision.py): whatever ends one of them unexpectedly stops serving at once and
-exits 75 (78 when another writer took the writer lock), never a silently dead task.
-`payload_allowed()` is the one cheap answer the streaming code asks before every chunk.
+The lease renews in its own thread from the moment it is acquired (shared/cluster/lease.py). The
+other background loops (read pins, the lease watcher, the control connection) run supervised on
+the serving loop (shared/cluster/supervision.py): whatever ends one of them unexpectedly stops
+serving at once and exits 75 (78 when another writer took the writer lock), never a silently
+dead task. `payload_allowed()` is the one cheap answer the streaming code asks before every
+chunk.
 """
 
 from __future__ import annotations
@@ -23,21 +24,22 @@ import anyio
 import asyncpg
 from prometheus_client import CollectorRegistry
 
-from . import db, policy
-from .admission import Admission
-from .catalog_cache import CatalogCache
-from .control import ControlConnection
-from .errors import DatabaseUnavailable, LeaseLost, StartupError, StartupRefused
-from .identity import KeyRing
-from .lease import SlotLease
-from .metrics import Metrics
-from .pins import ReadPins
-from .settings import Settings
-from .storage import Storage, prepare_storage, verify_storage
-from .supervision import supervised
-from .throttle import BandwidthScheduler
-from .transfers import Transfers
-from .upload_files import sweep_at_start
+from arkvory.shared import db
+from arkvory.shared.auth.identity import KeyRing
+from arkvory.shared.cluster import policy
+from arkvory.shared.cluster.control import ControlConnection
+from arkvory.shared.cluster.lease import SlotLease
+from arkvory.shared.cluster.pins import ReadPins
+from arkvory.shared.cluster.supervision import supervised
+from arkvory.shared.cluster.transfers import Transfers
+from arkvory.shared.download.admission import Admission
+from arkvory.shared.download.catalog_cache import CatalogCache
+from arkvory.shared.download.throttle import BandwidthScheduler
+from arkvory.shared.errors import DatabaseUnavailable, LeaseLost, StartupError, StartupRefused
+from arkvory.shared.metrics import Metrics
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage, prepare_storage, verify_storage
+from arkvory.shared.storage.upload_files import sweep_at_start
 
 log = logging.getLogger("arkvory.runtime")
 

@@ -10,10 +10,10 @@ closed by its last user.
 
 A blob the verify task quarantines (writer/maintenance/quarantine.py) is moved away while a
 descriptor of it may sit here: the quarantine notifies channel `arkvory_blobs` with the digest,
-and every process's control connection (control.py) makes `forget_everywhere` drop it, so no
-process keeps serving a corrupt file from a cached descriptor. The registry of live instances
-is process-wide because the notification is: the control connection exists before the storage
-it would otherwise need a handle on.
+and every process's control connection (shared/cluster/control.py) makes `forget_everywhere`
+drop it, so no process keeps serving a corrupt file from a cached descriptor. The registry of
+live instances is process-wide because the notification is: the control connection exists before
+the storage it would otherwise need a handle on.
 
 A cached descriptor may be the last reference to a file that was unlinked meanwhile (cleanup
 deleted the blob, an upload replaced it); closing it frees the file's blocks, which can take

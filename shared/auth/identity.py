@@ -14,7 +14,7 @@ import tomllib
 import uuid
 from collections.abc import Iterable
 
-from .errors import Unauthorized
+from arkvory.shared.errors import Unauthorized
 
 _SCOPE = re.compile(r"^(admin|(read|write):(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,99}))$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

@@ -22,10 +22,12 @@ from typing import Literal
 import anyio
 import asyncpg
 
-from . import db, open_blobs
-from .catalog_cache import CatalogCache
-from .credentials import CredentialCache
-from .errors import DatabaseUnavailable, StartupRefused
+from arkvory.shared import db
+from arkvory.shared.auth.credentials import CredentialCache
+from arkvory.shared.download.catalog_cache import CatalogCache
+from arkvory.shared.errors import DatabaseUnavailable, StartupRefused
+from arkvory.shared.storage import open_blobs
+
 from .supervision import DATABASE
 
 log = logging.getLogger("arkvory.control")

@@ -16,8 +16,8 @@ from typing import Any
 
 import asyncpg
 
-from . import db
-from .errors import StartupError
+from arkvory.shared import db
+from arkvory.shared.errors import StartupError
 
 Tool = Callable[[asyncpg.Connection], Awaitable[int]]
 

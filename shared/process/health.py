@@ -22,8 +22,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .errors import Unauthorized
-from .credentials import resolve
+from arkvory.shared.auth.credentials import resolve
+from arkvory.shared.errors import Unauthorized
+
 from .runtime import Runtime
 
 log = logging.getLogger("arkvory.health")

@@ -39,7 +39,8 @@ from collections.abc import Callable
 
 import asyncpg
 
-from .errors import DatabaseUnavailable, SlotBusy, StartupRefused
+from arkvory.shared.errors import DatabaseUnavailable, SlotBusy, StartupRefused
+
 from .supervision import DATABASE
 
 log = logging.getLogger("arkvory.lease")

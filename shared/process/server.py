@@ -16,8 +16,9 @@ from types import FrameType
 import uvicorn
 from starlette.types import ASGIApp
 
+from arkvory.shared.http.protocol import protocol_for
+
 from .app import serving_app
-from .protocol import protocol_for
 from .runtime import Runtime
 
 log = logging.getLogger("arkvory.server")
@@ -53,7 +54,7 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         host=settings.host,
         port=settings.port,
         lifespan="off",
-        http=protocol_for(runtime),  # httptools, with bounded request heads (shared/protocol.py)
+        http=protocol_for(runtime),  # httptools, with bounded request heads (shared/http/protocol.py)
         ws="none",
         log_config=None,
         access_log=False,

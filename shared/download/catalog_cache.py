@@ -5,8 +5,8 @@ package or asset is updated or deleted; every process listens on its control con
 forgets everything at once. Only positive answers are kept (a new artifact cannot make one
 stale), permissions are still checked on every request against the remembered repository, and
 while the listener is not connected nothing is remembered *or answered*: a change made during
-the gap would go unnoticed. The control connection (control.py) re-listens after a loss, and
-only then is the cache flushed and trusted again.
+the gap would go unnoticed. The control connection (shared/cluster/control.py) re-listens after
+a loss, and only then is the cache flushed and trusted again.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from .notified_cache import NotifiedCache
+from arkvory.shared.cluster.notified_cache import NotifiedCache
 
 CHANNEL = "arkvory_catalog"
 MAX_ENTRIES = 10_000

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import (
+from arkvory.shared.errors import (
     ApiError,
     Busy,
     Conflict,
@@ -30,7 +30,7 @@ from .errors import (
     TransferAborted,
     Unavailable,
 )
-from .metrics import Metrics
+from arkvory.shared.metrics import Metrics
 
 log = logging.getLogger("arkvory.http")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import InvalidInput, PayloadTooLarge, RequestTimeout
+from arkvory.shared.errors import InvalidInput, PayloadTooLarge, RequestTimeout
 
 MAX_JSON_BYTES = 1024 * 1024
 MAX_JSON_DEPTH = 32

@@ -33,7 +33,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from .errors import StartupRefused
+from arkvory.shared.errors import StartupRefused
 
 # What this module was written and tested against; pyproject.toml pins the same (a test holds
 # the two equal).
@@ -408,7 +408,7 @@ def check_http_stack() -> None:
     if problems:
         wanted = " ".join(f"'{name}=={version}'" for name, version in HTTP_STACK.items())
         raise StartupRefused(
-            "the HTTP stack differs from the one shared/protocol.py is built on: "
+            "the HTTP stack differs from the one shared/http/protocol.py is built on: "
             f"{', '.join(problems)}; install the pinned versions (pip install {wanted})"
         )
 

@@ -10,9 +10,10 @@ import os
 import secrets
 import sys
 
+from arkvory.shared.errors import StartupError
+from arkvory.shared.settings import Settings, SettingsError, format_problems
+
 from .dev import DEFAULT_DIR
-from .errors import StartupError
-from .settings import Settings, SettingsError, format_problems
 
 EXIT_USAGE = 2
 # Packages whose `commands.register` adds their subcommands: the worker, the offline repair
@@ -30,9 +31,9 @@ def _settings_or_exit(environ) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings_or_exit(os.environ)
-    from . import logs
-    from .errors import StartupError
-    from .identity import KeyRing, KeysFileError
+    from arkvory.shared import logs
+    from arkvory.shared.errors import StartupError
+    from arkvory.shared.auth.identity import KeyRing, KeysFileError
 
     logs.configure(settings.log_format, settings.log_level)
     try:
@@ -42,8 +43,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def main() -> int:
-        from .runtime import Runtime
-        from .server import serve
+        from arkvory.shared.process.runtime import Runtime
+        from arkvory.shared.process.server import serve
 
         runtime = await Runtime.start(settings, keys)
         if settings.is_writer:
@@ -53,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return await serve(runtime, build(runtime))
 
     try:
-        from .protocol import check_http_stack
+        from arkvory.shared.http.protocol import check_http_stack
 
         check_http_stack()  # before anything binds or connects
         import uvloop
@@ -65,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_new_key(args: argparse.Namespace) -> int:
-    from .identity import KeyRing, KeysFileError, token_digest
+    from arkvory.shared.auth.identity import KeyRing, KeysFileError, token_digest
 
     token = f"arkvory_key_{secrets.token_urlsafe(32)}"
     scopes = ", ".join(f'"{s}"' for s in args.scope)
@@ -167,7 +168,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .client.cli_output import EXIT_CODES_HELP
+    from arkvory.shared.client.cli_output import EXIT_CODES_HELP
 
     top = argparse.ArgumentParser(
         prog="arkvory", description="Arkvory artifact server", epilog=EXIT_CODES_HELP,
