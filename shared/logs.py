@@ -12,8 +12,6 @@ import json
 import logging
 import sys
 
-from arkvory.shared.cluster.supervision import QuietPoolRetries
-
 from .errors import TransferAborted
 
 
@@ -34,6 +32,21 @@ def _drop_deliberate_aborts(record: logging.LogRecord) -> bool:
     """uvicorn logs a traceback for every response cut after it started; ours are on purpose."""
     exc = record.exc_info[1] if record.exc_info else None
     return not isinstance(exc, TransferAborted)
+
+
+class QuietPoolRetries(logging.Filter):
+    """asyncpg's pool logs a warning with a traceback each time it fails to restore its floor
+    of connections (every 1, 2, 4... s while the database is down). The process's loops already
+    say that the database is down, once (shared/cluster/supervision.py, DATABASE): those records
+    go to debug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or "connection floor" not in record.getMessage():
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
 
 
 def configure(log_format: str, level: str) -> None:

@@ -99,7 +99,10 @@ def test_no_cached_answer_while_the_listener_is_gone_and_caching_after_it_is_bac
         setup = await db.connect(database_url)
         await db.migrate(setup)
         cache = CatalogCache()
-        control = ControlConnection(database_url, "test", cache)
+        control = ControlConnection(database_url, "test")
+        control.subscribe(
+            cache.channel, cache.notified, on_listening=cache.started_listening, on_deaf=cache.stop_listening
+        )
         await control.open()
         await control.listen()
         cache.put("key", "value", cache.generation)

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from arkvory.shared import db
-from arkvory.shared.cluster.supervision import DatabaseReachability, QuietPoolRetries, supervised
+from arkvory.shared.cluster.supervision import DatabaseReachability, supervised
+from arkvory.shared.logs import QuietPoolRetries
 
 from .harness import db_execute, db_fetch, run_arkvory
 

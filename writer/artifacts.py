@@ -28,7 +28,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, Repository, check_text, parse_uuid, pooled, repository_for_read
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import Repository, check_text, parse_uuid, repository_for_read
 from arkvory.shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from arkvory.shared.http.bodies import declared_length
 from arkvory.shared.http.media_types import upload_media_type
@@ -135,7 +136,7 @@ async def place_claimed_blob(
         raise
     await conn.execute(
         "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        sha256, size, timeout=QUERY_TIMEOUT_S,
+        sha256, size, timeout=POOLED_QUERY_TIMEOUT_S,
     )
     await clear_diagnostic(conn, sha256)
     if replaced:
@@ -184,7 +185,7 @@ async def _publish_received(
             " VALUES ($1, $2, $3, $4, $5, $6)"
             " RETURNING id, name, sha256, size, media_type, created_at",
             uuid.uuid4(), repo.id, name, sha256, size, media_type,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         return Result(201, artifact_json(row), {"Location": _location(repo.name, row["id"])})
 
@@ -207,7 +208,7 @@ async def show_artifact(request: Request) -> Response:
     async with pooled(runtime.pool) as conn:
         repo = await repository_for_read(conn, request.path_params["repo"], principal)
         row = await conn.fetchrow(
-            f"{_SELECT} WHERE repository_id = $1 AND id = $2", repo.id, artifact_id, timeout=QUERY_TIMEOUT_S
+            f"{_SELECT} WHERE repository_id = $1 AND id = $2", repo.id, artifact_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
     if row is None:
         raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
@@ -240,7 +241,7 @@ async def list_artifacts(request: Request) -> Response:
             " AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid))"
             " ORDER BY created_at, id LIMIT $5",
             repo.id, name, after_time, after_id, limit + 1,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse(
         page(rows, limit, artifact_json, lambda r: [r["created_at"].isoformat(), str(r["id"])])
@@ -258,7 +259,7 @@ async def delete_artifact(request: Request) -> Response:
             "SELECT EXISTS (SELECT 1 FROM arkvory_packages WHERE artifact_id = $1) AS packaged,"
             " EXISTS (SELECT 1 FROM arkvory_assets WHERE artifact_id = $1) AS pointed,"
             " EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2) AS found",
-            artifact_id, repo.id, timeout=QUERY_TIMEOUT_S,
+            artifact_id, repo.id, timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if not row["found"]:
             raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
@@ -269,7 +270,7 @@ async def delete_artifact(request: Request) -> Response:
         # foreign key (409 too): never a dangling reference.
         await conn.execute(
             "DELETE FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
-            artifact_id, repo.id, timeout=QUERY_TIMEOUT_S,
+            artifact_id, repo.id, timeout=POOLED_QUERY_TIMEOUT_S,
         )
         return Result(204)
 

@@ -21,7 +21,7 @@ import uuid
 
 import asyncpg
 
-from arkvory.shared.download.catalog import pooled
+from arkvory.shared.db import pooled
 from arkvory.shared.errors import Conflict
 from arkvory.shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
 from arkvory.shared.storage.upload_files import remove_upload_sessions, sweep_upload_sessions

@@ -13,8 +13,11 @@ nothing is remembered *or answered* from memory while the listener is down. Expi
 on every hit against the expiry read from the database.
 
 Last-used times are collected in memory and written in one statement per control-connection ping
-(shared/cluster/control.py, every 2 s), so a credential is written at most once per ping, never
-once per request; gateways record them too.
+(shared/cluster/control.py, every 2 s; the runtime hooks `flush_last_used` onto it), so a
+credential is written at most once per ping, never once per request; gateways record them too.
+
+A process owns one CredentialCache; `resolve` takes it with the key ring and the pool, the parts
+it reads, so that any process (the worker's health routes too) can resolve a token.
 """
 
 from __future__ import annotations
@@ -26,18 +29,14 @@ import re
 import secrets
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 import asyncpg
 
 from arkvory.shared.cluster.notified_cache import NotifiedCache
-from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Unauthorized
 
-from .identity import ANONYMOUS, Principal, bearer_token
-
-if TYPE_CHECKING:
-    from arkvory.shared.process.runtime import Runtime
+from .identity import ANONYMOUS, KeyRing, Principal, bearer_token
 
 log = logging.getLogger("arkvory.credentials")
 
@@ -171,11 +170,10 @@ class CredentialCache(NotifiedCache):
         return len(used)
 
 
-def forget_cached(runtime: Runtime) -> None:
+def forget_cached(cache: CredentialCache) -> None:
     """After committing a credential change: this process's next request must not wait for the
     notification to come back (other processes hear of it by NOTIFY)."""
-    if runtime.control is not None:
-        runtime.control.credentials.invalidate()
+    cache.invalidate()
 
 
 def token_of(authorization: str | None, session_cookie: str | None = None) -> str | None:
@@ -186,25 +184,30 @@ def token_of(authorization: str | None, session_cookie: str | None = None) -> st
     return token
 
 
-async def resolve(runtime: Runtime, authorization: str | None, session_cookie: str | None = None) -> Principal:
+async def resolve(
+    keys: KeyRing,
+    cache: CredentialCache,
+    pool: asyncpg.Pool | None,
+    authorization: str | None,
+    session_cookie: str | None = None,
+) -> Principal:
     """The principal behind the request on any process; ANONYMOUS without credentials.
     An unknown, revoked or expired token is 401, whatever its kind."""
     token = token_of(authorization, session_cookie)
     if token is None:
         return ANONYMOUS
-    principal = runtime.keys.lookup(token)
+    principal = keys.lookup(token)
     if principal is not None:
         return principal
     if not DATABASE_TOKEN.fullmatch(token):
         raise Unauthorized("the token is not valid")
-    assert runtime.control is not None and runtime.pool is not None
-    cache: CredentialCache = runtime.control.credentials
+    assert pool is not None
     digest = digest_of(token)
     principal = cache.get(digest)
     if principal is None:
         generation = cache.generation
-        async with pooled(runtime.pool) as conn:
-            row = await conn.fetchrow(_LOOKUP, digest, timeout=QUERY_TIMEOUT_S)
+        async with pooled(pool) as conn:
+            row = await conn.fetchrow(_LOOKUP, digest, timeout=POOLED_QUERY_TIMEOUT_S)
         if row is None:
             raise Unauthorized("the token is not valid")
         principal = principal_from_row(row)

@@ -16,9 +16,13 @@ from arkvory.shared.settings import Settings, SettingsError, format_problems
 from .dev import DEFAULT_DIR
 
 EXIT_USAGE = 2
-# Packages whose `commands.register` adds their subcommands: the worker, the offline repair
-# tools, and the client's get/put/ls/stat/rm.
-_COMMAND_PACKAGES = ("arkvory.writer.worker", "arkvory.writer.maintenance", "arkvory.shared.client")
+# Modules whose `register` adds their subcommands: the worker, the offline repair tools, and the
+# client's get/put/ls/stat/rm.
+_COMMAND_MODULES = (
+    "arkvory.writer.worker.commands",
+    "arkvory.shared.cli.offline",
+    "arkvory.shared.client.commands",
+)
 
 
 def _settings_or_exit(environ) -> Settings:
@@ -200,8 +204,8 @@ def parser() -> argparse.ArgumentParser:
     create_user.add_argument("name", metavar="NAME")
     create_user.add_argument("--admin", action="store_true", help="an administrator (every repository)")
     _database_options(create_user).set_defaults(func=cmd_create_user)
-    for package in _COMMAND_PACKAGES:
-        importlib.import_module(f"{package}.commands").register(sub, admin)
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).register(sub, admin)
     return top
 
 

@@ -1,32 +1,32 @@
 """The process's control connection, supervised: it holds the writer lock (writer) or the shared
-maintenance lock (gateway), LISTENs for catalog changes (catalog_cache.py), credential changes
-(credentials.py) and blobs moved out of the store (open_blobs.py), and writes the batched
-last-used times of credentials once per ping.
+maintenance lock (gateway), LISTENs on the channels its owner subscribes to, and runs its owner's
+per-ping hooks. The composition root (shared/process/runtime.py) subscribes the catalog cache,
+the credential cache and the reused blob descriptors, and hooks the batched last-used times of
+credentials onto the ping: this module knows none of them.
 
 A session-level advisory lock and a LISTEN live only as long as their backend, so a lost
 connection silently loses both. `run` pings every 2 s with a timeout (a half-open connection
-answers nothing), and on loss reconnects, re-takes the lock, re-LISTENs and flushes both caches;
-the caches answer nothing in between. A writer that finds its lock taken by another writer
-meanwhile must not go on: `run` raises StartupRefused (exit 78), as at start-up. Pings and
-reconnection attempts report to `supervision.DATABASE`: an outage is one line, not one per retry.
+answers nothing), and on loss reconnects, re-takes the lock, re-LISTENs and tells every
+subscriber, which flushes what it remembered; the caches answer nothing in between. A writer
+that finds its lock taken by another writer meanwhile must not go on: `run` raises
+StartupRefused (exit 78), as at start-up. Pings and reconnection attempts report to
+`supervision.DATABASE`: an outage is one line, not one per retry.
 """
-
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
-from typing import Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
 import anyio
 import asyncpg
 
 from arkvory.shared import db
-from arkvory.shared.auth.credentials import CredentialCache
-from arkvory.shared.download.catalog_cache import CatalogCache
 from arkvory.shared.errors import DatabaseUnavailable, StartupRefused
-from arkvory.shared.storage import open_blobs
 
 from .supervision import DATABASE
 
@@ -48,23 +48,59 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 1
   AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid
 """
 
+# What a per-ping hook does with the connection, within the given timeout (seconds).
+PingHook = Callable[[asyncpg.Connection, float], Awaitable[Any]]
 
-def _on_blob_moved(conn: object, pid: int, channel: str, payload: str) -> None:
-    open_blobs.forget_everywhere(payload)
+
+def _nothing() -> None:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Subscription:
+    """One channel this connection LISTENs on, and who hears of it."""
+
+    channel: str
+    on_notify: Callable[[str], None]  # the notification's payload
+    # After every LISTEN (the first and each one after a reconnection): whatever a missed
+    # notification could have made stale must go.
+    on_listening: Callable[[], None] = _nothing
+    # The connection is lost or closing: nothing may be trusted on this channel's word until
+    # `on_listening` again.
+    on_deaf: Callable[[], None] = _nothing
+
+    def _listener(self, conn: object, pid: int, channel: str, payload: str) -> None:
+        self.on_notify(payload)
 
 
 class ControlConnection:
-    def __init__(self, database_url: str, role: str, catalog: CatalogCache) -> None:
+    def __init__(self, database_url: str, role: str) -> None:
         self.database_url = database_url
         self.application_name = f"arkvory-{role}-control"
-        self.catalog = catalog
-        # Owned here because its trust follows this connection's LISTEN, like the catalog's.
-        self.credentials = CredentialCache()
+        self.subscriptions: list[Subscription] = []
+        self.ping_hooks: list[tuple[str, PingHook]] = []
         self.lock: Lock | None = None
         self.reconnects = 0
         self._conn: asyncpg.Connection | None = None
         self._gone = asyncio.Event()
         self._closing = False
+
+    def subscribe(
+        self,
+        channel: str,
+        on_notify: Callable[[str], None],
+        *,
+        on_listening: Callable[[], None] = _nothing,
+        on_deaf: Callable[[], None] = _nothing,
+    ) -> None:
+        """LISTEN on `channel` from the next `listen` on; subscribe before it."""
+        self.subscriptions.append(Subscription(channel, on_notify, on_listening, on_deaf))
+
+    def every_ping(self, what: str, hook: PingHook) -> None:
+        """Run `hook(conn, timeout)` after each good ping. Its failure is logged ("could not
+        <what>") and dropped: bookkeeping, never a loss of the connection by itself (the next
+        ping decides that)."""
+        self.ping_hooks.append((what, hook))
 
     @property
     def conn(self) -> asyncpg.Connection:
@@ -105,15 +141,14 @@ class ControlConnection:
         self.lock = lock
 
     async def listen(self) -> None:
-        await self.catalog.listen(self.conn)
-        await self.credentials.listen(self.conn)
-        await self.conn.add_listener(open_blobs.CHANNEL, _on_blob_moved)
-        # A quarantine notified while nobody listened went unheard: drop every cached descriptor.
-        open_blobs.forget_everywhere()
+        """LISTEN on every subscribed channel, telling each subscriber once its LISTEN holds."""
+        for subscription in self.subscriptions:
+            await self.conn.add_listener(subscription.channel, subscription._listener)
+            subscription.on_listening()
 
     def _stop_listening(self) -> None:
-        self.catalog.stop_listening()
-        self.credentials.stop_listening()
+        for subscription in self.subscriptions:
+            subscription.on_deaf()
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the connection, its lock and its LISTEN alive until cancelled."""
@@ -144,15 +179,14 @@ class ControlConnection:
                 DATABASE.failed(LOOP, exc)
                 return f"ping failed: {exc.__class__.__name__}: {exc}"
             DATABASE.succeeded(LOOP)
-            await self._record_last_used(conn)
+            await self._run_ping_hooks(conn)
 
-    async def _record_last_used(self, conn: asyncpg.Connection) -> None:
-        # Last-used times are bookkeeping: a failed batch is logged and dropped, never a loss
-        # of the connection by itself (the next ping decides that).
-        try:
-            await self.credentials.flush_last_used(conn, PING_TIMEOUT_S)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            log.warning("could not record credential last-used times: %s: %s", exc.__class__.__name__, exc)
+    async def _run_ping_hooks(self, conn: asyncpg.Connection) -> None:
+        for what, hook in self.ping_hooks:
+            try:
+                await hook(conn, PING_TIMEOUT_S)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("could not %s: %s: %s", what, exc.__class__.__name__, exc)
 
     async def _reconnect(self, previous_backend: int | None) -> None:
         while True:

@@ -1,18 +1,17 @@
 """A process-local cache that the database keeps honest: it is trusted only while this process
 LISTENs on the cache's channel, and emptied on every notification and every (re)connection.
 
-The lifecycle is the same for every such cache (catalog lookups, credentials): `listen` on the
-control connection, `stop_listening` when it is lost (nothing is answered or stored until
-`listen` again), and a generation number so that an answer read before a change notified is
-never stored after it.
+The lifecycle is the same for every such cache (catalog lookups, credentials), subscribed to the
+control connection's channel by the composition root (shared/process/runtime.py):
+`started_listening` once the LISTEN holds, `notified` on every notification, `stop_listening`
+when the connection is lost (nothing is answered or stored until `started_listening` again), and
+a generation number so that an answer read before a change notified is never stored after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
 from typing import Any
-
-import asyncpg
 
 
 class NotifiedCache:
@@ -35,16 +34,17 @@ class NotifiedCache:
         """Read before a lookup; `_store` refuses an answer that a change overtook meanwhile."""
         return self._generation
 
-    async def listen(self, conn: asyncpg.Connection) -> None:
-        """LISTEN on `conn`, then forget what a missed notification could have made stale."""
-        await conn.add_listener(self.channel, self._on_change)
+    def started_listening(self) -> None:
+        """The LISTEN on `channel` holds: forget what a missed notification could have made
+        stale, then trust what is stored from now on."""
         # Lookups that began before this point may have read while nobody listened: the
         # generation bump makes `_store` refuse their answers.
         self.invalidate()
         self._listening = True
 
     def stop_listening(self) -> None:
-        """The control connection is gone (or closing): answer nothing from memory until `listen`."""
+        """The control connection is gone (or closing): answer nothing from memory until
+        `started_listening`."""
         self._listening = False
         self.invalidate()
 
@@ -62,5 +62,6 @@ class NotifiedCache:
             self._entries.clear()
         self._entries[key] = value
 
-    def _on_change(self, conn: object, pid: int, channel: str, payload: str) -> None:
+    def notified(self, payload: str) -> None:
+        """A change was notified on `channel`: forget everything."""
         self.invalidate()

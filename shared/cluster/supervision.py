@@ -6,7 +6,8 @@ ending the loop or cancelling its siblings (the caller decides: stop serving, ex
 And what those loops say about the database (issue 13 item 17): each loop that reconnects or
 retries reports its attempts to `DATABASE`, so that an outage costs the process one line when
 the database stops answering and one when it answers again, whatever the number of loops and
-retries; each failed attempt goes to debug only, with its traceback.
+retries; each failed attempt goes to debug only, with its traceback (asyncpg's own pool
+retries too: logs.QuietPoolRetries).
 """
 
 from __future__ import annotations
@@ -111,17 +112,3 @@ def describe_failure(problem: BaseException | str) -> str:
 
 # The process's one view (a process is one writer, gateway or worker).
 DATABASE = DatabaseReachability()
-
-
-class QuietPoolRetries(logging.Filter):
-    """asyncpg's pool logs a warning with a traceback each time it fails to restore its floor
-    of connections (every 1, 2, 4... s while the database is down). The loops above already
-    say that the database is down, once: those records go to debug."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.WARNING or "connection floor" not in record.getMessage():
-            return True
-        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
-            return False
-        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return True

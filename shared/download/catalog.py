@@ -16,12 +16,11 @@ import uuid
 import asyncpg
 
 from arkvory.shared.auth.identity import Principal
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import InvalidInput, NotFound, Unauthorized
 
 from .catalog_cache import CatalogCache
 
-QUERY_TIMEOUT_S = 5.0
-POOL_WAIT_S = 5.0  # a request that cannot get a connection by then answers 503 busy
 REPOSITORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 MAX_PACKAGE_FIELD = 255
 MAX_ASSET_PATH = 1024
@@ -64,12 +63,6 @@ def check_text(value: str, what: str, max_length: int) -> str:
     return value
 
 
-def pooled(pool: asyncpg.Pool):
-    """A pool connection, waited for at most POOL_WAIT_S (then TimeoutError: 503 busy).
-    The acquire timeout also bounds the release, which waits for a cancelled query to end."""
-    return pool.acquire(timeout=POOL_WAIT_S)
-
-
 def parse_uuid(value: str, what: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
@@ -95,7 +88,7 @@ async def repository_for_read(
     row = await conn.fetchrow(
         "SELECT id, name, public FROM arkvory_repositories WHERE name = $1",
         name,
-        timeout=QUERY_TIMEOUT_S,
+        timeout=POOLED_QUERY_TIMEOUT_S,
     )
     return _readable(Repository(**row) if row else None, name, principal)
 
@@ -174,7 +167,7 @@ async def _lookup_content(
             f" FROM arkvory_repositories r {key.join} WHERE r.name = $1",
             repo_name,
             *key.args,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     repo = Repository(row["repository_id"], repo_name, row["public"]) if row else None
     repo = _readable(repo, repo_name, principal)

@@ -30,6 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from arkvory.shared.auth.credentials import resolve
 from arkvory.shared.auth.identity import Principal
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import (
     ApiError,
     Busy,
@@ -43,20 +44,10 @@ from arkvory.shared.errors import (
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, ambiguous_credentials, error_response, send_error
 from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle
 from arkvory.shared.http.ranges import ByteRange, not_modified, requested_range
-from arkvory.shared.process.runtime import Runtime
 
 from .admission import AdmissionRejected
-from .catalog import (
-    Artifact,
-    ContentKey,
-    by_artifact_id,
-    by_asset,
-    by_package,
-    QUERY_TIMEOUT_S,
-    find_content,
-    parse_uuid,
-    pooled,
-)
+from .catalog import Artifact, ContentKey, by_artifact_id, by_asset, by_package, find_content, parse_uuid
+from .serving import ServingProcess
 
 log = logging.getLogger("arkvory.content")
 
@@ -132,7 +123,7 @@ class BlobResponse:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: ServingProcess,
         principal: Principal,
         artifact: Artifact,
         status_code: int,
@@ -284,7 +275,7 @@ class BlobResponse:
             async with pooled(runtime.pool) as conn:
                 exists = await conn.fetchval(
                     "SELECT EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1)",
-                    artifact.id, timeout=QUERY_TIMEOUT_S,
+                    artifact.id, timeout=POOLED_QUERY_TIMEOUT_S,
                 )
         except TimeoutError:
             raise Busy("no database connection became free in time") from None
@@ -354,7 +345,7 @@ class Payload:
 
     __slots__ = ("runtime", "response", "handle", "fd")
 
-    def __init__(self, runtime: Runtime, response: BlobResponse, handle: ConnectionHandle, fd: int) -> None:
+    def __init__(self, runtime: ServingProcess, response: BlobResponse, handle: ConnectionHandle, fd: int) -> None:
         self.runtime = runtime
         self.response = response
         self.handle = handle
@@ -422,11 +413,11 @@ class Payload:
             self.handle.abort()
 
 
-def _payload_may_flow(runtime: Runtime) -> bool:
+def _payload_may_flow(runtime: ServingProcess) -> bool:
     return runtime.payload_allowed()
 
 
-def _client_gone(runtime: Runtime, handle: ConnectionHandle, why: str) -> None:
+def _client_gone(runtime: ServingProcess, handle: ConnectionHandle, why: str) -> None:
     """The client left in the middle of its download (a reset, a broken pipe, a close): an
     abort like the server's own cuts, counted once per transfer, and not an error of ours, so
     it is logged at debug only."""
@@ -438,7 +429,7 @@ def _client_gone(runtime: Runtime, handle: ConnectionHandle, why: str) -> None:
     log.debug("download aborted: the client left (%s)", why)
 
 
-def _aborter(runtime: Runtime, handle: ConnectionHandle) -> Callable[[str], None]:
+def _aborter(runtime: ServingProcess, handle: ConnectionHandle) -> Callable[[str], None]:
     def abort(reason: str) -> None:
         runtime.metrics.transfer_aborts.labels(direction="download", reason=reason).inc()
         handle.abort()
@@ -509,10 +500,10 @@ class _ContentEndpoint:
         self.key_of = key_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        runtime: Runtime = scope["app"].state.runtime
+        runtime: ServingProcess = scope["app"].state.runtime
         key = self.key_of(scope)  # a malformed id or parameter is 400 whoever asks
         ask = _Ask(scope)
-        principal = await resolve(runtime, ask.authorization)
+        principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
         if not runtime.may_serve:
             raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
         response = await _plan(runtime, ask, principal, key)
@@ -533,7 +524,7 @@ class _Plain:
         await send({"type": "http.response.body", "body": b""})
 
 
-async def _plan(runtime: Runtime, ask: _Ask, principal: Principal, key: ContentKey) -> Any:
+async def _plan(runtime: ServingProcess, ask: _Ask, principal: Principal, key: ContentKey) -> Any:
     """Look the content up (permission checked) and decide the answer; no byte is sent here."""
     assert runtime.pool is not None
     generation = runtime.catalog.generation
@@ -640,7 +631,7 @@ class ContentDispatch:
 
     def __init__(self, app: Starlette) -> None:
         self.app = app
-        self.runtime: Runtime = app.state.runtime
+        self.runtime: ServingProcess = app.state.runtime
         self._handlers = dict(EXCEPTION_HANDLERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

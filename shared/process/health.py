@@ -110,7 +110,8 @@ def _runtime(request: Request) -> Runtime:
 async def _require_key(request: Request) -> None:
     # Any credential kind will do (keys file, managed key, token, session): health is not secret
     # from a known principal, only from the anonymous internet.
-    principal = await resolve(_runtime(request), request.headers.get("authorization"))
+    runtime = _runtime(request)
+    principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, request.headers.get("authorization"))
     if principal.is_anonymous:
         raise Unauthorized("this endpoint needs a key")
 

@@ -1,5 +1,10 @@
 """One running Arkvory process: start-up checks, the resources it owns, and its health state.
 
+This is the composition root: the runtime builds the parts (pool, control connection, lease,
+pins, caches, storage, admission and buckets) and wires them together, e.g. it subscribes the
+caches to the control connection. Lower packages take the parts they need, or a narrow protocol
+of them (download/serving.py), never the Runtime itself.
+
 `Runtime.start` does everything that may refuse the start (settings are already valid): the
 database, the writer lock or the gateway's maintenance lock, migrations or the schema check,
 storage identity, the download policy and the slot lease. Only then does the server bind its
@@ -25,6 +30,7 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from arkvory.shared import db
+from arkvory.shared.auth.credentials import CredentialCache
 from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.cluster import policy
 from arkvory.shared.cluster.control import ControlConnection
@@ -38,7 +44,7 @@ from arkvory.shared.download.throttle import BandwidthScheduler
 from arkvory.shared.errors import DatabaseUnavailable, LeaseLost, StartupError, StartupRefused
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage, prepare_storage, verify_storage
+from arkvory.shared.storage import Storage, open_blobs, prepare_storage, verify_storage
 from arkvory.shared.storage.upload_files import sweep_at_start
 
 log = logging.getLogger("arkvory.runtime")
@@ -78,7 +84,9 @@ class Runtime:
         )
         self.pins = ReadPins(slot=settings.slot)
         self.transfers = Transfers()
+        # Both caches are trusted only while the control connection LISTENs (`_subscribe`).
         self.catalog = CatalogCache()
+        self.credentials = CredentialCache()
         self._publish_configured_shares()
 
     # -- start-up ---------------------------------------------------------------------------
@@ -100,7 +108,8 @@ class Runtime:
 
     async def _start(self) -> None:
         settings = self.settings
-        self.control = ControlConnection(settings.database_url, settings.role, self.catalog)
+        self.control = ControlConnection(settings.database_url, settings.role)
+        self._subscribe(self.control)
         await self.control.open()
         if settings.is_writer:
             await self._start_writer(self.control.conn)
@@ -155,6 +164,23 @@ class Runtime:
         await self.control.take_lock("maintenance")
         self.storage = await verify_storage(control, self.settings.data_dir)
         await policy.check(control, self.settings.shared)
+
+    def _subscribe(self, control: ControlConnection) -> None:
+        """What the control connection keeps honest in this process: the caches that a NOTIFY
+        flushes, the reused blob descriptors of a quarantined blob, and, once per ping, the
+        credentials' batched last-used times."""
+        for cache in (self.catalog, self.credentials):
+            control.subscribe(
+                cache.channel,
+                cache.notified,
+                on_listening=cache.started_listening,
+                on_deaf=cache.stop_listening,
+            )
+        # A quarantine notified while nobody listened went unheard: every cached descriptor goes.
+        control.subscribe(
+            open_blobs.CHANNEL, open_blobs.forget_everywhere, on_listening=open_blobs.forget_everywhere
+        )
+        control.every_ping("record credential last-used times", self.credentials.flush_last_used)
 
     def _publish_configured_shares(self) -> None:
         share = self.metrics.share_bytes_per_second

@@ -27,7 +27,7 @@ import anyio
 import asyncpg
 
 from arkvory.shared.cluster.supervision import DATABASE
-from arkvory.shared.download.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import ApiError, DatabaseUnavailable
 from arkvory.shared.process.runtime import Runtime
 from arkvory.shared.settings import Settings
@@ -64,7 +64,7 @@ def scheduled_definition(kind: str) -> Definition:
 async def dispatch_due(conn: asyncpg.Connection, kind: str, interval_s: int) -> tuple[int, float, bool]:
     """Dispatch this period's task of `kind` unless it exists: (period, seconds until the next
     period by the database clock, whether this call created it)."""
-    epoch = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8", timeout=QUERY_TIMEOUT_S)
+    epoch = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8", timeout=POOLED_QUERY_TIMEOUT_S)
     period = int(epoch // interval_s)
     outcome = await insert_once(conn, scheduled_definition(kind), schedule_key(kind, period), CREATED_BY)
     return period, (period + 1) * interval_s - epoch, not outcome.replayed

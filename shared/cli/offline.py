@@ -1,5 +1,6 @@
 """`arkvory admin gc` and `arkvory admin scrub`: the cleanup and verify task kinds run offline,
 with every server stopped (writer/maintenance/offline.py holds the locks and the exit statuses).
+Part of the command line, not of the writer: `--dev` reads a running `arkvory dev`'s environment.
 
 Both read ARKVORY_DATABASE_URL and ARKVORY_DATA_DIR (and the other ARKVORY_* settings, e.g.
 ARKVORY_CLEANUP_GRACE), or `--dev [DIR]` for a stopped-but-present `arkvory dev` cluster.
@@ -17,7 +18,7 @@ EXIT_USAGE = 2
 
 
 def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAction) -> None:
-    """Add this package's subcommands to the top-level `commands` and to `arkvory admin`."""
+    """Add `gc` and `scrub` to `arkvory admin`."""
     gc = admin.add_parser(
         "gc",
         help="offline cleanup: delete unreferenced blobs and stray files, expired uploads, keys "
@@ -37,7 +38,7 @@ def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAc
 
 
 def _common(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from arkvory.shared.cli.dev import DEFAULT_DIR
+    from .dev import DEFAULT_DIR
 
     action.add_argument(
         "--params", metavar="JSON", default=None,
@@ -52,15 +53,15 @@ def _common(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _runner(kind_name: str):
     def run(args: argparse.Namespace) -> int:
-        from arkvory.shared.cli.main import _settings_or_exit
         from arkvory.shared.errors import InvalidInput, StartupError
+        from arkvory.writer.maintenance.offline import run_offline
         from arkvory.writer.tasks.kinds import KINDS
 
-        from .offline import run_offline
+        from .main import _settings_or_exit
 
         environ = dict(os.environ)
         if args.dev is not None:
-            from arkvory.shared.cli.dev import dev_environment
+            from .dev import dev_environment
 
             try:
                 environ.update(dev_environment(args.dev))
