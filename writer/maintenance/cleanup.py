@@ -20,7 +20,7 @@ Why deleting a blob cannot break an upload or a download:
   and the re-check counts a pin as live while `pinned_until > now()`, `now()` being the start
   of our transaction (earlier than the check: conservative). A cleanup that checked before the
   pin existed can only delete a blob whose artifact was already gone; the transfer then finds
-  no file and answers 404 (shared/download/content.py). An open descriptor keeps its bytes after unlink.
+  no file and answers 404 (shared/download/transfer.py). An open descriptor keeps its bytes after unlink.
   A process whose pins cannot be written serves no payload, so no expired pin hides a read.
 - **Stray files.** A file without a row is deleted only when its mtime is older than the grace
   period and, under the digest's exclusive lock, there is still no row: an upload placing it is
