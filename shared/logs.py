@@ -1,9 +1,9 @@
 """Logging set-up from ARKVORY_LOG_FORMAT / ARKVORY_LOG_LEVEL; one line per record.
 
-A line that names a client names it through `shared.client_address.client_address`, never the
-socket peer (`scope["client"]`): behind the operator's balancers the peer is the balancer. There
-is no per-request access line (uvicorn's is off: a download is counted in the metrics instead);
-the login limits' lines are the ones that name clients.
+A line that names a client names it through `arkvory.shared.http.client_address.client_address`,
+never the socket peer (`scope["client"]`): behind the operator's balancers the peer is the
+balancer. There is no per-request access line (uvicorn's is off: a download is counted in the
+metrics instead); the login limits' lines are the ones that name clients.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 `start_worker(cluster)` runs `python -m tests.worker_entry worker`: the real command, with the
 test kinds of tests/worker_kinds.py registered next to cleanup and verify (`real=True` runs
-`python -m shared.cli worker` itself). Tasks are inserted with the task store, as the API does,
-so the worker is woken by the same notification.
+`python -m arkvory.shared.cli.main worker` itself). Tasks are inserted with the task store, as the
+API does, so the worker is woken by the same notification.
 """
 
 from __future__ import annotations

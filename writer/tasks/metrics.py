@@ -3,7 +3,7 @@ the oldest queued task, read from the database every REFRESH_S by a supervised l
 never queries the database), and the live event streams of this writer.
 
 A refresh that fails (database down) keeps the last values; the process logs the outage once
-(`shared.supervision.DATABASE`).
+(`arkvory.shared.cluster.supervision.DATABASE`).
 """
 
 from __future__ import annotations

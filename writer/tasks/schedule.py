@@ -14,7 +14,7 @@ freed when its task is pruned (ARKVORY_TASK_RETENTION), long after its period en
 retention is shorter than the interval.
 
 The loop survives the database: an error is retried a second later, and the process logs the
-outage once (`shared.supervision.DATABASE`).
+outage once (`arkvory.shared.cluster.supervision.DATABASE`).
 """
 
 from __future__ import annotations
