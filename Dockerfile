@@ -10,7 +10,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml ./
+COPY pyproject.toml __init__.py ./
 COPY shared ./shared
 COPY writer ./writer
 COPY gateway ./gateway

@@ -47,7 +47,7 @@ from cluster import (
 )
 from upload import make_file, part_hashes, resumable_upload
 
-from shared.client import Client, RetryPolicy
+from arkvory.shared.client import Client, RetryPolicy
 
 
 def curl_to_file(url: str, out: str, size: int, synced: list[float]) -> float:

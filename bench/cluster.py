@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
-from shared.localpg import start_local_postgres  # noqa: E402
+from arkvory.shared.cli.localpg import start_local_postgres  # noqa: E402
 from tests.harness import (  # noqa: E402
     ArkvoryProcess,
     Cluster,

@@ -35,12 +35,12 @@ from cluster import MiB, KiB, BenchCluster, BenchError, bench_main, need_tool, t
 import asyncpg  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from shared.settings import Settings  # noqa: E402
-from shared.storage import Storage  # noqa: E402
-from writer.maintenance import verify  # noqa: E402
-from writer.tasks.store import Fence  # noqa: E402
-from writer.worker.context import RunningTask  # noqa: E402
-from writer.worker.metrics import WorkerMetrics  # noqa: E402
+from arkvory.shared.settings import Settings  # noqa: E402
+from arkvory.shared.storage import Storage  # noqa: E402
+from arkvory.writer.maintenance import verify  # noqa: E402
+from arkvory.writer.tasks.store import Fence  # noqa: E402
+from arkvory.writer.worker.context import RunningTask  # noqa: E402
+from arkvory.writer.worker.metrics import WorkerMetrics  # noqa: E402
 
 # (share of the total, file size)
 MIX = ((0.25, 128 * MiB), (0.25, 4 * MiB), (0.25, 256 * KiB), (0.25, 32 * KiB))

@@ -6,10 +6,10 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from shared.app import build_app
-from shared.errors import ReadOnly
-from shared.http import RequestGuard, send_error
-from shared.runtime import Runtime
+from arkvory.shared.errors import ReadOnly
+from arkvory.shared.http.edge import RequestGuard, send_error
+from arkvory.shared.process.app import build_app
+from arkvory.shared.process.runtime import Runtime
 
 READ_METHODS = frozenset({"GET", "HEAD"})
 

@@ -18,8 +18,11 @@ from .settings import Settings, mask_url
 
 log = logging.getLogger("arkvory.db")
 
-QUERY_TIMEOUT_S = 10.0
+QUERY_TIMEOUT_S = 10.0  # dedicated connections' queries, and every connection's backstop
 CONNECT_TIMEOUT_S = 5.0
+# A query on a pooled connection, for a request or a task (past it, a request answers 503 busy).
+POOLED_QUERY_TIMEOUT_S = 5.0
+POOL_WAIT_S = 5.0  # a request that cannot get a connection by then answers 503 busy
 
 # Advisory lock keys; the values are arbitrary but fixed forever (operators' tools use them).
 WRITER_LOCK = 0x41524B01
@@ -33,7 +36,7 @@ _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 def migrations() -> list[tuple[int, str, str]]:
     """(version, name, sql) for every file in shared/migrations, in order."""
     found = []
-    for entry in importlib.resources.files("shared.migrations").iterdir():
+    for entry in importlib.resources.files("arkvory.shared.migrations").iterdir():
         match = _MIGRATION_NAME.match(entry.name)
         if match:
             found.append((int(match.group(1)), entry.name, entry.read_text()))
@@ -73,6 +76,12 @@ async def create_pool(settings: Settings) -> asyncpg.Pool:
         command_timeout=QUERY_TIMEOUT_S,
         max_inactive_connection_lifetime=60.0,
     )
+
+
+def pooled(pool: asyncpg.Pool):
+    """A pool connection, waited for at most POOL_WAIT_S (then TimeoutError: 503 busy).
+    The acquire timeout also bounds the release, which waits for a cancelled query to end."""
+    return pool.acquire(timeout=POOL_WAIT_S)
 
 
 async def schema_version(conn: asyncpg.Connection) -> int | None:

@@ -1,9 +1,9 @@
 """Logging set-up from ARKVORY_LOG_FORMAT / ARKVORY_LOG_LEVEL; one line per record.
 
-A line that names a client names it through `shared.client_address.client_address`, never the
-socket peer (`scope["client"]`): behind the operator's balancers the peer is the balancer. There
-is no per-request access line (uvicorn's is off: a download is counted in the metrics instead);
-the login limits' lines are the ones that name clients.
+A line that names a client names it through `arkvory.shared.http.client_address.client_address`,
+never the socket peer (`scope["client"]`): behind the operator's balancers the peer is the
+balancer. There is no per-request access line (uvicorn's is off: a download is counted in the
+metrics instead); the login limits' lines are the ones that name clients.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import logging
 import sys
 
 from .errors import TransferAborted
-from .supervision import QuietPoolRetries
 
 
 class JsonFormatter(logging.Formatter):
@@ -33,6 +32,21 @@ def _drop_deliberate_aborts(record: logging.LogRecord) -> bool:
     """uvicorn logs a traceback for every response cut after it started; ours are on purpose."""
     exc = record.exc_info[1] if record.exc_info else None
     return not isinstance(exc, TransferAborted)
+
+
+class QuietPoolRetries(logging.Filter):
+    """asyncpg's pool logs a warning with a traceback each time it fails to restore its floor
+    of connections (every 1, 2, 4... s while the database is down). The process's loops already
+    say that the database is down, once (shared/cluster/supervision.py, DATABASE): those records
+    go to debug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or "connection floor" not in record.getMessage():
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
 
 
 def configure(log_format: str, level: str) -> None:

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from shared.localpg import remove_orphaned_homes, start_local_postgres
+from arkvory.shared.cli.localpg import remove_orphaned_homes, start_local_postgres
 
 from .harness import Cluster
 from .tcpproxy import TcpProxy

@@ -79,7 +79,7 @@ class ArkvoryProcess:
         self.stderr_path = workdir / f"{name}-{self.port}.stderr"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "serve"],
+            [sys.executable, "-m", "arkvory.shared.cli.main", "serve"],
             env=env,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
@@ -197,7 +197,7 @@ class Cluster:
 def run_arkvory(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run `arkvory ...` to completion (for commands that must refuse and exit)."""
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *(args or ("serve",))],
+        [sys.executable, "-m", "arkvory.shared.cli.main", *(args or ("serve",))],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -20,7 +20,7 @@ PASSWORD = "correct horse battery"
 
 def create_user(cluster, name: str, password: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", "admin", "create-user", name, *extra],
+        [sys.executable, "-m", "arkvory.shared.cli.main", "admin", "create-user", name, *extra],
         env=cluster.base_env(),
         cwd=ROOT,
         input=password + "\n",

@@ -11,7 +11,7 @@ import tomllib
 
 import pytest
 
-from shared.identity import KeyRing
+from arkvory.shared.auth.identity import KeyRing
 
 from .harness import db_fetch, run_arkvory
 

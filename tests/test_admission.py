@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from shared.admission import Admission, AdmissionRejected
+from arkvory.shared.download.admission import Admission, AdmissionRejected
 
 from .fakeclock import FakeTime, settle
 

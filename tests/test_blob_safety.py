@@ -1,5 +1,5 @@
 """Cleanup against uploads and downloads at the worst moments (writer/maintenance/blob_locks.py,
-shared/pins.py): an upload reusing an old unreferenced blob while cleanup deletes it, a download
+shared/cluster/pins.py): an upload reusing an old unreferenced blob while cleanup deletes it, a download
 whose artifact is deleted and collected while it waits to open the blob, and a referenced blob
 missing on disk. Real writer and gateway processes; cleanup runs in the test against the same
 database and storage directory, over and over, with a zero grace period.
@@ -19,10 +19,10 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.storage import Storage
-from writer.maintenance import cleanup
-from writer.maintenance.blob_locks import DIGEST_NAMESPACE, digest_key
-from writer.maintenance.cleanup import remove_unreferenced
+from arkvory.shared.storage import Storage
+from arkvory.writer.maintenance import cleanup
+from arkvory.writer.maintenance.blob_locks import DIGEST_NAMESPACE, digest_key
+from arkvory.writer.maintenance.cleanup import remove_unreferenced
 
 from .harness import ADMIN_TOKEN, db_fetch
 
@@ -210,7 +210,7 @@ def test_a_claimed_digest_is_skipped_and_an_unclaimed_one_waits_for_nobody(clust
     """The protocol itself, step by step: while an upload's transaction holds the claim,
     cleanup leaves the blob (row and file) alone at once; after that transaction committed its
     artifact, the re-check keeps it; an unclaimed, unreferenced one goes."""
-    from writer.maintenance.blob_locks import claim_for_upload
+    from arkvory.writer.maintenance.blob_locks import claim_for_upload
 
     writer = cluster.writer().wait_ready()
     with writer.client() as client:
@@ -380,7 +380,7 @@ def test_to_the_end_outlasts_a_cancel_then_raises_it(how):
     the thread has returned."""
     import anyio
 
-    from shared.storage import to_the_end
+    from arkvory.shared.storage import to_the_end
 
     gate, finished, ended, went_on = threading.Event(), [], [], []
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from shared.pins import LINGER_S
+from arkvory.shared.cluster.pins import LINGER_S
 
 from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch as query
 

@@ -91,15 +91,18 @@ def test_no_cached_answer_while_the_listener_is_gone_and_caching_after_it_is_bac
 
     import anyio
 
-    from shared import db
-    from shared.catalog_cache import CatalogCache
-    from shared.control import ControlConnection
+    from arkvory.shared import db
+    from arkvory.shared.download.catalog_cache import CatalogCache
+    from arkvory.shared.cluster.control import ControlConnection
 
     async def scenario():
         setup = await db.connect(database_url)
         await db.migrate(setup)
         cache = CatalogCache()
-        control = ControlConnection(database_url, "test", cache)
+        control = ControlConnection(database_url, "test")
+        control.subscribe(
+            cache.channel, cache.notified, on_listening=cache.started_listening, on_deaf=cache.stop_listening
+        )
         await control.open()
         await control.listen()
         cache.put("key", "value", cache.generation)

@@ -18,10 +18,10 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.settings import Settings
-from shared.storage import Storage
-from writer.maintenance import cleanup
-from writer.maintenance.offline import OfflineContext
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage
+from arkvory.writer.maintenance import cleanup
+from arkvory.writer.maintenance.offline import OfflineContext
 
 from .harness import ADMIN_TOKEN, db_execute, db_fetch
 from .worker_harness import dispatch, events, start_worker, wait_task
@@ -215,7 +215,7 @@ def test_grace_pins_strays_uploads_keys_and_retention(cluster):
      {"grace_seconds": 10**12}],
 )
 def test_bad_params_are_invalid_input(params):
-    from shared.errors import InvalidInput
+    from arkvory.shared.errors import InvalidInput
 
     with pytest.raises(InvalidInput):
         cleanup.validate_params(params)

@@ -21,8 +21,8 @@ import uuid
 
 import pytest
 
-from shared.client.cli_config import ConfigError, config_path, resolve_connection
-from shared.client.commands import CommandUsageError, parse_package, safe_file_name
+from arkvory.shared.client.cli_config import ConfigError, config_path, resolve_connection
+from arkvory.shared.client.commands import CommandUsageError, parse_package, safe_file_name
 
 from .harness import ADMIN_TOKEN, READER_TOKEN, ROOT, Cluster, free_port
 
@@ -525,7 +525,7 @@ def test_a_reader_that_leaves_early_is_no_error(env, work, tmp_path):
 def test_serving_and_help_load_no_client_libraries():
     """`arkvory serve` builds the same parser: the client's httpx, tenacity and tqdm stay out."""
     probe = (
-        "import sys, shared.cli; shared.cli.parser();"
+        "import sys, arkvory.shared.cli.main; arkvory.shared.cli.main.parser();"
         "print(sorted(m for m in ('httpx', 'tenacity', 'tqdm') if m in sys.modules))"
     )
     run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -536,8 +536,9 @@ def test_serving_and_help_load_no_client_libraries():
 def test_the_client_library_ships_its_py_typed_marker():
     """PEP 561: type checkers trust the library's annotations only if the installed package has
     the marker, and setuptools installs a non-Python file only when package-data names it."""
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["shared"]
-    shipped = {path for pattern in patterns for path in (ROOT / "shared").glob(pattern)}
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    client = ROOT / "shared" / "client"
+    shipped = {path for pattern in patterns["arkvory.shared.client"] for path in client.glob(pattern)}
     assert ROOT / "shared" / "client" / "py.typed" in shipped
 
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from shared.client.cli_progress import progress_bar, wants_bar
+from arkvory.shared.client.cli_progress import progress_bar, wants_bar
 
 from .test_cli import ARKVORY, REPO, arkvory, assert_exit, cli_env, put, unique_file, writer  # noqa: F401
 

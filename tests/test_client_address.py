@@ -1,4 +1,4 @@
-"""The believed client address (shared/client_address.py): X-Forwarded-For only from trusted
+"""The believed client address (shared/http/client_address.py): X-Forwarded-For only from trusted
 balancers, read from the right; everything else is the peer."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ipaddress
 
 import pytest
 
-from shared.client_address import MAX_HOPS, believed_address, client_address
+from arkvory.shared.http.client_address import MAX_HOPS, believed_address, client_address
 
 BALANCERS = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fd00::/8"))
 

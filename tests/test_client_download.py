@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from shared.client import Client, RetryPolicy, errors
+from arkvory.shared.client import Client, RetryPolicy, errors
 
 from .clientproxy import Cut, HttpFaultProxy
 from .harness import ADMIN_TOKEN, ROOT, free_port

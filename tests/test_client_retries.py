@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.client import Client, RetryPolicy, errors
-from shared.client.retries import Retryable
+from arkvory.shared.client import Client, RetryPolicy, errors
+from arkvory.shared.client.retries import Retryable
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,8 +15,8 @@ import threading
 
 import pytest
 
-from shared.client import Client, RetryPolicy, errors
-from shared.client.upload import state_path
+from arkvory.shared.client import Client, RetryPolicy, errors
+from arkvory.shared.client.upload import state_path
 
 from .clientproxy import Flip, HttpFaultProxy, OnRequestBody
 from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch

@@ -57,7 +57,7 @@ def test_every_credential_kind_reads_a_private_repository_on_the_writer(setup, k
     writer, gateway, _, tokens, _ = setup
     assert get(writer, tokens[kind], SECRET).status_code == 200
     assert get(writer, None, SECRET).status_code == 401
-    # Every kind is a key for readiness on every process (shared/health.py uses the resolver).
+    # Every kind is a key for readiness on every process (shared/process/health.py uses the resolver).
     assert get(gateway, tokens[kind], "/health/ready").status_code == 200
 
 

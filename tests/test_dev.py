@@ -35,7 +35,7 @@ class Dev:
         self.log = state.parent / f"dev-{state.name}-{port}.log"
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "shared.cli", "dev", "--dir", str(state),
+                [sys.executable, "-m", "arkvory.shared.cli.main", "dev", "--dir", str(state),
                  "--port", str(port), *args],
                 cwd=cwd, env=ENV, stdout=out, stderr=subprocess.STDOUT,
             )
@@ -61,7 +61,7 @@ class Dev:
 def run_dev_to_the_end(state: pathlib.Path, port: int, *args: str, limit_s: float = 30) -> tuple[int, str, float]:
     began = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "dev", "--dir", str(state), "--port", str(port), *args],
+        [sys.executable, "-m", "arkvory.shared.cli.main", "dev", "--dir", str(state), "--port", str(port), *args],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=limit_s,
     )
     return result.returncode, result.stdout + result.stderr, time.monotonic() - began
@@ -141,7 +141,7 @@ def test_the_admin_tools_find_the_dev_database(running):
 
     def admin(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "shared.cli", "admin", "status", *args],
+            [sys.executable, "-m", "arkvory.shared.cli.main", "admin", "status", *args],
             cwd=running.state.parent, env=ENV, capture_output=True, text=True, timeout=30,
         )
 

@@ -149,7 +149,7 @@ def test_hostile_requests_cost_no_lease_no_readiness_and_no_download(site):
 
     assert problems == []
     # Refused before the body is read, and answered: the lingering close stops reading instead
-    # of resetting while the client still pushes (shared/protocol.py), so it reads the 401.
+    # of resetting while the client still pushes (shared/http/protocol.py), so it reads the 401.
     assert results["writer 100 MB anonymous"] == 401
     assert results["gateway 100 MB anonymous"] == 405
     assert results["writer deep anonymous"] == 401

@@ -1,4 +1,4 @@
-"""Issue 13 item 15: shared/protocol.py builds on uvicorn's, httptools' and uvloop's internals, so
+"""Issue 13 item 15: shared/http/protocol.py builds on uvicorn's, httptools' and uvloop's internals, so
 their versions are pinned in pyproject.toml and a process on any other version refuses to start
 (exit 78), naming the package, the version found and the one needed."""
 
@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from shared.protocol import HTTP_STACK, http_stack_mismatches
+from arkvory.shared.http.protocol import HTTP_STACK, http_stack_mismatches
 
 from .harness import ROOT, run_arkvory
 

@@ -11,7 +11,7 @@ import asyncpg
 import httpx
 import pytest
 
-from writer.idempotency import _lock_ids, delete_expired
+from arkvory.writer.idempotency import _lock_ids, delete_expired
 
 from .harness import ADMIN_TOKEN, OTHER_TOKEN, db_fetch
 
@@ -331,7 +331,7 @@ def test_a_restarted_writer_replays_from_the_table(cluster, database_url):
 
 
 def test_recorded_results_expire_by_deadline_and_stay_bounded():
-    from writer.idempotency import RecordedResults, _Recorded
+    from arkvory.writer.idempotency import RecordedResults, _Recorded
 
     now = [100.0]
     results = RecordedResults(capacity=2, max_body=10, clock=lambda: now[0])

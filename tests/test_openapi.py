@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
-from shared.identity import KeyRing
-from shared.runtime import Runtime
-from shared.settings import Settings
-from writer.app import build_writer_app
-from writer.openapi import build_document
+from arkvory.shared.auth.identity import KeyRing
+from arkvory.shared.process.runtime import Runtime
+from arkvory.shared.settings import Settings
+from arkvory.writer.app import build_writer_app
+from arkvory.writer.openapi import build_document
 
 from .harness import ADMIN_TOKEN, READER_TOKEN
 
@@ -108,7 +108,7 @@ def test_the_live_document_is_the_built_one(live):
     with writer.client(None) as anonymous:
         answer = anonymous.get("/api/v1/openapi.json")
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/json")
-    import writer.app as writer_app
+    import arkvory.writer.app as writer_app
 
     assert answer.json() == build_document(writer_app.ROUTE_MODULES)
 

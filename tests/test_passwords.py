@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from shared.errors import Busy
-from writer.passwords import PasswordHash, PasswordHasher, hash_password, needs_rehash, verify_password
+from arkvory.shared.errors import Busy
+from arkvory.writer.passwords import PasswordHash, PasswordHasher, hash_password, needs_rehash, verify_password
 
 from .harness import db_execute, db_fetch
 from .test_accounts import PASSWORD, login, make_account

@@ -14,7 +14,7 @@ import pathlib
 
 import pytest
 
-from shared.settings import MAX_RATE, Settings, SettingsError
+from arkvory.shared.settings import MAX_RATE, Settings, SettingsError
 
 from .harness import run_arkvory
 

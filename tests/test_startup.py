@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from shared import db
-from shared.db import MAINTENANCE_LOCK
+from arkvory.shared import db
+from arkvory.shared.db import MAINTENANCE_LOCK
 
 from .harness import WRITER_SHARED, db_fetch as fetch, run_arkvory
 
@@ -175,6 +175,6 @@ def test_unreachable_database_exits_69_without_the_password(cluster):
 
 
 def test_code_schema_version_is_the_highest_migration():
-    from shared import db
+    from arkvory.shared import db
 
     assert db.CODE_SCHEMA_VERSION == db.migrations()[-1][0]

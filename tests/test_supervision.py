@@ -15,8 +15,9 @@ import anyio
 import httpx
 import pytest
 
-from shared import db
-from shared.supervision import DatabaseReachability, QuietPoolRetries, supervised
+from arkvory.shared import db
+from arkvory.shared.cluster.supervision import DatabaseReachability, supervised
+from arkvory.shared.logs import QuietPoolRetries
 
 from .harness import db_execute, db_fetch, run_arkvory
 

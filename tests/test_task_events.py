@@ -16,9 +16,9 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.errors import Busy
-from writer.tasks import store
-from writer.tasks.stream import TaskEventHub, frames
+from arkvory.shared.errors import Busy
+from arkvory.writer.tasks import store
+from arkvory.writer.tasks.stream import TaskEventHub, frames
 
 from .harness import ADMIN_TOKEN
 
@@ -375,7 +375,7 @@ def test_head_never_opens_a_stream(schema, database_url):
 
 
 def test_streams_beyond_the_bound_get_503_busy(schema, database_url):
-    from writer.tasks.stream import MAX_STREAMS
+    from arkvory.writer.tasks.stream import MAX_STREAMS
 
     task_id = run(database_url, new_task)
 

@@ -11,7 +11,7 @@ import time
 import asyncpg
 import pytest
 
-from writer.tasks.schedule import dispatch_due
+from arkvory.writer.tasks.schedule import dispatch_due
 
 from .harness import db_fetch
 

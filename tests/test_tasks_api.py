@@ -13,10 +13,10 @@ import uuid
 import asyncpg
 import pytest
 
-from writer.tasks import store
-from writer.tasks.definition import canonical_json, definition_hash, normalise
-from writer.tasks.retention import prune_finished
-from shared.errors import InvalidInput
+from arkvory.writer.tasks import store
+from arkvory.writer.tasks.definition import canonical_json, definition_hash, normalise
+from arkvory.writer.tasks.retention import prune_finished
+from arkvory.shared.errors import InvalidInput
 
 from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from writer.tasks import store
+from arkvory.writer.tasks import store
 
 from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, Cluster
 

@@ -9,7 +9,7 @@ import time
 import asyncpg
 import pytest
 
-from shared.localpg import start_local_postgres
+from arkvory.shared.cli.localpg import start_local_postgres
 from tests.tcpproxy import TcpProxy
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from shared.throttle import (
+from arkvory.shared.download.throttle import (
     MAX_BURST_BYTES,
     MAX_QUANTUM_BYTES,
     MIN_QUANTUM_BYTES,

@@ -1,5 +1,5 @@
-"""The sweep of abandoned uploads (shared/storage.py) against uploads in progress in a real
-writer: the worker's cleanup, a separate process that sees nothing of the writer's memory, never
+"""The sweep of abandoned uploads (shared/storage/upload_files.py) against uploads in progress in
+a real writer: the worker's cleanup, a separate process that sees nothing of the writer's memory, never
 removes a session whose part is being received or that is being completed, keeps a session
 completed between its look and its delete, and leaves a slow one-shot upload's temp file alone.
 Races are pinned with row locks held by the test and with bodies the test sends in halves."""
@@ -20,8 +20,8 @@ import asyncpg
 import httpx
 import pytest
 
-from shared.storage import Storage
-from writer.upload_sessions import remove_sessions, sweep_expired_uploads
+from arkvory.shared.storage import Storage
+from arkvory.writer.upload_sessions import remove_sessions, sweep_expired_uploads
 
 from .harness import ADMIN_TOKEN, db_execute, db_fetch
 from .test_cleanup import run_cleanup

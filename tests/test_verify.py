@@ -21,12 +21,12 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared.errors import InvalidInput
-from shared.settings import Settings
-from shared.storage import Storage
-from writer.maintenance import verify
-from writer.maintenance.quarantine import quarantine_dir
-from writer.tasks.context import TaskCancelled
+from arkvory.shared.errors import InvalidInput
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage
+from arkvory.writer.maintenance import verify
+from arkvory.writer.maintenance.quarantine import quarantine_dir
+from arkvory.writer.tasks.context import TaskCancelled
 
 from .harness import ADMIN_TOKEN, Cluster, db_execute, db_fetch
 
@@ -132,7 +132,7 @@ def test_verify_quarantines_corrupt_records_missing_and_a_reupload_clears_both(c
     gateway = cluster.gateway(1, shared).wait_ready()
     on_gateway = gateway.client()
 
-    # Both processes now hold the blob's descriptor open (shared/open_blobs.py, up to 10 s).
+    # Both processes now hold the blob's descriptor open (shared/storage/open_blobs.py, up to 10 s).
     for client in (admin, on_gateway):
         assert client.get(content_url(bad)).content == bad_bytes
     flip_bytes_in_place(blob_path(cluster, bad["sha256"]), 1000)
@@ -398,7 +398,7 @@ def test_pacer_grants_rate_times_time_plus_one_piece():
 
 
 def test_the_cached_descriptor_is_dropped_on_notification(tmp_path):
-    from shared import open_blobs
+    from arkvory.shared.storage import open_blobs
 
     path = tmp_path / "blob"
     path.write_bytes(b"x")
@@ -502,7 +502,7 @@ def test_the_offline_scrub_finds_and_quarantines(cluster):
 
 
 def test_quarantine_moves_only_the_file_that_was_hashed(tmp_path):
-    from writer.maintenance.quarantine import move_to_quarantine
+    from arkvory.writer.maintenance.quarantine import move_to_quarantine
 
     storage = Storage(tmp_path)
     storage.create_layout("test")

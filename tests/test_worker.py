@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from shared import db
+from arkvory.shared import db
 
 from .harness import ADMIN_TOKEN, READER_TOKEN, db_execute, run_arkvory
 from .worker_harness import (

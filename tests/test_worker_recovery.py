@@ -150,7 +150,7 @@ def test_a_killed_verify_resumes_from_its_checkpoint_without_hashing_or_counting
 
 
 def test_the_planned_moves_are_the_table():
-    from writer.worker.recovery import planned_move
+    from arkvory.writer.worker.recovery import planned_move
 
     table = {
         ("queued", "fail"): ("failed", "task.failed"),

@@ -516,7 +516,7 @@ def test_a_resumable_content_put_cut_for_its_rate_keeps_the_parts_that_arrived(c
 def test_the_minimum_rate_banks_at_most_its_grace_of_credit():
     """MinimumRate alone, with the waits given (no clock): the grace is free, a steady body at
     the rate never runs out, and a fast start buys at most the grace, not hours."""
-    from shared.bodies import MinimumRate
+    from arkvory.shared.http.bodies import MinimumRate
 
     rate = MinimumRate(1000, grace_s=10)
     rate.received(0, 9.5)

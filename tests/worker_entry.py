@@ -1,8 +1,8 @@
 """`arkvory worker` (and every other `arkvory` command) with the test kinds registered too."""
 
-from shared.cli import main
+from arkvory.shared.cli.main import main
 from tests import worker_kinds
-from writer.tasks.kinds import KINDS
+from arkvory.writer.tasks.kinds import KINDS
 
 KINDS.setdefault("steps", worker_kinds)
 KINDS.setdefault("steps_b", worker_kinds)

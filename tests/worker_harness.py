@@ -2,8 +2,8 @@
 
 `start_worker(cluster)` runs `python -m tests.worker_entry worker`: the real command, with the
 test kinds of tests/worker_kinds.py registered next to cleanup and verify (`real=True` runs
-`python -m shared.cli worker` itself). Tasks are inserted with the task store, as the API does,
-so the worker is woken by the same notification.
+`python -m arkvory.shared.cli.main worker` itself). Tasks are inserted with the task store, as the
+API does, so the worker is woken by the same notification.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from shared import db
-from writer.tasks import store
+from arkvory.shared import db
+from arkvory.writer.tasks import store
 
 from .harness import ADMIN_TOKEN, ROOT, Cluster, free_port
 
@@ -34,7 +34,7 @@ class WorkerProc:
         self.url = f"http://127.0.0.1:{self.port}"
         self.stderr_path = workdir / f"{name}-{self.port}.stderr"
         self._stderr = open(self.stderr_path, "wb")
-        module = "shared.cli" if real else "tests.worker_entry"
+        module = "arkvory.shared.cli.main" if real else "tests.worker_entry"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, "worker"],
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self._stderr,

@@ -16,7 +16,7 @@ import os
 import signal
 from typing import Any
 
-from shared.errors import InvalidInput
+from arkvory.shared.errors import InvalidInput
 
 _FIELDS = {
     "steps": 5, "step_seconds": 0.0, "checkpoint_every": 1, "items": 1, "bytes": 0, "cost_units": 0,

@@ -3,7 +3,7 @@ administrators' account management (create, list, disable, enable).
 
 A failed login says the same thing whether the account exists or not, and takes as long: an
 unknown name is verified against a dummy hash. Attempts are limited per client address (as seen
-through ARKVORY_TRUSTED_PROXIES, shared/client_address.py) and per account name, or per device
+through ARKVORY_TRUSTED_PROXIES, shared/http/client_address.py) and per account name, or per device
 for a client that signed in before (its device cookie, device_cookies.py), counted before
 anything is hashed (login_limits.py); scrypt runs off the event loop, bounded (passwords.py),
 and a hash made at an older cost is replaced at the next successful login.
@@ -33,17 +33,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.client_address import client_address
-from shared.credentials import SESSION_COOKIE, forget_cached, mint
-from shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from shared.identity import Principal
+from arkvory.shared.auth.credentials import SESSION_COOKIE, forget_cached, mint
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.http.client_address import client_address
 
 from . import device_cookies
+from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
-from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from .repositories import json_body, principal_of, runtime_of
 
@@ -109,7 +109,7 @@ async def insert_account(conn: asyncpg.Connection, name: str, hashed: PasswordHa
             "INSERT INTO arkvory_accounts (id, name, password_hash, password_salt, scrypt_n, scrypt_r,"
             f" scrypt_p, is_admin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {_ACCOUNT_COLUMNS}",
             uuid.uuid4(), name, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, admin,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     except asyncpg.UniqueViolationError:
         raise Conflict(f"account {name!r} already exists") from None
@@ -129,7 +129,7 @@ async def _upgrade_hash(
             "UPDATE arkvory_accounts SET password_hash = $2, password_salt = $3, scrypt_n = $4,"
             " scrypt_r = $5, scrypt_p = $6 WHERE id = $1 AND password_hash = $7",
             account_id, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, stored.digest,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
 
 
@@ -173,7 +173,7 @@ async def login(request: Request) -> Response:
             f"SELECT {_ACCOUNT_COLUMNS}, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
             " FROM arkvory_accounts WHERE name = $1",
             name,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     stored = _stored_hash(row)
     matches = await _checked(state, attempt, password, stored)
@@ -190,7 +190,7 @@ async def login(request: Request) -> Response:
             "INSERT INTO arkvory_credentials (id, kind, digest, account_id, expires_at, created_by)"
             " VALUES ($1, 'session', $2, $3, now() + make_interval(secs => $4), $5) RETURNING expires_at",
             session.id, session.digest, row["id"], float(lifetime), _client_address(request),
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     answer = JSONResponse(
         {"token": session.token, "sessionId": str(session.id), "expiresAt": expires_at.isoformat(),
@@ -216,9 +216,9 @@ async def logout(request: Request) -> Response:
     assert runtime.pool is not None
     async with pooled(runtime.pool) as conn:
         await conn.execute(
-            "DELETE FROM arkvory_credentials WHERE id = $1", principal.credential_id, timeout=QUERY_TIMEOUT_S
+            "DELETE FROM arkvory_credentials WHERE id = $1", principal.credential_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
-    forget_cached(runtime)
+    forget_cached(runtime.credentials)
     answer = Response(status_code=204)
     answer.headers["Set-Cookie"] = _session_cookie(request, "", 0)
     return answer
@@ -273,16 +273,16 @@ async def change_password(request: Request) -> Response:
             "UPDATE arkvory_accounts SET password_hash = $2, password_salt = $3, scrypt_n = $4,"
             " scrypt_r = $5, scrypt_p = $6, password_changed_at = now() WHERE id = $1",
             account_id, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         await conn.execute(
             "DELETE FROM arkvory_credentials WHERE account_id = $1 AND kind = 'session'"
             " AND id IS DISTINCT FROM $2",
             account_id,
             principal.credential_id if principal.credential_kind == "session" else None,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
-    forget_cached(runtime)
+    forget_cached(runtime.credentials)
     return Response(status_code=204)
 
 
@@ -298,7 +298,7 @@ async def confirm_password(request: Request, principal: Principal, password: str
             "SELECT name, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
             " FROM arkvory_accounts WHERE id = $1",
             principal.account_id,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     if row is None:
         raise Unauthorized("the account no longer exists")
@@ -342,7 +342,7 @@ async def list_accounts(request: Request) -> Response:
     assert pool is not None
     async with pooled(pool) as conn:
         rows = await conn.fetch(
-            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts ORDER BY name LIMIT 10000", timeout=QUERY_TIMEOUT_S
+            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts ORDER BY name LIMIT 10000", timeout=POOLED_QUERY_TIMEOUT_S
         )
     return JSONResponse({"items": [account_json(r) for r in rows]})
 
@@ -356,19 +356,19 @@ async def _set_disabled(request: Request, disabled: bool) -> Response:
         row = await conn.fetchrow(
             f"UPDATE arkvory_accounts SET disabled = $2 WHERE name = $1 RETURNING {_ACCOUNT_COLUMNS}",
             name, disabled,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if row is None:
             raise NotFound(f"no account {name!r}")
         if disabled:
             # Its sessions and tokens end now, on every process (the delete notifies).
             await conn.execute(
-                "DELETE FROM arkvory_credentials WHERE account_id = $1", row["id"], timeout=QUERY_TIMEOUT_S
+                "DELETE FROM arkvory_credentials WHERE account_id = $1", row["id"], timeout=POOLED_QUERY_TIMEOUT_S
             )
         return 200, account_json(row)
 
     answer = await idempotent(request, principal, {"disabled": disabled}, work)
-    forget_cached(runtime_of(request))
+    forget_cached(runtime_of(request).credentials)
     return answer
 
 

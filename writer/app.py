@@ -7,9 +7,9 @@ import functools
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from shared.app import build_app
-from shared.http import RequestGuard
-from shared.runtime import Runtime
+from arkvory.shared.http.edge import RequestGuard
+from arkvory.shared.process.app import build_app
+from arkvory.shared.process.runtime import Runtime
 
 from . import accounts, artifacts, assets, openapi, packages, permissions, repositories, tokens, uploads
 from .idempotency import InFlightKeys, RecordedResults

@@ -28,19 +28,20 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.bodies import declared_length
-from shared.catalog import QUERY_TIMEOUT_S, Repository, check_text, parse_uuid, pooled, repository_for_read
-from shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from shared.media_types import upload_media_type
-from shared.settings import Settings
-from shared.metrics import Metrics
-from shared.storage import Storage, is_out_of_space, out_of_space
-from shared.upload_files import hold_in_use, remove_own_file
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import Repository, check_text, parse_uuid, repository_for_read
+from arkvory.shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from arkvory.shared.http.bodies import declared_length
+from arkvory.shared.http.media_types import upload_media_type
+from arkvory.shared.metrics import Metrics
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage, is_out_of_space, out_of_space
+from arkvory.shared.storage.upload_files import hold_in_use, remove_own_file
 
+from .idempotency import HeldKey, Result, holding_key, idempotent
 from .maintenance.blob_locks import claim_for_upload
 from .maintenance.diagnostics import clear_diagnostic
 from .maintenance.quarantine import notify_moved
-from .idempotency import HeldKey, Result, holding_key, idempotent
 from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
 from .pagination import page, page_cursor, page_limit
 from .repositories import principal_of, repository_for_write, runtime_of
@@ -95,7 +96,7 @@ async def received_body(
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             # Held in use until it is published or removed: the sweep of stale temp files
-            # leaves it however slowly the body arrives (shared/upload_files.py).
+            # leaves it however slowly the body arrives (shared/storage/upload_files.py).
             hold_in_use(fd)
             receiver = BatchedReceiver(
                 fd, regions, storage=storage, reserve=settings.min_free_bytes, check_room=True,
@@ -119,7 +120,7 @@ async def place_claimed_blob(
 ) -> None:
     """Inside a publishing transaction: claim the digest (writer/maintenance/blob_locks.py),
     place the blob under it (replacing a file already there, which nobody has checked since:
-    shared/storage.py `place_blob`) and insert its row. The claim lasts until the commit that
+    shared/storage/directory.py `place_blob`) and insert its row. The claim lasts until the commit that
     makes the artifact visible, so cleanup cannot unlink the file between our placing it and
     our reference to it.
 
@@ -135,7 +136,7 @@ async def place_claimed_blob(
         raise
     await conn.execute(
         "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        sha256, size, timeout=QUERY_TIMEOUT_S,
+        sha256, size, timeout=POOLED_QUERY_TIMEOUT_S,
     )
     await clear_diagnostic(conn, sha256)
     if replaced:
@@ -184,7 +185,7 @@ async def _publish_received(
             " VALUES ($1, $2, $3, $4, $5, $6)"
             " RETURNING id, name, sha256, size, media_type, created_at",
             uuid.uuid4(), repo.id, name, sha256, size, media_type,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         return Result(201, artifact_json(row), {"Location": _location(repo.name, row["id"])})
 
@@ -207,7 +208,7 @@ async def show_artifact(request: Request) -> Response:
     async with pooled(runtime.pool) as conn:
         repo = await repository_for_read(conn, request.path_params["repo"], principal)
         row = await conn.fetchrow(
-            f"{_SELECT} WHERE repository_id = $1 AND id = $2", repo.id, artifact_id, timeout=QUERY_TIMEOUT_S
+            f"{_SELECT} WHERE repository_id = $1 AND id = $2", repo.id, artifact_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
     if row is None:
         raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
@@ -240,7 +241,7 @@ async def list_artifacts(request: Request) -> Response:
             " AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid))"
             " ORDER BY created_at, id LIMIT $5",
             repo.id, name, after_time, after_id, limit + 1,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse(
         page(rows, limit, artifact_json, lambda r: [r["created_at"].isoformat(), str(r["id"])])
@@ -258,7 +259,7 @@ async def delete_artifact(request: Request) -> Response:
             "SELECT EXISTS (SELECT 1 FROM arkvory_packages WHERE artifact_id = $1) AS packaged,"
             " EXISTS (SELECT 1 FROM arkvory_assets WHERE artifact_id = $1) AS pointed,"
             " EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2) AS found",
-            artifact_id, repo.id, timeout=QUERY_TIMEOUT_S,
+            artifact_id, repo.id, timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if not row["found"]:
             raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
@@ -269,7 +270,7 @@ async def delete_artifact(request: Request) -> Response:
         # foreign key (409 too): never a dangling reference.
         await conn.execute(
             "DELETE FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
-            artifact_id, repo.id, timeout=QUERY_TIMEOUT_S,
+            artifact_id, repo.id, timeout=POOLED_QUERY_TIMEOUT_S,
         )
         return Result(204)
 

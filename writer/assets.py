@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import MAX_ASSET_PATH, QUERY_TIMEOUT_S, Repository, check_asset_path, pooled, repository_for_read
-from shared.errors import Conflict, InvalidInput, NotFound
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import MAX_ASSET_PATH, Repository, check_asset_path, repository_for_read
+from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 
 from . import openapi
 from .idempotency import Result, idempotent
@@ -51,12 +52,12 @@ async def _point(conn: asyncpg.Connection, repo: Repository, path: str, artifact
         " SET artifact_id = excluded.artifact_id, updated_at = now()"
         " RETURNING path, artifact_id, updated_at",
         repo.id, path, artifact_id,
-        timeout=QUERY_TIMEOUT_S,
+        timeout=POOLED_QUERY_TIMEOUT_S,
     )
     await conn.execute(
         "INSERT INTO arkvory_asset_history (repository_id, path, artifact_id) VALUES ($1, $2, $3)",
         repo.id, path, artifact_id,
-        timeout=QUERY_TIMEOUT_S,
+        timeout=POOLED_QUERY_TIMEOUT_S,
     )
     return Result(200, asset_json(row))
 
@@ -94,7 +95,7 @@ async def restore_asset(request: Request) -> Response:
             " LEFT JOIN arkvory_artifacts a ON a.id = h.artifact_id AND a.repository_id = h.repository_id"
             " WHERE h.id = $1 AND h.repository_id = $2 AND h.path = $3",
             entry, repo.id, path,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if row is None:
             raise NotFound(f"no history entry {entry} for asset {path!r}")
@@ -125,7 +126,7 @@ async def list_assets(request: Request) -> Response:
             " AND ($2::text IS NULL OR (path >= $2 AND starts_with(path, $2)))"
             " AND ($3::text IS NULL OR path > $3) ORDER BY path LIMIT $4",
             repo.id, prefix, after and after[0], limit + 1,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse(page(rows, limit, asset_json, lambda r: [r["path"]]))
 
@@ -144,7 +145,7 @@ async def show_asset(request: Request) -> Response:
         row = await conn.fetchrow(
             "SELECT path, artifact_id, updated_at FROM arkvory_assets WHERE repository_id = $1 AND path = $2",
             repo.id, path,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if row is None:
             raise NotFound(f"no asset {path!r} in {repo.name!r}")
@@ -152,7 +153,7 @@ async def show_asset(request: Request) -> Response:
             "SELECT id, artifact_id, pointed_at FROM arkvory_asset_history"
             " WHERE repository_id = $1 AND path = $2 ORDER BY id DESC LIMIT $3",
             repo.id, path, int(raw),
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse({**asset_json(row), "history": [history_json(h) for h in history]})
 
@@ -167,14 +168,14 @@ async def delete_asset(request: Request) -> Response:
         deleted = await conn.fetchval(
             "DELETE FROM arkvory_assets WHERE repository_id = $1 AND path = $2 RETURNING 1",
             repo.id, path,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if not deleted:
             raise NotFound(f"no asset {path!r} in {repo.name!r}")
         await conn.execute(
             "DELETE FROM arkvory_asset_history WHERE repository_id = $1 AND path = $2",
             repo.id, path,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         return Result(204)
 

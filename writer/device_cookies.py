@@ -20,7 +20,7 @@ import time
 
 import asyncpg
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 
 COOKIE = "arkvory_device"
 LIFETIME_S = 365 * 86400
@@ -39,7 +39,7 @@ class DeviceCookies:
         if self._secret is None:
             async with pooled(pool) as conn:
                 self._secret = await conn.fetchval(
-                    "SELECT secret FROM arkvory_server_secrets WHERE name = 'login_device'", timeout=QUERY_TIMEOUT_S
+                    "SELECT secret FROM arkvory_server_secrets WHERE name = 'login_device'", timeout=POOLED_QUERY_TIMEOUT_S
                 )
             assert self._secret is not None, "migration 0008 makes the login_device secret"
 

@@ -8,7 +8,7 @@ A mutating route reads and checks its input, then hands its change to `idempoten
         ...check body...
 
         async def work(conn: asyncpg.Connection) -> Result:
-            row = await conn.fetchrow("INSERT ... RETURNING ...", ..., timeout=QUERY_TIMEOUT_S)
+            row = await conn.fetchrow("INSERT ... RETURNING ...", ..., timeout=POOLED_QUERY_TIMEOUT_S)
             return Result(201, thing_json(row), {"Location": f"/api/v1/things/{row['id']}"})
 
         return await idempotent(request, principal, {"body": body}, work)
@@ -72,9 +72,9 @@ import asyncpg
 from starlette.requests import Request
 from starlette.responses import Response
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.errors import Conflict, IdempotencyKeyInUse, IdempotentParameterMismatch, InvalidInput
-from shared.identity import Principal
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import Conflict, IdempotencyKeyInUse, IdempotentParameterMismatch, InvalidInput
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -256,12 +256,12 @@ class HeldKey:
                 locked = await conn.fetchval(
                     "SELECT pg_try_advisory_xact_lock($1, $2)",
                     *_lock_ids(self.principal.id, self.key),
-                    timeout=QUERY_TIMEOUT_S,
+                    timeout=POOLED_QUERY_TIMEOUT_S,
                 )
                 if not locked:
                     raise IdempotencyKeyInUse("a request with this Idempotency-Key is still running; retry after it ends")
                 # Under the lock: a request that finished since any earlier lookup is seen now.
-                row = await conn.fetchrow(_LOOKUP, self.principal.id, self.key, timeout=QUERY_TIMEOUT_S)
+                row = await conn.fetchrow(_LOOKUP, self.principal.id, self.key, timeout=POOLED_QUERY_TIMEOUT_S)
                 if row is not None:
                     return _replay(_from_row(row, results.clock()), expected)
                 result = _as_result(await work(conn))
@@ -285,7 +285,7 @@ class HeldKey:
                     None if body is None else body.decode(),
                     json.dumps(recorded),
                     runtime.settings.idempotency_retention_s,
-                    timeout=QUERY_TIMEOUT_S,
+                    timeout=POOLED_QUERY_TIMEOUT_S,
                 )
                 if not stored:
                     raise Conflict("a concurrent request recorded this Idempotency-Key; retry to see its result")
@@ -321,7 +321,7 @@ async def idempotent(request: Request, principal: Principal, parts: Any, work: W
             assert pool is not None
             started = results.clock()
             async with pooled(pool) as conn:
-                row = await conn.fetchrow(_LOOKUP, principal.id, key, timeout=QUERY_TIMEOUT_S)
+                row = await conn.fetchrow(_LOOKUP, principal.id, key, timeout=POOLED_QUERY_TIMEOUT_S)
             if row is not None:
                 recorded = _from_row(row, started)
                 results.put(principal.id, key, recorded)
@@ -338,6 +338,6 @@ async def delete_expired(conn: asyncpg.Connection, batch: int = 10_000) -> int:
         "DELETE FROM arkvory_idempotency_keys WHERE ctid IN (SELECT ctid FROM arkvory_idempotency_keys"
         " WHERE expires_at <= now() LIMIT $1)",
         batch,
-        timeout=QUERY_TIMEOUT_S,
+        timeout=POOLED_QUERY_TIMEOUT_S,
     )
     return int(status.split()[-1])

@@ -4,7 +4,7 @@ passwords. A restart forgets them, which gives a guesser one more window, no mor
 Fixed windows of `WINDOW_S`: a key at its limit answers `429 rate_limited` with the seconds
 until its window ends in `Retry-After`. Three kinds of key:
 
-- the client's address (shared/client_address.py: the peer, or behind the operator's balancers
+- the client's address (shared/http/client_address.py: the peer, or behind the operator's balancers
   the address they saw): every login and sign-up counts, `ADDRESS_LIMIT` a window;
 - the account name, for clients without its device cookie: every failed password counts,
   `ACCOUNT_LIMIT` a window, whether the account exists or not (a limit only for existing
@@ -33,7 +33,7 @@ import math
 import time
 from collections.abc import Callable
 
-from shared.errors import RateLimited
+from arkvory.shared.errors import RateLimited
 
 log = logging.getLogger("arkvory.login")
 

@@ -15,8 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import MAX_PACKAGE_FIELD, QUERY_TIMEOUT_S, check_text, pooled, repository_for_read
-from shared.errors import Conflict, InvalidInput, NotFound
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import MAX_PACKAGE_FIELD, check_text, repository_for_read
+from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 
 from . import openapi
 from .idempotency import Result, idempotent
@@ -77,7 +78,7 @@ async def register_package(request: Request) -> Response:
             "INSERT INTO arkvory_packages (repository_id, group_name, name, version, artifact_id)"
             f" VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING {_COLUMNS}",
             repo.id, group, name, version, artifact_id,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if row is not None:
             return Result(201, package_json(row))
@@ -85,7 +86,7 @@ async def register_package(request: Request) -> Response:
             f"SELECT {_COLUMNS} FROM arkvory_packages WHERE repository_id = $1"
             " AND group_name = $2 AND name = $3 AND version = $4",
             repo.id, group, name, version,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if existing is None:  # deleted between the two statements
             raise Conflict("the request conflicts with a concurrent change; read the state and retry")
@@ -113,7 +114,7 @@ async def list_packages(request: Request) -> Response:
             " AND ($4::text IS NULL OR (group_name, name, version) > ($4, $5, $6))"
             " ORDER BY group_name, name, version LIMIT $7",
             repo.id, group, name, *after, limit + 1,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse(
         page(rows, limit, package_json, lambda r: [r["group_name"], r["name"], r["version"]])
@@ -131,7 +132,7 @@ async def show_package(request: Request) -> Response:
             f"SELECT {_COLUMNS} FROM arkvory_packages WHERE repository_id = $1"
             " AND group_name = $2 AND name = $3 AND version = $4",
             repo.id, group, name, version,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     if row is None:
         raise NotFound(f"no package {group}/{name}/{version} in {repo.name!r}")
@@ -149,7 +150,7 @@ async def delete_package(request: Request) -> Response:
             "DELETE FROM arkvory_packages WHERE repository_id = $1"
             " AND group_name = $2 AND name = $3 AND version = $4 RETURNING 1",
             repo.id, group, name, version,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if not deleted:
             raise NotFound(f"no package {group}/{name}/{version} in {repo.name!r}")

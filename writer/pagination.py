@@ -20,7 +20,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from shared.errors import InvalidInput
+from arkvory.shared.errors import InvalidInput
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

@@ -20,7 +20,7 @@ import hashlib
 import hmac
 import os
 
-from shared.errors import Busy, InvalidInput
+from arkvory.shared.errors import Busy, InvalidInput
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**17, 8, 1
 DKLEN = 32

@@ -1,7 +1,7 @@
 """Repository permissions for accounts (`read`, `write`, `admin`) and their management API.
 
 Only an administrator or the repository's own admins manage them. A repository the caller may
-not read answers as if it did not exist (shared/catalog.py), so management cannot probe names.
+not read answers as if it did not exist (shared/download/catalog.py), so management cannot probe names.
 A change notifies `arkvory_credentials` (migration 0004): every process drops the principals it
 cached, and the account's next request has exactly its new permissions.
 """
@@ -15,12 +15,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled, repository_for_read
-from shared.credentials import forget_cached
-from shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.auth.credentials import forget_cached
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import repository_for_read
+from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 
-from .accounts import check_account_name
 from . import openapi
+from .accounts import check_account_name
 from .idempotency import idempotent
 from .repositories import json_body, principal_of, runtime_of
 
@@ -48,14 +49,14 @@ async def list_permissions(request: Request) -> Response:
             "SELECT a.name, p.level FROM arkvory_repository_permissions p"
             " JOIN arkvory_accounts a ON a.id = p.account_id WHERE p.repository_id = $1 ORDER BY a.name",
             repo.id,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse({"items": [{"account": r["name"], "level": r["level"]} for r in rows]})
 
 
 async def _account_id(conn: asyncpg.Connection, name: str):
     account_id = await conn.fetchval(
-        "SELECT id FROM arkvory_accounts WHERE name = $1", name, timeout=QUERY_TIMEOUT_S
+        "SELECT id FROM arkvory_accounts WHERE name = $1", name, timeout=POOLED_QUERY_TIMEOUT_S
     )
     if account_id is None:
         raise NotFound(f"no account {name!r}")
@@ -76,12 +77,12 @@ async def set_permission(request: Request) -> Response:
             "INSERT INTO arkvory_repository_permissions (repository_id, account_id, level)"
             " VALUES ($1, $2, $3) ON CONFLICT (repository_id, account_id) DO UPDATE SET level = excluded.level",
             repo.id, account_id, level,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         return 200, {"repository": repo.name, "account": name, "level": level}
 
     answer = await idempotent(request, principal, {"level": level}, work)
-    forget_cached(runtime_of(request))
+    forget_cached(runtime_of(request).credentials)
     return answer
 
 
@@ -95,14 +96,14 @@ async def delete_permission(request: Request) -> Response:
             "DELETE FROM arkvory_repository_permissions WHERE repository_id = $1 AND account_id = $2"
             " RETURNING level",
             repo.id, account_id,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if deleted is None:
             raise NotFound(f"{name!r} has no permission on {repo.name!r}")
         return 204, None
 
     answer = await idempotent(request, principal, {}, work)
-    forget_cached(runtime_of(request))
+    forget_cached(runtime_of(request).credentials)
     return answer
 
 

@@ -11,19 +11,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.bodies import read_json_object
-from shared.catalog import (
-    QUERY_TIMEOUT_S,
+from arkvory.shared.auth.credentials import SESSION_COOKIE, resolve
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import (
     Repository,
     check_repository_name,
     parse_uuid,
-    pooled,
     repository_for_read,
 )
-from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from shared.credentials import SESSION_COOKIE, resolve
-from shared.identity import Principal
-from shared.runtime import Runtime
+from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.http.bodies import read_json_object
+from arkvory.shared.process.runtime import Runtime
 
 from . import openapi
 from .idempotency import Result, idempotent
@@ -40,10 +39,13 @@ def forget_cached_lookups(request: Request) -> None:
 
 
 async def principal_of(request: Request) -> Principal:
-    """Any credential kind (shared/credentials.py); on the writer also the session cookie of the
+    """Any credential kind (shared/auth/credentials.py); on the writer also the session cookie of the
     console (SameSite=Strict, so other sites cannot make a browser send it)."""
+    runtime = runtime_of(request)
     return await resolve(
-        runtime_of(request),
+        runtime.keys,
+        runtime.credentials,
+        runtime.pool,
         request.headers.get("authorization"),
         request.cookies.get(SESSION_COOKIE),
     )
@@ -79,7 +81,7 @@ async def writable_name(request: Request, principal: Principal) -> str:
 async def repository_in(conn: asyncpg.Connection, name: str) -> Repository:
     """The repository a change applies to, found in the change's transaction."""
     row = await conn.fetchrow(
-        "SELECT id, name, public FROM arkvory_repositories WHERE name = $1", name, timeout=QUERY_TIMEOUT_S
+        "SELECT id, name, public FROM arkvory_repositories WHERE name = $1", name, timeout=POOLED_QUERY_TIMEOUT_S
     )
     if row is None:
         raise NotFound(f"no repository {name!r}")
@@ -94,7 +96,7 @@ async def artifact_in(conn: asyncpg.Connection, repo: Repository, value: Any) ->
     found = await conn.fetchval(
         "SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
         artifact_id, repo.id,
-        timeout=QUERY_TIMEOUT_S,
+        timeout=POOLED_QUERY_TIMEOUT_S,
     )
     if not found:
         raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
@@ -147,7 +149,7 @@ async def create_repository(request: Request) -> Response:
                 "INSERT INTO arkvory_repositories (id, name, public) VALUES ($1, $2, $3)"
                 " RETURNING id, name, public",
                 uuid.uuid4(), name, public,
-                timeout=QUERY_TIMEOUT_S,
+                timeout=POOLED_QUERY_TIMEOUT_S,
             )
         except asyncpg.UniqueViolationError:
             raise Conflict(f"repository {name!r} already exists") from None
@@ -176,7 +178,7 @@ async def list_repositories(request: Request) -> Response:
             " WHERE (public OR $1 OR name = ANY($2::text[])) AND ($3::text IS NULL OR name > $3)"
             " ORDER BY name LIMIT $4",
             every, names, after and after[0], limit + 1,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse(
         page(rows, limit, repository_json, lambda r: [r["name"]], keep=lambda r: r["public"] or principal.may_read(r["name"]))
@@ -211,7 +213,7 @@ async def update_repository(request: Request) -> Response:
         row = await conn.fetchrow(
             "UPDATE arkvory_repositories SET public = $2 WHERE name = $1 RETURNING id, name, public",
             name, public,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if row is None:
             raise NotFound(f"no repository {name!r}")
@@ -236,7 +238,7 @@ async def delete_repository(request: Request) -> Response:
         # lock on it (foreign key), so the count below sees every artifact that will exist.
         row = await conn.fetchrow(
             "SELECT id, name, public FROM arkvory_repositories WHERE name = $1 FOR UPDATE", name,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if row is None:
             raise NotFound(f"no repository {name!r}")
@@ -245,7 +247,7 @@ async def delete_repository(request: Request) -> Response:
             held = await conn.fetchval(
                 "SELECT count(*) FROM (SELECT 1 FROM arkvory_artifacts WHERE repository_id = $1 LIMIT 1001) a",
                 repo.id,
-                timeout=QUERY_TIMEOUT_S,
+                timeout=POOLED_QUERY_TIMEOUT_S,
             )
             if held:
                 many = "more than 1000" if held > 1000 else str(held)
@@ -253,7 +255,7 @@ async def delete_repository(request: Request) -> Response:
                     f"repository {repo.name!r} still holds {many} artifact(s): delete them first, "
                     "or send DELETE with ?force=true to delete it with everything in it"
                 )
-        await conn.execute("DELETE FROM arkvory_repositories WHERE id = $1", repo.id, timeout=QUERY_TIMEOUT_S)
+        await conn.execute("DELETE FROM arkvory_repositories WHERE id = $1", repo.id, timeout=POOLED_QUERY_TIMEOUT_S)
         return Result(204)
 
     response = await idempotent(request, principal, {"force": force}, work)

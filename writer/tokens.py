@@ -3,7 +3,7 @@
 
 The token is in the creation answer once and nowhere else: only its SHA-256 is stored, lists
 never show it. Revoking deletes the row; the delete notifies every process, which forget what
-they cached (shared/credentials.py), so the next request with it is 401 everywhere.
+they cached (shared/auth/credentials.py), so the next request with it is 401 everywhere.
 
 A credential never makes one that outlives it (SPEC §5): the new one's expiry is capped at its
 maker's, sessions included, and the answer's `expiresAt` says what was granted. A keys-file key
@@ -30,10 +30,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, check_text, parse_uuid, pooled
-from shared.credentials import forget_cached, mint
-from shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
-from shared.identity import Principal, is_scope
+from arkvory.shared.auth.credentials import forget_cached, mint
+from arkvory.shared.auth.identity import Principal, is_scope
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import check_text, parse_uuid
+from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 
 from . import openapi
 from .accounts import confirm_password
@@ -122,7 +123,7 @@ async def _create(
         row = await conn.fetchrow(
             _INSERT_CAPPED,
             new.id, kind, new.digest, account_id, label, access, scopes, principal.id, float(expires_in), maker,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     if row is None:
         raise Unauthorized("the credential making this one was revoked or expired meanwhile")
@@ -164,7 +165,7 @@ async def list_tokens(request: Request) -> Response:
             f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE account_id = $1 AND kind = 'pat'"
             " ORDER BY created_at LIMIT 10000",
             account_id,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse({"items": [credential_json(r) for r in rows]})
 
@@ -177,14 +178,14 @@ async def _revoke(request: Request, principal: Principal, kind: str, owner: uuid
             "DELETE FROM arkvory_credentials WHERE id = $1 AND kind = $2"
             " AND ($3::uuid IS NULL OR account_id = $3) RETURNING id",
             credential_id, kind, owner,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if deleted is None:
             raise NotFound(f"no {'token' if kind == 'pat' else 'key'} {credential_id}")
         return 204, None
 
     answer = await idempotent(request, principal, {}, work)
-    forget_cached(runtime_of(request))
+    forget_cached(runtime_of(request).credentials)
     return answer
 
 
@@ -233,7 +234,7 @@ async def list_keys(request: Request) -> Response:
         rows = await conn.fetch(
             f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE kind = 'service_key'"
             " ORDER BY created_at LIMIT 10000",
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse({"items": [credential_json(r) for r in rows]})
 

@@ -4,7 +4,7 @@ principal holds at most ARKVORY_MAX_UPLOADS_PER_PRINCIPAL, so one client cannot 
 Shared by the one-shot upload, parts and whole-content PUTs. Nobody waits for a place: a
 refusal is `503 busy` with Retry-After at once (like a full download queue, SPEC §4, and the
 retry table of SPEC §6), and a place is held at most as long as its body keeps arriving
-(the receive timeout and the minimum rate of shared/bodies.py).
+(the receive timeout and the minimum rate of shared/http/bodies.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from shared.errors import Busy
+from arkvory.shared.errors import Busy
 
 RETRY_AFTER_S = 5
 

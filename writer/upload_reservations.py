@@ -18,8 +18,8 @@ import hashlib
 
 import asyncpg
 
-from shared.catalog import QUERY_TIMEOUT_S
-from shared.errors import Conflict, PayloadTooLarge
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S
+from arkvory.shared.errors import Conflict, PayloadTooLarge
 
 # Open sessions per principal: a bound on its rows whatever their sizes.
 MAX_OPEN_SESSIONS = 100
@@ -46,7 +46,7 @@ async def reserved_by(conn: asyncpg.Connection, principal_id: str) -> tuple[int,
     row = await conn.fetchrow(
         "SELECT count(*) AS sessions, coalesce(sum(size), 0)::bigint AS reserved FROM arkvory_uploads"
         " WHERE principal_id = $1 AND status = 'open'",
-        principal_id, timeout=QUERY_TIMEOUT_S,
+        principal_id, timeout=POOLED_QUERY_TIMEOUT_S,
     )
     return row["sessions"], row["reserved"]
 
@@ -57,7 +57,7 @@ async def claim_reservation(conn: asyncpg.Connection, principal_id: str, size: i
     locked until the commit."""
     await conn.execute(
         "SELECT pg_advisory_xact_lock($1, $2)", RESERVATION_NAMESPACE, _principal_key(principal_id),
-        timeout=QUERY_TIMEOUT_S,
+        timeout=POOLED_QUERY_TIMEOUT_S,
     )
     sessions, reserved = await reserved_by(conn, principal_id)
     if sessions >= MAX_OPEN_SESSIONS:

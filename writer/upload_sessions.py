@@ -7,7 +7,7 @@ part `i` covers `[i * partSize, min(size, (i + 1) * partSize))`. One process (th
 under its lock) writes session files, so the in-process registry is the whole truth about
 which parts are being received and which completions are running in this process; the
 worker's sweep, another process, sees the same through the lock the writer holds on a session
-file it uses (shared/upload_files.py).
+file it uses (shared/storage/upload_files.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import uuid
 
 import asyncpg
 
-from shared.catalog import pooled
-from shared.errors import Conflict
-from shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
-from shared.upload_files import remove_upload_sessions, sweep_upload_sessions
+from arkvory.shared.db import pooled
+from arkvory.shared.errors import Conflict
+from arkvory.shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
+from arkvory.shared.storage.upload_files import remove_upload_sessions, sweep_upload_sessions
 
 
 MiB = 1024 * 1024
@@ -185,7 +185,7 @@ async def whole_digest(registry: ActiveUploads, session: asyncpg.Record, path: s
 
 def unlink_quietly(path: str) -> None:
     """In a worker thread only (a session file may be large): on the loop, use
-    shared/upload_files.py `remove_own_file`."""
+    shared/storage/upload_files.py `remove_own_file`."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -196,7 +196,7 @@ async def remove_sessions(
     conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID], *, only_expired: bool = True,
     only_open: bool = False,
 ) -> list[uuid.UUID]:
-    """Sessions and their files, except those in use; returns the ids removed (shared/upload_files.py)."""
+    """Sessions and their files, except those in use; returns the ids removed (shared/storage/upload_files.py)."""
     return await remove_upload_sessions(
         conn, storage, ids, only_expired=only_expired, only_open=only_open
     )
@@ -209,7 +209,7 @@ async def sweep_expired_uploads(
     """Remove sessions past their expiry with their files; returns how many. For the worker's
     periodic cleanup (on the writer's host) and the writer's own sweeps; sessions `busy` in
     this process are left alone, and so are those any process holds in use
-    (shared/upload_files.py holds the rules)."""
+    (shared/storage/upload_files.py holds the rules)."""
     async with pooled(pool) as conn:
         return await sweep_upload_sessions(
             conn, storage, orphans_older_than_s=orphans_older_than_s,

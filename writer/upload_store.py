@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 from starlette.requests import Request
 
-from shared.bodies import MIN_RATE_GRACE_S, MinimumRate, ReceiveTimedOut, body_chunks
-from shared.errors import Conflict, DigestMismatch, InvalidInput, PayloadTooLarge, UnsupportedMediaType
-from shared.metrics import Metrics
-from shared.settings import Settings
-from shared.storage import Storage, is_out_of_space, out_of_space
+from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from arkvory.shared.http.bodies import MIN_RATE_GRACE_S, MinimumRate, ReceiveTimedOut, body_chunks
+from arkvory.shared.metrics import Metrics
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage, is_out_of_space, out_of_space
 
 log = logging.getLogger("arkvory.uploads")
 

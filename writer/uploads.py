@@ -15,7 +15,7 @@ before that commit leaves no artifact and a session that `complete` finishes.
 Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files at the
 writer's start, on access, by each new session, and by the worker's cleanup
 (`upload_sessions.sweep_expired_uploads`), never while this writer receives into or completes
-from a session's file: it holds the file locked meanwhile (shared/upload_files.py).
+from a session's file: it holds the file locked meanwhile (shared/storage/upload_files.py).
 
 A completed session stays (DELETE is 409) until the idempotency retention ends, so a repeated
 `complete` returns its artifact.
@@ -41,14 +41,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, Repository, parse_uuid, pooled
-from shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
-from shared.media_types import upload_media_type
-from shared.upload_files import open_in_use, remove_own_file
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import Repository, parse_uuid
+from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
+from arkvory.shared.http.media_types import upload_media_type
+from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
 from .artifacts import artifact_json, check_artifact_name, place_claimed_blob
 from .idempotency import Result, idempotent, key_of
 from .repositories import json_body, principal_of, repository_for_write, runtime_of
+from .upload_places import UploadPlaces
+from .upload_reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
 from .upload_sessions import (
     DEFAULT_PART,
     MAX_PART,
@@ -63,9 +66,7 @@ from .upload_sessions import (
     sweep_expired_uploads,
     whole_digest,
 )
-from .upload_places import UploadPlaces
 from .upload_store import BatchedReceiver, Region, parse_sha256, refuse_form_upload
-from .upload_reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
 from .uploads_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 
 log = logging.getLogger("arkvory.uploads")
@@ -178,7 +179,7 @@ async def create_upload(request: Request) -> Response:
             f" RETURNING {_COLUMNS}",
             session_id, repo.id, principal.id, descriptor["name"], descriptor["size"],
             descriptor["sha256"], descriptor["mediaType"], descriptor["partSize"],
-            float(settings.upload_expiry_s), timeout=QUERY_TIMEOUT_S,
+            float(settings.upload_expiry_s), timeout=POOLED_QUERY_TIMEOUT_S,
         )
         # Inside the transaction that records the key: a full disk rolls the row back, and a
         # crash before the commit leaves only a file without a row (the sweep removes it).
@@ -197,7 +198,7 @@ def _location(request: Request, session_id: uuid.UUID) -> str:
 async def _received(conn: asyncpg.Connection, session_id: uuid.UUID) -> list[int]:
     rows = await conn.fetch(
         "SELECT index FROM arkvory_upload_parts WHERE upload_id = $1 ORDER BY index",
-        session_id, timeout=QUERY_TIMEOUT_S,
+        session_id, timeout=POOLED_QUERY_TIMEOUT_S,
     )
     return [r["index"] for r in rows]
 
@@ -214,7 +215,7 @@ async def _session_for(request: Request) -> tuple[Repository, asyncpg.Record]:
         row = await conn.fetchrow(
             f"SELECT {_COLUMNS}, expires_at < now() AS expired FROM arkvory_uploads"
             " WHERE id = $1 AND repository_id = $2 AND principal_id = $3",
-            session_id, repo.id, principal.id, timeout=QUERY_TIMEOUT_S,
+            session_id, repo.id, principal.id, timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if row is not None and row["expired"] and not active_uploads(request).busy(session_id):
             active_uploads(request).forget(session_id)
@@ -239,7 +240,7 @@ async def list_uploads(request: Request) -> Response:
             f"SELECT {_COLUMNS}, (SELECT count(*) FROM arkvory_upload_parts p WHERE p.upload_id = u.id)"
             " AS received FROM arkvory_uploads u WHERE repository_id = $1 AND principal_id = $2"
             " AND status = 'open' ORDER BY created_at, id LIMIT $3",
-            repo.id, principal.id, MAX_OPEN_SESSIONS, timeout=QUERY_TIMEOUT_S,
+            repo.id, principal.id, MAX_OPEN_SESSIONS, timeout=POOLED_QUERY_TIMEOUT_S,
         )
         _, reserved = await reserved_by(conn, principal.id)
     return JSONResponse({
@@ -293,7 +294,7 @@ async def delete_upload(request: Request) -> Response:
         if not removed:
             status = await conn.fetchval(
                 "SELECT status FROM arkvory_uploads WHERE id = $1", session["id"],
-                timeout=QUERY_TIMEOUT_S,
+                timeout=POOLED_QUERY_TIMEOUT_S,
             )
             if status is None:
                 raise NotFound(f"upload {session['id']} was removed meanwhile")
@@ -331,7 +332,7 @@ async def put_part(request: Request) -> Response:
         async with pooled(pool) as conn:
             recorded = await conn.fetchval(
                 "SELECT sha256 FROM arkvory_upload_parts WHERE upload_id = $1 AND index = $2",
-                session["id"], index, timeout=QUERY_TIMEOUT_S,
+                session["id"], index, timeout=POOLED_QUERY_TIMEOUT_S,
             )
         if recorded is not None and recorded != declared:
             raise Conflict(f"part {index} was already received with other bytes (sha256 {recorded})")
@@ -358,7 +359,7 @@ async def put_content(request: Request) -> Response:
         async with pooled(pool) as conn:
             rows = await conn.fetch(
                 "SELECT index, sha256 FROM arkvory_upload_parts WHERE upload_id = $1",
-                session["id"], timeout=QUERY_TIMEOUT_S,
+                session["id"], timeout=POOLED_QUERY_TIMEOUT_S,
             )
         recorded = {r["index"]: r["sha256"] for r in rows}
         regions = [Region(i, *part_span(session, i), recorded.get(i)) for i in range(count)]
@@ -384,7 +385,7 @@ async def _unrecord(request: Request, session_id: uuid.UUID, indexes: list[int])
     async with pooled(pool) as conn:
         await conn.execute(
             "DELETE FROM arkvory_upload_parts WHERE upload_id = $1 AND index = ANY($2::int[])",
-            session_id, indexes, timeout=QUERY_TIMEOUT_S,
+            session_id, indexes, timeout=POOLED_QUERY_TIMEOUT_S,
         )
     active_uploads(request).forget(session_id)
 
@@ -432,7 +433,7 @@ async def _receive_regions(
                 " UPDATE arkvory_uploads SET expires_at = now() + make_interval(secs => $5)"
                 " WHERE id = $1",
                 session["id"], region.index, region.size, region.digest.hexdigest(),
-                float(runtime.settings.upload_expiry_s), timeout=QUERY_TIMEOUT_S,
+                float(runtime.settings.upload_expiry_s), timeout=POOLED_QUERY_TIMEOUT_S,
             )
         active_uploads(request).part_recorded(session, region.index, path)
 
@@ -484,7 +485,7 @@ async def _completed_answer(request: Request, session: asyncpg.Record, replay: b
     async with pooled(pool) as conn:
         row = await conn.fetchrow(
             "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_artifacts WHERE id = $1",
-            session["artifact_id"], timeout=QUERY_TIMEOUT_S,
+            session["artifact_id"], timeout=POOLED_QUERY_TIMEOUT_S,
         ) if session["artifact_id"] else None
     if row is None:
         raise NotFound("this upload was published, but its artifact has been deleted since")
@@ -492,7 +493,7 @@ async def _completed_answer(request: Request, session: asyncpg.Record, replay: b
 
 
 async def _publish_in_use(request: Request, repo: Repository, session: asyncpg.Record) -> asyncpg.Record:
-    """`_publish` while holding the session's file in use (shared/upload_files.py): no sweep
+    """`_publish` while holding the session's file in use (shared/storage/upload_files.py): no sweep
     removes the session or its file from before it is read until it is published."""
     storage = runtime_of(request).storage
     assert storage is not None
@@ -534,7 +535,7 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
     async with pooled(pool) as conn, conn.transaction():
         status = await conn.fetchval(
             "SELECT status FROM arkvory_uploads WHERE id = $1 FOR UPDATE", session_id,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if status != "open":
             raise NotFound("this upload was removed meanwhile; start a new one")
@@ -547,17 +548,17 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
             "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
             " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, name, sha256, size, media_type, created_at",
             uuid.uuid4(), repo.id, session["name"], sha256, session["size"], session["media_type"],
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         # Kept for the idempotency retention, so a late repeat still finds its artifact.
         await conn.execute(
             "UPDATE arkvory_uploads SET status = 'completed', artifact_id = $2,"
             " expires_at = now() + make_interval(secs => $3) WHERE id = $1",
             session_id, row["id"], float(runtime.settings.idempotency_retention_s),
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         await conn.execute(
-            "DELETE FROM arkvory_upload_parts WHERE upload_id = $1", session_id, timeout=QUERY_TIMEOUT_S
+            "DELETE FROM arkvory_upload_parts WHERE upload_id = $1", session_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
     await remove_own_file(path)
     return row
@@ -567,7 +568,7 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
 
 
 async def _sweep_some(request: Request) -> None:
-    """Expired sessions go at the writer's start (shared/upload_files.py) and when accessed; each
+    """Expired sessions go at the writer's start (shared/storage/upload_files.py) and when accessed; each
     new session also sweeps those expired since (one indexed query when there are none), so
     a writer that runs for weeks without the worker still frees their space."""
     runtime = runtime_of(request)

@@ -1,7 +1,7 @@
 """The Arkvory client library (SPEC §10): resumable, verified downloads; uploads that are safe
 to retry and re-run; retries by the table of SPEC §6.
 
-    from shared.client import Client, RetryPolicy, DownloadResult, errors
+    from arkvory.shared.client import Client, RetryPolicy, DownloadResult, errors
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Client", "DownloadResult", "RetryPolicy", "errors"]
 
-# Loaded on first use (PEP 562), not with the package: shared/cli.py imports this package's
+# Loaded on first use (PEP 562), not with the package: shared/cli/main.py imports this package's
 # `commands` to register get/put/ls/stat/rm, and `arkvory serve` must not load httpx and tenacity.
 _EXPORTS = {"Client": "api", "DownloadResult": "download", "RetryPolicy": "retries", "errors": None}
 

@@ -5,7 +5,7 @@
         artifact = client.upload("builds", "app.tar.gz", asset="latest/app.tar.gz")
 
 Synchronous (one httpx.Client): simple for a CLI and fast enough with large chunks. Every call
-retries by SPEC §6 within its RetryPolicy and raises a `shared.client.errors.ClientError`
+retries by SPEC §6 within its RetryPolicy and raises a `arkvory.shared.client.errors.ClientError`
 subclass (each with its CLI exit code) when it cannot succeed.
 """
 

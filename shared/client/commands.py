@@ -1,6 +1,6 @@
 """`arkvory get|put|ls|stat|rm`: the client library (shared/client) on the command line (SPEC §10).
 
-Registered by shared/cli.py. Every import that costs (httpx, tenacity, tqdm, the library itself)
+Registered by shared/cli/main.py. Every import that costs (httpx, tenacity, tqdm, the library itself)
 happens inside a command, so `arkvory serve` and `arkvory --help` load none of it.
 """
 

@@ -16,11 +16,11 @@ Why deleting a blob cannot break an upload or a download:
   file there) until their artifact is committed (blob_locks.py), so either they place it after
   our unlink, or their reference is what the re-check sees. A digest being uploaded right
   now is skipped (try-lock), never waited for.
-- **Downloads.** A transfer opens a blob only after its read pin is committed (shared/pins.py),
+- **Downloads.** A transfer opens a blob only after its read pin is committed (shared/cluster/pins.py),
   and the re-check counts a pin as live while `pinned_until > now()`, `now()` being the start
   of our transaction (earlier than the check: conservative). A cleanup that checked before the
   pin existed can only delete a blob whose artifact was already gone; the transfer then finds
-  no file and answers 404 (shared/content.py). An open descriptor keeps its bytes after unlink.
+  no file and answers 404 (shared/download/transfer.py). An open descriptor keeps its bytes after unlink.
   A process whose pins cannot be written serves no payload, so no expired pin hides a read.
 - **Stray files.** A file without a row is deleted only when its mtime is older than the grace
   period and, under the digest's exclusive lock, there is still no row: an upload placing it is
@@ -59,12 +59,12 @@ from typing import Any, NoReturn
 
 import asyncpg
 
-from shared.errors import InvalidInput
-from shared.storage import Storage, to_the_end
-from shared.upload_files import any_stale_upload, remove_stale_uploads
-from writer.tasks.budgets import cost_units
-from writer.tasks.context import TaskCancelled
-from writer.tasks.retention import any_to_prune, prune_finished_batch
+from arkvory.shared.errors import InvalidInput
+from arkvory.shared.storage import Storage, to_the_end
+from arkvory.shared.storage.upload_files import any_stale_upload, remove_stale_uploads
+from arkvory.writer.tasks.budgets import cost_units
+from arkvory.writer.tasks.context import TaskCancelled
+from arkvory.writer.tasks.retention import any_to_prune, prune_finished_batch
 
 from .blob_locks import try_claim_for_removal
 
@@ -147,7 +147,7 @@ _ANY_EXPIRED_KEY = "SELECT EXISTS (SELECT 1 FROM arkvory_idempotency_keys WHERE 
 
 
 async def _idempotency_keys(ctx, grace: int) -> dict:
-    from writer.idempotency import delete_expired
+    from arkvory.writer.idempotency import delete_expired
 
     deleted = 0
     while True:
@@ -170,11 +170,11 @@ async def _idempotency_keys(ctx, grace: int) -> dict:
 
 
 async def _upload_sessions(ctx, grace: int) -> dict:
-    from writer.upload_sessions import sweep_expired_uploads
+    from arkvory.writer.upload_sessions import sweep_expired_uploads
 
     _stop_if_cancelled(ctx)
     # Sessions and temp files the writer is using are locked by it and left alone, however old
-    # (shared/upload_files.py); the age only spares files created a moment ago.
+    # (shared/storage/upload_files.py); the age only spares files created a moment ago.
     orphan_age = max(grace, MIN_ORPHAN_AGE_S)
     room = _room(ctx, UPLOAD_SWEEP_MAX, UPLOAD_COST)
     sessions = temp_files = 0

@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.errors import Forbidden, InvalidInput, Unauthorized
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import Forbidden, InvalidInput, Unauthorized
 
 from .. import openapi
 from ..pagination import page, page_cursor, page_limit
@@ -41,7 +41,7 @@ async def record_diagnostic(
         " VALUES ($1, $2, $3, $4) ON CONFLICT (sha256) DO UPDATE SET"
         " problem = EXCLUDED.problem, detail = EXCLUDED.detail, task_id = EXCLUDED.task_id,"
         " detected_at = CASE WHEN d.problem = EXCLUDED.problem THEN d.detected_at ELSE now() END",
-        sha256, problem, detail[:MAX_DETAIL], task_id, timeout=QUERY_TIMEOUT_S,
+        sha256, problem, detail[:MAX_DETAIL], task_id, timeout=POOLED_QUERY_TIMEOUT_S,
     )
 
 
@@ -49,7 +49,7 @@ async def clear_diagnostic(conn: asyncpg.Connection, sha256: str) -> bool:
     """Forget the blob's diagnostic: call it once a good file is under the digest again (a
     verify found it good, or an upload placed the bytes it hashed). True if there was one."""
     status = await conn.execute(
-        "DELETE FROM arkvory_storage_diagnostics WHERE sha256 = $1", sha256, timeout=QUERY_TIMEOUT_S
+        "DELETE FROM arkvory_storage_diagnostics WHERE sha256 = $1", sha256, timeout=POOLED_QUERY_TIMEOUT_S
     )
     return status != "DELETE 0"
 
@@ -59,7 +59,7 @@ async def prune_diagnostics_without_blob(conn: asyncpg.Connection) -> int:
     status = await conn.execute(
         "DELETE FROM arkvory_storage_diagnostics d"
         " WHERE NOT EXISTS (SELECT 1 FROM arkvory_blobs b WHERE b.sha256 = d.sha256)",
-        timeout=QUERY_TIMEOUT_S,
+        timeout=POOLED_QUERY_TIMEOUT_S,
     )
     return int(status.split()[-1])
 
@@ -67,7 +67,7 @@ async def prune_diagnostics_without_blob(conn: asyncpg.Connection) -> int:
 async def diagnostic_counts(conn: asyncpg.Connection) -> dict[str, int]:
     rows = await conn.fetch(
         "SELECT problem, count(*) AS n FROM arkvory_storage_diagnostics GROUP BY problem",
-        timeout=QUERY_TIMEOUT_S,
+        timeout=POOLED_QUERY_TIMEOUT_S,
     )
     counts = dict.fromkeys(PROBLEMS, 0)
     counts.update({row["problem"]: row["n"] for row in rows})
@@ -126,7 +126,7 @@ async def list_diagnostics(request: Request) -> Response:
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
-        rows = await conn.fetch(_LIST, problem, after and after[0], limit + 1, timeout=QUERY_TIMEOUT_S)
+        rows = await conn.fetch(_LIST, problem, after and after[0], limit + 1, timeout=POOLED_QUERY_TIMEOUT_S)
     return JSONResponse(page(rows, limit, diagnostic_json, lambda r: [r["sha256"]]))
 
 

@@ -29,8 +29,8 @@ from typing import Any, TextIO
 import asyncpg
 from prometheus_client import CollectorRegistry
 
-from shared import db
-from shared.settings import Settings
+from arkvory.shared import db
+from arkvory.shared.settings import Settings
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -115,7 +115,7 @@ class OfflineContext:
         self, kind: str, params: dict, pool: asyncpg.Pool, storage, settings: Settings,
         *, out: TextIO = sys.stdout,
     ) -> None:
-        from writer.worker.metrics import WorkerMetrics
+        from arkvory.writer.worker.metrics import WorkerMetrics
 
         self.task_id = uuid.uuid4()
         self.kind = kind
@@ -164,7 +164,7 @@ class OfflineContext:
 
     def _raise_if_stopped(self) -> None:
         if self.stop_reason is not None:
-            from writer.tasks.context import TaskCancelled
+            from arkvory.writer.tasks.context import TaskCancelled
 
             raise TaskCancelled(self.stop_reason)
 
@@ -176,9 +176,9 @@ async def run_offline(
     kind: ModuleType, kind_name: str, params: dict, settings: Settings, *, out: TextIO = sys.stdout,
 ) -> int:
     """Take the locks, check the storage, run `kind` with an OfflineContext; an exit status."""
-    from shared.errors import StartupError
-    from shared.storage import verify_storage
-    from writer.tasks.context import TaskCancelled
+    from arkvory.shared.errors import StartupError
+    from arkvory.shared.storage import verify_storage
+    from arkvory.writer.tasks.context import TaskCancelled
 
     try:
         lock_conn = await db.connect(

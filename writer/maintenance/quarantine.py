@@ -4,7 +4,7 @@ A blob whose bytes are not its digest must never be served as if it were good. I
 `<data>/quarantine/sha256/<digest>.<UTC time>` (the same filesystem: a rename, no copy), so the
 content path finds no file and answers 503 `content_unavailable`, and a re-upload of the right
 bytes places a good file under the digest again. Cached descriptors are the one place a moved file
-lives on: `notify_moved` makes every process drop its own (shared/open_blobs.py).
+lives on: `notify_moved` makes every process drop its own (shared/storage/open_blobs.py).
 
 A good file can take the bad one's place between hashing and moving (a re-upload of the same
 content replaces or links it). The move therefore compares the moved file with the one that was
@@ -19,8 +19,8 @@ import pathlib
 
 import asyncpg
 
-from shared.open_blobs import CHANNEL
-from shared.storage import Storage, fsync_directory
+from arkvory.shared.storage import Storage, fsync_directory
+from arkvory.shared.storage.open_blobs import CHANNEL
 
 QUERY_TIMEOUT_S = 10
 

@@ -40,9 +40,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from shared.errors import InvalidInput
-from writer.tasks.budgets import cost_units
-from writer.tasks.context import TaskCancelled
+from arkvory.shared.errors import InvalidInput
+from arkvory.writer.tasks.budgets import cost_units
+from arkvory.writer.tasks.context import TaskCancelled
 
 from .blob_locks import claim_for_diagnosis
 from .diagnostics import (

@@ -20,13 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.catalog import QUERY_TIMEOUT_S, parse_uuid, pooled
-from shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from shared.identity import Principal
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import parse_uuid
+from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 
-from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
-from ..pagination import page, page_cursor, page_limit
-from ..repositories import json_body, principal_of, runtime_of
 from . import store
 from .api_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .budgets import budget_json, validate_budget
@@ -34,6 +32,9 @@ from .definition import definition_hash, normalise
 from .dispatch import Definition, dispatch
 from .kinds import KINDS
 from .stream import EventStreamResponse, TaskEventHub, event_json, frames
+from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
+from ..pagination import page, page_cursor, page_limit
+from ..repositories import json_body, principal_of, runtime_of
 
 ON_RESTART = ("fail", "retry", "resume")
 # Without `on_restart`, a kind gets the policy that suits it: cleanup is safe to run again
@@ -204,7 +205,7 @@ async def list_tasks(request: Request) -> Response:
             " AND ($3::timestamptz IS NULL OR (created_at, id) < ($3::timestamptz, $4::uuid))"
             " ORDER BY created_at DESC, id DESC LIMIT $5",
             kind, status, after and after[0], after and after[1], limit + 1,
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
     tasks = [store.decode(row) for row in rows]
     return JSONResponse(page(tasks, limit, task_json, lambda t: [t["created_at"].isoformat(), str(t["id"])]))
@@ -255,7 +256,7 @@ async def task_events(request: Request) -> Response:
     limit = page_limit(request)
     async with pooled(pool) as conn:
         state = await conn.fetchrow(
-            "SELECT status, last_event FROM arkvory_tasks WHERE id = $1", task_id, timeout=QUERY_TIMEOUT_S
+            "SELECT status, last_event FROM arkvory_tasks WHERE id = $1", task_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
         events = await store.fetch_events(conn, task_id, after, limit) if state is not None else []
     if state is None:
@@ -272,7 +273,7 @@ async def task_events(request: Request) -> Response:
 
 async def _event_stream(request: Request, pool: asyncpg.Pool, task_id: uuid.UUID, after: int) -> Response:
     async with pooled(pool) as conn:
-        exists = await conn.fetchval("SELECT 1 FROM arkvory_tasks WHERE id = $1", task_id, timeout=QUERY_TIMEOUT_S)
+        exists = await conn.fetchval("SELECT 1 FROM arkvory_tasks WHERE id = $1", task_id, timeout=POOLED_QUERY_TIMEOUT_S)
     if not exists:
         raise NotFound(f"no task {task_id}")
     hub: TaskEventHub = request.app.state.task_events

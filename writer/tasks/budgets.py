@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shared.errors import InvalidInput
+from arkvory.shared.errors import InvalidInput
 
 # limit name -> usage counter it bounds
 LIMITS = {

@@ -1,9 +1,10 @@
 """What a task kind's code sees while it runs: the contract between the worker and the kinds.
 
-A kind is a module with `validate_params(params: dict) -> dict` (raises `shared.errors.InvalidInput`
-on bad params; the API calls it before a task is stored) and `async def run(ctx: TaskContext) ->
-dict` (the task's result). The worker implements `TaskContext`; every budget check, event and
-checkpoint goes through it, so a kind never writes task rows itself.
+A kind is a module with `validate_params(params: dict) -> dict` (raises
+`arkvory.shared.errors.InvalidInput` on bad params; the API calls it before a task is stored)
+and `async def run(ctx: TaskContext) -> dict` (the task's result). The worker implements
+`TaskContext`; every budget check, event and checkpoint goes through it, so a kind never writes
+task rows itself.
 
 A kind asks its budget before each step (`budget_left`, `require_budget`) and reports the step's
 usage with `progress` after it, in the units of writer/tasks/budgets.py. A module attribute
@@ -19,8 +20,8 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from shared.settings import Settings
-from shared.storage import Storage
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage
 
 
 class TaskCancelled(Exception):

@@ -29,7 +29,7 @@ import json
 import math
 from typing import Any
 
-from shared.errors import InvalidInput
+from arkvory.shared.errors import InvalidInput
 
 MAX_EXACT_FLOAT = 2**53  # every integer below this is exactly one double
 MAX_INTEGER = 2**63

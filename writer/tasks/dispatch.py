@@ -14,8 +14,8 @@ from typing import Any
 
 import asyncpg
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.errors import IdempotentParameterMismatch
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import IdempotentParameterMismatch
 
 from . import store
 
@@ -39,7 +39,7 @@ class Dispatched:
 
 async def find_by_key(conn: asyncpg.Connection, key: str) -> dict[str, Any] | None:
     return store.decode(
-        await conn.fetchrow("SELECT * FROM arkvory_tasks WHERE idempotency_key = $1", key, timeout=QUERY_TIMEOUT_S)
+        await conn.fetchrow("SELECT * FROM arkvory_tasks WHERE idempotency_key = $1", key, timeout=POOLED_QUERY_TIMEOUT_S)
     )
 
 

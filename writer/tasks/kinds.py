@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from writer.maintenance import cleanup, verify
+from arkvory.writer.maintenance import cleanup, verify
 
 KINDS: dict[str, ModuleType] = {"cleanup": cleanup, "verify": verify}

@@ -3,7 +3,7 @@ the oldest queued task, read from the database every REFRESH_S by a supervised l
 never queries the database), and the live event streams of this writer.
 
 A refresh that fails (database down) keeps the last values; the process logs the outage once
-(`shared.supervision.DATABASE`).
+(`arkvory.shared.cluster.supervision.DATABASE`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import anyio
 import asyncpg
 from prometheus_client import CollectorRegistry, Gauge
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.errors import DatabaseUnavailable
-from shared.supervision import DATABASE
+from arkvory.shared.cluster.supervision import DATABASE
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import DatabaseUnavailable
 
 from .kinds import KINDS
 from .store import STATUSES
@@ -54,12 +54,12 @@ class TaskMetrics:
 
     async def refresh(self, conn: asyncpg.Connection) -> None:
         rows = await conn.fetch(
-            "SELECT kind, status, count(*) AS n FROM arkvory_tasks GROUP BY kind, status", timeout=QUERY_TIMEOUT_S
+            "SELECT kind, status, count(*) AS n FROM arkvory_tasks GROUP BY kind, status", timeout=POOLED_QUERY_TIMEOUT_S
         )
         oldest = await conn.fetchval(
             "SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8"
             " FROM arkvory_tasks WHERE status = 'queued'",
-            timeout=QUERY_TIMEOUT_S,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
         counts = {(row["kind"], row["status"]): row["n"] for row in rows}
         for kind in set(KINDS) | {kind for kind, _ in counts}:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from shared.catalog import QUERY_TIMEOUT_S
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S
 
 from .store import FINISHED
 
@@ -51,10 +51,10 @@ async def prune_finished_batch(conn: asyncpg.Connection, older_than_s: int, at_m
     """One statement of `prune_finished`: at most `at_most` tasks (a budget sizes it)."""
     if older_than_s < 0 or at_most < 1:
         raise ValueError("older_than_s must be >= 0 and at_most >= 1")
-    status = await conn.execute(_PRUNE, older_than_s, list(FINISHED), at_most, timeout=QUERY_TIMEOUT_S)
+    status = await conn.execute(_PRUNE, older_than_s, list(FINISHED), at_most, timeout=POOLED_QUERY_TIMEOUT_S)
     return int(status.split()[-1])
 
 
 async def any_to_prune(conn: asyncpg.Connection, older_than_s: int) -> bool:
     """Whether `prune_finished` would delete anything now."""
-    return await conn.fetchval(_ANY_TO_PRUNE, older_than_s, list(FINISHED), timeout=QUERY_TIMEOUT_S)
+    return await conn.fetchval(_ANY_TO_PRUNE, older_than_s, list(FINISHED), timeout=POOLED_QUERY_TIMEOUT_S)

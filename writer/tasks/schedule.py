@@ -14,7 +14,7 @@ freed when its task is pruned (ARKVORY_TASK_RETENTION), long after its period en
 retention is shorter than the interval.
 
 The loop survives the database: an error is retried a second later, and the process logs the
-outage once (`shared.supervision.DATABASE`).
+outage once (`arkvory.shared.cluster.supervision.DATABASE`).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any
 import anyio
 import asyncpg
 
-from shared.catalog import QUERY_TIMEOUT_S, pooled
-from shared.errors import ApiError, DatabaseUnavailable
-from shared.runtime import Runtime
-from shared.settings import Settings
-from shared.supervision import DATABASE
+from arkvory.shared.cluster.supervision import DATABASE
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import ApiError, DatabaseUnavailable
+from arkvory.shared.process.runtime import Runtime
+from arkvory.shared.settings import Settings
 
 from .definition import definition_hash
 from .dispatch import Definition, insert_once
@@ -64,7 +64,7 @@ def scheduled_definition(kind: str) -> Definition:
 async def dispatch_due(conn: asyncpg.Connection, kind: str, interval_s: int) -> tuple[int, float, bool]:
     """Dispatch this period's task of `kind` unless it exists: (period, seconds until the next
     period by the database clock, whether this call created it)."""
-    epoch = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8", timeout=QUERY_TIMEOUT_S)
+    epoch = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8", timeout=POOLED_QUERY_TIMEOUT_S)
     period = int(epoch // interval_s)
     outcome = await insert_once(conn, scheduled_definition(kind), schedule_key(kind, period), CREATED_BY)
     return period, (period + 1) * interval_s - epoch, not outcome.replayed

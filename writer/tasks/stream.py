@@ -35,10 +35,9 @@ import asyncpg
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from shared import db
-from shared.catalog import pooled
-from shared.errors import Busy, DatabaseUnavailable
-from shared.supervision import DATABASE
+from arkvory.shared import db
+from arkvory.shared.cluster.supervision import DATABASE
+from arkvory.shared.errors import Busy, DatabaseUnavailable
 
 from . import store
 
@@ -242,7 +241,7 @@ async def frames(
     while True:
         subscription.wake.clear()  # before the read: a hint during it is not lost
         try:
-            async with pooled(pool) as conn:
+            async with db.pooled(pool) as conn:
                 state = await conn.fetchrow(
                     "SELECT status, last_event FROM arkvory_tasks WHERE id = $1", task_id, timeout=db.QUERY_TIMEOUT_S
                 )

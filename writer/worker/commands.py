@@ -1,4 +1,4 @@
-"""`arkvory` subcommands of this package (registered by shared/cli.py): `arkvory worker`."""
+"""`arkvory` subcommands of this package (registered by shared/cli/main.py): `arkvory worker`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ EXIT_USAGE = 2
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run the task worker; the same settings rules and exit statuses as `serve`."""
-    from shared import logs
-    from shared.errors import StartupError
-    from shared.identity import KeyRing, KeysFileError
-    from shared.settings import SettingsError, format_problems
+    from arkvory.shared import logs
+    from arkvory.shared.errors import StartupError
+    from arkvory.shared.auth.identity import KeyRing, KeysFileError
+    from arkvory.shared.settings import SettingsError, format_problems
 
     from .startup import worker_settings
 
@@ -33,8 +33,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     async def main() -> int:
         import asyncpg
 
-        from shared import db
-        from shared.errors import DatabaseUnavailable
+        from arkvory.shared import db
+        from arkvory.shared.errors import DatabaseUnavailable
 
         from .process import WorkerProcess
         from .startup import bind_health_port, check_database

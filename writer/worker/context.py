@@ -26,12 +26,12 @@ from typing import Any
 
 import asyncpg
 
-from shared.settings import Settings
-from shared.storage import Storage
-from writer.tasks import store
-from writer.tasks.budgets import budget_left, empty_usage, exceeded, exceeded_by
-from writer.tasks.context import BudgetExceeded, TaskCancelled
-from writer.tasks.store import Fence
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage
+from arkvory.writer.tasks import store
+from arkvory.writer.tasks.budgets import budget_left, empty_usage, exceeded, exceeded_by
+from arkvory.writer.tasks.context import BudgetExceeded, TaskCancelled
+from arkvory.writer.tasks.store import Fence
 
 from .metrics import WorkerMetrics
 

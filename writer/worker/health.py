@@ -14,44 +14,46 @@ tells it of revocations, and a scrape every few seconds costs one indexed query)
 
 from __future__ import annotations
 
-import dataclasses
-from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+import asyncpg
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shared.credentials import CredentialCache, resolve
-from shared.errors import Unauthorized
-from shared.http import EXCEPTION_HANDLERS, RequestGuard
-
-if TYPE_CHECKING:
-    from .process import WorkerProcess
+from arkvory.shared.auth.credentials import CredentialCache, resolve
+from arkvory.shared.auth.identity import KeyRing
+from arkvory.shared.errors import Unauthorized
+from arkvory.shared.http.edge import EXCEPTION_HANDLERS, RequestGuard
+from arkvory.shared.settings import Settings
 
 RETRY_AFTER = {"Retry-After": "2"}
 
 
-@dataclasses.dataclass
-class _CredentialSource:
-    """What `credentials.resolve` reads of a process: the keys, a (never listening, so never
-    answering from memory) credential cache, and the pool."""
+class WorkerState(Protocol):
+    """What the health routes read of the worker process (process.WorkerProcess)."""
 
-    keys: object
-    pool: object
-    control: SimpleNamespace = dataclasses.field(default_factory=lambda: SimpleNamespace(credentials=CredentialCache()))
+    settings: Settings
+    keys: KeyRing
+    pool: asyncpg.Pool
+    registry: CollectorRegistry
+    state: str
+    schema_version: int
+
+    def running_tasks(self) -> list[dict[str, Any]]: ...
 
 
-def _worker(request: Request) -> WorkerProcess:
+def _worker(request: Request) -> WorkerState:
     return request.app.state.worker
 
 
 async def _require_key(request: Request) -> None:
     worker = _worker(request)
-    source = _CredentialSource(keys=worker.keys, pool=worker.pool)
-    principal = await resolve(source, request.headers.get("authorization"))  # type: ignore[arg-type]
+    # A fresh cache that never listens, so never answers from memory (see the docstring).
+    cache = CredentialCache()
+    principal = await resolve(worker.keys, cache, worker.pool, request.headers.get("authorization"))
     if principal.is_anonymous:
         raise Unauthorized("this endpoint needs a key")
 
@@ -88,7 +90,7 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(worker.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def build_health_app(worker: WorkerProcess) -> RequestGuard:
+def build_health_app(worker: WorkerState) -> RequestGuard:
     app = Starlette(
         routes=[
             Route("/health/live", live, methods=["GET", "HEAD"]),

@@ -11,7 +11,8 @@ every task write with it (writer/tasks/store.py `Fence`), so an activation that 
 can never again write a task that the next activation recovered. A worker that finds the lock
 taken waits in standby, says so once (naming the active worker from `pg_stat_activity`), and
 tries again every 2 s; a killed worker's connection closes with it, so the lock frees at once.
-Database trouble is reported to `shared.supervision.DATABASE`: one line per outage, not per retry.
+Database trouble is reported to `arkvory.shared.cluster.supervision.DATABASE`: one line per
+outage, not per retry.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from collections.abc import Callable
 
 import asyncpg
 
-from shared import db
-from shared.errors import DatabaseUnavailable
-from shared.supervision import DATABASE
-from writer.tasks.store import Fence
+from arkvory.shared import db
+from arkvory.shared.cluster.supervision import DATABASE
+from arkvory.shared.errors import DatabaseUnavailable
+from arkvory.writer.tasks.store import Fence
 
 log = logging.getLogger("arkvory.worker.lock")
 

@@ -34,10 +34,10 @@ import asyncpg
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from shared.identity import KeyRing
-from shared.settings import Settings
-from shared.storage import Storage
-from writer.tasks import kinds
+from arkvory.shared.auth.identity import KeyRing
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage
+from arkvory.writer.tasks import kinds
 
 from .health import build_health_app
 from .lock import Activation, WorkerLock

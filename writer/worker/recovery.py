@@ -33,8 +33,8 @@ from typing import Any
 
 import asyncpg
 
-from shared import db
-from writer.tasks import store
+from arkvory.shared import db
+from arkvory.writer.tasks import store
 
 from .lock import Activation
 from .metrics import WorkerMetrics

@@ -37,11 +37,11 @@ from typing import Any
 import anyio
 import asyncpg
 
-from shared.errors import InvalidInput
-from shared.settings import Settings
-from shared.storage import Storage
-from writer.tasks import store
-from writer.tasks.context import BudgetExceeded, TaskCancelled
+from arkvory.shared.errors import InvalidInput
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage
+from arkvory.writer.tasks import store
+from arkvory.writer.tasks.context import BudgetExceeded, TaskCancelled
 
 from .context import POOL_TIMEOUT_S, RunningTask
 from .lock import Activation

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 
 import asyncpg
 
-from shared import db
-from shared.errors import StartupError, StartupRefused
-from shared.settings import Settings
-from shared.storage import Storage, verify_storage
+from arkvory.shared import db
+from arkvory.shared.errors import StartupError, StartupRefused
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import Storage, verify_storage
 
 # The worker serves no downloads and has its own port variable: the writer's and gateways'
 # variables below are not its own, so it can read the same common.env as every process.

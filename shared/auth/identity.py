@@ -1,0 +1,152 @@
+"""Who is asking (SPEC §5): principals from bearer tokens, and what they may do.
+
+The same code runs on every process, so a gateway checks permissions exactly as the writer.
+Only SHA-256 digests of tokens are kept and compared; a token is never logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pathlib
+import re
+import tomllib
+import uuid
+from collections.abc import Iterable
+
+from arkvory.shared.errors import Unauthorized
+
+_SCOPE = re.compile(r"^(admin|(read|write):(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,99}))$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def is_scope(value: str) -> bool:
+    """A scope as the keys file and managed service keys accept it."""
+    return bool(_SCOPE.match(value))
+
+
+class KeysFileError(Exception):
+    """ARKVORY_KEYS_FILE cannot be used; the message names the problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """`id` is stable per account or key: it names the per-principal budget.
+
+    Scopes use the keys-file grammar; an account's repository permissions become scopes too
+    (`read` → read:<repo>, `write` → write:<repo>, `admin` → write:<repo> and admin:<repo>, the
+    last one never accepted from a keys file). Database credentials carry `credential_id`, and
+    sessions and personal tokens the `account_id` they act for.
+    """
+
+    id: str
+    kind: str  # "key" (keys file) | "service" (managed key) | "account" | "anonymous"
+    scopes: frozenset[str]
+    account_id: uuid.UUID | None = None
+    read_only: bool = False  # a `read` personal token: never writes, whatever its account may do
+    credential_id: uuid.UUID | None = None
+    credential_kind: str | None = None  # "session" | "pat" | "service_key" for database credentials
+
+    @property
+    def is_anonymous(self) -> bool:
+        return self.kind == "anonymous"
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.scopes
+
+    def may_read(self, repository: str) -> bool:
+        return self.may_write(repository) or bool(
+            self.scopes & {"read:*", f"read:{repository}"}
+        )
+
+    def may_write(self, repository: str) -> bool:
+        return self.is_admin or bool(self.scopes & {"write:*", f"write:{repository}"})
+
+    def may_administer(self, repository: str) -> bool:
+        """May manage the repository's permissions: an administrator or its repository admin."""
+        return self.is_admin or f"admin:{repository}" in self.scopes
+
+
+ANONYMOUS = Principal(id="anonymous", kind="anonymous", scopes=frozenset())
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class KeyRing:
+    """Service keys from the keys file, looked up by the SHA-256 of the bearer token."""
+
+    def __init__(self, principals_by_digest: dict[str, Principal]) -> None:
+        self._by_digest = principals_by_digest
+
+    @classmethod
+    def empty(cls) -> KeyRing:
+        return cls({})
+
+    @classmethod
+    def from_file(cls, path: pathlib.Path) -> KeyRing:
+        try:
+            document = tomllib.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise KeysFileError(f"ARKVORY_KEYS_FILE: cannot read {path}: {exc}") from exc
+        entries = document.get("key", [])
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise KeysFileError(f"ARKVORY_KEYS_FILE: {path}: expected [[key]] tables")
+        return cls.from_entries(entries, source=str(path))
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[dict], source: str = "keys") -> KeyRing:
+        scopes_by_id: dict[str, set[str]] = {}
+        digests: dict[str, str] = {}
+        for number, entry in enumerate(entries, start=1):
+            where = f"ARKVORY_KEYS_FILE: {source}: [[key]] #{number}"
+            key_id, digest, scopes = entry.get("id"), entry.get("sha256"), entry.get("scopes")
+            if not isinstance(key_id, str) or not key_id:
+                raise KeysFileError(f"{where}: expected a non-empty string 'id'")
+            if not isinstance(digest, str) or not _HEX64.match(digest.lower()):
+                raise KeysFileError(f"{where}: expected 'sha256' as 64 hex digits")
+            if not isinstance(scopes, list) or not all(
+                isinstance(s, str) and _SCOPE.match(s) for s in scopes
+            ):
+                raise KeysFileError(
+                    f"{where}: expected 'scopes' as a list of admin, read:*, write:*, "
+                    "read:<repo>, write:<repo>"
+                )
+            if digest.lower() in digests:
+                raise KeysFileError(f"{where}: the same token digest appears twice")
+            digests[digest.lower()] = key_id
+            # Several keys with one id are one principal (rotation): their scopes unite.
+            scopes_by_id.setdefault(key_id, set()).update(scopes)
+        principals = {
+            key_id: Principal(id=f"key:{key_id}", kind="key", scopes=frozenset(scopes))
+            for key_id, scopes in scopes_by_id.items()
+        }
+        return cls({digest: principals[key_id] for digest, key_id in digests.items()})
+
+    def lookup(self, token: str) -> Principal | None:
+        # A dict lookup by digest leaks nothing useful: the attacker cannot choose digests.
+        return self._by_digest.get(token_digest(token))
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer` header; other schemes are refused clearly."""
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("expected 'Authorization: Bearer <token>'")
+    return token.strip()
+
+
+def authenticate(keys: KeyRing, authorization: str | None) -> Principal:
+    """The principal behind a keys-file token; ANONYMOUS when no credentials were sent.
+    Every request path uses `credentials.resolve`, which also knows database credentials."""
+    token = bearer_token(authorization)
+    if token is None:
+        return ANONYMOUS
+    principal = keys.lookup(token)
+    if principal is None:
+        raise Unauthorized("the token is not valid")
+    return principal

@@ -1,0 +1,218 @@
+"""The `arkvory` command: serve, dev, admin (SPEC §9)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import importlib
+import os
+import secrets
+import sys
+
+from arkvory.shared.errors import StartupError
+from arkvory.shared.settings import Settings, SettingsError, format_problems
+
+from .dev import DEFAULT_DIR
+
+EXIT_USAGE = 2
+# Modules whose `register` adds their subcommands: the worker, the offline repair tools, and the
+# client's get/put/ls/stat/rm.
+_COMMAND_MODULES = (
+    "arkvory.writer.worker.commands",
+    "arkvory.shared.cli.offline",
+    "arkvory.shared.client.commands",
+)
+
+
+def _settings_or_exit(environ) -> Settings:
+    try:
+        return Settings.from_env(environ)
+    except SettingsError as exc:
+        print(format_problems(exc), file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings_or_exit(os.environ)
+    from arkvory.shared import logs
+    from arkvory.shared.errors import StartupError
+    from arkvory.shared.auth.identity import KeyRing, KeysFileError
+
+    logs.configure(settings.log_format, settings.log_level)
+    try:
+        keys = KeyRing.from_file(settings.keys_file) if settings.keys_file else KeyRing.empty()
+    except KeysFileError as exc:
+        print(f"arkvory: invalid setting {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def main() -> int:
+        from arkvory.shared.process.runtime import Runtime
+        from arkvory.shared.process.server import serve
+
+        runtime = await Runtime.start(settings, keys)
+        if settings.is_writer:
+            from arkvory.writer.app import build_writer_app as build
+        else:
+            from arkvory.gateway.app import build_gateway_app as build
+        return await serve(runtime, build(runtime))
+
+    try:
+        from arkvory.shared.http.protocol import check_http_stack
+
+        check_http_stack()  # before anything binds or connects
+        import uvloop
+
+        return uvloop.run(main())
+    except StartupError as exc:
+        print(f"arkvory: {exc}", file=sys.stderr)
+        return exc.exit_status
+
+
+def cmd_new_key(args: argparse.Namespace) -> int:
+    from arkvory.shared.auth.identity import KeyRing, KeysFileError, token_digest
+
+    token = f"arkvory_key_{secrets.token_urlsafe(32)}"
+    scopes = ", ".join(f'"{s}"' for s in args.scope)
+    stanza = f'[[key]]\nid = "{args.id}"\nsha256 = "{token_digest(token)}"\nscopes = [{scopes}]\n'
+    try:
+        import tomllib
+
+        KeyRing.from_entries(tomllib.loads(stanza)["key"])
+    except KeysFileError as exc:
+        print(f"arkvory: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"# token (shown once, store it now): {token}", file=sys.stderr)
+    print(stanza, end="")
+    return 0
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    """`--dev [DIR]` reads a running `arkvory dev`'s env file; otherwise ARKVORY_DATABASE_URL."""
+    if args.dev is not None:
+        from .dev import dev_environment
+
+        return dev_environment(args.dev)["ARKVORY_DATABASE_URL"]
+    url = os.environ.get("ARKVORY_DATABASE_URL")
+    if not url:
+        raise StartupError(
+            "no database: set ARKVORY_DATABASE_URL, or pass --dev [DIR] to use a running arkvory dev"
+        )
+    return url
+
+
+def _admin_tool(name: str):
+    """An `arkvory admin` action that works on the database directly."""
+
+    def run(args: argparse.Namespace) -> int:
+        from . import admin
+
+        try:
+            url = _database_url(args)
+        except StartupError as exc:
+            print(f"arkvory: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        tool = getattr(args, name, None) or getattr(admin, name)
+        if getattr(args, "json", False):
+            tool = functools.partial(tool, as_json=True)
+        return asyncio.run(admin.run_tool(url, tool))
+
+    return run
+
+
+def _read_password() -> str | None:
+    """The password from standard input (a prompt on a terminal), never from the command line,
+    where other users could read it in the process list."""
+    if sys.stdin.isatty():
+        import getpass
+
+        first = getpass.getpass("password: ")
+        return first if getpass.getpass("again: ") == first else None
+    return sys.stdin.readline().rstrip("\r\n")
+
+
+def cmd_create_user(args: argparse.Namespace) -> int:
+    from arkvory.writer.accounts import ACCOUNT_NAME
+    from arkvory.writer.passwords import MAX_PASSWORD, MIN_PASSWORD, hash_password
+
+    if not ACCOUNT_NAME.fullmatch(args.name):
+        print("arkvory: NAME must be 1-64 letters, digits, '.', '_', '@' and '-'", file=sys.stderr)
+        return EXIT_USAGE
+    password = _read_password()
+    if password is None or not MIN_PASSWORD <= len(password) <= MAX_PASSWORD:
+        print(
+            f"arkvory: expected a password of {MIN_PASSWORD}-{MAX_PASSWORD} characters on standard input",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    hashed = hash_password(password)
+    args.create_user = functools.partial(_create_user_tool, name=args.name, hashed=hashed, admin=args.admin)
+    return _admin_tool("create_user")(args)
+
+
+def _create_user_tool(conn, *, name, hashed, admin):
+    from .admin import create_user
+
+    return create_user(conn, name=name, hashed=hashed, admin=admin)
+
+
+def _database_options(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    action.add_argument(
+        "--dev", nargs="?", const=DEFAULT_DIR, metavar="DIR",
+        help=f"use the database of the arkvory dev running in DIR (default {DEFAULT_DIR})"
+        " instead of ARKVORY_DATABASE_URL",
+    )
+    return action
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from .dev import run_dev_cluster
+
+    return run_dev_cluster(args.dir, gateways=args.gateways, base_port=args.port)
+
+
+def parser() -> argparse.ArgumentParser:
+    from arkvory.shared.client.cli_output import EXIT_CODES_HELP
+
+    top = argparse.ArgumentParser(
+        prog="arkvory", description="Arkvory artifact server", epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the API program (role from ARKVORY_ROLE)")
+    serve.set_defaults(func=cmd_serve)
+    dev = sub.add_parser("dev", help="run a local writer + gateways on an embedded PostgreSQL")
+    dev.add_argument("--dir", default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})")
+    dev.add_argument("--gateways", type=int, default=2, choices=range(0, 16))
+    dev.add_argument("--port", type=int, default=8080, help="writer port; gateways follow")
+    dev.set_defaults(func=cmd_dev)
+    admin = sub.add_parser("admin", help="operator tools").add_subparsers(dest="action", required=True)
+    new_key = admin.add_parser("new-key", help="print a new service key and its keys-file stanza")
+    new_key.add_argument("--id", required=True)
+    new_key.add_argument("--scope", action="append", required=True)
+    new_key.set_defaults(func=cmd_new_key)
+    reset = admin.add_parser(
+        "reset-download-policy", help="delete the saved policy and leases (refuses while any lease is live)"
+    )
+    _database_options(reset).set_defaults(func=_admin_tool("reset_download_policy"))
+    status = admin.add_parser("status", help="show the policy and the slot leases")
+    status.add_argument("--json", action="store_true", help="print JSON for machines")
+    _database_options(status).set_defaults(func=_admin_tool("show_status"))
+    create_user = admin.add_parser(
+        "create-user", help="add an account; the password is read from standard input, never an argument"
+    )
+    create_user.add_argument("name", metavar="NAME")
+    create_user.add_argument("--admin", action="store_true", help="an administrator (every repository)")
+    _database_options(create_user).set_defaults(func=cmd_create_user)
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).register(sub, admin)
+    return top
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

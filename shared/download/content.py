@@ -1,0 +1,295 @@
+"""The three content routes every process serves (SPEC §6): one lookup, permission included,
+decides the answer (a 304, an error, or a BlobResponse that streams the bytes: transfer.py), and
+a fast path (ContentDispatch) takes these routes past Starlette's middleware stack.
+"""
+
+from __future__ import annotations
+
+import base64
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from starlette._exception_handler import _lookup_exception_handler
+from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
+from starlette.routing import Match, Route
+from starlette.types import Message, Receive, Scope, Send
+
+from arkvory.shared.auth.credentials import resolve
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.errors import InvalidInput, Unavailable
+from arkvory.shared.http.edge import EXCEPTION_HANDLERS, ambiguous_credentials, send_error
+from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle
+from arkvory.shared.http.ranges import not_modified, requested_range
+
+from .catalog import Artifact, ContentKey, by_artifact_id, by_asset, by_package, find_content, parse_uuid
+from .serving import ServingProcess
+from .transfer import BlobResponse
+
+
+def _sha256_b64(hex_digest: str) -> str:
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode()
+
+
+def content_disposition(name: str) -> str:
+    ascii_name = name.encode("ascii", "replace").decode().replace('"', "'").replace("\\", "_")
+    ascii_name = "".join(c if 32 <= ord(c) < 127 else "_" for c in ascii_name) or "download"
+    quoted = urllib.parse.quote(name, safe="")
+    return f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quoted}"
+
+
+class _Headers:
+    """The response headers of one artifact as seen from one repository, encoded once: they
+    depend only on the artifact (immutable) and on the repository being public."""
+
+    __slots__ = ("etag", "common", "full")
+
+    def __init__(self, artifact: Artifact, public: bool) -> None:
+        b64 = _sha256_b64(artifact.sha256)
+        self.etag = f'"sha256:{artifact.sha256}"'
+        cache_control = "public" if public else "private"
+        self.common = (
+            (b"etag", self.etag.encode()),
+            (b"accept-ranges", b"bytes"),
+            (b"digest", f"sha-256={b64}".encode()),
+            (b"repr-digest", f"sha-256=:{b64}:".encode()),
+            (b"cache-control", f"{cache_control}, max-age=0, must-revalidate".encode()),
+        )
+        self.full = (
+            *self.common,
+            (b"content-type", artifact.media_type.encode("latin-1")),
+            (b"content-disposition", content_disposition(artifact.name).encode("latin-1")),
+            (b"content-length", str(artifact.size).encode()),
+        )
+
+
+_HEADERS_CACHED = 4096
+_headers_cache: dict[tuple[Artifact, bool], _Headers] = {}
+
+
+def _headers_of(artifact: Artifact, public: bool) -> _Headers:
+    key = (artifact, public)
+    found = _headers_cache.get(key)
+    if found is None:
+        if len(_headers_cache) >= _HEADERS_CACHED:
+            _headers_cache.clear()
+        found = _headers_cache[key] = _Headers(artifact, public)
+    return found
+
+
+class _Ask:
+    """What a content request says, read in one pass over its headers (this path runs once per
+    download, small ones included, so it skips building a Starlette `Request`)."""
+
+    __slots__ = ("method", "repo", "authorization", "range", "if_range", "if_none_match")
+
+    def __init__(self, scope: Scope) -> None:
+        self.method = scope["method"]
+        self.repo = scope["path_params"]["repo"]
+        authorization = range_ = if_range = if_none_match = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"range":
+                range_ = value.decode("latin-1")
+            elif name == b"if-range":
+                if_range = value.decode("latin-1")
+            elif name == b"if-none-match":
+                if_none_match = value.decode("latin-1")
+        self.authorization = authorization
+        self.range = range_
+        self.if_range = if_range
+        self.if_none_match = if_none_match
+
+
+class _ContentEndpoint:
+    """A content route as a plain ASGI app: Starlette's router calls it directly (no request
+    wrapper); errors propagate to the app's exception handlers like any route's."""
+
+    def __init__(self, key_of: Callable[[Scope], ContentKey]) -> None:
+        self.key_of = key_of
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime: ServingProcess = scope["app"].state.runtime
+        key = self.key_of(scope)  # a malformed id or parameter is 400 whoever asks
+        ask = _Ask(scope)
+        principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
+        if not runtime.may_serve:
+            raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
+        response = await _plan(runtime, ask, principal, key)
+        await response(scope, receive, send)
+
+
+class _Plain:
+    """A body-less answer (304) with the given headers."""
+
+    __slots__ = ("status", "headers")
+
+    def __init__(self, status: int, headers: tuple[tuple[bytes, bytes], ...]) -> None:
+        self.status = status
+        self.headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _plan(runtime: ServingProcess, ask: _Ask, principal: Principal, key: ContentKey) -> Any:
+    """Look the content up (permission checked) and decide the answer; no byte is sent here."""
+    assert runtime.pool is not None
+    generation = runtime.catalog.generation
+    repo, artifact = await find_content(
+        runtime.pool, ask.repo, principal, key, runtime.catalog
+    )
+    encoded = _headers_of(artifact, repo.public)
+    etag = encoded.etag
+    if not_modified(ask.if_none_match, etag):
+        return _Plain(304, encoded.common)
+    is_get = ask.method == "GET"
+    # Range is defined for GET only (RFC 9110 §14.2): HEAD answers as GET without Range would.
+    byte_range = requested_range(ask.range, ask.if_range, etag, artifact.size) if is_get else None
+    if byte_range is None:
+        status, headers, length = 200, encoded.full, artifact.size
+    else:
+        status, length = 206, byte_range.length
+        headers = (
+            *encoded.full[:-1],
+            (b"content-length", str(length).encode()),
+            (b"content-range", f"bytes {byte_range.start}-{byte_range.end}/{artifact.size}".encode()),
+        )
+    send_body = is_get and length > 0
+    return BlobResponse(
+        runtime,
+        principal,
+        artifact,
+        status,
+        headers,
+        byte_range,
+        send_body,
+        generation,
+        lambda: _plan(runtime, ask, principal, key),
+    )
+
+
+def _required(params: QueryParams, name: str) -> str:
+    value = params.get(name)
+    if not value:
+        raise InvalidInput(f"query parameter {name!r} is required")
+    return value
+
+
+_ARTIFACT_KEYS_KEPT = 4096
+_artifact_keys: dict[str, ContentKey] = {}
+
+
+def _artifact_key(scope: Scope) -> ContentKey:
+    # Parsing the UUID and building the key cost more than a dict lookup; only valid ids are
+    # remembered, and the memo is bounded (cleared when full).
+    text = scope["path_params"]["artifact_id"]
+    key = _artifact_keys.get(text)
+    if key is None:
+        key = by_artifact_id(parse_uuid(text, "artifact id"))
+        if len(_artifact_keys) >= _ARTIFACT_KEYS_KEPT:
+            _artifact_keys.clear()
+        _artifact_keys[text] = key
+    return key
+
+
+def _package_key(scope: Scope) -> ContentKey:
+    params = QueryParams(scope["query_string"])
+    group, name, version = (_required(params, p) for p in ("group", "name", "version"))
+    return by_package(group, name, version)
+
+
+def _asset_key(scope: Scope) -> ContentKey:
+    return by_asset(_required(QueryParams(scope["query_string"]), "path"))
+
+
+CONTENT_METHODS = ["GET", "HEAD"]
+routes = [
+    Route(
+        "/api/v1/repositories/{repo}/artifacts/{artifact_id}/content",
+        _ContentEndpoint(_artifact_key),
+        methods=CONTENT_METHODS,
+        name="artifact_content",
+    ),
+    Route(
+        "/api/v1/repositories/{repo}/packages/content",
+        _ContentEndpoint(_package_key),
+        methods=CONTENT_METHODS,
+        name="package_content",
+    ),
+    Route(
+        "/api/v1/repositories/{repo}/asset/content",
+        _ContentEndpoint(_asset_key),
+        methods=CONTENT_METHODS,
+        name="asset_content",
+    ),
+]
+
+
+class ContentDispatch:
+    """The content routes' fast path, just inside the request-id and metrics layer: a GET or
+    HEAD of one of the three content routes goes straight to its endpoint, past Starlette's
+    middleware stack and router (five layers, each wrapping `send`), which cost more than a
+    small download itself. Everything else goes to `app`.
+
+    The fast path applies what the skipped layers would: a request with two `Authorization`
+    headers is refused (the gates' RequestGuard), a process that may not serve answers 503
+    (ServingGate), and errors go through the same exception handlers.
+    """
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+        self.runtime: ServingProcess = app.state.runtime
+        self._handlers = dict(EXCEPTION_HANDLERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in _READ and scope["path"].endswith("/content"):
+            for route in routes:
+                match, child = route.matches(scope)
+                if match is Match.FULL:
+                    scope.update(child)
+                    scope["app"] = self.app
+                    scope["route"] = route
+                    await self._call(route, scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _call(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        if ambiguous_credentials(scope):
+            await send_error(scope, send, InvalidInput("send at most one Authorization header"))
+            return
+        if not self.runtime.may_serve:
+            await send_error(scope, send, Unavailable(f"this process cannot serve: {self.runtime.status}"))
+            return
+        handle: ConnectionHandle | None = scope.get("extensions", {}).get(HANDLE_KEY)
+        if handle is None:  # another server: learn whether the response started by wrapping send
+            send = _StartTracking(send)
+        try:
+            await route.app(scope, receive, send)
+        except Exception as exc:
+            handler = _lookup_exception_handler(self._handlers, exc)
+            started = handle.cycle.response_started if handle is not None else send.started
+            if handler is None or started:
+                raise
+            response = await handler(Request(scope, receive), exc)
+            await response(scope, receive, send)
+
+
+class _StartTracking:
+    __slots__ = ("send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self.send(message)
+
+
+_READ = frozenset({"GET", "HEAD"})

@@ -1,0 +1,409 @@
+"""The streaming of one download's blob bytes through admission and the token buckets (SPEC §4),
+for the content routes (content.py), which decide what to send.
+
+Reads use `os.pread` on the event loop: blobs are read sequentially from the page cache, where a
+64 KiB read costs microseconds, far less than a thread hop per chunk.
+
+Cleanup runs while we serve (writer/maintenance/cleanup.py). A transfer pins its digest from the
+lookup on and opens the blob only once the pin is committed (shared/cluster/pins.py says why that
+is race-free); a blob found missing then means its artifact is gone (404) or its file is missing
+or quarantined (503 `content_unavailable`), decided by the database, never a 500 or a partial
+body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+from starlette.types import Receive, Scope, Send
+
+from arkvory.shared.auth.identity import Principal
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import (
+    ApiError,
+    Busy,
+    ContentUnavailable,
+    LeaseLost,
+    NotFound,
+    TransferAborted,
+    Unavailable,
+)
+from arkvory.shared.http.edge import error_response
+from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle
+from arkvory.shared.http.ranges import ByteRange
+
+from .admission import AdmissionRejected
+from .catalog import Artifact
+from .serving import ServingProcess
+
+log = logging.getLogger("arkvory.content")
+
+_REJECTION_MESSAGES = {
+    "full": "too many downloads are waiting on this process",
+    "timed_out": "no download place became free in time",
+    "draining": "this process is shutting down",
+}
+_LAST_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
+UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per write
+# Below this a body is copied: headers and body then leave in one go, which beats a sendfile.
+SENDFILE_MIN_BYTES = 64 * 1024
+# When the socket is full, this much is copied into the transport to learn when it drains.
+COPY_PIECE_BYTES = 16 * 1024
+
+
+class BlobResponse:
+    """Streams one artifact (or one range of it) as an ASGI response.
+
+    `replan` looks the content up again (permission included); it is called when the catalog
+    changed while the transfer waited for its admission place, before any header is sent.
+    """
+
+    def __init__(
+        self,
+        runtime: ServingProcess,
+        principal: Principal,
+        artifact: Artifact,
+        status_code: int,
+        raw_headers: tuple[tuple[bytes, bytes], ...],
+        byte_range: ByteRange | None,
+        send_body: bool,
+        generation: int = -1,
+        replan: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
+        self.status_code = status_code
+        self.raw_headers = raw_headers
+        self.runtime = runtime
+        self.principal = principal
+        self.artifact = artifact
+        self.byte_range = byte_range
+        self.send_body = send_body
+        self.generation = generation
+        self.replan = replan
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.send_body:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        handle: ConnectionHandle | None = scope.get("extensions", {}).get(HANDLE_KEY)
+        # The transfer runs in this task and is cancelled if the client leaves while it waits
+        # for a place, for tokens or for the socket. The protocol's handle says when the
+        # connection is lost; without one (another server), a watcher task reads `receive`.
+        guard = _CancelOnDisconnect(asyncio.current_task())
+        watcher = None
+        if handle is not None:
+            handle.on_lost(guard.client_left)
+        else:
+            watcher = asyncio.create_task(_watch_disconnect(receive, guard))
+        try:
+            guard.armed = True
+            try:
+                await self._admitted_transfer(scope, send, handle)
+            finally:
+                guard.armed = False
+        except asyncio.CancelledError:
+            if guard.fired and guard.task.uncancel() == 0:
+                # The client left while waiting or receiving; once payload flowed, an abort.
+                if handle is not None and handle.cycle.response_started:
+                    _client_gone(self.runtime, handle, "it closed the connection")
+                return
+            raise  # cancelled from outside (too)
+        finally:
+            if handle is not None:
+                handle.on_lost(None)
+            if watcher is not None:
+                watcher.cancel()
+
+    async def _admitted_transfer(
+        self, scope: Scope, send: Send, handle: ConnectionHandle | None
+    ) -> None:
+        runtime = self.runtime
+        try:
+            # Pinned from the lookup on (in memory; shared/cluster/pins.py writes it while we queue),
+            # so that the blob can be opened once the pin is visible to cleanup.
+            with runtime.pins.hold(self.artifact.sha256):
+                async with runtime.admission.admit(self.principal.id):
+                    if not runtime.may_serve:
+                        raise Unavailable("this process cannot serve now")
+                    plan: Any = self
+                    if self.replan is not None and runtime.catalog.generation != self.generation:
+                        # The catalog changed while we waited: a repository may have become private,
+                        # an asset may point elsewhere. No header is out yet, so answer afresh.
+                        try:
+                            plan = await self.replan()
+                        except ApiError as exc:
+                            plan = error_response(scope, exc)
+                    if not isinstance(plan, BlobResponse):
+                        await plan(scope, _no_receive, send)
+                        return
+                    if not plan.send_body:
+                        await send({"type": "http.response.start", "status": plan.status_code, "headers": plan.raw_headers})
+                        await send({"type": "http.response.body", "body": b""})
+                        return
+                    if plan.artifact.sha256 == self.artifact.sha256:
+                        await plan._stream(send, handle)
+                    else:
+                        with runtime.pins.hold(plan.artifact.sha256):
+                            await plan._stream(send, handle)
+        except AdmissionRejected as exc:
+            runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
+            busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)
+            await error_response(scope, busy)(scope, _no_receive, send)
+        except (Unavailable, Busy, NotFound, ContentUnavailable) as exc:
+            # Raised before the response started (opening the blob): an ordinary answer.
+            await error_response(scope, exc)(scope, _no_receive, send)
+
+    async def _stream(self, send: Send, handle: ConnectionHandle | None) -> None:
+        runtime = self.runtime
+        artifact = self.artifact
+        start, length = (0, artifact.size) if self.byte_range is None else (
+            self.byte_range.start,
+            self.byte_range.length,
+        )
+        assert runtime.storage is not None
+        blobs = runtime.storage.open_blobs
+        if not runtime.pins.is_visible(artifact.sha256):
+            try:
+                await runtime.pins.until_visible(artifact.sha256)
+            except TimeoutError:
+                raise Unavailable("read pins cannot be written now; retry shortly") from None
+        try:
+            fd = blobs.acquire(artifact.sha256)
+        except FileNotFoundError:
+            fd = await self._open_after_missing()
+        try:
+            if length > SENDFILE_MIN_BYTES:  # a hint for read-ahead; one read needs none
+                os.posix_fadvise(fd, start, length, os.POSIX_FADV_SEQUENTIAL)
+            if handle is None:
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                await self._send_through_asgi(fd, start, length, send)
+                return
+            aborter = _aborter(runtime, handle)
+            runtime.transfers.add(aborter)
+            try:
+                timeout = runtime.settings.send_timeout_s
+                if not await handle.writable(timeout):
+                    self._send_timed_out(handle)
+                    return
+                if length <= SENDFILE_MIN_BYTES:
+                    handle.hold_head()  # head and body leave in one write
+                try:
+                    await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                    done = await Payload(runtime, self, handle, fd).send(start, length)
+                finally:
+                    handle.release_head()
+                if done:
+                    # Straight to uvicorn: the middlewares' wrappers only look at the start.
+                    await handle.cycle.send(_LAST_BODY)
+            finally:
+                runtime.transfers.discard(aborter)
+        finally:
+            blobs.release(artifact.sha256, fd)
+
+    async def _open_after_missing(self) -> int:
+        """The blob was not there although our pin was visible: cleanup removed it before it
+        could see the pin, which it does only for a blob no artifact referenced at its check.
+        So ask the database (not the cache) whether the artifact still exists: gone → 404; if
+        it does, one more open (an upload of the same bytes may have placed the file again),
+        and then 503 content_unavailable (missing or quarantined on disk), never a 500."""
+        runtime, artifact = self.runtime, self.artifact
+        assert runtime.pool is not None and runtime.storage is not None
+        try:
+            async with pooled(runtime.pool) as conn:
+                exists = await conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1)",
+                    artifact.id, timeout=POOLED_QUERY_TIMEOUT_S,
+                )
+        except TimeoutError:
+            raise Busy("no database connection became free in time") from None
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            raise Unavailable("the database cannot be reached now") from None
+        if not exists:
+            raise NotFound(f"artifact {artifact.id} was deleted")
+        try:
+            return runtime.storage.open_blobs.acquire(artifact.sha256)
+        except FileNotFoundError:
+            runtime.metrics.short_reads.inc()
+            log.error("blob %s of artifact %s is missing from storage", artifact.sha256, artifact.id)
+            raise ContentUnavailable(
+                "the artifact's stored content is missing or quarantined; re-uploading it restores it"
+            ) from None
+
+    def _send_timed_out(self, handle: ConnectionHandle) -> None:
+        self.runtime.metrics.transfer_aborts.labels(direction="download", reason="send_timeout").inc()
+        log.info(
+            "download of %s aborted: the client took no byte for %d s",
+            self.artifact.sha256,
+            self.runtime.settings.send_timeout_s,
+        )
+        handle.abort()
+
+    def _short_read(self) -> TransferAborted:
+        self.runtime.metrics.short_reads.inc()
+        self.runtime.metrics.transfer_aborts.labels(direction="download", reason="short_read").inc()
+        log.error(
+            "blob %s is shorter on disk than its metadata (%d bytes): aborting the response",
+            self.artifact.sha256,
+            self.artifact.size,
+        )
+        return TransferAborted("blob shorter than its metadata")
+
+    async def _send_through_asgi(self, fd: int, offset: int, remaining: int, send: Send) -> None:
+        """Copying path through the ASGI `send` (no protocol handle: not our server)."""
+        runtime = self.runtime
+        bandwidth = runtime.bandwidth
+        chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else bandwidth.quantum_bytes
+        while remaining:
+            try:
+                size = await bandwidth.grant(self.principal.id, min(remaining, chunk))
+            except LeaseLost as exc:
+                raise TransferAborted(f"lease lost: {exc}") from None
+            if not _payload_may_flow(runtime):
+                raise TransferAborted("lease no longer trusted")
+            data = os.pread(fd, size, offset)
+            if len(data) != size:
+                raise self._short_read()
+            offset += size
+            remaining -= size
+            await send({"type": "http.response.body", "body": data, "more_body": remaining > 0})
+            runtime.metrics.payload_bytes.inc(size)
+
+
+class Payload:
+    """The body of one download, written straight to its connection.
+
+    Before every write: tokens from both buckets, the socket able to take more within the send
+    timeout, and the lease still trusted. On plain TCP the bytes go with `os.sendfile` from the
+    page cache to the socket (uvloop has no `loop.sendfile`); when the socket is full, one copied
+    piece is handed to the transport, whose flow control then says when it has left. With the
+    transport's write-buffer limits at zero "writable" means "nothing queued", so a sendfile
+    never overtakes queued bytes. TLS, and small bodies, take the copying path.
+    """
+
+    __slots__ = ("runtime", "response", "handle", "fd")
+
+    def __init__(self, runtime: ServingProcess, response: BlobResponse, handle: ConnectionHandle, fd: int) -> None:
+        self.runtime = runtime
+        self.response = response
+        self.handle = handle
+        self.fd = fd
+
+    async def send(self, offset: int, remaining: int) -> bool:
+        """True when every byte was handed over; False when the connection is gone or was cut."""
+        runtime, handle, fd = self.runtime, self.handle, self.fd
+        bandwidth = runtime.bandwidth
+        principal_id = self.response.principal.id
+        timeout = runtime.settings.send_timeout_s
+        payload = runtime.metrics.payload_bytes
+        chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else bandwidth.quantum_bytes
+        zero_copy = handle.can_sendfile and remaining > SENDFILE_MIN_BYTES
+        if zero_copy:
+            handle.transport.set_write_buffer_limits(high=0, low=0)
+        granted = 0  # passed the buckets, not yet handed over (a partial sendfile keeps the rest)
+        while remaining:
+            if not granted:
+                try:
+                    granted = await bandwidth.grant(principal_id, min(remaining, chunk))
+                except LeaseLost:
+                    self._cut_for_lease()  # usually done already by the registry's abort_all
+                    return False
+            if not await handle.writable(timeout):
+                self.response._send_timed_out(handle)
+                return False
+            if handle.lost:
+                _client_gone(runtime, handle, "it closed the connection")
+                return False
+            if not _payload_may_flow(runtime):
+                self._cut_for_lease()
+                return False
+            sent = 0
+            if zero_copy and not handle.buffered:
+                try:
+                    sent = handle.sendfile(fd, offset, granted)
+                except EOFError:
+                    raise self.response._short_read() from None
+                except ConnectionError as exc:  # broken pipe, reset
+                    _client_gone(runtime, handle, f"{exc.__class__.__name__}: {exc}")
+                    return False
+            if not sent:
+                size = granted if not zero_copy else min(granted, COPY_PIECE_BYTES)
+                data = os.pread(fd, size, offset)
+                if len(data) != size:
+                    raise self.response._short_read()
+                handle.write(data)
+                sent = size
+            offset += sent
+            remaining -= sent
+            granted -= sent
+            payload.inc(sent)
+        if not await handle.writable(timeout):
+            self.response._send_timed_out(handle)
+            return False
+        if handle.lost:
+            _client_gone(runtime, handle, "it closed the connection")
+            return False
+        return True
+
+    def _cut_for_lease(self) -> None:
+        if not self.handle.lost:
+            self.runtime.metrics.transfer_aborts.labels(direction="download", reason="lease_lost").inc()
+            self.handle.abort()
+
+
+def _payload_may_flow(runtime: ServingProcess) -> bool:
+    return runtime.payload_allowed()
+
+
+def _client_gone(runtime: ServingProcess, handle: ConnectionHandle, why: str) -> None:
+    """The client left in the middle of its download (a reset, a broken pipe, a close): an
+    abort like the server's own cuts, counted once per transfer, and not an error of ours, so
+    it is logged at debug only."""
+    handle.cycle.disconnected = True  # uvicorn then reports no unfinished response
+    if handle.cut:
+        return  # the server had cut it already (and counted why)
+    handle.cut = True
+    runtime.metrics.transfer_aborts.labels(direction="download", reason="client_gone").inc()
+    log.debug("download aborted: the client left (%s)", why)
+
+
+def _aborter(runtime: ServingProcess, handle: ConnectionHandle) -> Callable[[str], None]:
+    def abort(reason: str) -> None:
+        runtime.metrics.transfer_aborts.labels(direction="download", reason=reason).inc()
+        handle.abort()
+
+    return abort
+
+
+class _CancelOnDisconnect:
+    """Cancels the request's task when the client leaves, but only while the transfer runs
+    (`armed`): a cancellation must never land after the transfer has returned."""
+
+    __slots__ = ("task", "armed", "fired")
+
+    def __init__(self, task: asyncio.Task | None) -> None:
+        assert task is not None
+        self.task = task
+        self.armed = False
+        self.fired = False
+
+    def client_left(self) -> None:
+        if self.armed and not self.fired:
+            self.fired = True
+            self.task.cancel()
+
+
+async def _watch_disconnect(receive: Receive, guard: _CancelOnDisconnect) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            guard.client_left()
+            return
+
+
+async def _no_receive() -> dict:
+    return {"type": "http.disconnect"}

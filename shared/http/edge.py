@@ -1,0 +1,262 @@
+"""The HTTP edge every process shares: request ids, error JSON (SPEC §6) and HTTP metrics.
+
+Pure ASGI middleware rather than `BaseHTTPMiddleware`: it wraps every payload chunk, so it
+must cost a function call, not a task and a queue.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+import logging
+import re
+import time
+import itertools
+import secrets
+
+import asyncpg
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from arkvory.shared.errors import (
+    ApiError,
+    Busy,
+    Conflict,
+    InvalidInput,
+    MethodNotAllowed,
+    TransferAborted,
+    Unavailable,
+)
+from arkvory.shared.metrics import Metrics
+
+log = logging.getLogger("arkvory.http")
+
+REQUEST_ID_KEY = "arkvory.request_id"
+_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+def request_id(scope: Scope) -> str:
+    return scope.get(REQUEST_ID_KEY, "-")
+
+
+def error_body(code: str, message: str, rid: str) -> dict:
+    return {"code": code, "message": message, "requestId": rid}
+
+
+def error_response(scope: Scope, exc: ApiError) -> JSONResponse:
+    return JSONResponse(
+        error_body(exc.code, exc.message, request_id(scope)),
+        status_code=exc.status,
+        headers=exc.headers(),
+    )
+
+
+# A refused request whose unread body is larger than this closes its connection, so that the
+# server does not read and discard (say) 100 MB the client keeps sending.
+_DISCARD_LIMIT = 64 * 1024
+
+
+def _large_unread_body(scope: Scope) -> bool:
+    length = _header(scope, b"content-length")
+    if length is None:
+        return _header(scope, b"transfer-encoding") is not None
+    return not (length.isascii() and length.isdigit()) or len(length) > 9 or int(length) > _DISCARD_LIMIT
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    response = error_response(request.scope, exc)
+    if _large_unread_body(request.scope):
+        response.headers["Connection"] = "close"
+    return response
+
+
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves on this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods, key=lambda m: (_METHOD_ORDER.index(m) if m in _METHOD_ORDER else 99, m))
+
+
+async def http_exception_handler(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 become the JSON error shape too."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        allow = allowed_methods(request)
+        return await api_error_handler(
+            request, MethodNotAllowed(f"{request.method} is not served here; try {', '.join(allow)}", allow)
+        )
+    code = {404: "not_found"}.get(exc.status_code, "invalid_input")
+    message = {404: "no such route"}.get(exc.status_code, str(exc.detail))
+    return JSONResponse(
+        error_body(code, message, request_id(request.scope)),
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
+
+
+async def database_error_handler(request: Request, exc: Exception) -> Response:
+    """A slow or unreachable database is a 503 the client may retry, never a 500."""
+    log.warning("database problem in request %s: %s: %s", request_id(request.scope), exc.__class__.__name__, exc)
+    if isinstance(exc, TimeoutError):
+        return error_response(request.scope, Busy("the database did not answer in time", retry_after=1))
+    return error_response(request.scope, Unavailable("the database cannot be reached"))
+
+
+async def database_overload_handler(request: Request, exc: Exception) -> Response:
+    """The server refused a connection (too many, starting, shutting down): retry later."""
+    log.warning("database refused request %s: %s: %s", request_id(request.scope), exc.__class__.__name__, exc)
+    return error_response(request.scope, Unavailable("the database is not accepting work now"))
+
+
+async def constraint_conflict_handler(request: Request, exc: Exception) -> Response:
+    """A row the request refers to vanished, or one it creates appeared, meanwhile (a race
+    with another request): the client's request conflicts with the current state."""
+    log.info("constraint conflict in request %s: %s", request_id(request.scope), exc)
+    return await api_error_handler(
+        request, Conflict("the request conflicts with a concurrent change; read the state and retry")
+    )
+
+
+async def data_error_handler(request: Request, exc: Exception) -> Response:
+    """PostgreSQL refused a value the client sent (a check the routes missed): still the
+    client's input, so 400, and logged so that the missing check gets added."""
+    log.warning("database refused a value in request %s: %s: %s", request_id(request.scope), exc.__class__.__name__, exc)
+    return await api_error_handler(request, InvalidInput("a value in the request is not acceptable"))
+
+
+async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, TransferAborted):
+        # Cut on purpose after the response started; the content module logged why.
+        return Response(status_code=500)
+    log.exception("unexpected error in request %s", request_id(request.scope))
+    return JSONResponse(
+        error_body("internal", "internal error", request_id(request.scope)), status_code=500
+    )
+
+
+EXCEPTION_HANDLERS = {
+    ApiError: api_error_handler,
+    TimeoutError: database_error_handler,
+    asyncpg.PostgresConnectionError: database_error_handler,
+    asyncpg.InterfaceError: database_error_handler,
+    ConnectionError: database_error_handler,
+    asyncpg.InsufficientResourcesError: database_overload_handler,  # TooManyConnectionsError
+    asyncpg.OperatorInterventionError: database_overload_handler,  # CannotConnectNowError, shutdown
+    asyncpg.ForeignKeyViolationError: constraint_conflict_handler,
+    asyncpg.UniqueViolationError: constraint_conflict_handler,
+    asyncpg.DataError: data_error_handler,
+    HTTPException: http_exception_handler,
+    Exception: unexpected_error_handler,
+}
+
+
+async def send_error(scope: Scope, send: Send, exc: ApiError) -> None:
+    """Answer from middleware, before any route or authentication ran."""
+    body = json.dumps(error_body(exc.code, exc.message, request_id(scope))).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ] + [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""})
+
+
+class RequestGuard:
+    """Refuses requests whose credentials are ambiguous before any route reads them: with two
+    `Authorization` headers, one part of the program could check one and another the other."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and ambiguous_credentials(scope):
+            await send_error(scope, send, InvalidInput("send at most one Authorization header"))
+            return
+        await self.app(scope, receive, send)
+
+
+def ambiguous_credentials(scope: Scope) -> bool:
+    """Two or more `Authorization` headers."""
+    seen = 0
+    for key, _ in scope["headers"]:
+        if key == b"authorization":
+            seen += 1
+    return seen > 1
+
+
+class RequestContext:
+    """Gives each request an id, echoes it in `X-Request-Id`, and counts it in the metrics.
+
+    The labelled metric children are cached: a prometheus `labels()` lookup takes a lock and
+    builds a key on every call, and this runs for every request, small downloads included.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+        # Unique per process start and cheap: a random prefix and a counter (ids are not secrets).
+        prefix = secrets.token_hex(6)
+        self._ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
+        self._counted: dict[tuple[str, str, int], Any] = {}
+        self._timed: dict[tuple[str, str], Any] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        offered = _header(scope, b"x-request-id")
+        rid = offered if offered and _CLIENT_REQUEST_ID.match(offered) else next(self._ids)
+        scope[REQUEST_ID_KEY] = rid
+        started = time.perf_counter()
+        status = 500
+        header = (b"x-request-id", rid.encode())
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self._observe(scope, status, time.perf_counter() - started)
+
+    def _observe(self, scope: Scope, status: int, seconds: float) -> None:
+        route = scope.get("route")
+        template = getattr(route, "path", None) or "unmatched"
+        method = scope["method"]
+        # Bounded: methods are parsed tokens, templates are the app's routes, statuses < 1000;
+        # an unknown method is counted under one label so a client cannot grow the cache.
+        if method not in _KNOWN_METHODS:
+            method = "OTHER"
+        key = (method, template, status)
+        counter = self._counted.get(key)
+        if counter is None:
+            counter = self._counted[key] = self.metrics.http_requests.labels(method, template, str(status))
+        counter.inc()
+        timed = self._timed.get(key[:2])
+        if timed is None:
+            timed = self._timed[key[:2]] = self.metrics.http_duration.labels(method, template)
+        timed.observe(seconds)
+
+
+_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None

@@ -1,0 +1,49 @@
+"""Media types as RFC 9110 §8.3.1 defines them, checked before one is stored.
+
+A stored media type is sent back as `Content-Type` on every download by every process, so a
+value that is not a valid header (non-ASCII, CR/LF, control characters) would break every
+download of that artifact: it is refused at upload instead.
+"""
+
+from __future__ import annotations
+
+import re
+
+from arkvory.shared.errors import InvalidInput
+
+MAX_MEDIA_TYPE = 255
+DEFAULT_MEDIA_TYPE = "application/octet-stream"
+
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+# qdtext and quoted-pair without obs-text: only ASCII is ever stored.
+_QUOTED = r'"(?:[\t !#-\[\]-~]|\\[\t -~])*"'
+_PARAMETER = rf"[ \t]*;[ \t]*(?:{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?"
+_MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?:{_PARAMETER})*")
+
+# Encodings of an HTML form, not the type of the file inside: `curl --data-binary` sends
+# the urlencoded one by default. (Multipart uploads get their own answer in a later issue.)
+FORM_ENCODINGS = frozenset({"multipart/form-data", "application/x-www-form-urlencoded"})
+
+
+def check_media_type(value: str, what: str = "mediaType") -> str:
+    if len(value) > MAX_MEDIA_TYPE or not _MEDIA_TYPE.fullmatch(value):
+        raise InvalidInput(
+            f"{what} must be a media type such as 'application/gzip' "
+            f"(RFC 9110 syntax, ASCII, at most {MAX_MEDIA_TYPE} characters)"
+        )
+    return value
+
+
+def essence(value: str) -> str:
+    """type/subtype in lower case, without parameters."""
+    return value.split(";", 1)[0].strip().lower()
+
+
+def upload_media_type(parameter: str | None, content_type: str | None) -> str:
+    """The media type to store: the `mediaType` parameter, else the body's Content-Type
+    (unless that only names a form encoding), else application/octet-stream."""
+    if parameter:
+        return check_media_type(parameter)
+    if content_type and essence(content_type) not in FORM_ENCODINGS:
+        return check_media_type(content_type.strip(), "Content-Type")
+    return DEFAULT_MEDIA_TYPE

@@ -1,0 +1,483 @@
+"""uvicorn's httptools protocol with the bounds a public server needs on the request head, and a
+per-request handle that lets the content routes write payload straight to the connection.
+
+Head bounds (issue 6 §1): httptools joins a header value by bytes concatenation, which is
+quadratic in the number of pieces it arrives in, and llhttp sets no size limit of its own. So the
+bytes of a request line + headers are counted *before* they reach the parser: above
+`MAX_HEAD_BYTES` the request is answered `431` and the connection closed, and a head that does not
+arrive completely within the receive timeout closes the connection. Bytes of a pipelined head
+that arrive in the same read as the previous request's body are not counted; that leaves at most
+one read (256 KiB) unmetered per request, a linear cost.
+
+The handle (`scope["extensions"]["arkvory.connection"]`) is bound to the request's own
+`RequestResponseCycle` in `on_headers_complete`, so with pipelining each request sees its own.
+
+None of what this module builds on is a public API (uvicorn's cycle, flow control and parser
+callbacks, httptools' parser, uvloop's transports), so the three are pinned in pyproject.toml
+and `check_http_stack` refuses to serve (exit 78) on any other version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import os
+import secrets
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from arkvory.shared.errors import StartupRefused
+
+# What this module was written and tested against; pyproject.toml pins the same (a test holds
+# the two equal).
+HTTP_STACK = {"uvicorn": "0.54.0", "httptools": "0.9.0", "uvloop": "0.23.0"}
+
+MAX_HEAD_BYTES = 64 * 1024
+# Lingering close (nginx's `lingering_close`), after a 431 or a refused body: what the client
+# still sends is read and discarded for LINGER_S, so that the kernel does not reset the
+# connection (losing the answer) while the client is still sending. At most LINGER_MAX_BYTES
+# are discarded; past that reading stops, so that the client's sends stall (and it reads the
+# answer) instead of meeting a reset, until the connection is dropped at LINGER_S.
+LINGER_S = 2.0
+LINGER_MAX_BYTES = 1024 * 1024
+HANDLE_KEY = "arkvory.connection"
+
+
+class ConnectionHandle:
+    """One request's view of its connection: write payload, sendfile, wait to be writable, abort.
+
+    Writes go around uvicorn's `send` (which waits for the client without a bound) but keep the
+    cycle's bookkeeping (`expected_content_length`), so the final empty `http.response.body`
+    message completes the response through uvicorn as usual.
+    """
+
+    __slots__ = ("transport", "cycle", "cut", "_on_lost", "_socket_fd", "_audit", "_stats")
+
+    def __init__(self, protocol: ArkvoryHttpProtocol, cycle: RequestResponseCycle) -> None:
+        self.transport = protocol.transport
+        self.cycle = cycle
+        # The response ended early and that was accounted for (the server cut it, or the
+        # client's leaving was counted): a transfer is counted as aborted once.
+        self.cut = False
+        self._on_lost: Callable[[], None] | None = None
+        self._audit = protocol.audit_payload
+        self._socket_fd = protocol.socket_fd
+        self._stats = protocol.stats
+
+    @property
+    def lost(self) -> bool:
+        return self.cycle.disconnected or self.transport.is_closing()
+
+    @property
+    def can_sendfile(self) -> bool:
+        """Plain TCP only: TLS must encrypt in user space, so it takes the copying path."""
+        return self._socket_fd >= 0
+
+    def on_lost(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` once when the connection goes away (replaces a watcher task)."""
+        self._on_lost = callback
+
+    def _connection_lost(self) -> None:
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:
+            callback()
+
+    @property
+    def buffered(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    async def writable(self, timeout: float) -> bool:
+        """Wait until the transport takes more (uvicorn's flow control); False after `timeout`
+        seconds without that. Returns True at once when the connection is gone (callers check
+        `lost`)."""
+        flow = self.cycle.flow
+        if not flow.write_paused or self.lost:
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await flow.drain()
+        except TimeoutError:
+            return flow.write_paused is False
+        return True
+
+    def hold_head(self) -> None:
+        """Keep the response head that uvicorn writes next, so that `write` sends it together
+        with the first body bytes: one system call instead of two for a small download."""
+        self.cycle.transport = _HeldWrites(self.transport)  # type: ignore[assignment]
+
+    def release_head(self) -> None:
+        """Write a held head now (nothing happens when none is held)."""
+        held = self.cycle.transport
+        if held is not self.transport:
+            self.cycle.transport = self.transport
+            if held.parts and not self.transport.is_closing():  # type: ignore[attr-defined]
+                self.transport.write(b"".join(held.parts))  # type: ignore[attr-defined]
+
+    def write(self, data: bytes) -> None:
+        size = len(data)
+        cycle = self.cycle
+        if size > cycle.expected_content_length:
+            raise RuntimeError("Response content longer than Content-Length")
+        self._audit(size)
+        cycle.expected_content_length -= size
+        held = cycle.transport
+        if held is not self.transport:
+            cycle.transport = self.transport
+            data = b"".join((*held.parts, data))  # type: ignore[attr-defined]
+        self.transport.write(data)
+
+    def sendfile(self, fd: int, offset: int, count: int) -> int:
+        """Send up to `count` bytes of `fd` at `offset` straight from the page cache; returns how
+        many the socket took (0 when it is full; EOFError when the file ends first; a
+        ConnectionError when the client is gone, after which the connection is dropped). Only
+        call with nothing buffered in the transport, or the bytes would overtake what is queued."""
+        cycle = self.cycle
+        if count > cycle.expected_content_length:
+            raise RuntimeError("Response content longer than Content-Length")
+        self._audit(count)
+        try:
+            sent = os.sendfile(self._socket_fd, fd, offset, count)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except ConnectionError:  # EPIPE or ECONNRESET: the client reset or closed its end
+            self.cycle.disconnected = True  # nothing more is written; uvicorn reports no error
+            self.transport.abort()
+            raise
+        if not sent:
+            raise EOFError(f"the file ends before offset {offset} + {count}")
+        cycle.expected_content_length -= sent
+        if self._stats is not None:
+            self._stats.sendfile_bytes += sent
+        return sent
+
+    def abort(self) -> None:
+        """Drop the connection now: `close()` would wait to flush to a client that reads nothing."""
+        # Marked at once (connection_lost comes a loop turn later), so that nothing else is
+        # written and uvicorn does not report the unfinished response as an application error.
+        self.cycle.disconnected = True
+        self.cut = True
+        # A reset, not an orderly close: what the kernel still holds for this client is dropped
+        # too, so a cut transfer stops at once instead of draining megabytes at the client's pace.
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass  # already gone
+        self.transport.abort()
+
+
+class _HeldWrites:
+    """Stands in for the transport in a cycle while the response head is held back."""
+
+    __slots__ = ("_transport", "parts")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _LingeringTransport:
+    """The connection's transport as uvicorn's cycles and our handles see it, with a lingering
+    close (nginx's `lingering_close`). A response that ends the connection while the client is
+    still sending its body (a refused upload or JSON body: 401, 405, 413...) half-closes instead,
+    and what still arrives is discarded (up to LINGER_MAX_BYTES, then no longer read) until the
+    connection is dropped after LINGER_S: closing with unread bytes makes the kernel reset the
+    connection, and the client then loses the answer it was sent. Everything else goes straight
+    to the real transport (the hot methods are bound once, not looked up per call)."""
+
+    __slots__ = (
+        "_real", "_protocol", "write", "writelines", "is_closing", "get_extra_info", "abort",
+        "get_write_buffer_size", "pause_reading", "resume_reading", "can_write_eof", "write_eof",
+    )
+
+    def __init__(self, real: asyncio.Transport, protocol: ArkvoryHttpProtocol) -> None:
+        self._real = real
+        self._protocol = protocol
+        for name in self.__slots__[2:]:
+            setattr(self, name, getattr(real, name))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def close(self) -> None:
+        if self._protocol.receiving_body and not self._real.is_closing() and self._real.can_write_eof():
+            self._protocol.linger()
+        elif not self._protocol.lingering:  # a lingering connection is dropped on its timer
+            self._real.close()
+
+    def close_now(self) -> None:
+        """Flush and close without lingering (TLS ends with its own close_notify)."""
+        self._real.close()
+
+
+class ArkvoryHttpProtocol(HttpToolsProtocol):
+    """Installed with `uvicorn.Config(http=protocol_for(...))`; class attributes are the bounds."""
+
+    head_timeout_s: float = 60.0
+    stats: HeadStats | None = None
+    may_send_payload: Callable[[], bool] = staticmethod(lambda: True)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reading_head = True
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        self._handles: list[ConnectionHandle] = []
+        self.socket_fd = -1  # for sendfile: plain TCP only, TLS must encrypt in user space
+
+    # -- the head: counted before parsing, and timed ------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.transport = _LingeringTransport(transport, self)  # type: ignore[assignment]
+        if transport.get_extra_info("sslcontext") is None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                self.socket_fd = sock.fileno()
+        self._arm_head_timer()  # a connection that never sends a byte is closed too
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:  # lingering after a 431 or a refused body: discard
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES + LINGER_MAX_BYTES:
+                # Not an abort: a client still pushing its body would meet the reset on its
+                # next send, milliseconds after the answer, and lose it (the kernel's buffers
+                # alone hold more than LINGER_MAX_BYTES). The LINGER_S timer drops it.
+                self.transport.pause_reading()
+            return
+        if not self._reading_head:
+            super().data_received(data)
+            return
+        room = MAX_HEAD_BYTES - self._head_bytes
+        if len(data) <= room:
+            self._head_bytes += len(data)
+            super().data_received(data)
+            # Timed only when a head does not arrive in one piece (the usual case costs no timer).
+            if self._reading_head and self._head_bytes and self._head_timer is None and self.parser is not None:
+                self._arm_head_timer()
+            return
+        # Feed what fits: the head may end inside it, and then the rest is body or a next head.
+        if room:
+            self._head_bytes += room
+            super().data_received(data[:room])
+            if self.parser is None or self.transport.is_closing():
+                return
+        if self._reading_head:
+            self._refuse_head()
+            return
+        self.data_received(data[room:])
+
+    def on_headers_complete(self) -> None:
+        self._reading_head = False
+        self._cancel_head_timer()
+        previous = self.cycle
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is not previous:
+            handle = ConnectionHandle(self, cycle)
+            self._handles.append(handle)
+            cycle.scope.setdefault("extensions", {})[HANDLE_KEY] = handle  # type: ignore[typeddict-item]
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading_head = True
+        self._head_bytes = 0
+
+    def on_response_complete(self) -> None:
+        # Forget handles of finished responses (a keep-alive connection serves many), and take
+        # each out of its scope: scope -> handle -> cycle -> scope is a reference cycle, which
+        # would leave every request to the garbage collector (6 % of the CPU of small downloads).
+        live = []
+        for handle in self._handles:
+            if handle.cycle.response_complete:
+                handle.cycle.scope["extensions"].pop(HANDLE_KEY, None)  # type: ignore[typeddict-item]
+            else:
+                live.append(handle)
+        self._handles = live
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.cycle.scope["extensions"].pop(HANDLE_KEY, None)  # type: ignore[typeddict-item]
+            handle._connection_lost()
+
+    @property
+    def receiving_body(self) -> bool:
+        """The current request's head is in and its body is not (all) read yet."""
+        return not self._reading_head and not self._refused
+
+    @property
+    def lingering(self) -> bool:
+        return self._refused
+
+    def linger(self) -> None:
+        """Stop sending, discard what the client still sends, drop the connection after LINGER_S."""
+        self._refused = True
+        self._head_bytes = MAX_HEAD_BYTES  # LINGER_MAX_BYTES more are discarded, then not read
+        self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.abort)
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._reading_head or self.transport.is_closing():
+            return
+        if self._head_bytes and self.stats is not None:
+            self.stats.timed_out += 1
+        # Nothing useful to answer a client that cannot send a head in time; and a response
+        # may still be streaming on this connection (pipelining), which an answer would corrupt.
+        self.transport.close()
+        self.loop.call_later(LINGER_S, self.transport.abort)
+
+    def _refuse_head(self) -> None:
+        self._cancel_head_timer()
+        if self.stats is not None:
+            self.stats.too_large += 1
+        transport = self.transport
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A response is streaming here: an answer would corrupt it, so the connection ends.
+            for handle in self._handles:
+                handle.cut = True  # counted as a refused head, not as a download abort
+            transport.close_now()
+        else:
+            transport.write(_head_too_large_response())
+            if transport.can_write_eof():
+                # Lingering close (as nginx does): stop sending, keep reading and discarding for
+                # a moment, so the kernel does not reset the connection before the client reads
+                # the 431. The client sees the end of the stream at once.
+                transport.write_eof()
+            else:
+                transport.close_now()  # TLS: the 431, then close_notify
+        # Only now: from here on `close()` is a no-op (the connection lingers until the timer),
+        # which made the closes above do nothing when this was set first.
+        self._refused = True
+        self.loop.call_later(LINGER_S, transport.abort)
+
+    # -- payload audit -------------------------------------------------------------------------
+
+    def audit_payload(self, size: int) -> None:
+        """Count payload handed to the transport while payload may not flow (must stay 0): an
+        independent check of the gate the content routes apply before every write."""
+        if self.stats is not None and not self.may_send_payload():
+            self.stats.late_payload_chunks += 1
+
+
+def http_stack_mismatches(installed: Callable[[str], str] = importlib.metadata.version) -> list[str]:
+    """'name found (needs wanted)' for each package of HTTP_STACK at another version."""
+    problems = []
+    for name, wanted in HTTP_STACK.items():
+        try:
+            found = installed(name)
+        except importlib.metadata.PackageNotFoundError:
+            found = "missing"
+        if found != wanted:
+            problems.append(f"{name} {found} (needs {wanted})")
+    return problems
+
+
+def check_http_stack() -> None:
+    """Refuse to start (exit 78) on an HTTP stack this protocol was not built for: a silent
+    change in uvicorn's internals would break head bounds, payload writes or lingering close."""
+    problems = http_stack_mismatches()
+    if problems:
+        wanted = " ".join(f"'{name}=={version}'" for name, version in HTTP_STACK.items())
+        raise StartupRefused(
+            "the HTTP stack differs from the one shared/http/protocol.py is built on: "
+            f"{', '.join(problems)}; install the pinned versions (pip install {wanted})"
+        )
+
+
+def _head_too_large_response() -> bytes:
+    rid = secrets.token_hex(8)
+    body = json.dumps(
+        {
+            "code": "request_header_too_large",
+            "message": f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
+            "requestId": rid,
+        }
+    ).encode()
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        b"content-type: application/json\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n"
+        b"x-request-id: " + rid.encode() + b"\r\n"
+        b"connection: close\r\n\r\n" + body
+    )
+
+
+class HeadStats(Collector):
+    """Counters of this module, exported through the process's registry."""
+
+    def __init__(self) -> None:
+        self.too_large = 0
+        self.timed_out = 0
+        self.late_payload_chunks = 0
+        self.sendfile_bytes = 0
+
+    def collect(self):
+        refused = CounterMetricFamily(
+            "arkvory_http_heads_refused",
+            "Requests whose line + headers were too large (431) or too slow (closed)",
+            labels=["reason"],
+        )
+        refused.add_metric(["too_large"], self.too_large)
+        refused.add_metric(["timeout"], self.timed_out)
+        yield refused
+        yield CounterMetricFamily(
+            "arkvory_payload_chunks_after_trust",
+            "Payload chunks handed to a connection while this process could not trust its "
+            "lease (must stay 0)",
+            value=self.late_payload_chunks,
+        )
+        yield CounterMetricFamily(
+            "arkvory_download_sendfile_bytes",
+            "Payload bytes sent with sendfile (zero-copy; plain TCP only, TLS copies)",
+            value=self.sendfile_bytes,
+        )
+
+
+def protocol_for(runtime) -> type[ArkvoryHttpProtocol]:
+    """The protocol class for one process: its head timeout, its metrics, its payload gate."""
+    stats = HeadStats()
+    runtime.registry.register(stats)
+    lease = runtime.lease
+
+    def may_send_payload() -> bool:
+        # The lease's own deadline, not the serving code's gate: this is the audit of that gate.
+        return lease is None or lease.trust_remaining() > 0
+
+    return type(
+        "ArkvoryHttpProtocol",
+        (ArkvoryHttpProtocol,),
+        {
+            "head_timeout_s": float(runtime.settings.receive_timeout_s),
+            "stats": stats,
+            "may_send_payload": staticmethod(may_send_payload),
+        },
+    )

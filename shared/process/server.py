@@ -1,0 +1,87 @@
+"""Run one Arkvory process: start-up checks, then uvicorn, then an orderly stop.
+
+We drive `uvicorn.Server` ourselves instead of using a lifespan because every refusal to start
+(exit 2, 3, 78) must happen before the port is bound, and because SIGTERM must mean *drain*
+(report `draining`, finish transfers, then stop) rather than uvicorn's immediate shutdown.
+Signal handlers only schedule work; a second signal forces the exit (as uvicorn does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from arkvory.shared.http.protocol import protocol_for
+
+from .app import serving_app
+from .runtime import Runtime
+
+log = logging.getLogger("arkvory.server")
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_first_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_first_signal = on_first_signal
+        self._signalled = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._signalled:
+            self.should_exit = self.force_exit = True
+            return
+        self._signalled = True
+        self._on_first_signal()
+
+
+async def serve(runtime: Runtime, app: ASGIApp) -> int:
+    """Serve until drained, stopped or the lease is lost; returns the exit status."""
+    settings = runtime.settings
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    background: set[asyncio.Task] = set()
+
+    def begin_drain() -> None:
+        task = loop.create_task(runtime.drain(stop))
+        background.add(task)
+
+    config = uvicorn.Config(
+        serving_app(app),
+        host=settings.host,
+        port=settings.port,
+        lifespan="off",
+        http=protocol_for(runtime),  # httptools, with bounded request heads (shared/http/protocol.py)
+        ws="none",
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,  # nothing reads the client address; the middleware costs per request
+        server_header=False,
+        timeout_graceful_shutdown=5,
+        ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
+        ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
+    )
+    server = _DrainingServer(config, lambda: loop.call_soon_threadsafe(begin_drain))
+
+    async def stop_server() -> None:
+        await stop.wait()
+        server.should_exit = True
+        if runtime.exit_status:
+            server.force_exit = True  # lease lost: transfers were already cut
+
+    try:
+        # Supervised loops (pins, lease watcher, control connection); the lease itself already
+        # renews in its own thread since it was acquired.
+        background.add(await runtime.start_background(stop))
+        background.add(loop.create_task(stop_server()))
+        await server.serve()
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await runtime.close()
+    log.info("stopped with exit status %d", runtime.exit_status)
+    return runtime.exit_status
