@@ -165,6 +165,9 @@ class Runtime:
         self.metrics.transfers_waiting.set_function(lambda: self.admission.waiting)
         self.metrics.observe_bandwidth(self.bandwidth)
         self.metrics.observe_catalog(self.catalog)
+        self.metrics.observe_status(lambda: self.status)
+        self.metrics.policy_slots.set(self.settings.shared.slots if self.settings.shared else 0)
+        self.metrics.read_pins_write_age.set_function(self.pins.write_age)
 
     # -- state read by every request --------------------------------------------------------
 
