@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+
+# What /health/status answers (SPEC §8), one series each.
+HEALTH_STATUSES = ("ready", "draining", "unavailable")
 
 
 class Metrics:
@@ -73,6 +79,21 @@ class Metrics:
             ["direction", "reason"],
             registry=registry,
         )
+        self.policy_slots = Gauge(
+            "arkvory_download_policy_slots",
+            "Slots of the download policy this process runs under (0 = standalone, no policy)",
+            registry=registry,
+        )
+        self.read_pins_write_age = Gauge(
+            "arkvory_read_pins_write_age_seconds",
+            "Seconds since the last committed write of this process's read pins was sent "
+            "(refreshed every 2 s; past 8 s no payload is served)",
+            registry=registry,
+        )
+
+    def observe_status(self, status_of: Callable[[], str]) -> None:
+        """Export what /health/status answers, read at scrape time."""
+        self.registry.register(_HealthStatusCollector(status_of))
 
     def observe_bandwidth(self, bandwidth) -> None:
         """Export the scheduler's own running totals instead of copying them per chunk."""
@@ -119,3 +140,19 @@ class _CatalogCollector(Collector):
         lookups.add_metric(["hit"], self.catalog.hits)
         lookups.add_metric(["miss"], self.catalog.misses)
         yield lookups
+
+
+class _HealthStatusCollector(Collector):
+    def __init__(self, status_of: Callable[[], str]) -> None:
+        self.status_of = status_of
+
+    def collect(self):
+        current = self.status_of()
+        family = GaugeMetricFamily(
+            "arkvory_health_status",
+            "1 for the status /health/status answers now (ready, draining, unavailable), 0 for the others",
+            labels=["status"],
+        )
+        for status in HEALTH_STATUSES:
+            family.add_metric([status], 1.0 if status == current else 0.0)
+        yield family

@@ -114,6 +114,13 @@ class ReadPins:
         """Pins were written recently enough that no row of ours can have expired."""
         return self._written_until is None or self.clock() < self._written_until
 
+    def write_age(self) -> float:
+        """Seconds since the last committed write was sent (0 before `run`): about REFRESH_S at
+        most while the database answers; past TRUST_S no payload is served."""
+        if self._written_until is None:
+            return 0.0
+        return max(0.0, self.clock() - (self._written_until - TRUST_S))
+
     async def run(
         self,
         database_url: str,

@@ -19,6 +19,9 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("arkvory.supervision")
 
@@ -66,12 +69,16 @@ class DatabaseReachability:
     once every loop that failed has succeeded again it logs "database reachable again" (info).
     So a reporting loop must keep retrying until it succeeds or the process ends (a lost lease
     ends it). Thread-safe: the lease renews in a thread of its own.
+
+    `attempts_failed` counts the failed attempts of each loop that ever reported (0 for a loop
+    that only succeeded), for the metric `arkvory_database_errors_total{loop}`.
     """
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self._log = logger or logging.getLogger("arkvory.database")
         self._lock = threading.Lock()
         self._failing: set[str] = set()
+        self.attempts_failed: dict[str, int] = {}
 
     @property
     def reachable(self) -> bool:
@@ -85,11 +92,16 @@ class DatabaseReachability:
         with self._lock:
             went_down = not self._failing
             self._failing.add(loop)
+            self.attempts_failed[loop] = self.attempts_failed.get(loop, 0) + 1
         if went_down:
             self._log.warning("database unreachable: %s (%s)", reason, loop)
 
     def succeeded(self, loop: str) -> None:
         """An attempt of `loop` succeeded (cheap when nothing failed: called every round)."""
+        if loop not in self.attempts_failed:
+            # The loop's series exists from its first round on, as 0 (a dashboard's and an
+            # alert's series exist before anything failed).
+            self.attempts_failed.setdefault(loop, 0)
         if loop not in self._failing:
             return
         with self._lock:
@@ -112,3 +124,24 @@ def describe_failure(problem: BaseException | str) -> str:
 
 # The process's one view (a process is one writer, gateway or worker).
 DATABASE = DatabaseReachability()
+
+
+def observe_database(registry: CollectorRegistry, reachability: DatabaseReachability = DATABASE) -> None:
+    """Export the failed database attempts of this process's loops (every process kind)."""
+    registry.register(_DatabaseErrorsCollector(reachability))
+
+
+class _DatabaseErrorsCollector(Collector):
+    def __init__(self, reachability: DatabaseReachability) -> None:
+        self.reachability = reachability
+
+    def collect(self):
+        errors = CounterMetricFamily(
+            "arkvory_database_errors",
+            "Failed attempts to reach the database, by the loop that made them (one outage "
+            "counts once per retry of each loop)",
+            labels=["loop"],
+        )
+        for loop, failed in sorted(self.reachability.attempts_failed.items()):
+            errors.add_metric([loop], failed)
+        yield errors

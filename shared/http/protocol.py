@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
+import logging
 import os
 import secrets
 import socket
@@ -34,6 +35,8 @@ from prometheus_client.registry import Collector
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from arkvory.shared.errors import StartupRefused
+
+log = logging.getLogger("arkvory.protocol")
 
 # What this module was written and tested against; pyproject.toml pins the same (a test holds
 # the two equal).
@@ -386,6 +389,14 @@ class ArkvoryHttpProtocol(HttpToolsProtocol):
         independent check of the gate the content routes apply before every write."""
         if self.stats is not None and not self.may_send_payload():
             self.stats.late_payload_chunks += 1
+            if self.stats.late_payload_chunks == 1:
+                # Said once, in the log: the process usually exits moments later (its lease is
+                # lost), before a scrape could read the counter.
+                log.critical(
+                    "a payload chunk was handed to a connection after the lease's local trust "
+                    "ended (arkvory_payload_chunks_after_trust_total must stay 0; runbook: "
+                    "ArkvoryPayloadAfterTrust)"
+                )
 
 
 def http_stack_mismatches(installed: Callable[[str], str] = importlib.metadata.version) -> list[str]:

@@ -36,7 +36,7 @@ from arkvory.shared.cluster import policy
 from arkvory.shared.cluster.control import ControlConnection
 from arkvory.shared.cluster.lease import SlotLease
 from arkvory.shared.cluster.pins import ReadPins
-from arkvory.shared.cluster.supervision import supervised
+from arkvory.shared.cluster.supervision import observe_database, supervised
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.download.admission import Admission
 from arkvory.shared.download.catalog_cache import CatalogCache
@@ -59,6 +59,7 @@ class Runtime:
         self.keys = keys
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
+        observe_database(self.registry)  # every loop of this process reports its database attempts there
         self.control: ControlConnection | None = None
         self.pool: asyncpg.Pool | None = None
         self.storage: Storage | None = None
@@ -193,6 +194,9 @@ class Runtime:
         self.metrics.transfers_waiting.set_function(lambda: self.admission.waiting)
         self.metrics.observe_bandwidth(self.bandwidth)
         self.metrics.observe_catalog(self.catalog)
+        self.metrics.observe_status(lambda: self.status)
+        self.metrics.policy_slots.set(self.settings.shared.slots if self.settings.shared else 0)
+        self.metrics.read_pins_write_age.set_function(self.pins.write_age)
 
     # -- state read by every request --------------------------------------------------------
 

@@ -2,6 +2,10 @@
 the oldest queued task, read from the database every REFRESH_S by a supervised loop (a scrape
 never queries the database), and the live event streams of this writer.
 
+The same round reads what only the database knows of the installation (issue 15 §2): how many
+slot leases are live (fewer than the policy's slots = a process is missing) and whether any
+worker holds the worker lock (a worker that is down cannot say so itself).
+
 A refresh that fails (database down) keeps the last values; the process logs the outage once
 (`arkvory.shared.cluster.supervision.DATABASE`).
 """
@@ -16,6 +20,7 @@ import anyio
 import asyncpg
 from prometheus_client import CollectorRegistry, Gauge
 
+from arkvory.shared import db
 from arkvory.shared.cluster.supervision import DATABASE
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import DatabaseUnavailable
@@ -30,6 +35,17 @@ REFRESH_S = 5.0
 LOOP = "task metrics"  # as named in the process's database outage lines
 _DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
 
+# pg_locks lists every database's locks: only a worker of this database counts.
+_INSTALLATION = """
+SELECT (SELECT count(*) FROM arkvory_gateway_leases WHERE expires_at > now()) AS leases_live,
+       EXISTS (
+           SELECT 1 FROM pg_locks
+           WHERE locktype = 'advisory' AND granted AND objsubid = 1
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid
+       ) AS worker_lock_held
+"""
+
 
 class TaskMetrics:
     def __init__(self, registry: CollectorRegistry, hub: TaskEventHub | None = None) -> None:
@@ -43,6 +59,16 @@ class TaskMetrics:
         )
         self.streams = Gauge(
             "arkvory_task_event_streams", "Task event streams open on this writer", registry=registry
+        )
+        self.leases_live = Gauge(
+            "arkvory_gateway_leases_live",
+            "Slot leases whose reservation has not expired by the database clock, the writer's included",
+            registry=registry,
+        )
+        self.worker_lock_held = Gauge(
+            "arkvory_worker_lock_held",
+            "1 while some worker holds this database's worker lock (an active worker), else 0",
+            registry=registry,
         )
         if hub is not None:
             self.streams.set_function(lambda: hub.active)
@@ -61,11 +87,14 @@ class TaskMetrics:
             " FROM arkvory_tasks WHERE status = 'queued'",
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
+        installation = await conn.fetchrow(_INSTALLATION, db.WORKER_LOCK, timeout=POOLED_QUERY_TIMEOUT_S)
         counts = {(row["kind"], row["status"]): row["n"] for row in rows}
         for kind in set(KINDS) | {kind for kind, _ in counts}:
             for status in STATUSES:
                 self.tasks.labels(kind=kind, status=status).set(counts.get((kind, status), 0))
         self.oldest_queued.set(max(0.0, oldest))
+        self.leases_live.set(installation["leases_live"])
+        self.worker_lock_held.set(1 if installation["worker_lock_held"] else 0)
         self.refreshed = True
 
     async def run(self, pool_of: Any, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from arkvory.shared.cluster.supervision import observe_database
+
 # Tasks run from minutes to hours: the default buckets (up to 10 s) would lump them together.
 _DURATION_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 
@@ -73,3 +75,4 @@ class WorkerMetrics:
             "Times this worker lost its lock connection while active",
             registry=registry,
         )
+        observe_database(registry)  # the worker lock's loop reports there
