@@ -33,9 +33,10 @@ MiB = 1024 * 1024
 class Client:
     """Talks to one installation through one or several base URLs (a balancer, or backends).
 
-    Content downloads may go to any of them; changes, lists and metadata go to the first one
-    that accepts them, so list the balancer or the writer first. The token is sent only in the
-    `Authorization` header and never shown (not in `repr`, not in logs)."""
+    Content downloads may go to any of them; changes, lists, metadata and credentials go to the
+    first one that serves the writer's routes (read gateways are recognised and skipped:
+    shared/client/transport.py). The token is sent only in the `Authorization` header and never
+    shown (not in `repr`, not in logs)."""
 
     def __init__(
         self,

@@ -21,8 +21,10 @@ server and token:
   --url URL (repeatable) or ARKVORY_URL (comma-separated): the servers to try, in order.
   ARKVORY_TOKEN, or a profile in $XDG_CONFIG_HOME/arkvory/config.toml (default
   ~/.config/arkvory/config.toml, mode 0600) chosen by --profile, ARKVORY_PROFILE or the file's
-  default_profile:  [profiles.NAME] with url = "..." and token = "...".
-  A token is never a command-line option.
+  default_profile:  [profiles.NAME] with url = "..." and token = "..." (`arkvory login`
+  writes one). A token is never a command-line option.
+  get needs any server (a read gateway will do); the other commands need the writer or a
+  balancer: a URL found to be a read gateway is skipped.
 """
 
 NO_TOKEN_HINT = "no token was given: set ARKVORY_TOKEN, or a token in a config file profile (see --help)"
