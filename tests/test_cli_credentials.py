@@ -244,7 +244,7 @@ def test_storing_a_profile_keeps_every_other_value_and_backs_up_comments(tmp_pat
     path.chmod(0o600)
     stored = store_profile(path, "dev", urls=("http://127.0.0.1:8081", "http://127.0.0.1:8080"), token="pat_new",
                            environ_profile=None)
-    assert stored.previous_token is None and stored.default_profile == "prod"
+    assert stored.profile == "dev" and stored.previous_token is None and stored.default_profile == "prod"
     assert stored.backup == path.with_name("config.toml.bak") and stored.backup.read_text() == original
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(stored.backup.stat().st_mode) == 0o600
     document = tomllib.loads(path.read_text())
@@ -256,8 +256,9 @@ def test_storing_a_profile_keeps_every_other_value_and_backs_up_comments(tmp_pat
             "dev": {"url": ["http://127.0.0.1:8081", "http://127.0.0.1:8080"], "token": "pat_new"},
         },
     }
-    again = store_profile(path, "prod", urls=("https://a.example",), token="pat_newer", environ_profile="dev")
-    assert again.previous_token == "pat_old" and again.default_profile == "dev"
+    again = store_profile(path, None, urls=("https://a.example",), token="pat_newer", environ_profile=None)
+    assert again.profile == "prod" and again.previous_token == "pat_old"  # the file's default_profile
+    assert store_profile(path, None, urls=("http://x",), token="pat_x", environ_profile="dev").profile == "dev"
     assert again.backup is None  # nothing left to lose: the file is what dumps writes
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
 

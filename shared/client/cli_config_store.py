@@ -31,23 +31,29 @@ _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f
 
 @dataclass(frozen=True)
 class Stored:
-    """What storing changed: the profile's previous token (never shown), the profile a run
-    without --profile would use, and the copy of the old file when its comments were lost."""
+    """What storing changed: the profile written, its previous token (never shown), the profile
+    a run without --profile uses, and the copy of the old file when its comments were lost."""
 
+    profile: str
     previous_token: str | None = field(repr=False)
     default_profile: str
     backup: pathlib.Path | None
 
 
 def store_profile(
-    path: pathlib.Path, profile: str, *, urls: tuple[str, ...], token: str, environ_profile: str | None
+    path: pathlib.Path, profile: str | None, *, urls: tuple[str, ...], token: str, environ_profile: str | None
 ) -> Stored:
-    """Set `[profiles.PROFILE]`'s url and token in the file at `path` (created if missing)."""
+    """Set `[profiles.PROFILE]`'s url and token in the file at `path` (created if missing).
+    Without `profile`, the one a run without --profile uses: `environ_profile`
+    (ARKVORY_PROFILE), else the file's default_profile, else `default`."""
     raw = _read(path)
     try:
         document = tomllib.loads(raw) if raw is not None else {}
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc}); fix it or move it away, then log in again") from None
+    default = document.get("default_profile")
+    default = environ_profile or (default if isinstance(default, str) and default else DEFAULT_PROFILE)
+    profile = profile or default
     profiles = document.setdefault("profiles", {})
     if not isinstance(profiles, dict) or not isinstance(profiles.setdefault(profile, {}), dict):
         raise ConfigError(f"{path}: 'profiles' must hold tables like [profiles.NAME]; fix it, then log in again")
@@ -61,8 +67,7 @@ def store_profile(
         backup = path.with_name(path.name + ".bak")
         _replace(backup, raw)
     _replace(path, text)
-    chosen = environ_profile or document.get("default_profile")
-    return Stored(previous, chosen if isinstance(chosen, str) and chosen else DEFAULT_PROFILE, backup)
+    return Stored(profile, previous, default, backup)
 
 
 def dumps(document: dict[str, Any]) -> str:

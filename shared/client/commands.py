@@ -27,7 +27,7 @@ server and token:
   balancer: a URL found to be a read gateway is skipped.
 """
 
-NO_TOKEN_HINT = "no token was given: set ARKVORY_TOKEN, or a token in a config file profile (see --help)"
+NO_TOKEN_HINT = "no token was given: run `arkvory login ACCOUNT`, or set ARKVORY_TOKEN (see --help)"
 
 # The longest file name most filesystems take, in bytes.
 MAX_FILE_NAME_BYTES = 255

@@ -111,9 +111,8 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
     from .commands import retry_policy
     from .errors import ClientError
 
-    # Only the URLs and the profile: the token, if any, is what this replaces.
+    # Only the URLs: the token, if any, is what this replaces.
     connection = resolve_connection(args.url, args.profile, os.environ)
-    profile = connection.profile or "default"
     password = read_password(f"password for {args.account}: ")
     label = args.label or f"arkvory login on {socket.gethostname()}"[:200]
     with Client(list(connection.urls), None, retry=retry_policy(args)) as client:
@@ -129,26 +128,26 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
                 pass  # it expires by itself (ARKVORY_SESSION_LIFETIME)
     path = config_path(os.environ)
     stored = store_profile(
-        path, profile, urls=connection.urls, token=created["token"],
+        path, args.profile, urls=connection.urls, token=created["token"],
         environ_profile=os.environ.get("ARKVORY_PROFILE") or None,
     )
     output.note(
         f"logged in as {args.account}: a {created.get('access')} token (id {created.get('id')}, expires "
-        f"{_day(created.get('expiresAt'))}) is stored in profile '{profile}' of {path}"
+        f"{_day(created.get('expiresAt'))}) is stored in profile '{stored.profile}' of {path}"
     )
-    _notes_after_storing(output, stored, profile)
+    _notes_after_storing(output, stored)
     output.result({
-        "account": args.account, "profile": profile, "config": str(path),
+        "account": args.account, "profile": stored.profile, "config": str(path),
         "token": {k: v for k, v in created.items() if k != "token"},
     })
     return 0
 
 
-def _notes_after_storing(output: Output, stored, profile: str) -> None:
+def _notes_after_storing(output: Output, stored) -> None:
     if stored.backup is not None:
         output.note(f"the file was rewritten without its comments; the old one is {stored.backup}")
-    if stored.default_profile != profile:
-        output.note(f"use it with --profile {profile} or ARKVORY_PROFILE={profile}")
+    if stored.default_profile != stored.profile:
+        output.note(f"use it with --profile {stored.profile} or ARKVORY_PROFILE={stored.profile}")
     if os.environ.get("ARKVORY_TOKEN", "").strip():
         output.note("ARKVORY_TOKEN is set, and comes before a profile's token: unset it to use this one")
     previous = _token_id(stored.previous_token)
