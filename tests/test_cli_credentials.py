@@ -123,8 +123,11 @@ def test_login_asks_for_the_password_on_a_terminal_without_echo(stack, alice, ho
     env = cli_env(home, stack.urls, token=None)
     pid, terminal = pty.fork()
     if pid == 0:  # the child: arkvory with the pty as its controlling terminal
-        os.chdir(tmp_path)
-        os.execve(str(ARKVORY), [str(ARKVORY), "login", alice, "--access", "read"], env)
+        try:
+            os.chdir(tmp_path)
+            os.execve(str(ARKVORY), [str(ARKVORY), "login", alice, "--access", "read"], env)
+        finally:
+            os._exit(127)  # never back into pytest in a forked child
     seen = b""
     try:
         seen = _read_until(terminal, f"password for {alice}: ".encode())
