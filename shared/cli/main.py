@@ -173,12 +173,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     from arkvory.shared.client.cli_output import EXIT_CODES_HELP
+    from arkvory.shared.client.cli_parsing import SubcommandParser
 
     top = argparse.ArgumentParser(
         prog="arkvory", description="Arkvory artifact server", epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = top.add_subparsers(dest="command", required=True)
+    sub = top.add_subparsers(dest="command", required=True, parser_class=SubcommandParser)
     serve = sub.add_parser("serve", help="run the API program (role from ARKVORY_ROLE)")
     serve.set_defaults(func=cmd_serve)
     dev = sub.add_parser("dev", help="run a local writer + gateways on an embedded PostgreSQL")

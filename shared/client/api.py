@@ -19,11 +19,13 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .download import ContentRoute, Download, DownloadResult, Progress
+from . import credentials
+from .credentials import Session
+from .download import ContentRoute, Download, DownloadResult, Progress, name_from_headers
 from .errors import UsageError
 from .retries import RetryPolicy
 from .transport import Transport
-from .upload import Upload
+from .upload import Upload, UploadedArtifact
 
 MiB = 1024 * 1024
 
@@ -31,9 +33,10 @@ MiB = 1024 * 1024
 class Client:
     """Talks to one installation through one or several base URLs (a balancer, or backends).
 
-    Content downloads may go to any of them; changes, lists and metadata go to the first one
-    that accepts them, so list the balancer or the writer first. The token is sent only in the
-    `Authorization` header and never shown (not in `repr`, not in logs)."""
+    Content downloads may go to any of them; changes, lists, metadata and credentials go to the
+    first one that serves the writer's routes (read gateways are recognised and skipped:
+    shared/client/transport.py). The token is sent only in the `Authorization` header and never
+    shown (not in `repr`, not in logs)."""
 
     def __init__(
         self,
@@ -90,29 +93,31 @@ class Client:
         may lose them. `durable=True` waits until the file is on disk (fsync before the rename,
         then of the directory), which costs the disk's write time (~2.8 s per GiB on the
         project's test host)."""
-        chosen = [x for x in (artifact_id, asset, package) if x is not None]
-        if len(chosen) != 1:
-            raise UsageError("download: give exactly one of artifact_id, asset, package")
-        base = f"/api/v1/repositories/{_quote(repo)}"
+        route = _content_route(repo, artifact_id, asset, package)
         metadata: Callable[[], str | None] | None = None
         if artifact_id is not None:
-            route = ContentRoute(f"{base}/artifacts/{_quote(artifact_id)}/content", {}, f"download of artifact {artifact_id}")
             metadata = lambda: self.stat(repo, artifact_id).get("sha256")  # noqa: E731
-        elif asset is not None:
-            route = ContentRoute(f"{base}/asset/content", {"path": asset}, f"download of asset {asset}")
-        else:
-            assert package is not None
-            if len(package) != 3 or not all(isinstance(p, str) and p for p in package):
-                raise UsageError("download: package must be (group, name, version)")
-            group, name, version = package
-            route = ContentRoute(
-                f"{base}/packages/content", {"group": group, "name": name, "version": version},
-                f"download of package {group}/{name}@{version}",
-            )
         return Download(
             self._transport, route, pathlib.Path(dest), progress=progress, metadata_sha256=metadata,
             durable=durable,
         ).run()
+
+    def offered_name(
+        self,
+        repo: str,
+        *,
+        artifact_id: str | None = None,
+        asset: str | None = None,
+        package: tuple[str, str, str] | None = None,
+    ) -> str | None:
+        """The file name the server offers for this content (its `Content-Disposition`), as
+        sent: make it safe before creating a file by it. None when it offers none. One HEAD of
+        the content route, which every process serves, a read gateway too."""
+        route = _content_route(repo, artifact_id, asset, package)
+        response = self._transport.request(
+            "HEAD", route.path, route.what, params=route.params, writer_only=False
+        )
+        return name_from_headers(response.headers)
 
     def upload(
         self,
@@ -124,12 +129,13 @@ class Client:
         media_type: str | None = None,
         part_size: int = 16 * MiB,
         progress: Progress | None = None,
-    ) -> dict[str, Any]:
+    ) -> UploadedArtifact:
         """Upload a file as an artifact (resumable, in parts); returns the artifact's JSON.
 
         Safe to re-run: an interrupted upload resumes (`path.arkvory-upload` keeps its key),
-        and a file already stored under this name with these bytes is not stored twice. With
-        `asset`, that asset path is pointed at the artifact afterwards."""
+        and a file already stored under this name with these bytes is not stored twice (the
+        answer's `stored_already` is then True). With `asset`, that asset path is pointed at
+        the artifact afterwards."""
         return Upload(
             self._transport, repo, pathlib.Path(path), name=name, asset=asset, media_type=media_type,
             part_size=part_size, progress=progress,
@@ -167,6 +173,62 @@ class Client:
             "DELETE", f"/api/v1/repositories/{_quote(repo)}/artifacts/{_quote(artifact_id)}",
             f"delete artifact {artifact_id}", headers={"Idempotency-Key": uuid.uuid4().hex},
         )
+
+
+    # -- credentials (SPEC §5) -------------------------------------------------------------------
+
+    def login(self, name: str, password: str) -> Session:
+        """A session for the account (its token is for `create_token(session=...)`)."""
+        return credentials.login(self._transport, name, password)
+
+    def logout(self, session: Session) -> None:
+        credentials.logout(self._transport, session)
+
+    def create_token(
+        self,
+        *,
+        access: str,
+        label: str = "",
+        expires_in_seconds: int | None = None,
+        password: str | None = None,
+        session: Session | None = None,
+    ) -> dict[str, Any]:
+        """A new personal token, `access` "read" or "write"; the secret is in the answer's
+        `token`, and only there. It expires at the latest with the credential making it (this
+        client's token, or `session`) unless the account's `password` is sent with it."""
+        return credentials.create_token(
+            self._transport, access=access, label=label, expires_in_seconds=expires_in_seconds,
+            password=password, session=session,
+        )
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        """This account's personal tokens, without their secrets."""
+        return credentials.list_tokens(self._transport)
+
+    def revoke_token(self, token_id: str) -> None:
+        credentials.revoke_token(self._transport, token_id)
+
+
+def _content_route(
+    repo: str, artifact_id: str | None, asset: str | None, package: tuple[str, str, str] | None
+) -> ContentRoute:
+    """The content route (SPEC §6) of exactly one of an artifact id, an asset path, a package."""
+    chosen = [x for x in (artifact_id, asset, package) if x is not None]
+    if len(chosen) != 1:
+        raise UsageError("download: give exactly one of artifact_id, asset, package")
+    base = f"/api/v1/repositories/{_quote(repo)}"
+    if artifact_id is not None:
+        return ContentRoute(f"{base}/artifacts/{_quote(artifact_id)}/content", {}, f"download of artifact {artifact_id}")
+    if asset is not None:
+        return ContentRoute(f"{base}/asset/content", {"path": asset}, f"download of asset {asset}")
+    assert package is not None
+    if len(package) != 3 or not all(isinstance(p, str) and p for p in package):
+        raise UsageError("download: package must be (group, name, version)")
+    group, name, version = package
+    return ContentRoute(
+        f"{base}/packages/content", {"group": group, "name": name, "version": version},
+        f"download of package {group}/{name}@{version}",
+    )
 
 
 def _quote(segment: str) -> str:

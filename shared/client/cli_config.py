@@ -17,6 +17,7 @@ The file is `$XDG_CONFIG_HOME/arkvory/config.toml` (default `~/.config/arkvory/c
     token = "pat_..."
 
 A file holding a token must be readable by its owner only (like ssh's keys), or it is refused.
+`arkvory login` writes a profile's url and token (cli_config_store.py).
 """
 
 from __future__ import annotations

@@ -27,16 +27,18 @@ EXIT_INTERRUPTED = 130
 # The table of `arkvory --help`, each command's help and the README. The numbers are a contract:
 # scripts branch on them, so one cause never moves to another number.
 EXIT_CODES_HELP = """\
-exit codes of get, put, ls, stat and rm:
+exit codes of get, put, ls, stat, rm, login and token:
   0  ok
   1  any other failure: a refusal not listed here (413 too large, 507 server storage
      full, ...) or an unexpected error
-  2  usage: bad arguments, options or config file
+  2  usage: bad arguments, options or config file, or only read gateways given
+     for a command that needs the writer
   3  authentication or permission: no token, a bad token, or a token without the right
   4  not found: no such repository, artifact, asset or package version
   5  integrity: the bytes do not match their SHA-256
   6  conflict: the server refused a change that clashes with its state
-  7  network or busy: no server answered well after all retries
+  7  network or busy: no server answered well after all retries, or the address
+     refuses connections
   8  local I/O: a local file could not be read or written
 """
 

@@ -1,4 +1,5 @@
-"""`arkvory get|put|ls|stat|rm`: the client library (shared/client) on the command line (SPEC §10).
+"""`arkvory get|put|ls|stat|rm`: the client library (shared/client) on the command line (SPEC §10);
+`login` and `token` are in credential_commands.py.
 
 Registered by shared/cli/main.py. Every import that costs (httpx, tenacity, tqdm, the library itself)
 happens inside a command, so `arkvory serve` and `arkvory --help` load none of it.
@@ -20,11 +21,13 @@ server and token:
   --url URL (repeatable) or ARKVORY_URL (comma-separated): the servers to try, in order.
   ARKVORY_TOKEN, or a profile in $XDG_CONFIG_HOME/arkvory/config.toml (default
   ~/.config/arkvory/config.toml, mode 0600) chosen by --profile, ARKVORY_PROFILE or the file's
-  default_profile:  [profiles.NAME] with url = "..." and token = "...".
-  A token is never a command-line option.
+  default_profile:  [profiles.NAME] with url = "..." and token = "..." (`arkvory login`
+  writes one). A token is never a command-line option.
+  get needs any server (a read gateway will do); the other commands need the writer or a
+  balancer: a URL found to be a read gateway is skipped.
 """
 
-NO_TOKEN_HINT = "no token was given: set ARKVORY_TOKEN, or a token in a config file profile (see --help)"
+NO_TOKEN_HINT = "no token was given: run `arkvory login ACCOUNT`, or set ARKVORY_TOKEN (see --help)"
 
 # The longest file name most filesystems take, in bytes.
 MAX_FILE_NAME_BYTES = 255
@@ -41,13 +44,18 @@ def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAc
     """Add this package's subcommands to the top-level `commands` and to `arkvory admin`."""
     common = _common_options()
 
-    def add(name: str, summary: str, handler) -> argparse.ArgumentParser:
-        command = commands.add_parser(
-            name, parents=[common], help=summary, description=summary,
-            epilog=f"{CONNECTION_HELP}\n{EXIT_CODES_HELP}",
+    def add(name: str, summary: str, handler, parent=None) -> argparse.ArgumentParser:
+        """A subcommand of `arkvory` (or of `parent`); without a handler, a group of them
+        (`token`), which takes no options of its own: argparse would let its subcommands'
+        defaults overwrite them."""
+        leaf = handler is not None
+        command = (parent or commands).add_parser(
+            name, parents=[common] if leaf else [], help=summary, description=summary,
+            epilog=f"{CONNECTION_HELP}\n{EXIT_CODES_HELP}" if leaf else None,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        command.set_defaults(func=_runner(handler))
+        if leaf:
+            command.set_defaults(func=_runner(handler))
         return command
 
     get = add(
@@ -91,6 +99,10 @@ def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAc
     rm = add("rm", "delete an artifact (refused while a package or asset uses it)", cmd_rm)
     rm.add_argument("repo", metavar="REPO")
     rm.add_argument("artifact_id", metavar="ARTIFACT_ID")
+
+    from . import credential_commands
+
+    credential_commands.register(add)
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -153,17 +165,24 @@ def _runner(handler):
     return run
 
 
-def _client(args: argparse.Namespace):
-    from . import Client, RetryPolicy
+def client_for(args: argparse.Namespace):
+    """The library's Client for a command run: its URLs and token (cli_config.py), its retries."""
+    from . import Client
     from .cli_config import resolve_connection
 
     connection = args.connection = resolve_connection(args.url, args.profile, os.environ)
+    return Client(list(connection.urls), connection.token, retry=retry_policy(args))
+
+
+def retry_policy(args: argparse.Namespace):
+    from . import RetryPolicy
+
     limits: dict[str, Any] = {}
     if args.retries is not None:
         limits["max_attempts"] = args.retries + 1
     if args.retry_time is not None:
         limits["max_total_seconds"] = args.retry_time
-    return Client(list(connection.urls), connection.token, retry=RetryPolicy(**limits))
+    return RetryPolicy(**limits)
 
 
 def _bar(args: argparse.Namespace, description: str):
@@ -220,7 +239,9 @@ def _artifact_id(text: str) -> str:
 
 def _default_name(client, repo: str, target: dict[str, Any]) -> str:
     if "artifact_id" in target:
-        offered = str(client.stat(repo, target["artifact_id"]).get("name") or "")
+        # From the content route's Content-Disposition: every process serves it, so a get
+        # pointed at a read gateway alone works (the metadata route is the writer's).
+        offered = client.offered_name(repo, **target) or ""
     elif "asset" in target:
         offered = target["asset"]
     else:
@@ -245,10 +266,15 @@ def _destination(client, args: argparse.Namespace, target: dict[str, Any]) -> pa
 
 def cmd_get(args: argparse.Namespace, output: Output) -> int:
     target = _target(args)
-    with _client(args) as client:
+    with client_for(args) as client:
         dest = _destination(client, args, target)
         with _bar(args, dest.name) as progress:
             result = client.download(args.repo, dest, progress=progress, durable=args.fsync, **target)
+    if result.continued_bytes:
+        output.note(
+            f"resumed {dest.name}: {result.continued_bytes} bytes ({human_size(result.continued_bytes)}) "
+            "were already there from an earlier run"
+        )
     output.note(f"saved {result.path} ({human_size(result.size)}, sha256 {result.sha256})")
     output.result(
         {
@@ -259,6 +285,7 @@ def cmd_get(args: argparse.Namespace, output: Output) -> int:
             "resumed_bytes": result.resumed_bytes,
             "restarts": result.restarts,
             "attempts": result.attempts,
+            "continued_bytes": result.continued_bytes,
         }
     )
     return 0
@@ -269,22 +296,28 @@ def cmd_get(args: argparse.Namespace, output: Output) -> int:
 
 def cmd_put(args: argparse.Namespace, output: Output) -> int:
     path = pathlib.Path(args.file)
-    with _client(args) as client, _bar(args, path.name) as progress:
+    with client_for(args) as client, _bar(args, path.name) as progress:
         artifact = client.upload(
             args.repo, path, name=args.name, asset=args.asset, media_type=args.media_type,
             progress=progress,
         )
     where = f", asset {args.asset}" if args.asset else ""
-    output.note(
-        f"uploaded {artifact.get('name')} as {artifact.get('id')} "
-        f"({human_size(artifact.get('size'))}{where})"
-    )
+    if artifact.stored_already:
+        output.note(
+            f"{artifact.get('name')} is already in {args.repo} with these bytes, as {artifact.get('id')} "
+            f"({human_size(artifact.get('size'))}{where}): nothing was sent"
+        )
+    else:
+        output.note(
+            f"uploaded {artifact.get('name')} as {artifact.get('id')} "
+            f"({human_size(artifact.get('size'))}{where})"
+        )
     output.result(artifact, human=str(artifact.get("id")))
     return 0
 
 
 def cmd_ls(args: argparse.Namespace, output: Output) -> int:
-    with _client(args) as client:
+    with client_for(args) as client:
         artifacts = list(client.list_artifacts(args.repo))
     lines = [
         f"{a.get('id')}  {a.get('size', ''):>12}  {a.get('createdAt', '')}  {a.get('name', '')}"
@@ -296,7 +329,7 @@ def cmd_ls(args: argparse.Namespace, output: Output) -> int:
 
 def cmd_stat(args: argparse.Namespace, output: Output) -> int:
     artifact_id = _artifact_id(args.artifact_id)
-    with _client(args) as client:
+    with client_for(args) as client:
         artifact = client.stat(args.repo, artifact_id)
     width = max((len(k) for k in artifact), default=0)
     output.result(artifact, human="\n".join(f"{k:<{width}}  {v}" for k, v in artifact.items()))
@@ -305,7 +338,7 @@ def cmd_stat(args: argparse.Namespace, output: Output) -> int:
 
 def cmd_rm(args: argparse.Namespace, output: Output) -> int:
     artifact_id = _artifact_id(args.artifact_id)
-    with _client(args) as client:
+    with client_for(args) as client:
         client.delete(args.repo, artifact_id)
     output.note(f"deleted {artifact_id} from {args.repo}")
     output.result({"deleted": artifact_id, "repository": args.repo})

@@ -19,6 +19,7 @@ import binascii
 import dataclasses
 import pathlib
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 
 import httpx
@@ -30,6 +31,8 @@ from .retries import Retryable
 from .transport import Transport
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+# One `; name=value` parameter of Content-Disposition: a token, or a quoted string.
+_DISPOSITION_PARAM = re.compile(r';\s*([!#$%&\'*+.^_`|~0-9A-Za-z-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;\s]*)')
 
 Progress = Callable[[int, "int | None"], None]
 
@@ -38,7 +41,8 @@ Progress = Callable[[int, "int | None"], None]
 class DownloadResult:
     """What a download did: `resumed_bytes` were not sent again thanks to Range requests,
     `restarts` counts the times it started over from byte 0, `attempts` the HTTP requests,
-    `received_bytes` the payload bytes received over all of them."""
+    `received_bytes` the payload bytes received over all of them; `continued_bytes` of those
+    not sent again were in a `.part` left by an earlier run (0 when it started afresh)."""
 
     path: pathlib.Path
     size: int
@@ -48,6 +52,7 @@ class DownloadResult:
     restarts: int
     attempts: int
     received_bytes: int = 0
+    continued_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +79,25 @@ def sha256_from_headers(headers: httpx.Headers) -> str | None:
             if len(raw) == 32:
                 return raw.hex()
     return None
+
+
+def name_from_headers(headers: httpx.Headers) -> str | None:
+    """The file name of `Content-Disposition` (RFC 6266): `filename*` (RFC 8187, UTF-8) before
+    `filename`; None without one. Not yet safe as a local file name."""
+    params: dict[str, str] = {}
+    for key, raw in _DISPOSITION_PARAM.findall(headers.get("content-disposition", "")):
+        params.setdefault(key.lower(), raw)
+    charset, _, rest = params.get("filename*", "").partition("'")
+    encoded = rest.partition("'")[2]
+    if charset.lower() == "utf-8" and encoded:
+        try:
+            return urllib.parse.unquote(encoded, errors="strict")
+        except UnicodeDecodeError:
+            pass  # then the plain filename, if any
+    plain = params.get("filename", "")
+    if plain.startswith('"'):
+        plain = re.sub(r"\\(.)", r"\1", plain[1:-1])
+    return plain or None
 
 
 class _StartOver(Exception):
@@ -104,6 +128,8 @@ class Download:
         self.restarts = 0
         self.attempts = 0
         self.received_bytes = 0
+        # What the first answer kept of a .part an earlier run left: None until it came.
+        self.continued_bytes: int | None = None
 
     def run(self) -> DownloadResult:
         part = self.part
@@ -155,6 +181,7 @@ class Download:
             )
         except NETWORK_ERRORS as exc:
             raise transport.network_failure(exc, self.route.what) from exc
+        transport.note_answer()
         try:
             try:
                 self._accept(response, offset if resuming else 0)
@@ -182,6 +209,8 @@ class Download:
                     self.restarts += 1
                 self._start_over(etag)
             self.total, self.sha256 = length, sha256
+            if self.continued_bytes is None:
+                self.continued_bytes = 0
             return
         found = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", "").strip())
         if not found or etag != self.part.etag:
@@ -194,6 +223,8 @@ class Download:
         self.total = total
         self.sha256 = self.sha256 or sha256
         self.resumed_bytes += offset
+        if self.continued_bytes is None:
+            self.continued_bytes = offset
 
     def _receive(self, response: RawResponse) -> bool:
         """Stream the body into the .part; True when complete, False when cut after progress."""
@@ -266,6 +297,7 @@ class Download:
             restarts=self.restarts,
             attempts=self.attempts,
             received_bytes=self.received_bytes,
+            continued_bytes=self.continued_bytes or 0,
         )
 
 

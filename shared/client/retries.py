@@ -9,6 +9,8 @@
     409 idempotency_key_in_use    yes, with backoff: our own earlier attempt still runs, and a
                                   retry then replays its result
     any other 4xx                 never: it will not change until the request does
+    connection refused by an      on each other URL at once, then once more after 1 s, then
+      address that never answered   given up: a wrong address, not an outage (transport.py)
 
 Every retry sequence is bounded by `max_attempts` *and* `max_total_seconds` (whichever comes
 first). A sequence is the attempts in a row that made no progress: a download that receives

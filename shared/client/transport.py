@@ -4,12 +4,25 @@ The token travels only in the `Authorization` header (SPEC §5): a base URL carr
 credentials is refused, and neither URLs nor log lines ever hold the token. After a failure
 that may be the server's (no answer, 5xx, 503 busy) the next attempt goes to the next base URL,
 so a list of backends spreads retries; behind one balancer address the balancer picks another.
-A `405 read_only` means a gateway was asked for a change: the request moves on to the next URL
-(list the writer or the balancer first).
+
+Writer-only requests (every route but content, SPEC §6) skip the URLs found to be read gateways
+(shared/client/routing.py), without spending a retry: a gateway answers a change with
+`405 read_only`, and a writer-only GET with the `404 not_found` "no such route" that the writer
+also gives a missing artifact, under the same code. A 404 from a URL not yet known is therefore
+settled with one `HEAD /api/v1/openapi.json` to it (the writer publishes that document,
+anonymously; a gateway does not): a gateway's 404 moves the request on to the next URL, the
+writer's is the answer (exit 4 in the CLI). The client learns this rather than the server
+marking its "no such route" with a code of its own because it then works with every server
+deployed and keeps the error codes of SPEC §6 as they are.
+
+A connection refused by an address that never answered is a wrong address far more often than an
+outage: it is tried again at once on the other URLs and once more after REFUSED_PAUSE_S, then
+given up (NetworkError naming the URLs) instead of backing off for minutes.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -19,8 +32,14 @@ import httpx
 
 from .errors import ClientError, NetworkError, UsageError, error_fields, error_for_response
 from .retries import RetryPolicy, Retryable, is_retryable_status, retry_after_seconds
+from .routing import REFUSED_ROUNDS, BaseUrls
 
 USER_AGENT = "arkvory-client/1"
+# Served by the writer (and through a balancer) to anyone, by no gateway: see the docstring.
+WRITER_PROBE = "/api/v1/openapi.json"
+PROBE_TIMEOUT_S = 5.0
+# The wait before every URL is tried again after each refused a connection.
+REFUSED_PAUSE_S = 1.0
 
 
 def parse_base_urls(base_urls: str | Sequence[str]) -> list[str]:
@@ -58,9 +77,9 @@ class Transport:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.base_urls = parse_base_urls(base_urls)
+        self.urls = BaseUrls(self.base_urls)
         self.retry = retry
         self.sleep = sleep
-        self._current = 0
         headers = {"User-Agent": USER_AGENT}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -72,13 +91,27 @@ class Transport:
 
     @property
     def base_url(self) -> str:
-        return self.base_urls[self._current % len(self.base_urls)]
+        """The URL the current (or last) request went to."""
+        return self.urls.current
 
     def rotate(self) -> None:
-        self._current = (self._current + 1) % len(self.base_urls)
+        self.urls.rotate()
 
     def url(self, path: str) -> str:
+        """`path` on the current URL: for the content routes, which every process serves."""
         return self.base_url + path
+
+    def writer_url(self, path: str, what: str) -> str:
+        """`path` on the current URL not known to be a read gateway (UsageError if all are)."""
+        base = self.urls.for_writer()
+        if base is None:
+            listed = ", ".join(self.base_urls)
+            raise UsageError(
+                f"{what}: {listed} {'is a read gateway' if len(self.base_urls) == 1 else 'are read gateways'}"
+                " (downloads only); give the writer's or a balancer's URL too (--url, ARKVORY_URL or a"
+                " profile's url)"
+            )
+        return base + path
 
     # -- answers ------------------------------------------------------------------------------
 
@@ -92,8 +125,6 @@ class Transport:
         if response.status_code == 409 and code == "idempotency_key_in_use":
             # Our own earlier attempt with this key is still running: wait for it, then replay.
             return Retryable(error, None, rotate=False)
-        if response.status_code == 405 and len(self.base_urls) > 1 and code == "read_only":
-            return Retryable(error, 0.0)
         return error
 
     def headers(self, extra: Mapping[str, str]) -> dict[str, str]:
@@ -101,8 +132,79 @@ class Transport:
         requests sent outside httpx (shared/client/rawget.py)."""
         return {**self._default_headers, **extra}
 
-    def network_failure(self, exc: BaseException, what: str) -> Retryable:
-        return Retryable(NetworkError(f"{what}: {_describe(exc)}"))
+    def note_answer(self) -> None:
+        """The current URL answered (any status): a refusal from it later is an outage."""
+        self.urls.answered(self.base_url)
+
+    def network_failure(self, exc: BaseException, what: str, *, writer_only: bool = False) -> Exception:
+        """What to raise when the current URL gave no answer: Retryable, or a NetworkError when
+        every address given refuses connections and none ever answered (see the docstring)."""
+        url = self.base_url
+        reason = _unreachable_reason(exc)
+        if reason is None:
+            return Retryable(NetworkError(f"{what}: no answer from {url}: {_describe(exc)}"))
+        verdict = self.urls.refused(url, writer_only)
+        if verdict == "give_up":
+            tried = self.urls.candidates(writer_only)
+            each = " each" if len(tried) > 1 else ""
+            return NetworkError(
+                f"{what}: nothing answers at {', '.join(tried)} ({reason}, tried {REFUSED_ROUNDS} times{each});"
+                " is the address right? (--url, ARKVORY_URL or a profile's url)"
+            )
+        error = NetworkError(f"{what}: no answer from {url}: {reason}")
+        if verdict == "outage":
+            return Retryable(error)
+        return Retryable(error, 0.0 if verdict == "try_next" else REFUSED_PAUSE_S)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        writer_only: bool = True,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """One attempt of a request, read whole. A writer-only one skips the URLs that turn out
+        to be read gateways (at once: finding the writer is no failure to retry)."""
+        while True:  # ends: every pass finds a gateway and marks it, or returns
+            url = self.writer_url(path, what) if writer_only else self.url(path)
+            try:
+                response = self.http.request(
+                    method, url, params=params, json=json, content=content, headers=headers
+                )
+            except httpx.HTTPError as exc:
+                raise self.network_failure(exc, what, writer_only=writer_only) from exc
+            self.note_answer()
+            if not writer_only:
+                return response
+            if response.is_success:
+                self.urls.serving_writer.add(self.base_url)
+            elif self._served_elsewhere(response):
+                self.urls.read_only.add(self.base_url)
+                continue
+            return response
+
+    def _served_elsewhere(self, response: httpx.Response) -> bool:
+        """Whether this answer to a writer-only request says "not here: I am a read gateway"."""
+        status, base = response.status_code, self.base_url
+        if status not in (404, 405) or base in self.urls.serving_writer:
+            return False
+        code = error_fields(response)[0]
+        if status == 405:
+            return code == "read_only"
+        if code not in (None, "not_found"):
+            return False
+        try:
+            probe = self.http.head(base + WRITER_PROBE, timeout=PROBE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False  # cannot tell: the 404 stands
+        if probe.is_success:
+            self.urls.serving_writer.add(base)
+        return probe.status_code == 404
 
     def attempts(self, what: str):
         """Iterate tenacity attempts; a failed one that blames the server rotates the URL."""
@@ -123,17 +225,17 @@ class Transport:
         json: Any = None,
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
+        writer_only: bool = True,
     ) -> httpx.Response:
-        """One logical request, retried by the policy; a 2xx answer, read whole, or an error."""
+        """One logical request, retried by the policy; a 2xx answer, read whole, or an error.
+        Every route but content is the writer's (SPEC §6): `writer_only=False` for content."""
         try:
             for attempt in self.attempts(what):
                 with attempt:
-                    try:
-                        response = self.http.request(
-                            method, self.url(path), params=params, json=json, content=content, headers=headers
-                        )
-                    except httpx.HTTPError as exc:
-                        raise self.network_failure(exc, what) from exc
+                    response = self.send(
+                        method, path, what, writer_only=writer_only, params=params, json=json,
+                        content=content, headers=headers,
+                    )
                     if response.is_success:
                         return response
                     raise self.refusal(response, what)
@@ -150,6 +252,21 @@ class Transport:
 
     def close(self) -> None:
         self.http.close()
+
+
+def _unreachable_reason(exc: BaseException) -> str | None:
+    """"connection refused" or "unknown host" when that is why `exc` (or what caused it) got no
+    answer; None for every other failure (timeouts, resets, a cut body, a name server down)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the cause chain of httpx's errors is three deep
+        if seen is None:
+            break
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(seen, socket.gaierror) and seen.errno == socket.EAI_NONAME:
+            return "unknown host"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _describe(exc: BaseException) -> str:

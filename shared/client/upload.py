@@ -133,6 +133,15 @@ class UploadState:
             raise LocalIOError(f"cannot write {path} (the key that makes a re-run resume): {exc.strerror or exc}") from None
 
 
+class UploadedArtifact(dict[str, Any]):
+    """The artifact's JSON as the server sent it (a plain dict to read), and whether the upload
+    found it `stored_already` (the same name and SHA-256 in the repository: nothing was sent)."""
+
+    def __init__(self, artifact: dict[str, Any], *, stored_already: bool) -> None:
+        super().__init__(artifact)
+        self.stored_already = stored_already
+
+
 @dataclasses.dataclass(frozen=True)
 class FileDigest:
     size: int
@@ -186,12 +195,14 @@ class Upload:
         self.progress = progress
         self.state_file = state_path(path)
         self.base = f"/api/v1/repositories/{_quote(repo)}"
+        # What an error says was asked: "upload of app.tar.gz to bulids: no repository 'bulids'".
+        self.what = f"upload of {path.name} to {repo}"
         self._progress_lock = threading.Lock()
         self._done = 0
         self._size: int | None = None
         self._sent_here: set[int] = set()  # parts this run sent and the server acknowledged
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> UploadedArtifact:
         try:
             before = self.path.stat()
         except OSError as exc:
@@ -233,21 +244,21 @@ class Upload:
             )
         self._point_asset(artifact, state.key)
         self.state_file.unlink(missing_ok=True)
-        return artifact
+        return UploadedArtifact(artifact, stored_already=False)
 
-    def _stored_already(self, artifact: dict[str, Any], saved: UploadState | None) -> dict[str, Any]:
+    def _stored_already(self, artifact: dict[str, Any], saved: UploadState | None) -> UploadedArtifact:
         """The file is in the repository already: that artifact is the answer, but only for a
         principal that may write here, and without opening a session (which would reserve the
         file's size on the writer's disk just to be deleted). Listing this repository's upload
         sessions is the writer's own check: a reader gets its 403 (AuthError)."""
-        self.transport.json("GET", f"{self.base}/uploads", f"upload {self.path.name}")
+        self.transport.json("GET", f"{self.base}/uploads", self.what)
         if saved is not None and saved.session is not None:
             # An earlier run of this upload left a session: free what it reserves (a completed
             # one is refused and stays, which is right: it replays its artifact).
             self._delete_session_quietly({"id": saved.session})
         self._point_asset(artifact, saved.key if saved is not None else uuid.uuid4().hex)
         self.state_file.unlink(missing_ok=True)
-        return artifact
+        return UploadedArtifact(artifact, stored_already=True)
 
     # -- the session --------------------------------------------------------------------------
 
@@ -322,7 +333,7 @@ class Upload:
         if state.media_type:
             descriptor["mediaType"] = state.media_type
         response = self.transport.request(
-            "POST", f"{self.base}/uploads", f"start upload of {self.path.name}",
+            "POST", f"{self.base}/uploads", self.what,
             json=descriptor, headers={"Idempotency-Key": state.key},
         )
         created = _json(response, "start upload")
@@ -393,17 +404,13 @@ class Upload:
         length = len(data)
         what = f"upload part {index} of {self.path.name}"
         path = f"{self.base}/uploads/{session['id']}/parts/{index}"
-        http = self.transport.http
         try:
             for attempt in self.transport.attempts(what):
                 with attempt:
-                    try:
-                        response = http.put(
-                            self.transport.url(path), content=data,
-                            headers={"X-Content-SHA256": part_sha256, "Content-Type": "application/octet-stream"},
-                        )
-                    except httpx.HTTPError as exc:
-                        raise self.transport.network_failure(exc, what) from exc
+                    response = self.transport.send(
+                        "PUT", path, what, content=data,
+                        headers={"X-Content-SHA256": part_sha256, "Content-Type": "application/octet-stream"},
+                    )
                     if not response.is_success:
                         self._part_refused(response, session["id"], index, what)
         except Retryable as exc:
@@ -444,7 +451,7 @@ class Upload:
         found, cursor = [], None
         while True:
             params = {"name": self.name, "limit": "1000", **({"cursor": cursor} if cursor else {})}
-            page = self.transport.json("GET", f"{self.base}/artifacts", "list artifacts", params=params)
+            page = self.transport.json("GET", f"{self.base}/artifacts", self.what, params=params)
             found += [
                 item for item in page.get("items", [])
                 if self.media_type is None or item.get("mediaType") == self.media_type

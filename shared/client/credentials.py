@@ -1,0 +1,98 @@
+"""An account's credentials through the writer's API (SPEC §5): a login session from a password,
+and personal tokens made, listed and revoked.
+
+Every route here is the writer's: on a read gateway the transport moves on to the next URL.
+Answers holding a secret are read here and handed back, never logged; `Session` keeps its token
+out of its `repr`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import urllib.parse
+import uuid
+from typing import Any
+
+from .errors import ClientError, UsageError
+from .transport import Transport
+
+# What `access` may be called: the API's two levels, and "write" for the second, as users say it.
+ACCESS_LEVELS = {"read": "read", "write": "read-write", "read-write": "read-write"}
+MAX_EXPIRY_S = 366 * 86400  # the writer's bound (writer/tokens.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """A login session: its bearer token (never shown), id, expiry and the account's JSON."""
+
+    token: str = dataclasses.field(repr=False)
+    id: str
+    expires_at: str
+    account: dict[str, Any]
+
+
+def login(transport: Transport, name: str, password: str) -> Session:
+    """Sign in with the account's password. A retried login makes a second session (the server
+    never records a login's answer): the spare one expires with ARKVORY_SESSION_LIFETIME."""
+    body = transport.json("POST", "/api/v1/login", f"login as {name}", json={"name": name, "password": password})
+    try:
+        return Session(
+            token=body["token"], id=body["sessionId"], expires_at=body["expiresAt"], account=body["account"]
+        )
+    except (KeyError, TypeError):
+        raise ClientError(f"login as {name}: unexpected answer") from None
+
+
+def logout(transport: Transport, session: Session) -> None:
+    transport.request("POST", "/api/v1/logout", "logout", headers=_bearer(session))
+
+
+def create_token(
+    transport: Transport,
+    *,
+    access: str,
+    label: str = "",
+    expires_in_seconds: int | None = None,
+    password: str | None = None,
+    session: Session | None = None,
+) -> dict[str, Any]:
+    """A new personal token: the answer's JSON, with the secret in `token` (shown only here).
+
+    Made with the client's own token, or `session`; it expires at the latest with the
+    credential that makes it (`expiresAt` says what was granted) unless `password`, the
+    account's own, is sent with it."""
+    if access not in ACCESS_LEVELS:
+        raise UsageError(f"access: expected read or write, got {access!r}")
+    if expires_in_seconds is not None and not 1 <= expires_in_seconds <= MAX_EXPIRY_S:
+        raise UsageError(f"expires: expected 1 second to 366 days, got {expires_in_seconds} s")
+    body: dict[str, Any] = {"access": ACCESS_LEVELS[access], "label": label}
+    if expires_in_seconds is not None:
+        body["expiresInSeconds"] = expires_in_seconds
+    if password is not None:
+        body["password"] = password
+    created = transport.json("POST", "/api/v1/tokens", "create a token", json=body, headers=_bearer(session))
+    if not isinstance(created, dict) or not isinstance(created.get("token"), str):
+        raise ClientError("create a token: unexpected answer")
+    return created
+
+
+def list_tokens(transport: Transport) -> list[dict[str, Any]]:
+    """The account's personal tokens (id, label, access, createdAt, expiresAt, lastUsedAt): never
+    a secret."""
+    items = transport.json("GET", "/api/v1/tokens", "list tokens").get("items")
+    if not isinstance(items, list):
+        raise ClientError("list tokens: unexpected answer")
+    return items
+
+
+def revoke_token(transport: Transport, token_id: str) -> None:
+    """Revoke a personal token (yours; an administrator's: anyone's). One Idempotency-Key for
+    every attempt, so a retry after a lost answer is not a 404."""
+    transport.request(
+        "DELETE", f"/api/v1/tokens/{urllib.parse.quote(token_id, safe='')}", f"revoke token {token_id}",
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+
+
+def _bearer(session: Session | None) -> dict[str, str] | None:
+    return None if session is None else {"Authorization": f"Bearer {session.token}"}
