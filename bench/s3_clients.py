@@ -332,7 +332,8 @@ async def _worker(lib: str, test: str, cfg: dict) -> dict:
 
             results = await asyncio.gather(*(small() for _ in range(1000)), return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
-            out.update(requests=1000, errors=len(errors), first_error=repr(errors[0])[:200] if errors else "")
+            first = repr(errors[0])[:200] if errors else ""
+            out.update(requests=1000, errors=len(errors), first_error=first)
         elif test == "rss_stream":
             async def slow(i: int) -> int:
                 # A throttled download: 64 KiB per step, the store's stream waiting on us, for
@@ -349,7 +350,8 @@ async def _worker(lib: str, test: str, cfg: dict) -> dict:
 
             results = await asyncio.gather(*(slow(i) for i in range(1000)), return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
-            out.update(requests=1000, errors=len(errors), first_error=repr(errors[0])[:200] if errors else "")
+            first = repr(errors[0])[:200] if errors else ""
+            out.update(requests=1000, errors=len(errors), first_error=first)
         elif test == "cut":
             port = int(cfg["endpoint"].rsplit(":", 1)[1])
             before = _connections_to(port)
@@ -478,7 +480,8 @@ def _line(label: str, r: dict, curl: dict | None) -> str:
     if curl:
         curl_mbps = curl["bytes"] / curl["seconds"] / 1e6
         curl_cpu = curl["cpu_s"] / (curl["bytes"] / GiB)
-        text += f"  | {mbps / curl_mbps:4.2f}x curl speed, {cpu_gib / max(curl_cpu, 1e-3):5.1f}x curl CPU"
+        cpu_ratio = cpu_gib / max(curl_cpu, 1e-3)
+        text += f"  | {mbps / curl_mbps:4.2f}x curl speed, {cpu_ratio:5.1f}x curl CPU"
     return text
 
 
@@ -527,13 +530,16 @@ def main() -> None:
                 curl_get = _curl(store, cfg, "-o", "/dev/null", f"{url}/object.bin")
                 print(_line("curl GET (baseline)", curl_get, None))
                 if round_ > 1:
-                    curl_put = _curl(store, cfg, *unsigned, "-T", str(source), f"{url}/object.put-curl")
+                    curl_put = _curl(
+                        store, cfg, *unsigned, "-T", str(source), f"{url}/object.put-curl"
+                    )
                 print(_line("curl PUT, one request", curl_put, None))
                 for lib in libs:
                     for test in ("get", "get_sock", "put"):
                         if test in tests:
                             r = _run_worker(store, lib, test, cfg)
-                            print(_line(f"{lib} {test}", r, curl_put if test == "put" else curl_get))
+                            yardstick = curl_put if test == "put" else curl_get
+                            print(_line(f"{lib} {test}", r, yardstick))
                             sys.stdout.flush()
             print("requests and memory:")
             for lib in libs:

@@ -3,9 +3,10 @@
 A prototype for `shared/storage/s3.py`: self-contained (stdlib and obstore only), so that the
 storage interface can wrap it as it is. What it offers:
 
-- `S3Settings.from_environ()`: `ARKVORY_STORAGE_URL=s3://BUCKET[/PREFIX]`, `ARKVORY_S3_ENDPOINT_URL`,
-  `ARKVORY_S3_REGION`, and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (else
-  the usual AWS credential chain). Secrets never appear in a repr, a message or a log.
+- `S3Settings.from_environ()`: `ARKVORY_STORAGE_URL=s3://BUCKET[/PREFIX]`,
+  `ARKVORY_S3_ENDPOINT_URL`, `ARKVORY_S3_REGION`, and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+  AWS_SESSION_TOKEN (else the usual AWS credential chain). Secrets never appear in a repr, a
+  message or a log.
 - `ObjectStore`: `check`, `stat`, `open_range` (a cancellable reader of zero-copy buffers),
   `publish` (multipart upload straight to the final key: S3 makes an object visible only when
   CompleteMultipartUpload succeeds, so nothing partial is ever visible; the SHA-256 rides along
@@ -83,7 +84,8 @@ class NotFound(ObjectStoreError):
 
 
 class Unavailable(ObjectStoreError):
-    """The store cannot be reached or failed (connection, timeout, 5xx, a cut stream): retry later."""
+    """The store cannot be reached or failed (connection, timeout, 5xx, a cut stream): retry
+    later."""
 
 
 class Refused(ObjectStoreError):
@@ -270,7 +272,9 @@ class ObjectStore:
 
     def _full(self, key: str) -> str:
         if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
-            raise ValueError(f"key: expected a relative path without empty or dot segments, got {key!r}")
+            raise ValueError(
+                f"key: expected a relative path without empty or dot segments, got {key!r}"
+            )
         return self._prefix + key
 
     def _relative(self, full_key: str) -> str:

