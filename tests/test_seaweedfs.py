@@ -151,14 +151,14 @@ def test_the_store_dies_with_the_process_that_started_it(tmp_path: pathlib.Path)
         sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parent.parent)!r})
         from shared.seaweedfs import start_seaweedfs
         store = start_seaweedfs(pathlib.Path({str(tmp_path)!r}))
-        print(store.pid, flush=True)
+        print(store.pid, *store.ports.all(), flush=True)
         sys.stdin.read()
     """)
     with subprocess.Popen(
         [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     ) as parent:
         try:
-            weed_pid = int(parent.stdout.readline())
+            weed_pid, *ports = map(int, parent.stdout.readline().split())
             assert not is_gone(weed_pid)
         finally:
             parent.kill()  # SIGKILL: no clean-up of its own, only the death signal acts
@@ -167,6 +167,9 @@ def test_the_store_dies_with_the_process_that_started_it(tmp_path: pathlib.Path)
     while not is_gone(weed_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert is_gone(weed_pid)
+    for port in ports:  # what its stop would have removed
+        for socket_file in pathlib.Path("/tmp").glob(f"seaweedfs-*-grpc-{port}.sock"):
+            socket_file.unlink(missing_ok=True)
 
 
 def test_without_weed_the_error_says_what_to_install(tmp_path: pathlib.Path) -> None:
