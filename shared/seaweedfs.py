@@ -344,15 +344,21 @@ class SeaweedFS:
             "-volume.preStopSeconds=0",
             "-filer",
             f"-filer.port={p.filer}", f"-filer.port.grpc={p.filer_grpc}",
-            f"-filer.localSocket={self.home / 'filer.sock'}",
+            *self._local_socket("filer"),
             "-s3",
             f"-s3.port={p.s3}", f"-s3.port.grpc={p.s3_grpc}",
-            f"-s3.localSocket={self.home / 's3.sock'}",
+            *self._local_socket("s3"),
             "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-s3.config={self.home / 's3.json'}",
             # An admin identity's PUT would create a missing bucket: a mistyped bucket must fail.
             "-s3.autoCreateBucket=false",
         ]
+
+    def _local_socket(self, kind: str) -> list[str]:
+        """Its HTTP Unix socket in our directory, if the path fits in sun_path (108 bytes);
+        else weed's default, /tmp/seaweedfs-KIND-PORT.sock."""
+        path = self.home / f"{kind}.sock"
+        return [f"-{kind}.localSocket={path}"] if len(str(path).encode()) < 100 else []
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT
