@@ -497,7 +497,7 @@ def main() -> None:
     libs = [lib for lib in args.libs.split(",") if lib]
     tests = [t for t in args.tests.split(",") if t]
 
-    from shared.seaweedfs import start_seaweedfs
+    from arkvory.shared.cli.seaweedfs import start_seaweedfs
 
     print(f"CPU: {_cpu_model()} ({os.cpu_count()} cores); Python {platform.python_version()};"
           f" noisy, shared machine; GET buffers of {args.chunk_kib} KiB asked for")

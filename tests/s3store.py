@@ -1,4 +1,4 @@
-"""Fixtures for tests against a real SeaweedFS (shared/seaweedfs.py): one store per session, a
+"""Fixtures for tests against a real SeaweedFS (shared/cli/seaweedfs.py): one store per session, a
 bucket per test. A test module uses them by importing them:
 
     from .s3store import s3_bucket, seaweedfs  # noqa: F401  (pytest fixtures)
@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from shared.seaweedfs import SeaweedFS, SeaweedFSError, find_weed, start_seaweedfs, weed_version
+from arkvory.shared.cli.seaweedfs import SeaweedFS, SeaweedFSError, find_weed, start_seaweedfs, weed_version
 
 
 def weed_or_skip() -> None:

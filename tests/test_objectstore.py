@@ -1,4 +1,4 @@
-"""shared/objectstore.py against a real SeaweedFS (tests/s3store.py): exact ranges, multipart
+"""shared/storage/s3.py against a real SeaweedFS (tests/s3store.py): exact ranges, multipart
 publishing, cut streams that leave no connection behind, a store killed mid-stream, and the
 errors an operator sees for wrong credentials or a missing bucket. No S3 mock anywhere."""
 
@@ -14,7 +14,7 @@ import random
 import obstore
 import pytest
 
-from shared.objectstore import (
+from arkvory.shared.storage.s3 import (
     IDENTITY_KEY,
     InvalidSetting,
     NotFound,

@@ -1,4 +1,4 @@
-"""shared/seaweedfs.py against the real `weed` it starts: credentials required, data kept across
+"""shared/cli/seaweedfs.py against the real `weed` it starts: credentials required, data kept across
 a kill and a restart on the same ports, nothing left running. No S3 mock anywhere.
 
 Requests are signed by curl (--aws-sigv4), independent of the client library under test elsewhere.
@@ -18,8 +18,8 @@ import urllib.request
 
 import pytest
 
-from shared import seaweedfs as seaweedfs_module
-from shared.seaweedfs import SeaweedFS, SeaweedFSError, start_seaweedfs
+from arkvory.shared.cli import seaweedfs as seaweedfs_module
+from arkvory.shared.cli.seaweedfs import SeaweedFS, SeaweedFSError, start_seaweedfs
 
 from .s3store import weed_or_skip
 
@@ -149,7 +149,7 @@ def test_the_store_dies_with_the_process_that_started_it(tmp_path: pathlib.Path)
     script = textwrap.dedent(f"""
         import pathlib, sys
         sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parent.parent)!r})
-        from shared.seaweedfs import start_seaweedfs
+        from arkvory.shared.cli.seaweedfs import start_seaweedfs
         store = start_seaweedfs(pathlib.Path({str(tmp_path)!r}))
         print(store.pid, *store.ports.all(), flush=True)
         sys.stdin.read()

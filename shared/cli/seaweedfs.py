@@ -28,7 +28,7 @@ What weed needed (4.48), each found the hard way:
 - Buckets are made through the filer (a bucket is the directory /buckets/NAME): `weed shell`
   does it too but never exits on end of input.
 
-This module is self-contained on purpose (stdlib and shared.errors only).
+It needs only the standard library and the error tree, so tests and `arkvory dev` can both use it.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 
-from shared.errors import StartupError
+from arkvory.shared.errors import StartupError
 
 # Loopback only: a caller's http_proxy must not see (or break) our requests to our own server.
 _urlopen = urllib.request.build_opener(urllib.request.ProxyHandler({})).open
@@ -80,7 +80,7 @@ _PR_SET_PDEATHSIG = 1
 
 # One volume per growth, not 7: a bucket is a collection, and the tests make a bucket each.
 _MASTER_TOML = """\
-# Written by Arkvory's SeaweedFS manager (shared/seaweedfs.py); rewritten at every start.
+# Written by Arkvory's SeaweedFS manager (shared/cli/seaweedfs.py); rewritten at every start.
 [master.volume_growth]
 copy_1 = 1
 """
