@@ -120,9 +120,31 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return await _error_page(request, exc.status_code, message)
 
 
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("unexpected error in console request %s", request_id(request.scope))
-    return await _error_page(request, 500, "An internal error happened; the server log has the details.")
+class _UnexpectedErrors:
+    """A bug in a console page is logged once, with its traceback, and answered with a page
+    (500), not passed on to the writer's own last-resort handler, which would log it again."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            if started or scope["type"] != "http":
+                raise
+            log.exception("unexpected error in console request %s", request_id(scope))
+            request = Request(scope, receive)
+            response = await _error_page(request, 500, "An internal error happened; the server log has the details.")
+            await response(scope, receive, send)
 
 
 def build_console(writer_app: Starlette) -> Starlette:
@@ -132,17 +154,14 @@ def build_console(writer_app: Starlette) -> Starlette:
         autoescape=True,  # every value a page shows is escaped, whatever the template
         undefined=jinja2.StrictUndefined,
     )
+    # JSON in a page is spelt as the script spells it (JSON.stringify): compact.
+    environment.policies["json.dumps_kwargs"] = {"sort_keys": True, "separators": (",", ":")}
     environment.filters.update(FILTERS)
     environment.globals.update(GLOBALS)
     console = Starlette(
         routes=_routes(),
-        middleware=[Middleware(PageHeaders)],
-        exception_handlers={
-            ApiError: _api_error,
-            Refused: _refused,
-            HTTPException: _http_error,
-            Exception: _unexpected,
-        },
+        middleware=[Middleware(PageHeaders), Middleware(_UnexpectedErrors)],
+        exception_handlers={ApiError: _api_error, Refused: _refused, HTTPException: _http_error},
     )
     console.router.redirect_slashes = False
     console.state.templates = Jinja2Templates(env=environment)

@@ -84,7 +84,9 @@ class InternalApi:
         raw += [(key, value) for key, value in outer["headers"] if key == b"x-forwarded-for"]
         if self.token is not None:
             raw.append((b"authorization", f"Bearer {self.token}".encode("latin-1")))
-        raw += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+        # Values from forms (an idempotency key) go as UTF-8 bytes: the route checks them, as
+        # it checks what arrives over HTTP.
+        raw += [(name.lower().encode("latin-1"), value.encode("utf-8", "surrogatepass")) for name, value in headers]
         encoded_path = urllib.parse.quote(path, safe="/@:")
         return {
             "type": "http",
@@ -132,7 +134,6 @@ class InternalApi:
         async def receive() -> Message:
             nonlocal body_done
             if not body_done:
-                chunk = b""
                 if chunks is not None:
                     try:
                         chunk = await chunks.__anext__()

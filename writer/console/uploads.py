@@ -142,6 +142,8 @@ async def upload_form(request: Request) -> Response:
     declared = declared_length(request)
     if declared is None:
         raise InvalidInput("an upload form must declare its Content-Length")
+    if declared == 0:
+        raise InvalidInput("the form holds no file")
     if declared > settings.max_artifact_bytes + MAX_ENVELOPE_BYTES:
         raise PayloadTooLarge(f"an artifact may have at most {settings.max_artifact_bytes} bytes (ARKVORY_MAX_ARTIFACT_BYTES)")
     envelope = _Envelope()

@@ -47,6 +47,7 @@
         if (!status) { return; }
         setText("task-status", status.status);
         setText("task-attempts", status.attempts + " of at most " + status.max_attempts);
+        setText("task-started", status.started_at ? utc(status.started_at) : "—");
         setText("task-finished", status.finished_at ? utc(status.finished_at) : "—");
         setText("task-error", status.error ? status.error.code + ": " + status.error.message : "—");
         setText("task-result", status.result === null ? "—" : JSON.stringify(status.result));
