@@ -510,9 +510,13 @@ def test_accounts_tokens_and_keys(writer, admin):
         with api(writer, secret) as client:
             assert client.get("/api/v1/tokens").status_code == 200
             token_id = client.get("/api/v1/tokens").json()["items"][0]["id"]
-    # An administrator revokes anyone's token by its id.
-    revoked = admin.submit("/console/tokens", "/console/tokens/revoke", id=token_id)
-    assert revoked.status_code == 303
+    # An administrator sees every account's tokens, and revokes anyone's.
+    every = admin.get("/console/accounts")
+    assert f'data-token="{token_id}"' in every.text and "carol" in every.text and secret not in every.text
+    revoked = admin.submit("/console/accounts", f"/console/tokens/{token_id}/revoke", back="accounts")
+    assert revoked.status_code == 303 and revoked.headers["location"] == "/console/accounts?notice=token-revoked"
+    again = admin.submit("/console/tokens", "/console/tokens/revoke", id=token_id)
+    assert again.status_code == 404 and messages(again) == [f"no token {token_id}"]
     with api(writer, secret) as client:
         assert client.get("/api/v1/tokens").status_code == 401
     key = admin.submit("/console/keys", "/console/keys", label="deploy", scopes="read:* write:builds", expires_days="7")

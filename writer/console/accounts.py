@@ -3,7 +3,8 @@
 
 A new token or key is shown once, in the answer to the form that made it (never in a URL, never
 again; the page is not stored: `Cache-Control: no-store`). An administrator may revoke any
-account's personal token by its id, as the API allows.
+account's personal token, as the API allows: the accounts page lists them all (the API lists
+only the caller's own), and the tokens page takes any token's id.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import ApiError
 
 from .forms import Form
 from .internal import Refused, api_path
-from .session import ConsoleUser, action, api_for, page, refusal_status, render, see_other
+from .session import ConsoleUser, action, api_for, page, refusal_status, render, runtime_of, see_other
 
 DAY_S = 86400
+TOKENS_SHOWN = 1000
 
 
 def _error(error: Refused | ApiError | None) -> dict[str, Any]:
@@ -39,7 +42,23 @@ async def _accounts(request: Request, user: ConsoleUser, *, error: Refused | Api
         return render(request, user, "error.html", {"title": "Accounts"}, **_error(refusal))
     fields = dict(form.fields) if form else {}
     fields.pop("password", None)  # never sent back to the browser
-    return render(request, user, "accounts.html", {"accounts": accounts, "form": fields}, **_error(error))
+    tokens = await _every_token(request)
+    return render(request, user, "accounts.html", {"accounts": accounts, "tokens": tokens, "form": fields}, **_error(error))
+
+
+async def _every_token(request: Request) -> list[dict[str, Any]]:
+    """Every account's personal tokens, for an administrator (whom the API just let list the
+    accounts, and lets revoke any token): the API lists only the caller's own."""
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT c.id, a.name AS account, c.label, c.access, c.created_at, c.expires_at, c.last_used_at"
+            " FROM arkvory_credentials c JOIN arkvory_accounts a ON a.id = c.account_id"
+            " WHERE c.kind = 'pat' ORDER BY a.name, c.created_at LIMIT $1",
+            TOKENS_SHOWN, timeout=POOLED_QUERY_TIMEOUT_S,
+        )
+    return [dict(row) for row in rows]
 
 
 @page
@@ -121,8 +140,10 @@ async def revoke_token(request: Request, user: ConsoleUser, form: Form) -> Respo
     try:
         await api_for(request, user).change("DELETE", api_path("tokens", token_id), key=form.optional("key"))
     except (Refused, ApiError) as refusal:
+        if form.text("back") == "accounts":
+            return await _accounts(request, user, error=refusal)
         return await _tokens(request, user, error=refusal)
-    return see_other("/console/tokens", "token-revoked")
+    return see_other("/console/accounts" if form.text("back") == "accounts" else "/console/tokens", "token-revoked")
 
 
 # -- managed service keys ---------------------------------------------------------------------
