@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -32,6 +31,9 @@ from ..tasks.metrics import installation_state
 from .internal import Refused
 from .session import ConsoleUser, api_for, page, render, runtime_of
 from .views import when
+
+if TYPE_CHECKING:
+    import httpx
 
 READY_TIMEOUT_S = 1.5
 DIAGNOSTICS_SHOWN = 20
@@ -74,6 +76,8 @@ def _readiness_of(body: Any, status: int) -> dict[str, Any]:
 
 
 async def _remote_readiness(client: httpx.AsyncClient, url: str, token: str) -> dict[str, Any]:
+    import httpx  # noqa: PLC0415  (the server loads the HTTP client only when an overview asks)
+
     try:
         answer = await client.get(url.rstrip("/") + "/health/ready", headers={"Authorization": f"Bearer {token}"})
         body = answer.json()
@@ -113,6 +117,8 @@ async def overview_data(request: Request, user: ConsoleUser, *, details: bool = 
         if not url or not url.startswith(("http://", "https://")):
             return {"reachable": False, "problem": "no URL recorded (a process older than the console)"}
         return await _remote_readiness(client, url, user.token)
+
+    import httpx  # noqa: PLC0415  (as above)
 
     rows: list[dict[str, Any]] = []
     async with httpx.AsyncClient(timeout=READY_TIMEOUT_S, verify=_tls_context(request), trust_env=False) as client:
