@@ -572,6 +572,22 @@ def test_a_standalone_writer_has_an_overview_too(writer, admin):
     assert "standalone" in page and ">ready<" in page
 
 
+def test_a_database_outage_is_a_page_to_retry_never_a_500(cluster, db_proxy):
+    writer = cluster.writer(ARKVORY_DATABASE_URL=db_proxy.url_for(cluster.database_url)).wait_ready()
+    make_account(writer.url, "root", admin=True)
+    with Console(writer.url) as console:
+        console.signed_in("root")
+        db_proxy.refuse()
+        for path in ("/console/", "/console/repositories", "/console/tokens"):
+            answer = console.get(path)
+            assert answer.status_code == 503, (path, answer.status_code, answer.text[:500])
+            assert "text/html" in answer.headers["content-type"] and answer.headers["retry-after"]
+            assert messages(answer)
+        db_proxy.resume()
+        wait_for(lambda: console.get("/console/repositories").status_code == 200, "the console back", timeout=30)
+    assert "Traceback" not in writer.stderr, writer.stderr
+
+
 # -- TLS ------------------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import asyncpg
 import jinja2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,7 +22,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from arkvory.shared.errors import ApiError
+from arkvory.shared.errors import ApiError, Busy, Unavailable
 from arkvory.shared.http.edge import request_id
 
 from . import accounts, catalog, overview, session, tasks, uploads
@@ -107,6 +108,21 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     return await _error_page(request, exc.status, f"{exc.message} ({exc.code})", exc.headers())
 
 
+async def _database_error(request: Request, exc: Exception) -> Response:
+    """As the API answers them (shared/http/edge.py): a slow or unreachable database is a 503 to
+    retry, never a 500."""
+    log.warning("database problem in console request %s: %s: %s", request_id(request.scope), exc.__class__.__name__, exc)
+    if isinstance(exc, TimeoutError):
+        return await _api_error(request, Busy("the database did not answer in time", retry_after=1))
+    return await _api_error(request, Unavailable("the database cannot be reached now"))
+
+
+_DATABASE_ERRORS = (
+    TimeoutError, ConnectionError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+    asyncpg.InsufficientResourcesError, asyncpg.OperatorInterventionError,
+)
+
+
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Refused)
     return await _error_page(request, session.refusal_status(exc), session.refusal_message(exc))
@@ -161,7 +177,10 @@ def build_console(writer_app: Starlette) -> Starlette:
     console = Starlette(
         routes=_routes(),
         middleware=[Middleware(PageHeaders), Middleware(_UnexpectedErrors)],
-        exception_handlers={ApiError: _api_error, Refused: _refused, HTTPException: _http_error},
+        exception_handlers={
+            ApiError: _api_error, Refused: _refused, HTTPException: _http_error,
+            **dict.fromkeys(_DATABASE_ERRORS, _database_error),
+        },
     )
     console.router.redirect_slashes = False
     console.state.templates = Jinja2Templates(env=environment)
