@@ -17,7 +17,6 @@ import hashlib
 import os
 import pathlib
 import shutil
-import time
 
 import httpx
 import pytest

@@ -21,6 +21,7 @@ artifact is used), after the API's own permission check.
     uploads.py     the upload form without its script (a multipart body, streamed)
     tasks.py       tasks: list, dispatch, cancel, a task and its events
     accounts.py    accounts, personal tokens and service keys
+    views.py       how pages show sizes, rates and times; each change form's idempotency key
 
 May import: arkvory.shared (never its cli/) and arkvory.writer. Never arkvory.gateway.
 """

@@ -32,7 +32,7 @@ from arkvory.shared.errors import ApiError, Forbidden, Unauthorized
 from arkvory.shared.process.runtime import Runtime
 
 from ..device_cookies import COOKIE as DEVICE_COOKIE
-from .forms import Form, read_form
+from .forms import read_form
 from .internal import InternalApi, Refused
 from .security import CSRF_FIELD, PRESESSION_COOKIE, cookies_of, csrf_matches, csrf_token, new_presession_secret
 
@@ -151,8 +151,7 @@ def render(
 
 
 def refusal_message(refusal: Refused | ApiError) -> str:
-    if isinstance(refusal, Refused):
-        return f"{refusal.message} ({refusal.code}, {refusal.status})"
+    """The API's message with its code and status, for a page that shows only the refusal."""
     return f"{refusal.message} ({refusal.code}, {refusal.status})"
 
 
