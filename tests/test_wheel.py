@@ -79,6 +79,8 @@ def test_the_wheel_holds_one_package_with_its_data(wheel):
     assert "arkvory/__init__.py" in names
     assert "arkvory/shared/client/py.typed" in names
     assert "arkvory/shared/migrations/0001_coordination.sql" in names
+    assert "arkvory/writer/console/templates/base.html" in names  # the console's pages and scripts
+    assert "arkvory/writer/console/static/upload.js" in names
     assert not [name for name in names if "/tests/" in name or "/bench/" in name]
 
 

@@ -12,6 +12,8 @@ from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
 from . import accounts, artifacts, assets, openapi, packages, permissions, repositories, tokens, uploads
+from .console import app as console
+from .console.security import CookieCsrfGuard
 from .idempotency import InFlightKeys, RecordedResults
 from .maintenance import diagnostics
 from .tasks import api as tasks
@@ -31,7 +33,9 @@ def build_writer_app(runtime: Runtime) -> Starlette:
     app = build_app(
         runtime,
         routes=[route for module in ROUTE_MODULES for route in module.routes],
-        middleware=[Middleware(RequestGuard)],
+        # The console (writer/console/) is a program of its own beside the API's routes; a
+        # change to the API authorized by its session cookie needs the console's CSRF token.
+        middleware=[Middleware(RequestGuard), Middleware(CookieCsrfGuard), Middleware(console.ConsoleDispatch)],
     )
     app.state.upload_places = UploadPlaces(
         runtime.settings.max_uploads, runtime.settings.max_uploads_per_principal
@@ -40,6 +44,7 @@ def build_writer_app(runtime: Runtime) -> Starlette:
     app.state.idempotency_results = RecordedResults()
     app.state.openapi_json = openapi.document_bytes(ROUTE_MODULES)
     _add_task_loops(app, runtime)
+    console.install(app)
     return app
 
 

@@ -57,17 +57,18 @@ LOOP = "slot lease"  # as named in the process's database outage lines
 
 # $7..$9: the policy this process checked. FOR SHARE keeps a concurrent reset from deleting the
 # policy row under us; a reset that committed first leaves no row, so nothing is inserted.
+# $10: the URL this process serves on (the console reads each process's readiness there).
 _ACQUIRE = """
 INSERT INTO arkvory_gateway_leases AS lease
-    (slot, holder_id, generation, pid, host, role, acquired_at, renewed_at, expires_at)
-SELECT $1, $2, 1, $3, $4, $5, now(), now(), now() + make_interval(secs => $6)
+    (slot, holder_id, generation, pid, host, role, url, acquired_at, renewed_at, expires_at)
+SELECT $1, $2, 1, $3, $4, $5, $10, now(), now(), now() + make_interval(secs => $6)
 FROM arkvory_download_policy AS policy
 WHERE policy.slots = $7 AND policy.total_bytes_per_second = $8
     AND policy.per_principal_bytes_per_second = $9
 FOR SHARE OF policy
 ON CONFLICT (slot) DO UPDATE
     SET holder_id = excluded.holder_id, generation = lease.generation + 1,
-        pid = excluded.pid, host = excluded.host, role = excluded.role,
+        pid = excluded.pid, host = excluded.host, role = excluded.role, url = excluded.url,
         acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at
     WHERE lease.expires_at <= now()
 RETURNING generation
@@ -108,9 +109,12 @@ class SlotLease:
         *,
         clock: Callable[[], float] = time.monotonic,
         report: RenewalCounter | None = None,
+        url: str | None = None,
     ) -> None:
-        """`policy`: (slots, total, per-principal total) as this process checked them."""
+        """`policy`: (slots, total, per-principal total) as this process checked them; `url`:
+        where this process serves, recorded in the lease row at acquisition (never renewed)."""
         self.database_url = database_url
+        self.url = url
         self.slot = slot
         self.role = role
         self.policy = policy
@@ -231,6 +235,7 @@ class SlotLease:
                 self.role,
                 RESERVATION_S,
                 *self.policy,
+                self.url,
                 timeout=RENEW_TIMEOUT_S * 2,
             )
             if generation is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 from typing import Any
 
 import anyio
@@ -124,6 +125,7 @@ class Runtime:
                 settings.role,
                 (shared.slots, shared.total_bytes_per_second, shared.per_principal_bytes_per_second),
                 report=self.metrics,
+                url=advertised_url(settings),
             )
             # Renewing starts here, in its own thread: the rest of the start-up cannot delay it.
             await self.lease.start()
@@ -332,6 +334,18 @@ class Runtime:
                     self.pool.terminate()
         if self.control is not None:
             await self.control.close(wait=not lost)
+
+
+def advertised_url(settings: Settings) -> str:
+    """Where this process serves, as its lease row records it for the console's readiness
+    look-ups: the listen address, or this host's name when it listens on every address."""
+    scheme = "https" if settings.tls_cert_file is not None else "http"
+    host = settings.host
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{settings.port}"
 
 
 def _single(exc: BaseException) -> BaseException:

@@ -35,16 +35,25 @@ REFRESH_S = 5.0
 LOOP = "task metrics"  # as named in the process's database outage lines
 _DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
 
-# pg_locks lists every database's locks: only a worker of this database counts.
+# pg_locks lists every database's locks: only a worker of this database counts. The holder's
+# backend pid lets the console tell the active worker's session from standby ones.
 _INSTALLATION = """
+WITH holder AS (
+    SELECT pid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid
+)
 SELECT (SELECT count(*) FROM arkvory_gateway_leases WHERE expires_at > now()) AS leases_live,
-       EXISTS (
-           SELECT 1 FROM pg_locks
-           WHERE locktype = 'advisory' AND granted AND objsubid = 1
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-             AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid
-       ) AS worker_lock_held
+       EXISTS (SELECT 1 FROM holder) AS worker_lock_held,
+       (SELECT pid FROM holder LIMIT 1) AS worker_lock_pid
 """
+
+
+async def installation_state(conn: asyncpg.Connection) -> asyncpg.Record:
+    """What only the database knows of the installation: `leases_live` (reservations not yet
+    expired), `worker_lock_held` (an active worker) and `worker_lock_pid` (its lock backend)."""
+    return await conn.fetchrow(_INSTALLATION, db.WORKER_LOCK, timeout=POOLED_QUERY_TIMEOUT_S)
 
 
 class TaskMetrics:
@@ -87,7 +96,7 @@ class TaskMetrics:
             " FROM arkvory_tasks WHERE status = 'queued'",
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
-        installation = await conn.fetchrow(_INSTALLATION, db.WORKER_LOCK, timeout=POOLED_QUERY_TIMEOUT_S)
+        installation = await installation_state(conn)
         counts = {(row["kind"], row["status"]): row["n"] for row in rows}
         for kind in set(KINDS) | {kind for kind, _ in counts}:
             for status in STATUSES:

@@ -1,0 +1,330 @@
+"""The console in a real browser (issue 15 §1): headless Chromium from Debian's packages, driven
+by Selenium through Debian's chromedriver (no browser is downloaded), against a real writer,
+two gateways and a real worker.
+
+One walk through the console as an operator would take it: sign in, the overview with both
+gateways' leases and their trust following live, create a repository, upload a file from the
+browser (the file input, the progress bar), download it, dispatch a verify and watch its events
+arrive to `task.completed` without reloading, create and revoke a token. On every page: every
+link, button and input is reached with TAB, the browser reports no Content-Security-Policy
+violation, and a `<script>` someone typed into a name never runs. A screenshot of each page is
+saved under the test's tmp dir (and copied to $CONSOLE_SCREENSHOTS_DIR when that is set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+
+import httpx
+import pytest
+
+from .console_client import PASSWORD, make_account
+from .harness import ADMIN_TOKEN
+from .worker_harness import start_worker
+
+pytestmark = pytest.mark.timeout(420)
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+INSTALL = "apt-get install chromium chromium-driver"
+# Without the background-networking flags Chromium dials out at start and a closed network
+# refuses it; a fresh profile per test keeps runs apart.
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--window-size=1280,1400")
+HOSTILE_LABEL = "<script>window.__pwned=1</script>"
+HOSTILE_NAME = "<img src=x onerror=window.__pwned=1>.bin"
+
+if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+    if os.environ.get("CI"):  # .ci/run installs them: missing there is a broken CI, not a skip
+        pytest.fail(f"headless Chromium and chromedriver are missing: {INSTALL}", pytrace=False)
+    pytest.skip(f"headless Chromium and chromedriver are missing: {INSTALL}", allow_module_level=True)
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is missing: pip install -e '.[test]'")
+
+from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+@pytest.fixture
+def browser(tmp_path):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Walk:
+    """The browser on one writer, with the checks every page gets."""
+
+    def __init__(self, driver, base_url: str, shots: pathlib.Path) -> None:
+        self.driver = driver
+        self.base_url = base_url
+        self.shots = shots
+        self.taken: list[pathlib.Path] = []
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base_url + path)
+
+    def wait(self, condition, what: str, timeout: float = 30):
+        try:
+            return WebDriverWait(self.driver, timeout, poll_frequency=0.1).until(lambda d: condition(d))
+        except TimeoutException:
+            raise AssertionError(f"not {what} after {timeout} s on {self.driver.current_url}") from None
+
+    def find(self, selector: str):
+        return self.driver.find_element(By.CSS_SELECTOR, selector)
+
+    def text(self, selector: str) -> str:
+        return self.find(selector).text
+
+    def messages(self) -> list[str]:
+        return [e.text for e in self.driver.find_elements(By.CSS_SELECTOR, "p.notice, p.error")]
+
+    def page_checks(self, name: str) -> None:
+        """What every page must hold to: keyboard, no CSP violation, no injected script; then
+        its screenshot."""
+        self.screenshot(name)
+        self.keyboard_reaches_every_control(name)
+        self.no_policy_violation(name)
+        assert self.driver.execute_script("return typeof window.__pwned") == "undefined", name
+
+    def screenshot(self, name: str) -> None:
+        path = self.shots / f"{len(self.taken) + 1:02d}-{name}.png"
+        assert self.driver.save_screenshot(str(path)), path
+        assert path.stat().st_size > 1000
+        self.taken.append(path)
+
+    def no_policy_violation(self, name: str) -> None:
+        problems = [entry["message"] for entry in self.driver.get_log("browser")
+                    if "Content Security Policy" in entry["message"] or "Refused to" in entry["message"]
+                    or entry["level"] == "SEVERE"]
+        assert not problems, (name, problems)
+
+    def keyboard_reaches_every_control(self, name: str) -> None:
+        """TAB from the top of the page until focus has been on every visible link, button,
+        input, select and text area (or has come round): each must be reached."""
+        count = self.driver.execute_script("""
+            var controls = document.querySelectorAll(
+              'a[href], button, input:not([type="hidden"]), select, textarea, summary');
+            var n = 0;
+            controls.forEach(function (element) {
+              var visible = element.getClientRects().length > 0 && getComputedStyle(element).visibility !== 'hidden';
+              if (visible && !element.disabled) { element.setAttribute('data-kb', String(n)); n += 1; }
+            });
+            if (document.activeElement) { document.activeElement.blur(); }
+            window.scrollTo(0, 0);
+            return n;""")
+        assert count > 0, name
+        # Focus starts at the document: the first TAB goes to the first control.
+        self.driver.execute_script("document.body.setAttribute('tabindex', '-1'); document.body.focus();"
+                                   " document.body.removeAttribute('tabindex');")
+        reached: set[str] = set()
+        order: list[str] = []
+        actions = ActionChains(self.driver)
+        for _ in range(count * 2 + 10):
+            actions.send_keys(Keys.TAB).perform()
+            mark = self.driver.execute_script(
+                "var e = document.activeElement; return e ? e.getAttribute('data-kb') : null")
+            if mark is not None:
+                if mark in reached and len(reached) == count:
+                    break
+                reached.add(mark)
+                order.append(mark)
+            if len(reached) == count:
+                break
+        missing = self.driver.execute_script("""
+            var reached = arguments[0], missing = [];
+            document.querySelectorAll('[data-kb]').forEach(function (element) {
+              if (reached.indexOf(element.getAttribute('data-kb')) < 0) { missing.push(element.outerHTML.slice(0, 200)); }
+            });
+            return missing;""", sorted(reached))
+        assert not missing, (name, f"{len(reached)} of {count} controls reached by TAB", missing)
+        # Tab order follows the page's order (no positive tabindex shuffles it).
+        assert [int(mark) for mark in order] == sorted(int(mark) for mark in order), (name, order)
+
+
+def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
+    shared = cluster.shared_env(slots=3)
+    writer = cluster.writer(shared).wait_ready()
+    gateways = [cluster.gateway(slot, shared).wait_ready() for slot in (1, 2)]
+    start_worker(cluster, real=True).wait_active()
+    make_account(writer.url, "root", admin=True)
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    walk = Walk(browser, writer.url, shots)
+
+    # -- sign in, from the keyboard ---------------------------------------------------------------
+    walk.open("/console/")
+    walk.wait(lambda d: "/console/sign-in" in d.current_url, "sent to the sign-in page")
+    walk.page_checks("sign-in")
+    walk.find("#sign-in-name").send_keys("root")
+    walk.find("#sign-in-password").send_keys(PASSWORD + Keys.ENTER)
+    walk.wait(lambda d: d.current_url.rstrip("/").endswith("/console"), "on the overview")
+    session = browser.get_cookie("arkvory_session")
+    assert session["httpOnly"] and session["sameSite"] == "Strict" and session["value"].startswith("dps_")
+
+    # -- the overview: three leases, both gateways', trust following live -------------------------
+    rows = browser.find_elements(By.CSS_SELECTOR, "#leases tbody tr")
+    assert [r.get_attribute("data-process") for r in rows] == ["slot-0", "slot-1", "slot-2"]
+    for gateway in gateways:
+        assert f"http://127.0.0.1:{gateway.port}" in walk.text("#leases")
+    for row in rows:
+        assert row.find_element(By.CSS_SELECTOR, '[data-field="status"]').text == "ready"
+    assert "A worker is active" in walk.text("#worker-state")
+    trust = '#leases tr[data-process="slot-2"] [data-field="trustLeft"]'
+    first = walk.text(trust)
+    walk.wait(lambda d: walk.text(trust) != first, "the trust left of slot 2 updated in place", timeout=15)
+    assert walk.text(trust).endswith(" s") and 0 < float(walk.text(trust).split()[0]) <= 8
+    walk.page_checks("overview")
+
+    # -- create a repository ----------------------------------------------------------------------
+    walk.open("/console/repositories")
+    walk.page_checks("repositories")
+    walk.find("#repository-name").send_keys("builds")
+    walk.find("#repository-name").submit()
+    walk.wait(lambda d: d.current_url.endswith("/console/repositories/builds?notice=repository-created"), "on the new repository")
+    assert walk.messages() == ["The repository was created."]
+
+    # -- upload from the browser: the file input, the resumable API, the progress bar --------------
+    data = os.urandom(6 * 1024 * 1024 + 123)
+    source = tmp_path / "payload.bin"
+    source.write_bytes(data)
+    # What the bar and the status line showed, kept in sessionStorage: the page moves on to the
+    # artifact as soon as the upload completes, faster than anyone could look.
+    browser.execute_script("""
+        function keep(name, value) {
+          var seen = JSON.parse(sessionStorage.getItem(name) || '[]');
+          seen.push(value);
+          sessionStorage.setItem(name, JSON.stringify(seen));
+        }
+        var bar = document.getElementById('upload-progress');
+        new MutationObserver(function () { keep('progress', bar.value); }).observe(bar, {attributes: true});
+        var status = document.getElementById('upload-status');
+        new MutationObserver(function () { keep('status', status.textContent); })
+          .observe(status, {childList: true, characterData: true, subtree: true});""")
+    walk.page_checks("repository")
+    assert browser.find_element(By.ID, "upload-progress").is_displayed() is False  # shown once it starts
+    walk.find("#upload-file").send_keys(str(source))
+    walk.find("#upload-form button[type=submit]").click()
+    walk.wait(lambda d: "/artifacts/" in d.current_url, "on the artifact page after the upload", timeout=60)
+    seen_progress = browser.execute_script("return JSON.parse(sessionStorage.getItem('progress') || '[]')")
+    seen_status = browser.execute_script("return JSON.parse(sessionStorage.getItem('status') || '[]')")
+    assert any(text.startswith("Sending: ") for text in seen_status), seen_status
+    assert seen_progress and seen_progress[-1] == 100, seen_progress
+    walk.wait(lambda d: d.find_elements(By.ID, "artifact-sha256"), "on the artifact page")
+    assert walk.messages() == ["The file was uploaded."]
+    assert walk.text("#artifact-sha256") == hashlib.sha256(data).hexdigest()
+    assert walk.text("#artifact-name") == "payload.bin"
+
+    # -- download: a link with no key; the cookie authorizes it ------------------------------------
+    link = walk.find("#download-link").get_attribute("href")
+    assert link.startswith(writer.url + "/console/repositories/builds/artifacts/") and link.endswith("/download")
+    assert "?" not in link and session["value"] not in link
+    digest = browser.execute_async_script("""
+        var done = arguments[arguments.length - 1];
+        fetch(arguments[0], {credentials: 'same-origin'})
+          .then(function (r) { return r.arrayBuffer(); })
+          .then(function (body) { return crypto.subtle.digest('SHA-256', body); })
+          .then(function (hash) {
+            done(Array.from(new Uint8Array(hash)).map(function (b) { return b.toString(16).padStart(2, '0'); }).join(''));
+          })
+          .catch(function (error) { done('failed: ' + error); });""", link)
+    assert digest == hashlib.sha256(data).hexdigest()
+    cookies = {c["name"]: c["value"] for c in browser.get_cookies()}
+    fetched = httpx.get(link, cookies=cookies, timeout=60)
+    assert fetched.status_code == 200 and fetched.content == data
+    assert httpx.get(link, timeout=30).status_code == 303  # the link alone opens nothing
+    walk.page_checks("artifact")
+
+    # -- a name that holds markup is shown as text and never runs ---------------------------------
+    with httpx.Client(base_url=writer.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30) as api:
+        hostile = api.post("/api/v1/repositories/builds/artifacts", params={"name": HOSTILE_NAME}, content=b"x").json()
+    walk.open("/console/repositories/builds")
+    assert HOSTILE_NAME in walk.text("#artifacts")
+    walk.open(f"/console/repositories/builds/artifacts/{hostile['id']}")
+    assert walk.text("#artifact-name") == HOSTILE_NAME
+    assert browser.execute_script("return document.querySelectorAll('main img').length") == 0
+    walk.page_checks("artifact-hostile-name")
+
+    # -- dispatch a verify and watch its events arrive ---------------------------------------------
+    walk.open("/console/tasks")
+    walk.page_checks("tasks")
+    walk.find("#dispatch-kind").send_keys("verify")
+    walk.find("#param-rate").send_keys(str(1024 * 1024))  # ~6 s for the 6 MiB: long enough to watch
+    walk.find("#dispatch-form button[type=submit]").click()
+    walk.wait(lambda d: d.find_elements(By.ID, "events"), "on the task page")
+    browser.execute_script("window.__samePage = true")
+    shown_at_load = len(browser.find_elements(By.CSS_SELECTOR, "#events tbody tr"))
+    walk.wait(lambda d: "task.completed" in walk.text("#events"), "task.completed on the page", timeout=90)
+    assert browser.execute_script("return window.__samePage") is True  # never reloaded
+    events = browser.find_elements(By.CSS_SELECTOR, "#events tbody tr")
+    live = [e for e in events if e.get_attribute("data-live") == "true"]
+    assert len(live) >= 2 and len(events) > shown_at_load, (shown_at_load, len(events))
+    types = [e.find_elements(By.TAG_NAME, "td")[0].text for e in events]
+    assert types[0] == "task.queued" and types[-1] == "task.completed" and "task.progress" in types
+    seqs = [int(e.get_attribute("data-seq")) for e in events]
+    assert seqs == list(range(1, len(seqs) + 1))  # every event once, in order
+    walk.wait(lambda d: walk.text("#task-status") == "completed", "the status read again")
+    assert int(walk.find('[data-usage="bytes"]').text) >= len(data)  # budget use, read again live
+    assert not walk.find("#cancel-form").is_displayed()
+    walk.page_checks("task")
+
+    # -- a token: created (shown once), used, revoked ----------------------------------------------
+    walk.open("/console/tokens")
+    walk.page_checks("tokens")
+    walk.find("#token-label").send_keys(HOSTILE_LABEL)
+    walk.find("#token-access").send_keys("read-write")
+    walk.find("#token-label").submit()
+    walk.wait(lambda d: d.find_elements(By.ID, "new-secret"), "the new token shown")
+    secret = walk.find("#new-secret").get_attribute("value")
+    assert secret.startswith("pat_") and secret not in browser.current_url
+    assert HOSTILE_LABEL in walk.text("#tokens")
+    walk.page_checks("token-created")
+    with httpx.Client(base_url=writer.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as api:
+        assert api.get("/api/v1/tokens").status_code == 200
+    walk.open("/console/tokens")
+    assert not browser.find_elements(By.ID, "new-secret")  # shown once
+    walk.find("#tokens tbody tr button.danger").click()
+    walk.wait(lambda d: "notice=token-revoked" in d.current_url, "the token revoked")
+    assert walk.messages() == ["The token was revoked."]
+    assert not browser.find_elements(By.CSS_SELECTOR, "#tokens")
+    with httpx.Client(base_url=writer.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as api:
+        assert api.get("/api/v1/tokens").status_code == 401
+
+    # -- the administrators' other pages, from the keyboard too ------------------------------------
+    for path, name in (("/console/accounts", "accounts"), ("/console/keys", "keys"),
+                       ("/console/repositories/builds/permissions", "permissions"),
+                       ("/console/repositories/builds/packages", "packages")):
+        walk.open(path)
+        walk.page_checks(name)
+
+    # -- sign out -----------------------------------------------------------------------------------
+    walk.open("/console/")
+    walk.find(".sign-out button").click()
+    walk.wait(lambda d: "notice=signed-out" in d.current_url, "signed out")
+    walk.page_checks("signed-out")
+    walk.open("/console/")
+    walk.wait(lambda d: "/console/sign-in" in d.current_url, "the console closed again")
+
+    assert len(walk.taken) >= 15 and all(path.is_file() for path in walk.taken)
+    keep = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
+    if keep:
+        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+        for path in walk.taken:
+            shutil.copy2(path, pathlib.Path(keep) / path.name)

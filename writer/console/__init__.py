@@ -1,0 +1,27 @@
+"""The console (SPEC §6, issue 15 §1): the writer's server-rendered web UI at /console/.
+
+Jinja2 templates (templates/) and a little hand-written script (static/: the upload progress,
+a task's live events, the overview's live trust) ship as package data; there is no build step.
+Every page works without its script except those live parts.
+
+The console is a client of the writer's own API, called in-process (internal.py) with the
+signed-in session as the bearer: the same routes check the same permissions, bounds and
+idempotency keys, and their refusals are shown as messages. It reads the database directly
+only for what the API does not serve (the leases, the policy, the worker's sessions, where an
+artifact is used), after the API's own permission check.
+
+    app.py         the console's Starlette program and the dispatch that sends /console/ to it
+    security.py    CSRF tokens (forms and the script's API calls), the headers of every page,
+                   and the guard that refuses a cookie-authorized API change without its token
+    internal.py    the writer's API called in-process for one console request
+    session.py     who is signed in, sign-in and sign-out, rendering and redirects
+    forms.py       bounded form bodies
+    overview.py    leases, policy, each process's readiness, the worker, storage diagnostics
+    catalog.py     repositories, artifacts, packages, assets, permissions, downloads
+    uploads.py     the upload form without its script (a multipart body, streamed)
+    tasks.py       tasks: list, dispatch, cancel, a task and its events
+    accounts.py    accounts, personal tokens and service keys
+    views.py       how pages show sizes, rates and times; each change form's idempotency key
+
+May import: arkvory.shared (never its cli/) and arkvory.writer. Never arkvory.gateway.
+"""

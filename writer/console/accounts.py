@@ -1,0 +1,189 @@
+"""Accounts (administrators), personal tokens (every account, its own) and managed service keys
+(administrators): list, create, disable and enable, revoke.
+
+A new token or key is shown once, in the answer to the form that made it (never in a URL, never
+again; the page is not stored: `Cache-Control: no-store`). An administrator may revoke any
+account's personal token, as the API allows: the accounts page lists them all (the API lists
+only the caller's own), and the tokens page takes any token's id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import ApiError
+
+from .forms import Form
+from .internal import Refused, api_path
+from .session import ConsoleUser, action, api_for, page, refusal_status, render, runtime_of, see_other
+
+DAY_S = 86400
+TOKENS_SHOWN = 1000
+
+
+def _error(error: Refused | ApiError | None) -> dict[str, Any]:
+    return {"status": refusal_status(error) if error else 200, "error": error.message if error else None}
+
+
+# -- accounts ------------------------------------------------------------------------------------
+
+
+async def _accounts(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
+                    form: Form | None = None) -> Response:
+    try:
+        accounts = (await api_for(request, user).fetch("/api/v1/accounts"))["items"]
+    except Refused as refusal:
+        if error is not None:
+            raise
+        return render(request, user, "error.html", {"title": "Accounts"}, **_error(refusal))
+    fields = dict(form.fields) if form else {}
+    fields.pop("password", None)  # never sent back to the browser
+    tokens = await _every_token(request)
+    return render(request, user, "accounts.html", {"accounts": accounts, "tokens": tokens, "form": fields}, **_error(error))
+
+
+async def _every_token(request: Request) -> list[dict[str, Any]]:
+    """Every account's personal tokens, for an administrator (whom the API just let list the
+    accounts, and lets revoke any token): the API lists only the caller's own."""
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT c.id, a.name AS account, c.label, c.access, c.created_at, c.expires_at, c.last_used_at"
+            " FROM arkvory_credentials c JOIN arkvory_accounts a ON a.id = c.account_id"
+            " WHERE c.kind = 'pat' ORDER BY a.name, c.created_at LIMIT $1",
+            TOKENS_SHOWN, timeout=POOLED_QUERY_TIMEOUT_S,
+        )
+    return [dict(row) for row in rows]
+
+
+@page
+async def accounts_page(request: Request, user: ConsoleUser) -> Response:
+    return await _accounts(request, user)
+
+
+@action
+async def create_account(request: Request, user: ConsoleUser, form: Form) -> Response:
+    body = {"name": form.text("name"), "password": form.text("password"), "admin": form.checked("admin")}
+    try:
+        await api_for(request, user).change("POST", "/api/v1/accounts", body, key=form.optional("key"))
+    except Refused as refusal:
+        return await _accounts(request, user, error=refusal, form=form)
+    return see_other("/console/accounts", "account-created")
+
+
+async def _set_disabled(request: Request, user: ConsoleUser, form: Form, verb: str) -> Response:
+    name = request.path_params["name"]
+    try:
+        await api_for(request, user).change("POST", api_path("accounts", name, verb), key=form.optional("key"))
+    except (Refused, ApiError) as refusal:
+        return await _accounts(request, user, error=refusal)
+    return see_other("/console/accounts", f"account-{verb}d")
+
+
+@action
+async def disable_account(request: Request, user: ConsoleUser, form: Form) -> Response:
+    return await _set_disabled(request, user, form, "disable")
+
+
+@action
+async def enable_account(request: Request, user: ConsoleUser, form: Form) -> Response:
+    return await _set_disabled(request, user, form, "enable")
+
+
+# -- personal tokens -----------------------------------------------------------------------------
+
+
+def _expiry(form: Form, body: dict[str, Any]) -> None:
+    days = form.whole_number("expires_days", "expiry (days)")
+    if days is not None:
+        body["expiresInSeconds"] = days * DAY_S
+    if form.optional("label") is not None:
+        body["label"] = form.text("label")
+    if form.optional("password") is not None:
+        body["password"] = form.text("password")
+
+
+async def _tokens(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
+                  created: dict[str, Any] | None = None, status: int | None = None) -> Response:
+    tokens = (await api_for(request, user).fetch("/api/v1/tokens"))["items"]
+    shown = _error(error)
+    if status is not None:
+        shown["status"] = status
+    return render(request, user, "tokens.html", {"tokens": tokens, "created": created}, **shown)
+
+
+@page
+async def tokens_page(request: Request, user: ConsoleUser) -> Response:
+    return await _tokens(request, user)
+
+
+@action
+async def create_token(request: Request, user: ConsoleUser, form: Form) -> Response:
+    try:
+        body: dict[str, Any] = {"access": form.text("access", "read")}
+        _expiry(form, body)
+        answer = await api_for(request, user).change("POST", "/api/v1/tokens", body, key=form.optional("key"))
+    except (Refused, ApiError) as refusal:
+        return await _tokens(request, user, error=refusal)
+    # Shown once, in this answer (no redirect: the secret must not outlive this page).
+    return await _tokens(request, user, created=answer.json(), status=201)
+
+
+@action
+async def revoke_token(request: Request, user: ConsoleUser, form: Form) -> Response:
+    token_id = request.path_params.get("token_id") or form.text("id").strip()
+    try:
+        await api_for(request, user).change("DELETE", api_path("tokens", token_id), key=form.optional("key"))
+    except (Refused, ApiError) as refusal:
+        if form.text("back") == "accounts":
+            return await _accounts(request, user, error=refusal)
+        return await _tokens(request, user, error=refusal)
+    return see_other("/console/accounts" if form.text("back") == "accounts" else "/console/tokens", "token-revoked")
+
+
+# -- managed service keys ---------------------------------------------------------------------
+
+
+async def _keys(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
+                created: dict[str, Any] | None = None, status: int | None = None) -> Response:
+    try:
+        keys = (await api_for(request, user).fetch("/api/v1/keys"))["items"]
+    except Refused as refusal:
+        if error is not None:
+            raise
+        return render(request, user, "error.html", {"title": "Service keys"}, **_error(refusal))
+    shown = _error(error)
+    if status is not None:
+        shown["status"] = status
+    return render(request, user, "keys.html", {"keys": keys, "created": created}, **shown)
+
+
+@page
+async def keys_page(request: Request, user: ConsoleUser) -> Response:
+    return await _keys(request, user)
+
+
+@action
+async def create_key(request: Request, user: ConsoleUser, form: Form) -> Response:
+    try:
+        body: dict[str, Any] = {"scopes": form.text("scopes").split()}
+        _expiry(form, body)
+        answer = await api_for(request, user).change("POST", "/api/v1/keys", body, key=form.optional("key"))
+    except (Refused, ApiError) as refusal:
+        return await _keys(request, user, error=refusal)
+    return await _keys(request, user, created=answer.json(), status=201)
+
+
+@action
+async def revoke_key(request: Request, user: ConsoleUser, form: Form) -> Response:
+    key_id = request.path_params["key_id"]
+    try:
+        await api_for(request, user).change("DELETE", api_path("keys", key_id), key=form.optional("key"))
+    except (Refused, ApiError) as refusal:
+        return await _keys(request, user, error=refusal)
+    return see_other("/console/keys", "key-revoked")
