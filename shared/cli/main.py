@@ -69,6 +69,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return exc.exit_status
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    """The writer's first-start steps without a server (admin.initialize)."""
+    settings = _settings_or_exit(os.environ)
+    if not settings.is_writer:
+        print(
+            "arkvory: admin init does what the writer does at its first start: run it with the"
+            " writer's settings (ARKVORY_ROLE=api, or unset)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    import asyncpg
+
+    from arkvory.shared.errors import DatabaseUnavailable
+
+    from . import admin
+
+    async def main() -> int:
+        try:
+            return await admin.initialize(settings)
+        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+            raise DatabaseUnavailable(f"the database failed: {exc.__class__.__name__}: {exc}") from exc
+
+    try:
+        return asyncio.run(main())
+    except StartupError as exc:
+        print(f"arkvory: {exc}", file=sys.stderr)
+        return exc.exit_status
+
+
 def cmd_new_key(args: argparse.Namespace) -> int:
     from arkvory.shared.auth.identity import KeyRing, KeysFileError, token_digest
 
@@ -188,6 +217,12 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--port", type=int, default=8080, help="writer port; gateways follow")
     dev.set_defaults(func=cmd_dev)
     admin = sub.add_parser("admin", help="operator tools").add_subparsers(dest="action", required=True)
+    init = admin.add_parser(
+        "init",
+        help="create the schema and the storage layout (and save the download policy) without"
+        " starting a server; safe to repeat; settings as the writer's",
+    )
+    init.set_defaults(func=cmd_init)
     new_key = admin.add_parser("new-key", help="print a new service key and its keys-file stanza")
     new_key.add_argument("--id", required=True)
     new_key.add_argument("--scope", action="append", required=True)

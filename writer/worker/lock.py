@@ -49,6 +49,7 @@ SELECT l.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 
 # (task id, event type) of every task event committed in the database.
