@@ -42,6 +42,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from arkvory.shared.auth.identity import KeyRing
+from arkvory.shared.http.protocol import JsonRefusalsProtocol
 from arkvory.shared.process.systemd import ServiceManager, keep_informed
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import Storage
@@ -251,6 +252,7 @@ class WorkerProcess:
         return uvicorn.Config(
             build_health_app(self),
             lifespan="off",
+            http=JsonRefusalsProtocol,  # even the parser's refusal is JSON with a request id
             ws="none",
             log_config=None,
             access_log=False,
