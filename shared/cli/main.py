@@ -197,7 +197,19 @@ def _database_options(action: argparse.ArgumentParser) -> argparse.ArgumentParse
 def cmd_dev(args: argparse.Namespace) -> int:
     from .dev import run_dev_cluster
 
-    return run_dev_cluster(args.dir, gateways=args.gateways, base_port=args.port)
+    return run_dev_cluster(
+        args.dir, gateways=args.gateways, base_port=args.port,
+        rate=args.rate, rate_per_principal=args.rate_per_principal,
+    )
+
+
+def _rate_argument(text: str) -> int:
+    from .dev import parse_rate
+
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -215,6 +227,15 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--dir", default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})")
     dev.add_argument("--gateways", type=int, default=2, choices=range(0, 16))
     dev.add_argument("--port", type=int, default=8080, help="writer port; gateways follow")
+    dev.add_argument(
+        "--rate", type=_rate_argument, metavar="RATE",
+        help="total download rate of all processes per second, e.g. 50MiB, 1GiB, 100MB or bytes"
+        " (wins over ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND; default: 64MiB per process)",
+    )
+    dev.add_argument(
+        "--rate-per-principal", type=_rate_argument, metavar="RATE",
+        help="total rate for one account or key, e.g. 10MiB; 0 = unlimited (the default)",
+    )
     dev.set_defaults(func=cmd_dev)
     admin = sub.add_parser("admin", help="operator tools").add_subparsers(dest="action", required=True)
     init = admin.add_parser(
