@@ -1,11 +1,13 @@
-"""`arkvory admin`: new-key output, status (a table for people, JSON for machines), the policy
-reset that refuses live leases, and one line naming what to set when no database is given."""
+"""`arkvory admin`: new-key output, status (a table for people, JSON for machines; the leases and
+the workers), the policy reset that refuses live leases, init (the writer's first start without
+a server), and one line naming what to set when no database is given."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import socket
 import time
 import tomllib
 
@@ -98,3 +100,99 @@ def test_no_database_is_one_line_naming_the_variable_and_dev(cluster, action):
     result = run_arkvory(env, "admin", action, "--dev", str(missing))
     assert result.returncode == 2
     assert result.stderr == f"arkvory: no arkvory dev is running in {missing}: start one with arkvory dev --dir {missing}\n"
+
+
+# -- admin init ------------------------------------------------------------------------------
+
+
+def test_init_creates_the_schema_and_storage_then_finds_them_and_the_writer_uses_them(cluster):
+    env = cluster.base_env()
+    first = run_arkvory(env, "admin", "init")
+    assert first.returncode == 0, first.stderr
+    assert re.search(r"^schema +migrated from version 0 to \d+$", first.stdout, re.M), first.stdout
+    created = re.search(rf"^storage +created {re.escape(str(cluster.data_dir))} \(storage id (\S+),", first.stdout, re.M)
+    assert created, first.stdout
+    storage_id = created.group(1)
+    assert (cluster.data_dir / "arkvory-storage-id").read_text().strip() == storage_id
+    assert (cluster.data_dir / "blobs" / "sha256").is_dir()
+    assert "download policy  none (a standalone writer" in first.stdout
+    assert [str(r["storage_id"]) for r in db_fetch(cluster.database_url, "SELECT storage_id FROM arkvory_storage")] == [storage_id]
+    assert not db_fetch(cluster.database_url, "SELECT * FROM arkvory_gateway_leases")  # no server ran
+
+    again = run_arkvory(env, "admin", "init")  # safe to repeat: nothing new, each line says so
+    assert again.returncode == 0, again.stderr
+    assert re.search(r"^schema +version \d+, up to date$", again.stdout, re.M)
+    assert f"storage id {storage_id}, this database's" in again.stdout
+
+    writer = cluster.writer().wait_ready()
+    assert (cluster.data_dir / "arkvory-storage-id").read_text().strip() == storage_id
+    # Beside a running writer it only checks, and says so.
+    beside = run_arkvory(env, "admin", "init")
+    assert beside.returncode == 0, beside.stderr
+    assert "a writer is running against this database" in beside.stdout
+    assert f"storage id {storage_id}, this database's" in beside.stdout
+    writer.kill()
+
+
+def test_init_saves_the_download_policy_and_a_gateway_may_follow_the_writer(cluster):
+    shared = cluster.shared_env(slots=2, total=4 * 1024 * 1024)
+    env = cluster.base_env(ARKVORY_GATEWAY_SLOT="0", **shared)
+    done = run_arkvory(env, "admin", "init")
+    assert done.returncode == 0, done.stderr
+    assert "download policy  saved: 2 slots, total 4,194,304 bytes/s" in done.stdout
+    other = run_arkvory(cluster.base_env(ARKVORY_GATEWAY_SLOT="0", **cluster.shared_env(slots=3)), "admin", "init")
+    assert other.returncode == 78  # the same refusal as the writer's
+    assert "the database requires the shared download configuration saved as" in other.stderr
+    kept = run_arkvory(cluster.base_env(), "admin", "init")  # without the variables: left alone
+    assert kept.returncode == 0 and "2 slots" in kept.stdout and "(saved before; kept)" in kept.stdout
+    cluster.writer(shared).wait_ready()
+    cluster.gateway(1, shared).wait_ready()
+
+
+def test_init_refuses_a_foreign_storage_directory_as_the_writer_does(cluster, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "arkvory-storage-id").write_text("00000000-0000-0000-0000-000000000001\n")
+    env = cluster.base_env(ARKVORY_DATA_DIR=str(foreign))
+    refused = run_arkvory(env, "admin", "init")
+    assert refused.returncode == 78
+    assert refused.stderr == (
+        f"arkvory: storage directory {foreign} has storage id 00000000-0000-0000-0000-000000000001, but the"
+        " database has none: this directory belongs to another database\n"
+    )
+    writer = run_arkvory(env, "serve", timeout=30)  # the writer says the very same
+    assert writer.returncode == 78 and refused.stderr in writer.stderr
+
+
+def test_init_with_a_gateway_s_settings_or_no_database_is_one_line(cluster):
+    gateway = run_arkvory(cluster.base_env(ARKVORY_ROLE="reader", ARKVORY_GATEWAY_SLOT="1", **cluster.shared_env()), "admin", "init")
+    assert gateway.returncode == 2 and "run it with the writer's settings" in gateway.stderr
+    nothing = run_arkvory(cluster.base_env(ARKVORY_DATABASE_URL=None), "admin", "init")
+    assert nothing.returncode == 2 and "ARKVORY_DATABASE_URL" in nothing.stderr
+    unreachable = run_arkvory(cluster.base_env(ARKVORY_DATABASE_URL="postgresql://nobody:secret@127.0.0.1:1/x"), "admin", "init")
+    assert unreachable.returncode == 69 and "secret" not in unreachable.stderr
+
+
+# -- admin status: the worker ------------------------------------------------------------------
+
+
+def test_status_shows_the_active_worker_and_the_standby_with_their_hosts(cluster):
+    from .worker_harness import start_worker
+
+    cluster.writer().wait_ready()
+    env = cluster.base_env()
+    idle = json.loads(run_arkvory(env, "admin", "status", "--json").stdout)
+    assert idle["workers"] == []
+    assert "worker           none running" in run_arkvory(env, "admin", "status").stdout
+    first = start_worker(cluster, "first").wait_active()
+    second = start_worker(cluster, "second").wait_status("standby")
+    report = json.loads(run_arkvory(env, "admin", "status", "--json").stdout)
+    host = socket.gethostname()
+    assert [(w["state"], w["pid"], w["host"]) for w in report["workers"]] == [
+        ("active", first.proc.pid, host), ("standby", second.proc.pid, host)
+    ]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", w["connectedAt"]) for w in report["workers"])
+    table = run_arkvory(env, "admin", "status").stdout
+    assert "worker           active, 1 standing by" in table
+    assert re.search(rf"^active +{first.proc.pid} +{re.escape(host)} +\S", table, re.M), table
+    assert re.search(rf"^standby +{second.proc.pid} +{re.escape(host)} +\S", table, re.M), table

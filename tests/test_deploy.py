@@ -152,6 +152,21 @@ def test_unit_runs_arkvory_and_restarts_only_when_it_helps(units, common_env, na
     assert "/etc/arkvory/common.env" in service["EnvironmentFile"]
 
 
+@pytest.mark.parametrize("name", ["writer", "gateway@", "worker"])
+def test_units_wait_for_ready_and_watch_the_process(units, name):
+    """Type=notify: started means ready (lease held, listening); the watchdog kills a wedged
+    process. Only the main process may notify (tests/test_systemd.py runs the protocol)."""
+    service = units[name]["Service"]
+    assert service["Type"] == ["notify"]
+    assert service["NotifyAccess"] == ["main"]
+    watchdog = seconds(service["WatchdogSec"][-1])
+    # Pings come every WatchdogSec/4 from the serving loop: long enough that a pause of the
+    # loop (a collection, a slow disk) costs no kill, short enough that a wedged one goes soon.
+    assert 10 <= watchdog <= 60
+    # A stalled database stops the pings within the 8 s trust; start-up may wait 15 s for a slot.
+    assert seconds(service["TimeoutStartSec"][-1]) >= 30
+
+
 def test_writer_unit_may_write_the_storage(units, common_env):
     service = units["writer"]["Service"]
     assert "ARKVORY_ROLE=api" in " ".join(service["Environment"]).split()
@@ -178,7 +193,10 @@ def test_gateway_unit_takes_its_slot_from_the_instance_and_reads_storage_only(un
 def test_units_pass_systemd_analyze_verify(tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        pytest.skip("systemd-analyze is not installed; the configparser checks above still ran")
+        pytest.skip(
+            "systemd-analyze is not installed (Debian: apt-get install systemd; .ci/run does); "
+            "the configparser checks above still ran"
+        )
     # verify insists that ExecStart= exists: point it at this environment's console script.
     executable = pathlib.Path(sys.executable).with_name("arkvory")
     if not executable.exists():

@@ -1,6 +1,8 @@
 """`arkvory dev`, the README's one command, as a new user meets it: it starts PostgreSQL, a writer
-and a gateway, serves, tells the admin tools where its database is, refuses in one line what
-cannot work (a second run on the same directory or ports, another gateway count), and stops."""
+and a gateway, serves, says the bandwidth limit in force and takes a new one (`--rate`, or the
+environment), tells the admin tools where its database is, refuses in one line what cannot work
+(a second run on the same directory or ports, another gateway count) leaving nothing behind, and
+stops on one Ctrl-C as one planned stop."""
 
 from __future__ import annotations
 
@@ -30,15 +32,23 @@ ENV = {k: v for k, v in os.environ.items() if not k.startswith("ARKVORY_") and k
 class Dev:
     """One `arkvory dev` process with its output in a file."""
 
-    def __init__(self, state: pathlib.Path, port: int, *args: str, cwd: pathlib.Path = ROOT) -> None:
+    def __init__(
+        self, state: pathlib.Path, port: int, *args: str, cwd: pathlib.Path = ROOT, env: dict[str, str] = ENV,
+        terminal: bool = False,
+    ) -> None:
+        """`terminal`: in a process group of its own, as a shell starts a foreground job, so
+        that `ctrl_c` reaches the whole group as a terminal's Ctrl-C does."""
         self.state, self.port = state, port
-        self.log = state.parent / f"dev-{state.name}-{port}.log"
+        self.log = state.parent / f"dev-{state.name}-{port}-{time.monotonic_ns()}.log"  # one per run
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "arkvory.shared.cli.main", "dev", "--dir", str(state),
                  "--port", str(port), *args],
-                cwd=cwd, env=ENV, stdout=out, stderr=subprocess.STDOUT,
+                cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0 if terminal else None,
             )
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.process.pid, signal.SIGINT)
 
     @property
     def output(self) -> str:
@@ -58,11 +68,13 @@ class Dev:
         return self.process.wait(60)
 
 
-def run_dev_to_the_end(state: pathlib.Path, port: int, *args: str, limit_s: float = 30) -> tuple[int, str, float]:
+def run_dev_to_the_end(
+    state: pathlib.Path, port: int, *args: str, limit_s: float = 30, env: dict[str, str] = ENV
+) -> tuple[int, str, float]:
     began = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "arkvory.shared.cli.main", "dev", "--dir", str(state), "--port", str(port), *args],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=limit_s,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit_s,
     )
     return result.returncode, result.stdout + result.stderr, time.monotonic() - began
 
@@ -126,10 +138,12 @@ def test_a_second_dev_on_ports_in_use_is_refused_before_it_starts_anything(runni
     status, output, _ = run_dev_to_the_end(other, running.port, "--gateways", "1")
     assert status == 2
     assert one_line_refusal(output) == f"arkvory dev: port {running.port} is in use: pass --port (2 free ports from it)"
-    assert not (other / "postgres").exists()  # no PostgreSQL was started, no data made
-    # The gateway's port alone is enough to refuse too.
+    assert not other.exists()  # nothing made: no PostgreSQL data, no dev.lock, no directory
+    # The gateway's port alone is enough to refuse too; a directory that was there stays, empty.
+    other.mkdir()
     status, output, _ = run_dev_to_the_end(other, running.port - 1, "--gateways", "2")
     assert status == 2 and f"port {running.port} is in use" in one_line_refusal(output)
+    assert list(other.iterdir()) == []
 
 
 def test_the_admin_tools_find_the_dev_database(running):
@@ -179,3 +193,89 @@ def test_a_state_made_with_another_gateway_count_is_refused_in_one_line(tmp_path
         )
     finally:
         remove_state(state)
+
+
+def test_the_banner_says_the_bandwidth_limit_in_force(running):
+    assert re.search(
+        r"^  bandwidth 128 MiB/s in total \(the default\), 64 MiB/s for each of the 2 processes;"
+        r" per account or key unlimited \(no limit set\)$",
+        running.output, re.M,
+    ), running.output
+    assert re.search(r"to change it: \S*arkvory dev --rate 50MiB", running.output)
+    ready = httpx.get(
+        f"http://127.0.0.1:{running.port}/health/ready", headers={"Authorization": f"Bearer {running.token}"}, timeout=5
+    ).json()
+    assert ready["transfers"]["downloads"]["bandwidth"]["bytesPerSecond"] == 64 * 2**20
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--rate", "50 furlongs"], "argument --rate: expected bytes per second like 50MiB, 1GiB, 100MB or 52428800, got '50 furlongs'"),
+        (["--rate-per-principal", "-1"], "argument --rate-per-principal: expected bytes per second like"),
+        (["--rate", "2TiB"], "argument --rate: at most 1TiB (2^40 bytes) per second, got '2TiB'"),
+    ],
+)
+def test_a_nonsense_rate_is_refused_naming_the_option(tmp_path, args, says):
+    status, output, _ = run_dev_to_the_end(tmp_path / "state", free_port_run(2), "--gateways", "1", *args)
+    assert status == 2 and says in output, output
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_rate_too_low_for_the_processes_is_one_line_before_anything_starts(tmp_path):
+    env = {**ENV, "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND": "100000"}
+    status, output, took = run_dev_to_the_end(tmp_path / "state", free_port_run(3), "--gateways", "2", env=env)
+    assert status == 2
+    assert one_line_refusal(output) == (
+        "arkvory dev: 97.7 KiB/s (ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND from your environment) is too low:"
+        " at least 196608 bytes/s (65536 for each of the 3 processes)"
+    )
+    assert not (tmp_path / "state").exists() and took < 10
+
+
+def test_the_environment_sets_the_rate_a_flag_wins_and_one_ctrl_c_is_one_planned_stop(tmp_path):
+    """An exported rate is used, not overridden; `--rate` wins over it and replaces the saved
+    policy; Ctrl-C (SIGINT to the whole foreground process group) stops everything once."""
+    state, port = tmp_path / "state", free_port_run(3)
+    exported = {**ENV, "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND": str(30 * 2**20)}
+    first = Dev(state, port, "--gateways", "1", env=exported)
+    try:
+        token = first.wait_running()
+        assert (
+            "bandwidth 30 MiB/s in total (ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND from your environment),"
+            " 15 MiB/s for each of the 2 processes" in first.output
+        ), first.output
+        assert bandwidth_of(port + 1, token) == (15 * 2**20, None)  # the gateway's share; per principal: none
+    finally:
+        assert first.stop() == 0, first.output
+    second = Dev(state, port, "--gateways", "1", "--rate", "50MiB", "--rate-per-principal", "10MiB",
+                 env=exported, terminal=True)
+    try:
+        token = second.wait_running()
+        assert (
+            "bandwidth 50 MiB/s in total (--rate; it overrides ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND=31457280"
+            " from your environment), 25 MiB/s for each of the 2 processes; per account or key 10 MiB/s"
+            " (--rate-per-principal)" in second.output
+        ), second.output
+        assert "replacing the saved download policy (30 MiB/s in total" in second.output
+        assert bandwidth_of(port, token) == (25 * 2**20, 5 * 2**20)
+        assert bandwidth_of(port + 1, token) == (25 * 2**20, 5 * 2**20)
+        second.ctrl_c()
+        assert second.process.wait(60) == 0, second.output
+        assert not (state / "dev.lock").exists() and not (state / "env").exists()
+    finally:
+        second.stop()
+        remove_state(state)
+    stopping = second.output[second.output.index("Press Ctrl-C"):]
+    assert "second stop signal" not in stopping and "stopping at once" not in stopping, stopping
+    assert stopping.count("stopping: no more tasks are claimed") == 1, stopping
+    assert not re.search(r" (WARNING|ERROR) ", stopping), stopping
+    assert stopping.count("stopped with exit status 0") == 3, stopping  # writer, gateway, worker
+
+
+def bandwidth_of(port: int, token: str) -> tuple[int, int]:
+    ready = httpx.get(
+        f"http://127.0.0.1:{port}/health/ready", headers={"Authorization": f"Bearer {token}"}, timeout=5
+    ).json()
+    bandwidth = ready["transfers"]["downloads"]["bandwidth"]
+    return bandwidth["bytesPerSecond"], bandwidth["perPrincipalBytesPerSecond"]

@@ -242,6 +242,25 @@ def test_sigterm_cancels_a_kind_that_does_not_stop_within_the_bound(cluster, wri
     assert task(cluster.database_url, task_id)["status"] == "running"
 
 
+def test_signals_close_together_are_one_stop_and_a_later_one_cancels(cluster, writer):
+    """A terminal's Ctrl-C reaches a whole process group, and a supervisor in it may forward a
+    signal of its own: within a second, that is one planned stop, with no warning."""
+    worker = start_worker(cluster, ARKVORY_DRAIN_TIMEOUT_SECONDS="60").wait_active()
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 3, "step_seconds": 30})
+    wait_task(cluster.database_url, task_id, "running")
+    worker.signal(signal.SIGINT)
+    time.sleep(0.05)
+    worker.signal(signal.SIGTERM)
+    time.sleep(1.5)
+    assert worker.proc.poll() is None  # still draining: the kind stops at its next step
+    assert "second stop signal" not in worker.stderr and "WARNING" not in worker.stderr, worker.stderr
+    asked = time.monotonic()
+    worker.signal(signal.SIGTERM)  # a real second stop: cancel where they are
+    assert worker.wait_exit(15) == 0
+    assert time.monotonic() - asked < 10.0
+    assert worker.stderr.count("second stop signal: cancelling the running tasks where they are") == 1
+
+
 def test_a_standby_worker_stops_at_once_on_sigterm(cluster, writer):
     start_worker(cluster, "first").wait_active()
     second = start_worker(cluster, "second").wait_status("standby")

@@ -207,7 +207,8 @@ def lock_backend(database_url: str) -> int | None:
         database_url,
         lambda conn: conn.fetch(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
-            " AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid",
+            " AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             db.WORKER_LOCK,
         ),
     )

@@ -2,13 +2,15 @@
 
 Each tool is `async def tool(conn) -> exit status`; `run_tool` connects and reports a database
 that cannot be reached the same way for all of them. `status` prints for people (a table) or,
-with `--json`, for machines: the same report either way.
+with `--json`, for machines: the same report either way. `initialize` (`arkvory admin init`)
+runs the writer's own start-up steps (Runtime's `prepare_writer_state`) without a server.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -17,7 +19,12 @@ from typing import Any
 import asyncpg
 
 from arkvory.shared import db
-from arkvory.shared.errors import StartupError
+from arkvory.shared.cluster import policy
+from arkvory.shared.cluster.control import ControlConnection
+from arkvory.shared.errors import StartupError, StartupRefused
+from arkvory.shared.process.runtime import prepare_writer_state
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import ID_FILE, verify_storage
 
 Tool = Callable[[asyncpg.Connection], Awaitable[int]]
 
@@ -32,6 +39,81 @@ async def run_tool(url: str, tool: Tool) -> int:
         return await tool(conn)
     finally:
         await conn.close()
+
+
+async def initialize(settings: Settings) -> int:
+    """`arkvory admin init`: what the writer does at its first start, without serving: migrate
+    the schema, create the storage layout and its id (or refuse storage that is not this
+    database's), and save the download policy when the shared variables are set. Safe to
+    repeat: each line says what was done or found. Raises StartupError (its exit status)."""
+    control = ControlConnection(settings.database_url, "admin-init")
+    conn = await control.open()
+    try:
+        try:
+            await control.take_lock("writer")
+        except StartupRefused:
+            return await _check_beside_a_running_writer(conn, settings)
+        before = await db.schema_version(conn) or 0
+        had_storage = before > 0 and await conn.fetchval(
+            "SELECT count(*) FROM arkvory_storage", timeout=db.QUERY_TIMEOUT_S
+        )
+        version, storage = await prepare_writer_state(conn, settings)
+        storage_id = storage.read_id_file()
+        if before == version:
+            print(f"schema           version {version}, up to date")
+        else:
+            print(f"schema           migrated from version {before} to {version}")
+        if had_storage:
+            print(f"storage          {storage.root}: storage id {storage_id}, this database's")
+        else:
+            print(f"storage          created {storage.root} (storage id {storage_id}, in {ID_FILE} and the database)")
+        saved = await _saved_policy(conn)
+        if settings.shared is not None:  # without the variables, a saved policy is left alone
+            await policy.save_or_check(conn, settings.shared)
+        print(f"download policy  {_policy_outcome(saved, settings)}")
+    finally:
+        await control.close()
+    print("ready: start the writer, then the gateways and the worker")
+    return 0
+
+
+async def _check_beside_a_running_writer(conn: asyncpg.Connection, settings: Settings) -> int:
+    """A writer holds the writer lock: it made the schema and storage at its start. Only check
+    that this command's settings point at the same storage."""
+    version = await db.schema_version(conn) or 0
+    storage = await verify_storage(conn, settings.data_dir)  # refuses another database's directory
+    print("a writer is running against this database: it created the schema and the storage at its start")
+    print(f"schema           version {version}" + ("" if version == db.CODE_SCHEMA_VERSION else
+          f" (this code knows {db.CODE_SCHEMA_VERSION})"))
+    print(f"storage          {storage.root}: storage id {storage.read_id_file()}, this database's")
+    print(f"download policy  {_describe_policy(await _saved_policy(conn))}")
+    return 0
+
+
+async def _saved_policy(conn: asyncpg.Connection) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second FROM arkvory_download_policy",
+        timeout=db.QUERY_TIMEOUT_S,
+    )
+
+
+def _describe_policy(saved: tuple[int, int, int] | asyncpg.Record | None) -> str:
+    """`saved`: (slots, total, per-principal total), or None."""
+    if saved is None:
+        return "none (a standalone writer; gateways need ARKVORY_GATEWAY_SLOTS and the rates)"
+    slots, total, per_principal = tuple(saved)
+    return f"{slots} slots, total {_rate(total)}, per principal {_rate(per_principal)}"
+
+
+def _policy_outcome(saved: asyncpg.Record | None, settings: Settings) -> str:
+    if settings.shared is None:
+        return _describe_policy(saved) + ("" if saved is None else " (saved before; kept)")
+    if saved is None:
+        shared = settings.shared
+        return "saved: " + _describe_policy(
+            (shared.slots, shared.total_bytes_per_second, shared.per_principal_bytes_per_second)
+        )
+    return _describe_policy(saved) + " (saved before; the same numbers)"
 
 
 async def reset_download_policy(conn: asyncpg.Connection) -> int:
@@ -94,10 +176,41 @@ def _span(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
+# The workers' lock connections, by the name each gives itself (writer/worker/lock.py
+# `application_name`); the one holding the worker lock *in this database* is active.
+_WORKERS = """
+SELECT a.application_name, host(a.client_addr) AS address, a.backend_start,
+       EXISTS (
+           SELECT 1 FROM pg_locks l
+           WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+             AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid
+       ) AS active
+FROM pg_stat_activity a
+WHERE a.datname = current_database() AND a.application_name LIKE 'arkvory-worker %'
+ORDER BY active DESC, a.backend_start
+"""
+_WORKER_NAME = re.compile(r"^arkvory-worker (?P<host>.+) pid (?P<pid>\d+)$")
+
+
+async def _workers(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    workers = []
+    for row in await conn.fetch(_WORKERS, db.WORKER_LOCK, timeout=db.QUERY_TIMEOUT_S):
+        named = _WORKER_NAME.match(row["application_name"])
+        workers.append({
+            "state": "active" if row["active"] else "standby",
+            "host": named["host"] if named else row["application_name"].removeprefix("arkvory-worker "),
+            "pid": int(named["pid"]) if named else None,
+            "address": row["address"],  # None over a Unix socket
+            "connectedAt": _utc(row["backend_start"]),
+        })
+    return workers
+
+
 async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
     """Schema, policy and leases as plain JSON values; lease times by the database clock."""
     version = await db.schema_version(conn)
-    report: dict[str, Any] = {"schemaVersion": version or 0, "downloadPolicy": None, "leases": []}
+    report: dict[str, Any] = {"schemaVersion": version or 0, "downloadPolicy": None, "leases": [], "workers": []}
     if not version:
         return report
     policy = await conn.fetchrow(
@@ -127,6 +240,7 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
             "acquiredAt": _utc(row["acquired_at"]),
             "renewedAt": _utc(row["renewed_at"]),
         })
+    report["workers"] = await _workers(conn)
     return report
 
 
@@ -141,23 +255,46 @@ def status_table(report: dict[str, Any]) -> str:
             f"  total          {_rate(policy['totalBytesPerSecond'])}",
             f"  per principal  {_rate(policy['perPrincipalBytesPerSecond'])}",
         ]
+    workers = report["workers"]
+    if not workers:
+        lines.append("worker           none running (tasks wait in the queue: start arkvory worker)")
+    else:
+        active = [w for w in workers if w["state"] == "active"]
+        lines.append(
+            f"worker           {'active' if active else 'none active'}"
+            + (f", {len(workers) - len(active)} standing by" if len(workers) > len(active) else "")
+        )
     leases = report["leases"]
     if not leases:
         lines.append("leases           none")
-        return "\n".join(lines)
-    header = ("slot", "role", "pid", "host", "generation", "lease")
-    rows = [
-        (
-            str(lease["slot"]), lease["role"], str(lease["pid"]), lease["host"], str(lease["generation"]),
-            f"expires in {_span(lease['expiresInSeconds'])}" if lease["live"]
-            else f"expired {_span(lease['expiresInSeconds'])} ago",
+    else:
+        lines.append("")
+        lines += _table(
+            ("slot", "role", "pid", "host", "generation", "lease"),
+            [
+                (
+                    str(lease["slot"]), lease["role"], str(lease["pid"]), lease["host"], str(lease["generation"]),
+                    f"expires in {_span(lease['expiresInSeconds'])}" if lease["live"]
+                    else f"expired {_span(lease['expiresInSeconds'])} ago",
+                )
+                for lease in leases
+            ],
         )
-        for lease in leases
-    ]
-    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    lines.append("")
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in (header, *rows)]
+    if workers:
+        lines.append("")
+        lines += _table(
+            ("worker", "pid", "host", "address", "connected"),
+            [
+                (w["state"], str(w["pid"] or "?"), w["host"], w["address"] or "local socket", w["connectedAt"])
+                for w in workers
+            ],
+        )
     return "\n".join(lines)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in (header, *rows)]
 
 
 async def show_status(conn: asyncpg.Connection, *, as_json: bool = False) -> int:

@@ -12,16 +12,29 @@ admin key*, so a foreign server on the same port can never pass for ours.
 
 While it runs, `<dir>/env` (mode 0600) holds the variables the admin tools need
 (`arkvory admin status --dev`); it is removed on stop, since the database port changes per run.
+So is `<dir>/dev.lock`, and a directory that a refused run made is removed again.
+
+The bandwidth limit is the reason many come: `--rate`/`--rate-per-principal` set it, else the
+shared-download variables of the caller's environment, else what an earlier run saved, else
+64 MiB/s per process; the banner says which is in force and where it came from.
+
+The servers and the worker run in process groups of their own, so a terminal's Ctrl-C (SIGINT
+to the foreground group) reaches only this command, which stops each of them with one SIGTERM:
+one Ctrl-C is one planned stop. They also get SIGINT if this command dies (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import fcntl
 import os
 import pathlib
+import re
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,7 +46,17 @@ import urllib.request
 from arkvory.shared.auth.identity import token_digest
 from arkvory.shared.errors import StartupError
 
+# SIGINT when this command dies: a planned stop for a server and the worker, as for PostgreSQL.
+from .localpg import _die_with_parent_hook
+
 RATE_PER_SLOT = 64 * 1024 * 1024
+MIN_RATE_PER_SLOT = 65_536  # as the settings require (SPEC §2)
+MAX_RATE = 2**40
+TOTAL_VARIABLE = "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND"
+PER_PRINCIPAL_VARIABLE = "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL"
+# A standalone writer (--gateways 0) has no shared budget: its local limits stand in for it.
+STANDALONE_VARIABLES = ("ARKVORY_DOWNLOAD_BYTES_PER_SECOND", "ARKVORY_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL")
+LEASE_WAIT_S = 15.0  # a policy is replaced once the last run's leases ran out (10 s at most)
 DEFAULT_DIR = ".arkvory-dev"
 READY_LIMIT_S = 60.0
 EXIT_REFUSED = 2  # fix the command line (another port, the other gateway count)
@@ -60,20 +83,40 @@ def env_path(state: pathlib.Path) -> pathlib.Path:
 
 
 def _take_lock(state: pathlib.Path) -> int:
-    """flock the directory for this run; the kernel drops it when we die, however we die."""
-    fd = os.open(_lock_path(state), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise DevRefused(
-            f"another arkvory dev uses {state} (pid {holder}): stop it first, or use --dir",
-            EXIT_BUSY,
-        ) from None
+    """flock the directory for this run; the kernel drops it when we die, however we die.
+
+    The file is removed when the run ends (`_release_lock`), so a lock taken on a file that
+    was removed meanwhile locks nothing: then the current file is tried again."""
+    path = _lock_path(state)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DevRefused(
+                f"another arkvory dev uses {state} (pid {holder}): stop it first, or use --dir",
+                EXIT_BUSY,
+            ) from None
+        try:
+            still_there = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            still_there = False
+        if still_there:
+            break
+        os.close(fd)  # the previous holder removed it between our open and our lock
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _release_lock(state: pathlib.Path, fd: int) -> None:
+    """Remove the lock file while still holding it, then let go (see `_take_lock`)."""
+    try:
+        _lock_path(state).unlink(missing_ok=True)
+    finally:
+        os.close(fd)
 
 
 def _is_running(state: pathlib.Path) -> bool:
@@ -131,26 +174,164 @@ def _check_ports(base_port: int, count: int) -> None:
                 raise DevRefused(f"port {port} is in use: pass --port{needs}") from None
 
 
-async def _saved_slots(url: str) -> int | None:
+async def _saved_policy(url: str) -> tuple[int, int, int] | None:
+    """(slots, total, per-principal total) saved by an earlier run, if any."""
     from arkvory.shared import db
 
     conn = await db.connect(url)
     try:
         if not await conn.fetchval("SELECT to_regclass('arkvory_download_policy') IS NOT NULL"):
             return None
-        return await conn.fetchval("SELECT slots FROM arkvory_download_policy")
+        row = await conn.fetchrow(
+            "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second FROM arkvory_download_policy"
+        )
+        return None if row is None else tuple(row)
     finally:
         await conn.close()
 
 
-def _check_policy(url: str, state: pathlib.Path, gateways: int) -> None:
-    """A saved policy fixes the slot count: say so rather than let the writer exit 78."""
-    slots = asyncio.run(_saved_slots(url))
-    if slots is not None and slots != gateways + 1:
+async def _replace_policy(url: str) -> None:
+    """Delete the saved policy once the last run's leases ran out, so the writer saves the new
+    rates: an operator's policy change (README), done for a local demo without being asked."""
+    from arkvory.shared import db
+
+    conn = await db.connect(url)
+    try:
+        deadline = time.monotonic() + LEASE_WAIT_S
+        while True:
+            async with conn.transaction():
+                await conn.execute("LOCK TABLE arkvory_gateway_leases, arkvory_download_policy IN EXCLUSIVE MODE")
+                if not await conn.fetchval("SELECT count(*) FROM arkvory_gateway_leases WHERE expires_at > now()"):
+                    await conn.execute("DELETE FROM arkvory_gateway_leases")
+                    await conn.execute("DELETE FROM arkvory_download_policy")
+                    return
+            if time.monotonic() > deadline:
+                raise DevRefused("the last run's leases are still live: is a server of it still running?", EXIT_BUSY)
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+
+
+def _check_policy(url: str, state: pathlib.Path, gateways: int) -> tuple[int, int, int] | None:
+    """A saved policy fixes the slot count: say so rather than let the writer exit 78.
+    Returns the saved policy."""
+    saved = asyncio.run(_saved_policy(url))
+    if saved is not None and saved[0] != gateways + 1:
         raise DevRefused(
-            f"this state was made with --gateways {slots - 1}: use --gateways {slots - 1},"
+            f"this state was made with --gateways {saved[0] - 1}: use --gateways {saved[0] - 1},"
             f" or delete {state}/ (its artifacts are lost)"
         )
+    return saved
+
+
+# --- the bandwidth limit --------------------------------------------------------------------
+
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(b|[kmgt]i?b)?(?:/s)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1} | {
+    f"{prefix}{'i' if binary else ''}b": (1024 if binary else 1000) ** power
+    for power, prefix in enumerate("kmgt", 1)
+    for binary in (False, True)
+}
+
+
+def parse_rate(text: str) -> int:
+    """Bytes per second from `50MiB`, `1GiB`, `100MB`, `1.5GiB/s` or a plain number of bytes
+    (argparse `type=`: a ValueError's message is what the user reads)."""
+    match = _RATE.match(text)
+    if not match:
+        raise ValueError(f"expected bytes per second like 50MiB, 1GiB, 100MB or 52428800, got {text!r}")
+    number, unit = match.groups()
+    value = int(float(number) * _UNITS[(unit or "b").lower()])
+    if value > MAX_RATE:
+        raise ValueError(f"at most 1TiB (2^40 bytes) per second, got {text!r}")
+    return value
+
+
+def human_rate(value: int) -> str:
+    if value == 0:
+        return "unlimited"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            shown = f"{value / size:.1f}".removesuffix(".0")
+            return f"{shown} {unit}/s"
+    return f"{value} bytes/s"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bandwidth:
+    """The limit in force for the demo and where each number came from."""
+
+    total: int  # bytes/s for all processes together (standalone: the writer's); 0 = unlimited
+    per_principal: int  # bytes/s for one account or key, all processes together; 0 = unlimited
+    total_from: str
+    per_principal_from: str
+
+    def variables(self, gateways: int) -> dict[str, str]:
+        if gateways == 0:
+            return dict(zip(STANDALONE_VARIABLES, (str(self.total), str(self.per_principal))))
+        return {
+            "ARKVORY_GATEWAY_SLOTS": str(gateways + 1),
+            TOTAL_VARIABLE: str(self.total),
+            PER_PRINCIPAL_VARIABLE: str(self.per_principal),
+        }
+
+    def describe(self, gateways: int) -> str:
+        processes = gateways + 1
+        total = f"{human_rate(self.total)} in total ({self.total_from})"
+        if gateways and self.total:
+            total += f", {human_rate(self.total // processes)} for each of the {processes} processes"
+        return f"{total}; per account or key {human_rate(self.per_principal)} ({self.per_principal_from})"
+
+
+def choose_bandwidth(
+    gateways: int,
+    rate: int | None,
+    rate_per_principal: int | None,
+    environ: dict[str, str] | os._Environ,
+    saved: tuple[int, int, int] | None,
+) -> Bandwidth:
+    """A flag wins over the environment, which wins over what an earlier run saved, which
+    wins over the default. Refuses numbers the servers would refuse, naming where they came from."""
+    total_variable, per_principal_variable = (
+        STANDALONE_VARIABLES if gateways == 0 else (TOTAL_VARIABLE, PER_PRINCIPAL_VARIABLE)
+    )
+    if gateways == 0:
+        for name in (TOTAL_VARIABLE, PER_PRINCIPAL_VARIABLE):
+            if environ.get(name):
+                raise DevRefused(
+                    f"{name} is set in your environment, but --gateways 0 runs a standalone writer"
+                    " without a shared budget: unset it, or use --rate"
+                )
+
+    def pick(flag: int | None, flag_name: str, variable: str, saved_value: int | None, default: int) -> tuple[int, str]:
+        exported = environ.get(variable)
+        if flag is not None:
+            overrides = f"; it overrides {variable}={exported} from your environment" if exported else ""
+            return flag, f"{flag_name}{overrides}"
+        if exported:
+            try:
+                return parse_rate(exported), f"{variable} from your environment"
+            except ValueError as exc:
+                raise DevRefused(f"{variable} in your environment: {exc}") from None
+        if saved_value is not None:
+            return saved_value, "saved by an earlier run in this directory"
+        return default, "the default" if default else "no limit set"
+
+    default_total = RATE_PER_SLOT * (gateways + 1) if gateways else 0
+    total, total_from = pick(rate, "--rate", total_variable, saved[1] if saved else None, default_total)
+    per_principal, per_principal_from = pick(
+        rate_per_principal, "--rate-per-principal", per_principal_variable, saved[2] if saved else None, 0
+    )
+    floor = MIN_RATE_PER_SLOT * (gateways + 1)
+    for value, source in ((total, total_from), (per_principal, per_principal_from)):
+        if value and value < floor:
+            raise DevRefused(
+                f"{human_rate(value)} ({source.split(';')[0]}) is too low: at least {floor} bytes/s"
+                f" ({MIN_RATE_PER_SLOT} for each of the {gateways + 1} processes)"
+            )
+    if gateways and not total:
+        raise DevRefused(f"a total rate of 0 ({total_from}) is not allowed with gateways: the shared budget needs one")
+    return Bandwidth(total, per_principal, total_from, per_principal_from)
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -217,6 +398,32 @@ def _stop_on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt  # the same orderly stop as Ctrl-C: drain the servers, stop PostgreSQL
 
 
+def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """A server or the worker, in a process group of its own (see the module's docstring)."""
+    return subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, process_group=0, preexec_fn=_die_with_parent_hook()
+    )
+
+
+@contextlib.contextmanager
+def _stopping(processes: list[subprocess.Popen]):
+    """While stopping: another Ctrl-C or SIGTERM is passed on as a second SIGTERM, which makes
+    each server (and the worker) stop at once instead of draining; we keep waiting for them."""
+
+    def again(signum, frame) -> None:
+        print("arkvory dev: stopping at once", file=sys.stderr, flush=True)
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, again) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _stop_all(processes: list[subprocess.Popen]) -> None:
     for process in processes:
         if process.poll() is None:
@@ -229,18 +436,38 @@ def _stop_all(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
+def _command() -> str:
+    """How to call `arkvory` from here: the bare name only when it is this one on PATH."""
+    script = pathlib.Path(sys.executable).with_name("arkvory")
+    on_path = shutil.which("arkvory")
+    if on_path and pathlib.Path(on_path).resolve() == script.resolve():
+        return "arkvory"
+    relative = os.path.relpath(script)
+    return relative if not relative.startswith("../") else str(script)
+
+
 def _banner(
-    urls: list[str], worker_url: str, source: str, state: pathlib.Path, token: str, env_file: pathlib.Path
+    urls: list[str],
+    worker_url: str,
+    source: str,
+    state: pathlib.Path,
+    token: str,
+    env_file: pathlib.Path,
+    bandwidth: Bandwidth,
 ) -> str:
+    gateways = len(urls) - 1
+    arkvory = _command()
     lines = ["", "Arkvory is running:", f"  writer   {urls[0]}   (uploads, changes, downloads)"]
     lines += [f"  gateway  {url}   (slot {slot}: GET/HEAD downloads)" for slot, url in enumerate(urls[1:], 1)]
     lines += [
         f"  worker   {worker_url}   (background tasks: cleanup, verify; /health/status, /health/metrics)",
     ]
     lines += [
+        f"  bandwidth {bandwidth.describe(gateways)}",
+        f"            to change it: {arkvory} dev --rate 50MiB [--rate-per-principal 10MiB]",
         f"  database {source} PostgreSQL, state in {state}",
         f"  admin key: {token}",
-        f"  admin tools: arkvory admin status --dev {state}   (variables in {env_file})",
+        f"  admin tools: {arkvory} admin status --dev {state}   (variables in {env_file})",
         "",
         "Try:",
         f"  curl -H 'Authorization: Bearer {token}' -H 'content-type: application/json' "
@@ -251,10 +478,17 @@ def _banner(
     return "\n".join(lines)
 
 
-def run_dev_cluster(directory: str, *, gateways: int, base_port: int) -> int:
+def run_dev_cluster(
+    directory: str,
+    *,
+    gateways: int,
+    base_port: int,
+    rate: int | None = None,
+    rate_per_principal: int | None = None,
+) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        return _run(pathlib.Path(directory).resolve(), gateways, base_port)
+        return _run(pathlib.Path(directory).resolve(), gateways, base_port, rate, rate_per_principal)
     except KeyboardInterrupt:
         return 0
     except StartupError as exc:  # DevRefused, and PostgreSQL that cannot start
@@ -262,9 +496,12 @@ def run_dev_cluster(directory: str, *, gateways: int, base_port: int) -> int:
         return exc.exit_status
 
 
-def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
+def _run(
+    state: pathlib.Path, gateways: int, base_port: int, rate: int | None, rate_per_principal: int | None
+) -> int:
     from .localpg import start_local_postgres
 
+    made_state = not state.exists()
     try:
         state.mkdir(parents=True, exist_ok=True)
         lock = _take_lock(state)
@@ -274,21 +511,24 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
     database = None
     try:
         _check_ports(base_port, gateways + 1)
+        choose_bandwidth(gateways, rate, rate_per_principal, os.environ, None)  # refuse early what can be
         database = start_local_postgres(state, fsync=True)
-        _check_policy(database.url, state, gateways)
+        saved = _check_policy(database.url, state, gateways)
+        bandwidth = choose_bandwidth(gateways, rate, rate_per_principal, os.environ, saved)
+        if saved is not None and saved[1:] != (bandwidth.total, bandwidth.per_principal):
+            print(
+                f"arkvory dev: replacing the saved download policy ({human_rate(saved[1])} in total,"
+                f" per account or key {human_rate(saved[2])}) with {bandwidth.describe(gateways)}",
+                file=sys.stderr, flush=True,
+            )
+            asyncio.run(_replace_policy(database.url))
         token, keys_file = _admin_token(state)
         common = {
             "ARKVORY_DATABASE_URL": database.url,
             "ARKVORY_DATA_DIR": str(state / "data"),
             "ARKVORY_KEYS_FILE": str(keys_file),
         }
-        base = {**os.environ, **common, "ARKVORY_HOST": "127.0.0.1"}
-        if gateways:
-            slots = gateways + 1
-            base |= {
-                "ARKVORY_GATEWAY_SLOTS": str(slots),
-                "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND": str(RATE_PER_SLOT * slots),
-            }
+        base = {**os.environ, **common, "ARKVORY_HOST": "127.0.0.1", **bandwidth.variables(gateways)}
         urls = [f"http://127.0.0.1:{base_port + slot}" for slot in range(gateways + 1)]
         # The writer first: it migrates and saves the policy the gateways check.
         for batch in ([0], list(range(1, gateways + 1))):
@@ -298,27 +538,31 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
                 env["ARKVORY_ROLE"] = "api" if slot == 0 else "reader"
                 if gateways:
                     env["ARKVORY_GATEWAY_SLOT"] = str(slot)
-                process = subprocess.Popen([sys.executable, "-m", "arkvory.shared.cli.main", "serve"], env=env)
+                process = _spawn([sys.executable, "-m", "arkvory.shared.cli.main", "serve"], env)
                 processes.append(process)
                 started.append(("writer" if slot == 0 else f"gateway {slot}", urls[slot], process))
             _wait_ready(started, token)
         # The worker last: it needs the schema and storage the writer made.
         worker_port = _worker_port(base_port + gateways + 1)
         worker_url = f"http://127.0.0.1:{worker_port}"
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "arkvory.shared.cli.main", "worker"], env=base | {"ARKVORY_WORKER_PORT": str(worker_port)}
+        worker = _spawn(
+            [sys.executable, "-m", "arkvory.shared.cli.main", "worker"], base | {"ARKVORY_WORKER_PORT": str(worker_port)}
         )
         processes.append(worker)
         _wait_ready([("worker", worker_url, worker)], token)
         env_file = _write_env(state, common)
-        print(_banner(urls, worker_url, database.source, state, token, env_file), flush=True)
+        print(_banner(urls, worker_url, database.source, state, token, env_file, bandwidth), flush=True)
         while all(p.poll() is None for p in processes):
             time.sleep(0.5)
         print("arkvory dev: a process stopped; shutting the others down", file=sys.stderr)
         return 1
     finally:
-        env_path(state).unlink(missing_ok=True)
-        _stop_all(processes)
-        if database is not None:
-            database.stop()
-        os.close(lock)
+        with _stopping(processes):
+            env_path(state).unlink(missing_ok=True)
+            _stop_all(processes)
+            if database is not None:
+                database.stop()
+            _release_lock(state, lock)
+            if made_state:
+                with contextlib.suppress(OSError):
+                    state.rmdir()  # a refused first run leaves no directory behind; else not empty

@@ -69,6 +69,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return exc.exit_status
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    """The writer's first-start steps without a server (admin.initialize)."""
+    settings = _settings_or_exit(os.environ)
+    if not settings.is_writer:
+        print(
+            "arkvory: admin init does what the writer does at its first start: run it with the"
+            " writer's settings (ARKVORY_ROLE=api, or unset)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    import asyncpg
+
+    from arkvory.shared.errors import DatabaseUnavailable
+
+    from . import admin
+
+    async def main() -> int:
+        try:
+            return await admin.initialize(settings)
+        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+            raise DatabaseUnavailable(f"the database failed: {exc.__class__.__name__}: {exc}") from exc
+
+    try:
+        return asyncio.run(main())
+    except StartupError as exc:
+        print(f"arkvory: {exc}", file=sys.stderr)
+        return exc.exit_status
+
+
 def cmd_new_key(args: argparse.Namespace) -> int:
     from arkvory.shared.auth.identity import KeyRing, KeysFileError, token_digest
 
@@ -168,7 +197,19 @@ def _database_options(action: argparse.ArgumentParser) -> argparse.ArgumentParse
 def cmd_dev(args: argparse.Namespace) -> int:
     from .dev import run_dev_cluster
 
-    return run_dev_cluster(args.dir, gateways=args.gateways, base_port=args.port)
+    return run_dev_cluster(
+        args.dir, gateways=args.gateways, base_port=args.port,
+        rate=args.rate, rate_per_principal=args.rate_per_principal,
+    )
+
+
+def _rate_argument(text: str) -> int:
+    from .dev import parse_rate
+
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -186,8 +227,23 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--dir", default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})")
     dev.add_argument("--gateways", type=int, default=2, choices=range(0, 16))
     dev.add_argument("--port", type=int, default=8080, help="writer port; gateways follow")
+    dev.add_argument(
+        "--rate", type=_rate_argument, metavar="RATE",
+        help="total download rate of all processes per second, e.g. 50MiB, 1GiB, 100MB or bytes"
+        " (wins over ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND; default: 64MiB per process)",
+    )
+    dev.add_argument(
+        "--rate-per-principal", type=_rate_argument, metavar="RATE",
+        help="total rate for one account or key, e.g. 10MiB; 0 = unlimited (the default)",
+    )
     dev.set_defaults(func=cmd_dev)
     admin = sub.add_parser("admin", help="operator tools").add_subparsers(dest="action", required=True)
+    init = admin.add_parser(
+        "init",
+        help="create the schema and the storage layout (and save the download policy) without"
+        " starting a server; safe to repeat; settings as the writer's",
+    )
+    init.set_defaults(func=cmd_init)
     new_key = admin.add_parser("new-key", help="print a new service key and its keys-file stanza")
     new_key.add_argument("--id", required=True)
     new_key.add_argument("--scope", action="append", required=True)

@@ -46,6 +46,7 @@ _LOCK_HOLDER = """
 SELECT pid FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND objsubid = 1
   AND classid = ($1::bigint >> 32)::oid AND objid = ($1::bigint & 4294967295)::oid
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 
 # What a per-ping hook does with the connection, within the given timeout (seconds).

@@ -252,6 +252,33 @@ class RequestContext:
         timed.observe(seconds)
 
 
+class RequestIds:
+    """Only the request id of `RequestContext` (for a program without the serving metrics: the
+    worker's health endpoints): every answer carries `X-Request-Id` and its error JSON the same
+    `requestId`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        prefix = secrets.token_hex(6)
+        self._ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        offered = _header(scope, b"x-request-id")
+        rid = offered if offered and _CLIENT_REQUEST_ID.match(offered) else next(self._ids)
+        scope[REQUEST_ID_KEY] = rid
+        header = (b"x-request-id", rid.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
 _KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 
 

@@ -227,7 +227,17 @@ class _LingeringTransport:
         self._real.close()
 
 
-class ArkvoryHttpProtocol(HttpToolsProtocol):
+class JsonRefusalsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol whose own refusal (a request the parser cannot read) is
+    JSON with a request id, like every other answer of ours, instead of plain text."""
+
+    def send_400_response(self, msg: str) -> None:
+        defaults = b"".join(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers)
+        self.transport.write(_refusal_response(400, "Bad Request", "invalid_input", msg, defaults))
+        self.transport.close()
+
+
+class ArkvoryHttpProtocol(JsonRefusalsProtocol):
     """Installed with `uvicorn.Config(http=protocol_for(...))`; class attributes are the bounds."""
 
     head_timeout_s: float = 60.0
@@ -425,17 +435,21 @@ def check_http_stack() -> None:
 
 
 def _head_too_large_response() -> bytes:
+    return _refusal_response(
+        431, "Request Header Fields Too Large", "request_header_too_large",
+        f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
+    )
+
+
+def _refusal_response(status: int, reason: str, code: str, message: str, headers: bytes = b"") -> bytes:
+    """A whole response, written before any application sees the request: the JSON error
+    shape with a request id of its own (no request id exists yet), then the connection closes."""
     rid = secrets.token_hex(8)
-    body = json.dumps(
-        {
-            "code": "request_header_too_large",
-            "message": f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
-            "requestId": rid,
-        }
-    ).encode()
+    body = json.dumps({"code": code, "message": message, "requestId": rid}).encode()
     return (
-        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-        b"content-type: application/json\r\n"
+        f"HTTP/1.1 {status} {reason}\r\n".encode()
+        + headers
+        + b"content-type: application/json\r\n"
         b"content-length: " + str(len(body)).encode() + b"\r\n"
         b"x-request-id: " + rid.encode() + b"\r\n"
         b"connection: close\r\n\r\n" + body

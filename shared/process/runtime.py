@@ -135,9 +135,7 @@ class Runtime:
     async def _start_writer(self, control: asyncpg.Connection) -> None:
         assert self.control is not None
         await self.control.take_lock("writer")
-        self.schema_version = await db.migrate(control)
-        self.storage = await prepare_storage(control, self.settings.data_dir)
-        await sweep_at_start(control, self.storage, self.settings.receive_timeout_s)
+        self.schema_version, self.storage = await prepare_writer_state(control, self.settings)
         await policy.save_or_check(control, self.settings.shared)
 
     async def _start_gateway(self, control: asyncpg.Connection) -> None:
@@ -346,6 +344,16 @@ def advertised_url(settings: Settings) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"{scheme}://{host}:{settings.port}"
+
+
+async def prepare_writer_state(control: asyncpg.Connection, settings: Settings) -> tuple[int, Storage]:
+    """What the writer does first, under the writer lock, and `arkvory admin init` without a
+    server: migrate the schema, create the storage (or insist that it is this database's), and
+    sweep what interrupted uploads left. Returns (schema version, storage)."""
+    version = await db.migrate(control)
+    storage = await prepare_storage(control, settings.data_dir)
+    await sweep_at_start(control, storage, settings.receive_timeout_s)
+    return version, storage
 
 
 def _single(exc: BaseException) -> BaseException:

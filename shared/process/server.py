@@ -4,11 +4,16 @@ We drive `uvicorn.Server` ourselves instead of using a lifespan because every re
 (exit 2, 3, 78) must happen before the port is bound, and because SIGTERM must mean *drain*
 (report `draining`, finish transfers, then stop) rather than uvicorn's immediate shutdown.
 Signal handlers only schedule work; a second signal forces the exit (as uvicorn does).
+
+Under systemd (`Type=notify`) the process says READY=1 only once it listens, which is after
+the lease, the storage and the policy were checked; STOPPING=1 on drain or failure; and the
+watchdog pings come from the serving loop itself (systemd.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from types import FrameType
@@ -20,6 +25,7 @@ from arkvory.shared.http.protocol import protocol_for
 
 from .app import serving_app
 from .runtime import Runtime
+from .systemd import ServiceManager, keep_informed
 
 log = logging.getLogger("arkvory.server")
 
@@ -29,6 +35,12 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self._on_first_signal = on_first_signal
         self._signalled = False
+        self.listening = asyncio.Event()
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.listening.set()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._signalled:
@@ -45,9 +57,12 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
     stop = asyncio.Event()
     background: set[asyncio.Task] = set()
 
+    manager = ServiceManager.from_environ()
+
     def begin_drain() -> None:
         task = loop.create_task(runtime.drain(stop))
         background.add(task)
+        manager.stopping(f"draining: finishing transfers in flight (at most {settings.drain_timeout_s} s)")
 
     config = uvicorn.Config(
         serving_app(app),
@@ -72,6 +87,16 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         if runtime.exit_status:
             server.force_exit = True  # lease lost: transfers were already cut
 
+    runtime.extra_loops.append(("service manager notification", functools.partial(
+        keep_informed,
+        manager,
+        # Listening comes after the lease, storage and policy checks (Runtime.start). A gateway
+        # whose schema is too new is up on purpose, saying why it does not serve.
+        ready=lambda: server.listening.is_set() and (runtime.status == "ready" or runtime.schema_too_new),
+        healthy=runtime.payload_allowed,
+        status=lambda: service_status(runtime),
+        stopping=lambda: runtime.draining or runtime.failure is not None,
+    )))
     try:
         # Supervised loops (pins, lease watcher, control connection); the lease itself already
         # renews in its own thread since it was acquired.
@@ -83,5 +108,21 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         await runtime.close()
+        manager.close()
     log.info("stopped with exit status %d", runtime.exit_status)
     return runtime.exit_status
+
+
+def service_status(runtime: Runtime) -> str:
+    """What `systemctl status` shows: role, slot, state, and the lease trust left."""
+    settings = runtime.settings
+    where = (
+        f"slot {settings.shared.slot} of {settings.shared.slots}" if settings.shared else "standalone, no lease"
+    )
+    state = f"unavailable: {runtime.failure}" if runtime.failure else runtime.status
+    if runtime.schema_too_new:
+        state = "unavailable: the database schema is newer than this code"
+    text = f"{'writer' if settings.is_writer else 'gateway'}, {where}: {state}"
+    if runtime.lease is not None:
+        text += f"; lease trusted {runtime.lease.trust_remaining():.1f} s more"
+    return text

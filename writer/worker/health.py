@@ -26,7 +26,7 @@ from starlette.routing import Route
 from arkvory.shared.auth.credentials import CredentialCache, resolve
 from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.errors import Unauthorized
-from arkvory.shared.http.edge import EXCEPTION_HANDLERS, RequestGuard
+from arkvory.shared.http.edge import EXCEPTION_HANDLERS, RequestGuard, RequestIds
 from arkvory.shared.settings import Settings
 
 RETRY_AFTER = {"Retry-After": "2"}
@@ -90,7 +90,7 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(worker.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def build_health_app(worker: WorkerState) -> RequestGuard:
+def build_health_app(worker: WorkerState) -> RequestIds:
     app = Starlette(
         routes=[
             Route("/health/live", live, methods=["GET", "HEAD"]),
@@ -102,4 +102,5 @@ def build_health_app(worker: WorkerState) -> RequestGuard:
     )
     app.router.redirect_slashes = False
     app.state.worker = worker
-    return RequestGuard(app)
+    # Ids outermost: the guard's own refusals carry one too.
+    return RequestIds(RequestGuard(app))

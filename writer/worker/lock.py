@@ -49,6 +49,7 @@ SELECT l.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 
 # (task id, event type) of every task event committed in the database.
@@ -91,6 +92,8 @@ class WorkerLock:
         self._conn: asyncpg.Connection | None = None
         self._gone = asyncio.Event()
         self._previous_backend: int | None = None
+        # The lock was found taken by another worker since the last activation.
+        self.standing_by = False
 
     async def acquire(self) -> Activation:
         """Wait in standby until this process holds the worker lock; then LISTEN and return
@@ -102,7 +105,9 @@ class WorkerLock:
                 taken = await conn.fetchval("SELECT pg_try_advisory_lock($1)", db.WORKER_LOCK, timeout=db.QUERY_TIMEOUT_S)
                 DATABASE.succeeded(LOOP)
                 if taken:
-                    return await self._activate(conn)
+                    activation = await self._activate(conn)
+                    self.standing_by = False
+                    return activation
                 holder = await conn.fetchrow(_HOLDER, db.WORKER_LOCK, timeout=db.QUERY_TIMEOUT_S)
                 if holder is not None and holder["pid"] == self._previous_backend:
                     # Our own old backend, cut off but not yet noticed by the server.
@@ -110,6 +115,7 @@ class WorkerLock:
                     await conn.execute("SELECT pg_terminate_backend($1)", holder["pid"], timeout=db.QUERY_TIMEOUT_S)
                     await asyncio.sleep(0.1)
                     continue
+                self.standing_by = True
                 if not said_standby:
                     said_standby = True
                     log.info(

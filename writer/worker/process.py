@@ -17,6 +17,12 @@ the next activation's restart recovery applies its policy: `resume` continues fr
 checkpoint, `retry` starts again, `fail` ends `failed` with `server_restarted`.
 
 Signal handlers only set flags; a second SIGTERM/SIGINT cancels the running kinds at once.
+Signals within SAME_STOP_S of the first are one stop: a terminal's Ctrl-C reaches a whole
+process group, and a supervisor in that group may forward its own signal too.
+
+Under systemd (`Type=notify`) the worker says READY=1 once its health port listens and it is
+either active or standing by (STATUS says which), STOPPING=1 on SIGTERM, and pings the watchdog
+from its own event loop (arkvory.shared.process.systemd).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import contextlib
 import logging
 import signal
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -35,6 +42,8 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from arkvory.shared.auth.identity import KeyRing
+from arkvory.shared.http.protocol import JsonRefusalsProtocol
+from arkvory.shared.process.systemd import ServiceManager, keep_informed
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import Storage
 from arkvory.writer.tasks import kinds
@@ -49,6 +58,7 @@ log = logging.getLogger("arkvory.worker")
 
 EXIT_FAILED = 75  # the health server died: the service manager restarts us
 RETRY_AFTER_FAILURE_S = 2.0
+SAME_STOP_S = 1.0  # stop signals this close to the first are the same stop
 _ACTIVATION_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, RecordingFailed)
 
 
@@ -83,6 +93,8 @@ class WorkerProcess:
         self._runner: Runner | None = None
         self._stop = asyncio.Event()
         self._signals = 0
+        self._first_signal_at = 0.0
+        self.service_manager = ServiceManager.from_environ()
 
     # -- state for the health endpoints -----------------------------------------------------
 
@@ -95,14 +107,29 @@ class WorkerProcess:
             for ctx in list(runner.running.values())
         ]
 
+    def service_status(self) -> str:
+        """What `systemctl status` shows."""
+        if self.state == "active":
+            kinds_running = sorted(task["kind"] for task in self.running_tasks())
+            return f"worker: active, {len(kinds_running)} task(s) running {' '.join(kinds_running)}".rstrip()
+        if self.state == "standby":
+            return "worker: standby, another worker is active; taking over when it stops"
+        return f"worker: {self.state}"
+
     # -- signals and notifications ----------------------------------------------------------
 
     def request_stop(self) -> None:
+        now = time.monotonic()
+        if self._signals and now - self._first_signal_at < SAME_STOP_S:
+            log.debug("another stop signal within %.0f s of the first: the same stop", SAME_STOP_S)
+            return
         self._signals += 1
         if self._signals == 1:
+            self._first_signal_at = now
             log.info("stopping: no more tasks are claimed; running tasks stop at their next step")
             self.state = "draining"
             self._stop.set()
+            self.service_manager.stopping(self.service_status())
             if self._runner is not None:
                 self._runner.stop()
         elif self._runner is not None:
@@ -120,15 +147,31 @@ class WorkerProcess:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         server = _HealthServer(self._server_config())
+        manager = self.service_manager
+        informing = anyio.CancelScope()
+
+        async def inform() -> None:
+            with informing:
+                await keep_informed(
+                    manager,
+                    ready=lambda: server.started and (self.state == "active" or self.lock.standing_by),
+                    healthy=lambda: server.started and not server.should_exit,
+                    status=self.service_status,
+                    stopping=self._stop.is_set,
+                )
+
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._serve_health, server, sock)
+                tg.start_soon(inform)
                 await self._take_turns()
+                informing.cancel()
                 server.should_exit = True
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             await self.lock.release()
+            manager.close()
         log.info("stopped with exit status %d", self.exit_status)
         return self.exit_status
 
@@ -209,6 +252,7 @@ class WorkerProcess:
         return uvicorn.Config(
             build_health_app(self),
             lifespan="off",
+            http=JsonRefusalsProtocol,  # even the parser's refusal is JSON with a request id
             ws="none",
             log_config=None,
             access_log=False,
