@@ -234,7 +234,7 @@ class Download:
         if progress is not None:
             progress(part.length, total)
         while True:
-            # Not the last batch's buffer: the hashing and writing threads may still read it.
+            # Not the last batch's buffer: the hashing thread may still read it.
             batch = part.batch_buffer()
             filled = 0
             try:
@@ -250,6 +250,8 @@ class Download:
                 received += filled
                 if progress is not None:
                     progress(part.length, total)
+            else:
+                part.unused(batch)
             if cut is not None or filled < BATCH:
                 break
         self.received_bytes += received
