@@ -33,8 +33,10 @@ import urllib.request
 from arkvory.shared.auth.identity import token_digest
 from arkvory.shared.errors import StartupError
 
+from . import DEFAULT_DEV_DIR
+
 RATE_PER_SLOT = 64 * 1024 * 1024
-DEFAULT_DIR = ".arkvory-dev"
+DEFAULT_DIR = DEFAULT_DEV_DIR
 READY_LIMIT_S = 60.0
 EXIT_REFUSED = 2  # fix the command line (another port, the other gateway count)
 EXIT_BUSY = 3  # like a busy slot: another process holds what we need

@@ -22,11 +22,9 @@ import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 
-import httpx
-
 from .errors import IntegrityError, NetworkError
 from .partfile import BATCH, PartFile
-from .rawget import NETWORK_ERRORS, RawResponse, open_get
+from .rawget import NETWORK_ERRORS, Headers, RawResponse, open_get
 from .retries import Retryable
 from .transport import Transport
 
@@ -64,7 +62,7 @@ class ContentRoute:
     what: str
 
 
-def sha256_from_headers(headers: httpx.Headers) -> str | None:
+def sha256_from_headers(headers: Headers) -> str | None:
     """The hex SHA-256 in `Repr-Digest: sha-256=:B64:` (RFC 9530), else in `Digest: sha-256=B64`."""
     for name, pattern in (("repr-digest", r"sha-256=:([A-Za-z0-9+/=]+):"), ("digest", r"sha-256=([A-Za-z0-9+/=]+)")):
         value = headers.get(name)
@@ -81,7 +79,7 @@ def sha256_from_headers(headers: httpx.Headers) -> str | None:
     return None
 
 
-def name_from_headers(headers: httpx.Headers) -> str | None:
+def name_from_headers(headers: Headers) -> str | None:
     """The file name of `Content-Disposition` (RFC 6266): `filename*` (RFC 8187, UTF-8) before
     `filename`; None without one. Not yet safe as a local file name."""
     params: dict[str, str] = {}
