@@ -488,15 +488,20 @@ def test_database_errors_count_each_loops_failed_attempts():
     assert reachability.reachable
 
 
-def test_a_late_payload_chunk_is_counted_each_time_and_logged_once(caplog):
+def test_a_chunk_the_gate_admits_after_the_lease_ended_is_counted_each_time_and_logged_once(caplog):
+    """The audit reads the lease's deadline before the gate decides: only a gate that admits
+    what the lease had already ended is counted (a closed gate refuses, nothing to count)."""
     stats = HeadStats()
-    protocol = types.SimpleNamespace(stats=stats, may_send_payload=lambda: False)
+    faulty = types.SimpleNamespace(stats=stats, may_send_payload=lambda: False, payload_gate=lambda: True)
     with caplog.at_level(logging.CRITICAL, logger="arkvory.protocol"):
-        ArkvoryHttpProtocol.audit_payload(protocol, 65536)
-        ArkvoryHttpProtocol.audit_payload(protocol, 65536)
+        assert ArkvoryHttpProtocol.admit_payload(faulty) is True
+        assert ArkvoryHttpProtocol.admit_payload(faulty) is True
     assert stats.late_payload_chunks == 2
     assert [r.levelno for r in caplog.records] == [logging.CRITICAL]
     assert "ArkvoryPayloadAfterTrust" in caplog.records[0].getMessage()
-    trusted = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: True)
-    ArkvoryHttpProtocol.audit_payload(trusted, 65536)
+    closed = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: False, payload_gate=lambda: False)
+    assert ArkvoryHttpProtocol.admit_payload(closed) is False
+    assert closed.stats.late_payload_chunks == 0
+    trusted = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: True, payload_gate=lambda: True)
+    assert ArkvoryHttpProtocol.admit_payload(trusted) is True
     assert trusted.stats.late_payload_chunks == 0

@@ -7,3 +7,8 @@ from the binaries that postgres_binaries.py finds.
 May import: everything, arkvory.writer and arkvory.gateway included: the command assembles the
 program. Nothing else in arkvory imports it.
 """
+
+# `arkvory dev`'s state directory, a default of several commands' options. Here rather than in
+# dev.py so that building the command line imports no dev.py (asyncio, subprocess, urllib:
+# ~130 M instructions, a fifth of an `arkvory get`'s start; bench/README.md, issue 14 §3).
+DEFAULT_DEV_DIR = ".arkvory-dev"

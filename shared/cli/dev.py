@@ -46,6 +46,7 @@ import urllib.request
 from arkvory.shared.auth.identity import token_digest
 from arkvory.shared.errors import StartupError
 
+from . import DEFAULT_DEV_DIR
 # SIGINT when this command dies: a planned stop for a server and the worker, as for PostgreSQL.
 from .localpg import _die_with_parent_hook
 
@@ -57,7 +58,7 @@ PER_PRINCIPAL_VARIABLE = "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL
 # A standalone writer (--gateways 0) has no shared budget: its local limits stand in for it.
 STANDALONE_VARIABLES = ("ARKVORY_DOWNLOAD_BYTES_PER_SECOND", "ARKVORY_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL")
 LEASE_WAIT_S = 15.0  # a policy is replaced once the last run's leases ran out (10 s at most)
-DEFAULT_DIR = ".arkvory-dev"
+DEFAULT_DIR = DEFAULT_DEV_DIR
 READY_LIMIT_S = 60.0
 EXIT_REFUSED = 2  # fix the command line (another port, the other gateway count)
 EXIT_BUSY = 3  # like a busy slot: another process holds what we need

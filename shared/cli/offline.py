@@ -9,7 +9,6 @@ ARKVORY_CLEANUP_GRACE), or `--dev [DIR]` for a stopped-but-present `arkvory dev`
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -38,7 +37,7 @@ def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAc
 
 
 def _common(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from .dev import DEFAULT_DIR
+    from . import DEFAULT_DEV_DIR as DEFAULT_DIR
 
     action.add_argument(
         "--params", metavar="JSON", default=None,
@@ -81,6 +80,8 @@ def _runner(kind_name: str):
         except InvalidInput as exc:
             print(f"arkvory: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        import asyncio  # here: every `arkvory` command loads this module, `get` needs no asyncio
+
         return asyncio.run(run_offline(kind, kind_name, params, settings))
 
     return run

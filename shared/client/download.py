@@ -22,11 +22,9 @@ import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 
-import httpx
-
 from .errors import IntegrityError, NetworkError
 from .partfile import BATCH, PartFile
-from .rawget import NETWORK_ERRORS, RawResponse, open_get
+from .rawget import NETWORK_ERRORS, Headers, RawResponse, open_get
 from .retries import Retryable
 from .transport import Transport
 
@@ -64,7 +62,7 @@ class ContentRoute:
     what: str
 
 
-def sha256_from_headers(headers: httpx.Headers) -> str | None:
+def sha256_from_headers(headers: Headers) -> str | None:
     """The hex SHA-256 in `Repr-Digest: sha-256=:B64:` (RFC 9530), else in `Digest: sha-256=B64`."""
     for name, pattern in (("repr-digest", r"sha-256=:([A-Za-z0-9+/=]+):"), ("digest", r"sha-256=([A-Za-z0-9+/=]+)")):
         value = headers.get(name)
@@ -81,7 +79,7 @@ def sha256_from_headers(headers: httpx.Headers) -> str | None:
     return None
 
 
-def name_from_headers(headers: httpx.Headers) -> str | None:
+def name_from_headers(headers: Headers) -> str | None:
     """The file name of `Content-Disposition` (RFC 6266): `filename*` (RFC 8187, UTF-8) before
     `filename`; None without one. Not yet safe as a local file name."""
     params: dict[str, str] = {}
@@ -234,7 +232,7 @@ class Download:
         if progress is not None:
             progress(part.length, total)
         while True:
-            # Not the last batch's buffer: the hashing and writing threads may still read it.
+            # Not the last batch's buffer: the hashing thread may still read it.
             batch = part.batch_buffer()
             filled = 0
             try:
@@ -250,6 +248,8 @@ class Download:
                 received += filled
                 if progress is not None:
                     progress(part.length, total)
+            else:
+                part.unused(batch)
             if cut is not None or filled < BATCH:
                 break
         self.received_bytes += received

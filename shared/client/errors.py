@@ -15,9 +15,10 @@ JSON `code` of SPEC §6, never from the message text.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 
 class ClientError(Exception):

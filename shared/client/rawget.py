@@ -18,8 +18,17 @@ import socket
 import ssl
 import urllib.parse
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
+
+
+class Headers(Protocol):
+    """Response headers looked up by name, case-insensitively (httpx.Headers, or http.client's
+    message: a download does not load httpx unless it needs it)."""
+
+    def get(self, name: str, default: str | None = None) -> str | None: ...
 
 # What a dropped, reset or stalled connection raises while we read (all mean "no answer").
 NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError, http.client.HTTPException, socket.timeout)
@@ -33,7 +42,7 @@ class RawResponse:
         self._connection = connection
         self._response = response
         self.status_code = response.status
-        self.headers = httpx.Headers(response.getheaders())
+        self.headers: Headers = response.msg
 
     def readinto(self, buffer: memoryview) -> int:
         """Up to len(buffer) body bytes (0 at the end); raises a NETWORK_ERRORS on a cut."""
@@ -41,11 +50,13 @@ class RawResponse:
 
     def as_httpx(self) -> httpx.Response:
         """This answer with (the start of) its body, for the error mapping of errors.py."""
+        import httpx
+
         try:
             body = self._response.read(MAX_ERROR_BODY)
         except NETWORK_ERRORS:
             body = b""
-        return httpx.Response(self.status_code, headers=self.headers, content=body)
+        return httpx.Response(self.status_code, headers=self._response.getheaders(), content=body)
 
     def close(self) -> None:
         # The response's file object holds the socket too: close both, or it lingers.

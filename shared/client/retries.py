@@ -25,9 +25,12 @@ import email.utils
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import httpx
 import tenacity
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("arkvory.client")
 

@@ -26,9 +26,7 @@ import socket
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .errors import ClientError, NetworkError, UsageError, error_fields, error_for_response
 from .retries import RetryPolicy, Retryable, is_retryable_status, retry_after_seconds
@@ -40,6 +38,9 @@ WRITER_PROBE = "/api/v1/openapi.json"
 PROBE_TIMEOUT_S = 5.0
 # The wait before every URL is tried again after each refused a connection.
 REFUSED_PAUSE_S = 1.0
+
+if TYPE_CHECKING:
+    import httpx
 
 
 def parse_base_urls(base_urls: str | Sequence[str]) -> list[str]:
@@ -85,7 +86,19 @@ class Transport:
             headers["Authorization"] = f"Bearer {token}"
         self.timeout = timeout
         self._default_headers = headers
-        self.http = httpx.Client(headers=headers, timeout=timeout, follow_redirects=False)
+        self._http: httpx.Client | None = None
+
+    @property
+    def http(self) -> httpx.Client:
+        """The pool for every request but a download's body (shared/client/rawget.py), made on
+        first use: importing httpx (with click and pygments) and building its TLS context (the
+        CA bundle) is more than half of the instructions of an `arkvory get`'s start, and a
+        get -o FILE of an artifact id sends nothing through it."""
+        if self._http is None:
+            import httpx  # not at the top: see `http`
+
+            self._http = httpx.Client(headers=self._default_headers, timeout=self.timeout, follow_redirects=False)
+        return self._http
 
     # -- base URLs ----------------------------------------------------------------------------
 
@@ -170,6 +183,8 @@ class Transport:
     ) -> httpx.Response:
         """One attempt of a request, read whole. A writer-only one skips the URLs that turn out
         to be read gateways (at once: finding the writer is no failure to retry)."""
+        import httpx
+
         while True:  # ends: every pass finds a gateway and marks it, or returns
             url = self.writer_url(path, what) if writer_only else self.url(path)
             try:
@@ -193,6 +208,8 @@ class Transport:
         status, base = response.status_code, self.base_url
         if status not in (404, 405) or base in self.urls.serving_writer:
             return False
+        import httpx
+
         code = error_fields(response)[0]
         if status == 405:
             return code == "read_only"
@@ -251,7 +268,8 @@ class Transport:
             raise ClientError(f"{what}: the server's answer is not JSON", status=response.status_code) from None
 
     def close(self) -> None:
-        self.http.close()
+        if self._http is not None:
+            self._http.close()
 
 
 def _unreachable_reason(exc: BaseException) -> str | None:

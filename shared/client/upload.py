@@ -45,9 +45,10 @@ import stat
 import threading
 import urllib.parse
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 from .errors import (
     AuthError,

@@ -21,7 +21,7 @@ from arkvory.shared.auth.credentials import resolve
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import InvalidInput, Unavailable
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, ambiguous_credentials, send_error
-from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle
+from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle, encode_header_block
 from arkvory.shared.http.ranges import not_modified, requested_range
 
 from .catalog import Artifact, ContentKey, by_artifact_id, by_asset, by_package, find_content, parse_uuid
@@ -44,7 +44,7 @@ class _Headers:
     """The response headers of one artifact as seen from one repository, encoded once: they
     depend only on the artifact (immutable) and on the repository being public."""
 
-    __slots__ = ("etag", "common", "full")
+    __slots__ = ("etag", "common", "full", "full_block")
 
     def __init__(self, artifact: Artifact, public: bool) -> None:
         b64 = _sha256_b64(artifact.sha256)
@@ -63,6 +63,7 @@ class _Headers:
             (b"content-disposition", content_disposition(artifact.name).encode("latin-1")),
             (b"content-length", str(artifact.size).encode()),
         )
+        self.full_block = encode_header_block(self.full)  # checked once, written per download
 
 
 _HEADERS_CACHED = 4096
@@ -150,8 +151,9 @@ async def _plan(runtime: ServingProcess, ask: _Ask, principal: Principal, key: C
     is_get = ask.method == "GET"
     # Range is defined for GET only (RFC 9110 §14.2): HEAD answers as GET without Range would.
     byte_range = requested_range(ask.range, ask.if_range, etag, artifact.size) if is_get else None
+    block = None
     if byte_range is None:
-        status, headers, length = 200, encoded.full, artifact.size
+        status, headers, length, block = 200, encoded.full, artifact.size, encoded.full_block
     else:
         status, length = 206, byte_range.length
         headers = (
@@ -170,6 +172,7 @@ async def _plan(runtime: ServingProcess, ask: _Ask, principal: Principal, key: C
         send_body,
         generation,
         lambda: _plan(runtime, ask, principal, key),
+        block,
     )
 
 

@@ -33,8 +33,8 @@ from arkvory.shared.errors import (
     TransferAborted,
     Unavailable,
 )
-from arkvory.shared.http.edge import error_response
-from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle
+from arkvory.shared.http.edge import REQUEST_ID_KEY, error_response
+from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle, PayloadRefused, encode_header_block
 from arkvory.shared.http.ranges import ByteRange
 
 from .admission import AdmissionRejected
@@ -48,7 +48,6 @@ _REJECTION_MESSAGES = {
     "timed_out": "no download place became free in time",
     "draining": "this process is shutting down",
 }
-_LAST_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
 UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per write
 # Below this a body is copied: headers and body then leave in one go, which beats a sendfile.
 SENDFILE_MIN_BYTES = 64 * 1024
@@ -61,6 +60,8 @@ class BlobResponse:
 
     `replan` looks the content up again (permission included); it is called when the catalog
     changed while the transfer waited for its admission place, before any header is sent.
+    `header_block` is `raw_headers` encoded for `ConnectionHandle.start` (content.py keeps it
+    per artifact); None to encode them here.
     """
 
     def __init__(
@@ -74,9 +75,11 @@ class BlobResponse:
         send_body: bool,
         generation: int = -1,
         replan: Callable[[], Awaitable[Any]] | None = None,
+        header_block: bytes | None = None,
     ) -> None:
         self.status_code = status_code
         self.raw_headers = raw_headers
+        self.header_block = header_block
         self.runtime = runtime
         self.principal = principal
         self.artifact = artifact
@@ -146,10 +149,10 @@ class BlobResponse:
                         await send({"type": "http.response.body", "body": b""})
                         return
                     if plan.artifact.sha256 == self.artifact.sha256:
-                        await plan._stream(send, handle)
+                        await plan._stream(scope, send, handle)
                     else:
                         with runtime.pins.hold(plan.artifact.sha256):
-                            await plan._stream(send, handle)
+                            await plan._stream(scope, send, handle)
         except AdmissionRejected as exc:
             runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
             busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)
@@ -158,7 +161,7 @@ class BlobResponse:
             # Raised before the response started (opening the blob): an ordinary answer.
             await error_response(scope, exc)(scope, _no_receive, send)
 
-    async def _stream(self, send: Send, handle: ConnectionHandle | None) -> None:
+    async def _stream(self, scope: Scope, send: Send, handle: ConnectionHandle | None) -> None:
         runtime = self.runtime
         artifact = self.artifact
         start, length = (0, artifact.size) if self.byte_range is None else (
@@ -190,16 +193,19 @@ class BlobResponse:
                 if not await handle.writable(timeout):
                     self._send_timed_out(handle)
                     return
+                head = self.header_block
+                if head is None:
+                    head = encode_header_block(self.raw_headers)
+                request_id = scope.get(REQUEST_ID_KEY)
+                extra = b"x-request-id: %s\r\n" % request_id.encode() if request_id else b""
+                payload = Payload(runtime, self, handle, fd)
                 if length <= SENDFILE_MIN_BYTES:
-                    handle.hold_head()  # head and body leave in one write
-                try:
-                    await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-                    done = await Payload(runtime, self, handle, fd).send(start, length)
-                finally:
-                    handle.release_head()
+                    done = await payload.send_whole(head, extra, start, length)
+                else:
+                    handle.start(self.status_code, head, length, extra)
+                    done = await payload.send(start, length)
                 if done:
-                    # Straight to uvicorn: the middlewares' wrappers only look at the start.
-                    await handle.cycle.send(_LAST_BODY)
+                    handle.complete()
             finally:
                 runtime.transfers.discard(aborter)
         finally:
@@ -277,12 +283,15 @@ class BlobResponse:
 class Payload:
     """The body of one download, written straight to its connection.
 
-    Before every write: tokens from both buckets, the socket able to take more within the send
-    timeout, and the lease still trusted. On plain TCP the bytes go with `os.sendfile` from the
-    page cache to the socket (uvloop has no `loop.sendfile`); when the socket is full, one copied
-    piece is handed to the transport, whose flow control then says when it has left. With the
-    transport's write-buffer limits at zero "writable" means "nothing queued", so a sendfile
-    never overtakes queued bytes. TLS, and small bodies, take the copying path.
+    Before every write: tokens from both buckets and the socket able to take more within the
+    send timeout; at the write itself, in the same synchronous step, the payload gate
+    (`ConnectionHandle.write`/`sendfile` raise PayloadRefused when trust is over, and the
+    transfer is cut and counted as an abort `lease_lost`). On plain TCP the bytes go with
+    `os.sendfile` from the page cache to the socket (uvloop has no `loop.sendfile`); when the
+    socket is full, one copied piece is handed to the transport, whose flow control then says
+    when it has left. With the transport's write-buffer limits at zero "writable" means
+    "nothing queued", so a sendfile never overtakes queued bytes. TLS, and small bodies, take
+    the copying path.
     """
 
     __slots__ = ("runtime", "response", "handle", "fd")
@@ -293,8 +302,32 @@ class Payload:
         self.handle = handle
         self.fd = fd
 
-    async def send(self, offset: int, remaining: int) -> bool:
-        """True when every byte was handed over; False when the connection is gone or was cut."""
+    async def send_whole(self, header_block: bytes, extra: bytes, offset: int, length: int) -> bool:
+        """A small body (≤ SENDFILE_MIN_BYTES, one grant) with its head in one write: the
+        common download of small artifacts, kept to one grant, one read and one write."""
+        runtime, handle = self.runtime, self.handle
+        try:
+            granted = await runtime.bandwidth.grant(self.response.principal.id, length)
+        except LeaseLost:
+            self._cut_for_lease()
+            return False
+        if granted < length:  # a burst below the body's size: the head first, then the loop
+            handle.start(self.response.status_code, header_block, length, extra)
+            return await self.send(offset, length, granted)
+        data = os.pread(self.fd, length, offset)
+        if len(data) != length:
+            raise self.response._short_read()
+        try:
+            handle.start(self.response.status_code, header_block, length, extra, data)
+        except PayloadRefused:
+            self._cut_for_lease()
+            return False
+        runtime.metrics.payload_bytes.inc(length)
+        return await self._flushed()
+
+    async def send(self, offset: int, remaining: int, granted: int = 0) -> bool:
+        """True when every byte was handed over; False when the connection is gone or was cut.
+        `granted`: bytes that already passed the buckets."""
         runtime, handle, fd = self.runtime, self.handle, self.fd
         bandwidth = runtime.bandwidth
         principal_id = self.response.principal.id
@@ -304,7 +337,8 @@ class Payload:
         zero_copy = handle.can_sendfile and remaining > SENDFILE_MIN_BYTES
         if zero_copy:
             handle.transport.set_write_buffer_limits(high=0, low=0)
-        granted = 0  # passed the buckets, not yet handed over (a partial sendfile keeps the rest)
+        flow = handle.cycle.flow
+        # `granted`: passed the buckets, not yet handed over (a partial sendfile keeps the rest)
         while remaining:
             if not granted:
                 try:
@@ -312,40 +346,49 @@ class Payload:
                 except LeaseLost:
                     self._cut_for_lease()  # usually done already by the registry's abort_all
                     return False
-            if not await handle.writable(timeout):
+            # Asked only when the transport is paused: a coroutine per chunk costs more than
+            # the check (the Python work per MiB is what a slower host pays for twice).
+            if flow.write_paused and not await handle.writable(timeout):
                 self.response._send_timed_out(handle)
                 return False
             if handle.lost:
                 _client_gone(runtime, handle, "it closed the connection")
                 return False
-            if not _payload_may_flow(runtime):
+            sent = 0
+            try:
+                if zero_copy and not handle.buffered:
+                    try:
+                        sent = handle.sendfile(fd, offset, granted)
+                    except EOFError:
+                        raise self.response._short_read() from None
+                    except ConnectionError as exc:  # broken pipe, reset
+                        _client_gone(runtime, handle, f"{exc.__class__.__name__}: {exc}")
+                        return False
+                if not sent:
+                    size = granted if not zero_copy else min(granted, COPY_PIECE_BYTES)
+                    data = os.pread(fd, size, offset)
+                    if len(data) != size:
+                        raise self.response._short_read()
+                    handle.write(data)
+                    sent = size
+            except PayloadRefused:
                 self._cut_for_lease()
                 return False
-            sent = 0
-            if zero_copy and not handle.buffered:
-                try:
-                    sent = handle.sendfile(fd, offset, granted)
-                except EOFError:
-                    raise self.response._short_read() from None
-                except ConnectionError as exc:  # broken pipe, reset
-                    _client_gone(runtime, handle, f"{exc.__class__.__name__}: {exc}")
-                    return False
-            if not sent:
-                size = granted if not zero_copy else min(granted, COPY_PIECE_BYTES)
-                data = os.pread(fd, size, offset)
-                if len(data) != size:
-                    raise self.response._short_read()
-                handle.write(data)
-                sent = size
             offset += sent
             remaining -= sent
             granted -= sent
             payload.inc(sent)
-        if not await handle.writable(timeout):
+        return await self._flushed()
+
+    async def _flushed(self) -> bool:
+        """Every byte is handed over: wait (within the send timeout) for the transport to pass
+        it on, as uvicorn's last body message would."""
+        handle = self.handle
+        if not await handle.writable(self.runtime.settings.send_timeout_s):
             self.response._send_timed_out(handle)
             return False
         if handle.lost:
-            _client_gone(runtime, handle, "it closed the connection")
+            _client_gone(self.runtime, handle, "it closed the connection")
             return False
         return True
 

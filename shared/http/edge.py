@@ -32,6 +32,8 @@ from arkvory.shared.errors import (
 )
 from arkvory.shared.metrics import Metrics
 
+from .protocol import HANDLE_KEY
+
 log = logging.getLogger("arkvory.http")
 
 REQUEST_ID_KEY = "arkvory.request_id"
@@ -228,9 +230,14 @@ class RequestContext:
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
+        # The content routes write their head through the connection handle (protocol.py),
+        # past `send`: it records their status.
+        handle = scope.get("extensions", {}).get(HANDLE_KEY)
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            if handle is not None and handle.status:
+                status = handle.status
             self._observe(scope, status, time.perf_counter() - started)
 
     def _observe(self, scope: Scope, status: int, seconds: float) -> None:

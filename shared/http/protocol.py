@@ -32,7 +32,13 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from arkvory.shared.errors import StartupRefused
 
@@ -53,6 +59,25 @@ LINGER_MAX_BYTES = 1024 * 1024
 HANDLE_KEY = "arkvory.connection"
 
 
+class PayloadRefused(Exception):
+    """The payload gate was closed at the write: nothing was written (the caller cuts the
+    transfer and counts why)."""
+
+
+def encode_header_block(headers: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]]) -> bytes:
+    """`name: value\\r\\n` lines of a response head, checked as uvicorn's `send` checks every
+    header of every response; callers keep the block (per artifact) and send it with
+    `ConnectionHandle.start`, so the check runs once, not twice per header per request."""
+    lines = []
+    for name, value in headers:
+        if HEADER_RE.search(name):
+            raise RuntimeError("Invalid HTTP header name.")
+        if HEADER_VALUE_RE.search(value):
+            raise RuntimeError("Invalid HTTP header value.")
+        lines.append(b"%s: %s\r\n" % (name.lower(), value))
+    return b"".join(lines)
+
+
 class ConnectionHandle:
     """One request's view of its connection: write payload, sendfile, wait to be writable, abort.
 
@@ -61,7 +86,7 @@ class ConnectionHandle:
     message completes the response through uvicorn as usual.
     """
 
-    __slots__ = ("transport", "cycle", "cut", "_on_lost", "_socket_fd", "_audit", "_stats")
+    __slots__ = ("transport", "cycle", "cut", "status", "_on_lost", "_socket_fd", "_admit", "_stats")
 
     def __init__(self, protocol: ArkvoryHttpProtocol, cycle: RequestResponseCycle) -> None:
         self.transport = protocol.transport
@@ -69,8 +94,9 @@ class ConnectionHandle:
         # The response ended early and that was accounted for (the server cut it, or the
         # client's leaving was counted): a transfer is counted as aborted once.
         self.cut = False
+        self.status = 0  # of a head written with `start` (uvicorn's send does not record it)
         self._on_lost: Callable[[], None] | None = None
-        self._audit = protocol.audit_payload
+        self._admit = protocol.admit_payload
         self._socket_fd = protocol.socket_fd
         self._stats = protocol.stats
 
@@ -110,41 +136,80 @@ class ConnectionHandle:
             return flow.write_paused is False
         return True
 
-    def hold_head(self) -> None:
-        """Keep the response head that uvicorn writes next, so that `write` sends it together
-        with the first body bytes: one system call instead of two for a small download."""
-        self.cycle.transport = _HeldWrites(self.transport)  # type: ignore[assignment]
+    def start(self, status: int, header_block: bytes, content_length: int, extra: bytes = b"", body: bytes = b"") -> None:
+        """Write the response head (and `body`, the first payload bytes, in the same write: one
+        system call for a small download) straight to the transport, with the bookkeeping that
+        uvicorn's `send` keeps for `http.response.start`: its default headers (date), and
+        `connection: close` when the connection ends after this response. `header_block` is
+        from `encode_header_block` and holds the Content-Length; `extra` is more such lines.
 
-    def release_head(self) -> None:
-        """Write a held head now (nothing happens when none is held)."""
-        held = self.cycle.transport
-        if held is not self.transport:
-            self.cycle.transport = self.transport
-            if held.parts and not self.transport.is_closing():  # type: ignore[attr-defined]
-                self.transport.write(b"".join(held.parts))  # type: ignore[attr-defined]
+        Why not uvicorn's `send`: it checks every header against two regular expressions on
+        every response (20 searches for a content answer) and costs two ASGI messages; issue 14
+        §3 counted 464 k instructions per authorized 64 KiB download before this path, the bare
+        uvicorn app 123 k (bench/instructions.py). Only the content routes take it."""
+        cycle = self.cycle
+        if cycle.response_started:
+            raise RuntimeError("the response has started already")
+        if cycle.disconnected:  # as uvicorn's send: nothing is written to a client gone
+            cycle.response_started = True
+            return
+        if body:
+            if len(body) > content_length:
+                raise RuntimeError("Response content longer than Content-Length")
+            if not self._admit():
+                raise PayloadRefused()
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        cycle.chunked_encoding = False
+        cycle.expected_content_length = content_length - len(body)
+        self.status = status
+        parts = [STATUS_LINE[status]]
+        for name, value in cycle.default_headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts += (header_block, extra)
+        if not cycle.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += (b"\r\n", body)
+        self.transport.write(b"".join(parts))
+
+    def complete(self) -> None:
+        """End a response begun with `start` whose bytes are all written: what uvicorn's last
+        `http.response.body` message does (close unless kept alive, start a pipelined request
+        or the keep-alive timer)."""
+        cycle = self.cycle
+        if cycle.expected_content_length != 0:
+            raise RuntimeError("Response content shorter than Content-Length")
+        if cycle.disconnected or cycle.response_complete:
+            return
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
     def write(self, data: bytes) -> None:
+        """Hand payload to the transport; PayloadRefused (nothing written) when the payload gate
+        is closed at this instant."""
         size = len(data)
         cycle = self.cycle
         if size > cycle.expected_content_length:
             raise RuntimeError("Response content longer than Content-Length")
-        self._audit(size)
+        if not self._admit():
+            raise PayloadRefused()
         cycle.expected_content_length -= size
-        held = cycle.transport
-        if held is not self.transport:
-            cycle.transport = self.transport
-            data = b"".join((*held.parts, data))  # type: ignore[attr-defined]
         self.transport.write(data)
 
     def sendfile(self, fd: int, offset: int, count: int) -> int:
         """Send up to `count` bytes of `fd` at `offset` straight from the page cache; returns how
         many the socket took (0 when it is full; EOFError when the file ends first; a
-        ConnectionError when the client is gone, after which the connection is dropped). Only
-        call with nothing buffered in the transport, or the bytes would overtake what is queued."""
+        ConnectionError when the client is gone, after which the connection is dropped;
+        PayloadRefused when the payload gate is closed, with nothing sent). Only call with
+        nothing buffered in the transport, or the bytes would overtake what is queued."""
         cycle = self.cycle
         if count > cycle.expected_content_length:
             raise RuntimeError("Response content longer than Content-Length")
-        self._audit(count)
+        if not self._admit():
+            raise PayloadRefused()
         try:
             sent = os.sendfile(self._socket_fd, fd, offset, count)
         except (BlockingIOError, InterruptedError):
@@ -175,22 +240,6 @@ class ConnectionHandle:
             except OSError:
                 pass  # already gone
         self.transport.abort()
-
-
-class _HeldWrites:
-    """Stands in for the transport in a cycle while the response head is held back."""
-
-    __slots__ = ("_transport", "parts")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self.parts: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 class _LingeringTransport:
@@ -242,6 +291,9 @@ class ArkvoryHttpProtocol(JsonRefusalsProtocol):
 
     head_timeout_s: float = 60.0
     stats: HeadStats | None = None
+    # The gate every payload write passes (the process's `payload_allowed`: lease trusted, read
+    # pins written, no failed loop), and the lease's own deadline, its independent audit.
+    payload_gate: Callable[[], bool] = staticmethod(lambda: True)
     may_send_payload: Callable[[], bool] = staticmethod(lambda: True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -392,21 +444,37 @@ class ArkvoryHttpProtocol(JsonRefusalsProtocol):
         self._refused = True
         self.loop.call_later(LINGER_S, transport.abort)
 
-    # -- payload audit -------------------------------------------------------------------------
+    # -- the payload gate and its audit ---------------------------------------------------------
 
-    def audit_payload(self, size: int) -> None:
-        """Count payload handed to the transport while payload may not flow (must stay 0): an
-        independent check of the gate the content routes apply before every write."""
-        if self.stats is not None and not self.may_send_payload():
-            self.stats.late_payload_chunks += 1
-            if self.stats.late_payload_chunks == 1:
-                # Said once, in the log: the process usually exits moments later (its lease is
-                # lost), before a scrape could read the counter.
-                log.critical(
-                    "a payload chunk was handed to a connection after the lease's local trust "
-                    "ended (arkvory_payload_chunks_after_trust_total must stay 0; runbook: "
-                    "ArkvoryPayloadAfterTrust)"
-                )
+    def admit_payload(self) -> bool:
+        """May a payload chunk be written now? Asked by the handle in the same synchronous step
+        as the write, so a trust deadline cannot fall between the decision and the bytes.
+
+        The audit reads the lease's own deadline first: if the gate then still admits, the lease
+        had already ended at a moment before the gate's reading, which a correct gate cannot
+        allow (monotonic clock; an ended lease is never revived). So
+        `arkvory_payload_chunks_after_trust_total` counts only a faulty gate, never the race of
+        a deadline passing between a check and a write (issue 14 §3)."""
+        trusted = self.may_send_payload()
+        if not self.payload_gate():
+            return False
+        if not trusted:
+            count_late_payload(self.stats)
+        return True
+
+
+def count_late_payload(stats: HeadStats | None) -> None:
+    """A payload chunk went out after the lease's trust ended (the counter must stay 0)."""
+    if stats is not None:
+        stats.late_payload_chunks += 1
+        if stats.late_payload_chunks == 1:
+            # Said once, in the log: the process usually exits moments later (its lease is
+            # lost), before a scrape could read the counter.
+            log.critical(
+                "a payload chunk was handed to a connection after the lease's local trust "
+                "ended (arkvory_payload_chunks_after_trust_total must stay 0; runbook: "
+                "ArkvoryPayloadAfterTrust)"
+            )
 
 
 def http_stack_mismatches(installed: Callable[[str], str] = importlib.metadata.version) -> list[str]:
@@ -495,7 +563,7 @@ def protocol_for(runtime) -> type[ArkvoryHttpProtocol]:
 
     def may_send_payload() -> bool:
         # The lease's own deadline, not the serving code's gate: this is the audit of that gate.
-        return lease is None or lease.trust_remaining() > 0
+        return lease.trust_remaining() > 0
 
     return type(
         "ArkvoryHttpProtocol",
@@ -503,6 +571,11 @@ def protocol_for(runtime) -> type[ArkvoryHttpProtocol]:
         {
             "head_timeout_s": float(runtime.settings.receive_timeout_s),
             "stats": stats,
-            "may_send_payload": staticmethod(may_send_payload),
+            "payload_gate": staticmethod(runtime.payload_allowed),
+            "may_send_payload": staticmethod(may_send_payload if lease is not None else _always),
         },
     )
+
+
+def _always() -> bool:
+    return True

@@ -221,8 +221,9 @@ class Runtime:
 
     @property
     def may_serve(self) -> bool:
-        """True while this process may answer authorized requests (payload or metadata)."""
-        return self.status in ("ready", "draining")
+        """True while this process may answer authorized requests (payload or metadata): the
+        status is ready or draining. Asked several times per download, so not via `status`."""
+        return not self.schema_too_new and self.storage is not None and self.payload_allowed()
 
     def shared_downloads(self) -> dict[str, Any] | None:
         shared = self.settings.shared

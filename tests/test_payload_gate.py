@@ -1,0 +1,170 @@
+"""The payload gate sits at the write itself (issue 14 §3): a trust deadline that passes before a
+chunk is written stops that chunk, cuts the transfer and counts it as an abort `lease_lost`,
+and `arkvory_payload_chunks_after_trust_total` stays 0 (it counts only a faulty gate).
+
+A real server: our protocol under uvicorn's config on a free port, real sockets, a real HTTP
+client; the lease's clock is injected (tests/fakeclock.py), so the deadline falls exactly
+between two chunks, every run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+import types
+
+import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
+from uvicorn.server import ServerState
+
+from arkvory.shared.download.transfer import Payload
+from arkvory.shared.download.throttle import BandwidthScheduler
+from arkvory.shared.http.protocol import HANDLE_KEY, PayloadRefused, encode_header_block, protocol_for
+from arkvory.shared.metrics import Metrics
+from .fakeclock import FakeTime
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+TRUST_S = 8.0
+
+
+class ClockedLease:
+    """The slot lease's trust as the protocol reads it, on an injected clock."""
+
+    def __init__(self, time: FakeTime) -> None:
+        self.time = time
+        self.trusted_until = time.clock() + TRUST_S
+
+    def trust_remaining(self) -> float:
+        return max(0.0, self.trusted_until - self.time.clock())
+
+
+def _runtime(time: FakeTime, lease: ClockedLease, bandwidth=None):
+    registry = CollectorRegistry()
+    return types.SimpleNamespace(
+        registry=registry,
+        metrics=Metrics(registry),
+        lease=lease,
+        settings=types.SimpleNamespace(receive_timeout_s=5, send_timeout_s=5),
+        payload_allowed=lambda: lease.trust_remaining() > 0,
+        bandwidth=bandwidth or BandwidthScheduler(None, None),
+    )
+
+
+async def _serve(runtime, app):
+    """Our protocol class for `runtime` on a free port; returns (server, port, protocol class)."""
+    protocol = protocol_for(runtime)
+    config = uvicorn.Config(app, http=protocol, lifespan="off", log_config=None, access_log=False)
+    config.load()
+    state = ServerState()
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = await loop.create_server(
+        lambda: protocol(config=config, server_state=state, app_state={}, _loop=loop), sock=sock
+    )
+    return server, sock.getsockname()[1], protocol
+
+
+async def _get(port: int) -> bytes:
+    """Everything the server sends for one GET, until it closes or resets the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+    received = b""
+    try:
+        while chunk := await asyncio.wait_for(reader.read(65536), 10):
+            received += chunk
+    except ConnectionResetError:
+        pass  # a cut transfer ends with a reset
+    finally:
+        writer.close()
+    return received
+
+
+def _aborts(runtime, reason: str) -> float:
+    return runtime.registry.get_sample_value(
+        "arkvory_transfer_aborts_total", {"direction": "download", "reason": reason}
+    ) or 0.0
+
+
+async def test_a_deadline_between_two_writes_stops_the_second_at_the_write():
+    time = FakeTime()
+    lease = ClockedLease(time)
+    runtime = _runtime(time, lease)
+    outcome = {}
+
+    async def app(scope, receive, send):
+        handle = scope["extensions"][HANDLE_KEY]
+        handle.start(200, encode_header_block([(b"content-length", b"8")]), 8, body=b"1234")
+        time.advance(TRUST_S)  # the deadline passes after the first chunk, before the second
+        try:
+            handle.write(b"5678")
+        except PayloadRefused:
+            outcome["refused"] = True
+            handle.abort()
+
+    server, port, protocol = await _serve(runtime, app)
+    try:
+        received = await _get(port)
+    finally:
+        server.close()
+    assert outcome == {"refused": True}
+    assert received.endswith(b"\r\n\r\n1234"), received
+    assert protocol.stats.late_payload_chunks == 0
+
+
+async def test_a_transfer_whose_trust_ends_while_it_waits_for_tokens_is_cut_as_lease_lost():
+    """Payload takes its tokens, then writes: the deadline passes during the grant's await,
+    the write is refused, the transfer cut and counted once as `lease_lost`, nothing after the
+    first chunk leaves, and the late-payload counter stays 0."""
+    time = FakeTime()
+    lease = ClockedLease(time)
+
+    class SlowTokens(BandwidthScheduler):
+        grants = 0
+
+        async def grant(self, principal_id: str, want: int) -> int:
+            SlowTokens.grants += 1
+            if SlowTokens.grants == 2:
+                time.advance(TRUST_S)  # trust ends while the second chunk waits for tokens
+            await asyncio.sleep(0)
+            return min(want, 4)
+
+    runtime = _runtime(time, lease, SlowTokens(None, None))
+    finished = {}
+
+    async def app(scope, receive, send):
+        handle = scope["extensions"][HANDLE_KEY]
+        response = types.SimpleNamespace(principal=types.SimpleNamespace(id="p"), status_code=200)
+        handle.start(200, encode_header_block([(b"content-length", b"12")]), 12)
+        blob = _blob(b"aaaabbbbcccc")
+        try:
+            finished["done"] = await Payload(runtime, response, handle, blob).send(0, 12)
+        finally:
+            os.close(blob)
+
+    server, port, protocol = await _serve(runtime, app)
+    try:
+        received = await _get(port)
+    finally:
+        server.close()
+    assert finished == {"done": False}
+    assert received.endswith(b"\r\n\r\naaaa"), received
+    assert _aborts(runtime, "lease_lost") == 1
+    assert protocol.stats.late_payload_chunks == 0
+
+
+def _blob(data: bytes) -> int:
+    """A descriptor of a file holding `data` (Payload preads its blob)."""
+    with tempfile.TemporaryFile() as file:
+        file.write(data)
+        file.flush()
+        return os.dup(file.fileno())
