@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from arkvory.shared.auth.credentials import SESSION_COOKIE
 from arkvory.shared.errors import Forbidden
 from arkvory.shared.http.edge import send_error
+from arkvory.shared.http.protocol import HANDLE_KEY
 
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "X-CSRF-Token"
@@ -127,6 +128,11 @@ class PageHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        extensions = scope.get("extensions") or {}
+        if HANDLE_KEY in extensions:
+            # A response written through the connection handle would skip `send_with_headers`
+            # and go out without the headers below: the console's downloads take the ASGI path.
+            scope = {**scope, "extensions": {k: v for k, v in extensions.items() if k != HANDLE_KEY}}
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
