@@ -39,6 +39,7 @@ from arkvory.shared.cluster.supervision import DatabaseReachability
 
 from .harness import ADMIN_TOKEN, ROOT, ArkvoryProcess, Cluster
 from .worker_harness import WorkerProc, start_worker, wait_for
+from .tools import require_tool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,10 +56,7 @@ AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not installed (.ci/run installs it: apt-get install prometheus)")
-    return path
+    return require_tool("promtool", apt="prometheus")
 
 
 def run_promtool(*args: str, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
