@@ -64,11 +64,11 @@ def assert_exit(run: subprocess.CompletedProcess, code: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def writer(postgres, tmp_path_factory):
+def writer(postgres, module_tmp_path):
     """One standalone writer for the module, with a private repository `builds`; each test uses
     its own content so that they do not see each other's artifacts where it matters."""
     database_url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
-    group = Cluster(database_url, tmp_path_factory.mktemp("cli-writer"))
+    group = Cluster(database_url, module_tmp_path)
     try:
         process = group.writer().wait_ready()
         with process.client() as client:

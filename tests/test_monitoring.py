@@ -268,10 +268,10 @@ class LiveInstallation:
 
 
 @pytest.fixture(scope="module")
-def live(postgres, tmp_path_factory):
+def live(postgres, module_tmp_path):
     """A writer (slot 0 of 3), a gateway (slot 1) and the real worker, once for this module."""
     database_url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
-    cluster = Cluster(database_url, tmp_path_factory.mktemp("monitoring"))
+    cluster = Cluster(database_url, module_tmp_path)
     try:
         shared = cluster.shared_env(slots=3)
         writer = cluster.writer(shared).wait_ready()
