@@ -10,7 +10,7 @@ How the suite runs, and what a new test follows:
   directories from `tmp_path`, names from `uuid`. A module whose tests share a module-scoped
   fixture (a cluster started once for the module) builds it on `module_tmp_path`: its tests
   then all go to one worker (an `xdist_group` added below), so the fixture starts once. Any
-  other grouping: `pytest.mark.xdist_group("name")`. `-p no:xdist` runs in one process.
+  other grouping: `pytest.mark.xdist_group("name")`. `-n 0` runs in one process.
 - **Tiers.** The README's command runs the default tier, which still proves the real timings
   (the 10 s reservation, 2 s renewal, 8 s trust, 15 s restart wait) with real processes.
   `@pytest.mark.soak` marks the long soak cases: skipped by default, run by `.ci/run`
