@@ -16,7 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
-from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, db_execute
+from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, db_execute, db_fetch, eventually
 from .rawhttp import complete, read_response, status_of
 
 pytestmark = pytest.mark.timeout(120)
@@ -309,7 +309,14 @@ def test_too_many_connections_is_503_with_retry_after(cluster):
         " WHERE usename = $1 AND application_name NOT LIKE 'arkvory-%'",
         role,
     )
-    time.sleep(0.5)
+    eventually(  # pg_terminate_backend only signals: each backend exits a moment later
+        lambda: not db_fetch(
+            cluster.database_url,
+            "SELECT 1 FROM pg_stat_activity WHERE usename = $1 AND application_name NOT LIKE 'arkvory-%'",
+            role,
+        ),
+        "the pooled connections ended",
+    )
     with writer.client() as client:
         answer = client.get("/api/v1/repositories")
     assert answer.status_code == 503, answer.text
