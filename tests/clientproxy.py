@@ -115,8 +115,13 @@ class HttpFaultProxy:
     async def _close(self) -> None:
         assert self._server is not None
         self._server.close()
-        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+        relays = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in relays:
             task.cancel()
+        # Let each relay run its `finally` (which closes both ends) before the loop stops: a
+        # task destroyed while pending leaves its transports to the garbage collector, whose
+        # ResourceWarnings then fail whichever later test happens to collect them.
+        await asyncio.gather(*relays, return_exceptions=True)
 
     def _take(self, faults: list, target: str):
         with self._lock:

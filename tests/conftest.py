@@ -1,13 +1,45 @@
-"""Fixtures: one real PostgreSQL server per test session, a fresh database per test, real
+"""Fixtures: one real PostgreSQL server per test process, a fresh database per test, real
 `arkvory serve` processes (tests/harness.py) and a TCP proxy to cut them off the database.
 
-A run leaves nothing large behind: the session server's data is deleted when it stops, pytest
-deletes the tmp dirs of passing tests (`tmp_path_retention_policy = "failed"`), and as root the
-PostgreSQL data that lived outside those tmp dirs (localpg's shelf) goes with them.
+How the suite runs, and what a new test follows:
+
+- **Parallel.** pyproject's addopts run the suite on pytest-xdist workers (`-n`, `--dist
+  loadgroup`). Every session fixture runs once *per worker*: each worker has its own PostgreSQL
+  server (its own data under its own basetemp, `popen-gwN/`), its own SeaweedFS, its own free
+  ports. Nothing may assume it is alone on the machine: take ports from `harness.free_port()`,
+  directories from `tmp_path`, names from `uuid`. A module whose tests share a module-scoped
+  fixture (a cluster started once for the module) builds it on `module_tmp_path`: its tests
+  then all go to one worker (an `xdist_group` added below), so the fixture starts once. Any
+  other grouping: `pytest.mark.xdist_group("name")`. `-n 0` runs in one process.
+- **Tiers.** The README's command runs the default tier, which still proves the real timings
+  (the 10 s reservation, 2 s renewal, 8 s trust, 15 s restart wait) with real processes.
+  `@pytest.mark.soak` marks the long soak cases: skipped by default, run by `.ci/run`
+  (`pytest -m soak`). `@pytest.mark.slow` only says a test takes seconds of real time.
+- **Waiting.** Never a fixed sleep for something to happen: wait for the condition with a
+  bound (`harness.eventually`, `ArkvoryProcess.wait_ready`, `worker_harness.wait_for`), so a
+  loaded machine costs time, not a failure. A sleep is right only for "nothing happens during
+  this long". Shorten a timing only through a setting an operator has too (e.g.
+  ARKVORY_RECEIVE_TIMEOUT_SECONDS), never through a test-only code path.
+- **Raw HTTP.** A test that reads an answer off a socket reads the whole of it
+  (`rawhttp.read_response`): head and body may come in separate reads.
+- **System tools.** A test that needs one (haproxy, nginx, promtool, systemd-analyze, strace,
+  chromium, weed, ...) gets it with `tools.require_tool(name, apt=package)`, which skips with the
+  install command when it is missing; `.ci/run` installs every one so CI runs those tests.
+- **Cleanup.** A run leaves nothing behind. `tmp_path` of a passing test is deleted at once
+  (`tmp_path_retention_policy = "failed"`); a module-scoped fixture takes its directory from
+  `module_tmp_path` (deleted at the module's end unless one of its tests failed), never from
+  `tmp_path_factory.mktemp`; a server a test starts is `destroy()`ed, not only stopped; as root,
+  PostgreSQL data lives on localpg's shelf (/tmp/arkvory-postgres/homes) and goes with it.
+  After a passing run, `pytest_sessionfinish` below fails the run, naming them, if files are
+  left under the run's basetemp or on the shelf.
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
+import shutil
+import tempfile
 import uuid
 
 import pytest
@@ -31,6 +63,17 @@ def postgres(tmp_path_factory, _no_orphaned_postgres_data):
     server.destroy()
 
 
+@pytest.fixture(scope="module")
+def module_tmp_path(request, tmp_path_factory) -> pathlib.Path:
+    """A directory for a module-scoped fixture: deleted at the module's end unless one of its
+    tests failed (then kept, like a failed test's tmp_path, for a look at its logs)."""
+    failed_before = request.session.testsfailed
+    path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    yield path
+    if request.session.testsfailed == failed_before:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture
 def database_url(postgres) -> str:
     return postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
@@ -49,3 +92,67 @@ def db_proxy(database_url):
     proxy.start()
     yield proxy
     proxy.stop()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A module whose tests share a module-scoped fixture built on `module_tmp_path` (a cluster
+    started once for the module) runs on one xdist worker: elsewhere it would start again."""
+    for item in items:
+        if "module_tmp_path" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__.rsplit(".", 1)[-1]))
+
+
+# -- a run leaves nothing behind ------------------------------------------------------------------
+
+_LEFT_BEHIND = pytest.StashKey[list[str]]()
+_SHOWN = 20
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own sessionfinish deletes the basetemp
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After a passing run (in the controller, once every worker is done): no file may be left
+    under the run's basetemp, nor PostgreSQL data of this run on localpg's shelf."""
+    config = session.config
+    if _is_xdist_worker(config) or exitstatus != 0 or config.option.basetemp:
+        return  # a failed run keeps its failures' directories on purpose; --basetemp is the user's
+    factory = config._tmp_path_factory  # type: ignore[attr-defined]
+    if factory._basetemp is None:  # no test asked for a directory
+        return
+    basetemp = factory.getbasetemp().resolve()
+    left = []
+    for root, _dirs, files in os.walk(basetemp):
+        left += [os.path.join(root, name) for name in files]
+    left = [path for path in left if path != str(basetemp / ".lock")]  # pytest's own
+    homes = pathlib.Path(tempfile.gettempdir()) / "arkvory-postgres" / "homes"
+    if homes.is_dir():
+        for home in homes.iterdir():
+            try:
+                origin = (home / "origin").read_text()
+            except OSError:
+                continue
+            if origin == str(basetemp) or origin.startswith(str(basetemp) + os.sep):
+                left.append(f"{home} (PostgreSQL data of {origin})")
+    if left:
+        config.stash[_LEFT_BEHIND] = left
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    left = config.stash.get(_LEFT_BEHIND, None)
+    if not left:
+        return
+    terminalreporter.section("files left behind by a passing run", sep="!", red=True, bold=True)
+    for path in left[:_SHOWN]:
+        terminalreporter.write_line(path)
+    if len(left) > _SHOWN:
+        terminalreporter.write_line(f"... and {len(left) - _SHOWN} more")
+    terminalreporter.write_line(
+        "A test or fixture that makes files deletes them (tests/conftest.py, 'Cleanup'); this run"
+        " exits 1 for it.",
+        red=True,
+    )

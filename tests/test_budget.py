@@ -12,7 +12,7 @@ import pytest
 
 from arkvory.shared.cluster.pins import LINGER_S
 
-from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch as query
+from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch as query, eventually
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -32,6 +32,16 @@ def timed_download(url: str, token: str, results: list, headers: dict | None = N
     with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {token}", **(headers or {})}) as client:
         answer = client.get(url)
     results.append((answer.status_code, answer.content, time.monotonic() - started))
+
+
+def admission_of(process) -> dict:
+    with process.client() as client:
+        return client.get("/health/ready").json()["transfers"]["downloads"]["admission"]
+
+
+def wait_admission(process, what: str, **wanted: int) -> None:
+    """Until the process's download admission shows `wanted` (e.g. active=1, waiting=1)."""
+    eventually(lambda: all(admission_of(process)[k] == v for k, v in wanted.items()), what)
 
 
 def run_parallel(jobs) -> list:
@@ -129,7 +139,7 @@ def test_lease_loss_cuts_the_download_and_a_range_request_elsewhere_resumes(clus
 
     thread = threading.Thread(target=download)
     thread.start()
-    time.sleep(1.0)
+    eventually(lambda: len(received) >= 64 * KiB, "the download under way")
     db_proxy.stall()
     stalled_at = time.monotonic()
     thread.join(30)
@@ -169,11 +179,11 @@ def test_admission_full_and_timeout_answer_busy(cluster):
     first: list = []
     holder = threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, first))
     holder.start()
-    time.sleep(0.5)
+    wait_admission(gateway, "the first download sending", active=1)
     waiting: list = []
     waiter = threading.Thread(target=timed_download, args=(url, READER_TOKEN, waiting))
     waiter.start()
-    time.sleep(0.3)
+    wait_admission(gateway, "the second download queued", active=1, waiting=1)
     with gateway.client() as client:
         full = client.get(path)
     waiter.join(10)
@@ -199,12 +209,12 @@ def test_client_that_leaves_the_queue_is_counted_as_cancelled(cluster):
     first: list = []
     holder = threading.Thread(target=timed_download, args=(gateway.url + path, ADMIN_TOKEN, first))
     holder.start()
-    time.sleep(0.5)
+    wait_admission(gateway, "the first download sending", active=1)
     with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
         sock.sendall(
             f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {READER_TOKEN}\r\n\r\n".encode()
         )
-        time.sleep(0.5)
+        wait_admission(gateway, "the second download queued", waiting=1)
     deadline = time.monotonic() + 5
     with gateway.client() as client:
         while time.monotonic() < deadline:
@@ -228,8 +238,12 @@ def test_a_streaming_transfer_pins_its_blob_until_it_ends(cluster):
     results: list = []
     thread = threading.Thread(target=timed_download, args=(gateway.url + path, ADMIN_TOKEN, results))
     thread.start()
-    time.sleep(1.5)
-    pinned = query(cluster.database_url, "SELECT slot, sha256, pinned_until > now() AS live FROM arkvory_read_pins")
+    # While the transfer runs (4 s), its blob is pinned by the gateway's slot.
+    wait_admission(gateway, "the download sending", active=1)
+    pinned = eventually(
+        lambda: query(cluster.database_url, "SELECT slot, sha256, pinned_until > now() AS live FROM arkvory_read_pins"),
+        "a read pin written",
+    )
     thread.join(20)
     assert results[0][0] == 200
     sha = hashlib.sha256(data).hexdigest()

@@ -48,6 +48,7 @@ async def run_cleanup(cluster, params: dict) -> tuple[dict, str]:
     return result, out.getvalue()
 
 
+@pytest.mark.soak  # ~20 s of cleanups in a loop: .ci/run runs it (pytest -m soak)
 def test_cleanup_in_a_loop_during_downloads_and_uploads_breaks_nothing_and_reclaims(cluster):
     shared = cluster.shared_env(slots=3)
     writer = cluster.writer(shared, ARKVORY_MAX_UPLOADS="8", ARKVORY_MAX_UPLOADS_PER_PRINCIPAL="8").wait_ready()

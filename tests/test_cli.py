@@ -11,7 +11,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from arkvory.shared.client.cli_config import ConfigError, config_path, resolve_c
 from arkvory.shared.client.commands import CommandUsageError, parse_package, safe_file_name
 
 from .harness import ADMIN_TOKEN, READER_TOKEN, ROOT, Cluster, free_port
+from .tools import require_tool
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -64,11 +64,11 @@ def assert_exit(run: subprocess.CompletedProcess, code: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def writer(postgres, tmp_path_factory):
+def writer(postgres, module_tmp_path):
     """One standalone writer for the module, with a private repository `builds`; each test uses
     its own content so that they do not see each other's artifacts where it matters."""
     database_url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
-    group = Cluster(database_url, tmp_path_factory.mktemp("cli-writer"))
+    group = Cluster(database_url, module_tmp_path)
     try:
         process = group.writer().wait_ready()
         with process.client() as client:
@@ -419,9 +419,7 @@ def test_a_missing_output_directory_and_a_directory_to_put_exit_8(env, work, tmp
 
 def synced_paths(env, cwd, *args: str) -> list[str]:
     """Run the CLI under strace; the paths it fsynced or fdatasynced."""
-    strace = shutil.which("strace")
-    if strace is None:
-        pytest.skip("strace is not installed")
+    strace = require_tool("strace", apt="strace")
     trace = cwd.parent / f"strace-{uuid.uuid4().hex}.txt"
     run = subprocess.run(
         [strace, "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync", "-o", str(trace), str(ARKVORY), *args],

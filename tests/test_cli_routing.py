@@ -32,9 +32,9 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(postgres, tmp_path_factory):
+def stack(postgres, module_tmp_path):
     """A writer and one read gateway (what `arkvory dev` runs), with a private `builds`."""
-    group = Cluster(postgres.create_database(f"t_{uuid.uuid4().hex[:16]}"), tmp_path_factory.mktemp("cli-routing"))
+    group = Cluster(postgres.create_database(f"t_{uuid.uuid4().hex[:16]}"), module_tmp_path)
     try:
         shared = group.shared_env()
         writer = group.writer(shared).wait_ready()

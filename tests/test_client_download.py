@@ -24,6 +24,7 @@ from arkvory.shared.client import Client, RetryPolicy, errors
 
 from .clientproxy import Cut, HttpFaultProxy
 from .harness import ADMIN_TOKEN, ROOT, free_port
+from .tools import require_tool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,13 +83,14 @@ def haproxy_config(tmp_path: pathlib.Path, ports: dict[str, int], front: int) ->
 
 @pytest.fixture
 def haproxy_front(tmp_path):
+    haproxy = require_tool("haproxy", apt="haproxy")
     processes = []
 
     def start(ports: dict[str, int]) -> str:
         front = free_port()
         config = haproxy_config(tmp_path, ports, front)
         with open(tmp_path / "haproxy.log", "wb") as log:
-            processes.append(subprocess.Popen(["/usr/sbin/haproxy", "-db", "-f", str(config)], stdout=log, stderr=log))
+            processes.append(subprocess.Popen([haproxy, "-db", "-f", str(config)], stdout=log, stderr=log))
         url = f"http://127.0.0.1:{front}"
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

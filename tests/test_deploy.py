@@ -28,6 +28,8 @@ import pytest
 
 from arkvory.shared.settings import Settings
 
+from .tools import require_tool
+
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -191,12 +193,7 @@ def test_gateway_unit_takes_its_slot_from_the_instance_and_reads_storage_only(un
 
 
 def test_units_pass_systemd_analyze_verify(tmp_path):
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip(
-            "systemd-analyze is not installed (Debian: apt-get install systemd; .ci/run does); "
-            "the configparser checks above still ran"
-        )
+    analyze = require_tool("systemd-analyze", apt="systemd", why="the configparser checks above still ran")
     # verify insists that ExecStart= exists: point it at this environment's console script.
     executable = pathlib.Path(sys.executable).with_name("arkvory")
     if not executable.exists():
@@ -297,16 +294,8 @@ def test_balancers_send_content_to_all_and_the_rest_to_the_writer_only():
         assert " check" in line or re.search(r"^\s*default-server\s.*\bcheck\b", haproxy, re.M)
 
 
-def _binary(name: str, package: str) -> str:
-    """The balancer's executable, or skip: .ci/run installs both packages."""
-    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
-    if found is None:
-        pytest.skip(f"{name} is not installed (.ci/run installs it: apt-get install {package})")
-    return found
-
-
 def test_haproxy_accepts_the_configuration():
-    haproxy = _binary("haproxy", "haproxy")
+    haproxy = require_tool("haproxy", apt="haproxy")
     result = subprocess.run(
         [haproxy, "-c", "-f", str(HAPROXY_CFG)], capture_output=True, text=True, timeout=30
     )
@@ -334,7 +323,7 @@ def _nginx_wrapper(tmp_path: pathlib.Path, include: pathlib.Path) -> pathlib.Pat
 
 
 def test_nginx_accepts_the_configuration(tmp_path):
-    nginx = _binary("nginx", "nginx-light")
+    nginx = require_tool("nginx", apt="nginx-light")
     wrapper = _nginx_wrapper(tmp_path, NGINX_CONF)
     result = subprocess.run(
         [nginx, "-t", "-p", str(tmp_path), "-c", str(wrapper)],
@@ -427,7 +416,7 @@ def _retarget(text: str, stubs: dict[str, _Stub], listen: tuple[str, str], front
 
 
 def _start_nginx(tmp_path: pathlib.Path, stubs, front: int, log) -> subprocess.Popen:
-    nginx = _binary("nginx", "nginx-light")
+    nginx = require_tool("nginx", apt="nginx-light")
     listen = (r"^(\s*)listen\s+80;", r"\1listen 127.0.0.1:{front};")
     conf = tmp_path / "arkvory.conf"
     conf.write_text(_retarget(NGINX_CONF.read_text(), stubs, listen, front))
@@ -440,7 +429,7 @@ def _start_nginx(tmp_path: pathlib.Path, stubs, front: int, log) -> subprocess.P
 
 
 def _start_haproxy(tmp_path: pathlib.Path, stubs, front: int, log) -> subprocess.Popen:
-    haproxy = _binary("haproxy", "haproxy")
+    haproxy = require_tool("haproxy", apt="haproxy")
     listen = (r"^(\s*)bind\s+:80\s*$", r"\1bind 127.0.0.1:{front}")
     text = _retarget(HAPROXY_CFG.read_text(), stubs, listen, front)
     # Process-level settings that need root or /run; the routing under test is untouched.

@@ -95,10 +95,10 @@ def one_line_refusal(output: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory):
+def running(module_tmp_path):
     """One dev cluster for the module (a start costs an initdb), in a directory named as by
     default, so that `--dev` without a DIR finds it from its parent."""
-    home = tmp_path_factory.mktemp("devhome")
+    home = module_tmp_path
     dev = Dev(home / ".arkvory-dev", free_port_run(2), "--gateways", "1")
     try:
         dev.token = dev.wait_running()

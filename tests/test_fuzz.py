@@ -30,9 +30,9 @@ FUZZ = settings(
 
 
 @pytest.fixture(scope="module")
-def site(postgres, tmp_path_factory):
+def site(postgres, module_tmp_path):
     database_url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
-    cluster = Cluster(database_url, tmp_path_factory.mktemp("fuzz"))
+    cluster = Cluster(database_url, module_tmp_path)
     try:
         shared = cluster.shared_env(slots=2)
         writer = cluster.writer(shared).wait_ready()

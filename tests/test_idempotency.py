@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import pathlib
 import time
 
 import asyncpg
@@ -13,7 +14,7 @@ import pytest
 
 from arkvory.writer.idempotency import _lock_ids, delete_expired
 
-from .harness import ADMIN_TOKEN, OTHER_TOKEN, db_fetch
+from .harness import ADMIN_TOKEN, OTHER_TOKEN, db_fetch, eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -297,7 +298,9 @@ def test_a_streaming_upload_holds_its_key_while_the_body_arrives(writer, databas
     url = "/api/v1/repositories/builds/artifacts"
     with writer.client() as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
         first = pool.submit(client.post, url, params={"name": "slow"}, content=slow_body(), headers={KEY: "up"})
-        time.sleep(0.5)  # the first body is under way
+        # The first body is under way (its key is held before its upload file is made).
+        tmp = pathlib.Path(writer.env["ARKVORY_DATA_DIR"]) / "tmp"
+        eventually(lambda: tmp.is_dir() and any(p.name.startswith("upload-") for p in tmp.iterdir()), "the first upload receiving")
         started = time.monotonic()
         duplicate = client.post(url, params={"name": "slow"}, content=b"x" * 1024 + b"y" * 1024, headers={KEY: "up"})
         assert time.monotonic() - started < 2

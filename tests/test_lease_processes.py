@@ -12,7 +12,7 @@ import pytest
 
 from arkvory.shared.cluster.lease import _RENEW, RESERVATION_S
 
-from .harness import ADMIN_TOKEN, db_execute as execute, db_fetch as query, run_arkvory
+from .harness import ADMIN_TOKEN, db_execute as execute, db_fetch as query, eventually, run_arkvory
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -155,10 +155,13 @@ def test_sigterm_drains_in_flight_download_then_exits_zero_keeping_the_reservati
 
     thread = threading.Thread(target=download)
     thread.start()
-    time.sleep(1.0)
+    with gateway.client() as client:
+        eventually(
+            lambda: client.get("/health/ready").json()["transfers"]["downloads"]["admission"]["active"] == 1,
+            "the download under way",
+        )
     gateway.signal(signal.SIGTERM)
-    time.sleep(0.3)
-    assert gateway.status() == (503, "draining")
+    eventually(lambda: gateway.status() == (503, "draining"), "draining after SIGTERM", timeout=5)
     with gateway.client() as client:
         refused = client.get(f"/api/v1/repositories/drain/artifacts/{artifact}/content")
     assert refused.status_code == 503 and refused.json()["code"] == "busy"

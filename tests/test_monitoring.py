@@ -39,6 +39,7 @@ from arkvory.shared.cluster.supervision import DatabaseReachability
 
 from .harness import ADMIN_TOKEN, ROOT, ArkvoryProcess, Cluster
 from .worker_harness import WorkerProc, start_worker, wait_for
+from .tools import require_tool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,10 +56,7 @@ AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not installed (.ci/run installs it: apt-get install prometheus)")
-    return path
+    return require_tool("promtool", apt="prometheus")
 
 
 def run_promtool(*args: str, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -270,10 +268,10 @@ class LiveInstallation:
 
 
 @pytest.fixture(scope="module")
-def live(postgres, tmp_path_factory):
+def live(postgres, module_tmp_path):
     """A writer (slot 0 of 3), a gateway (slot 1) and the real worker, once for this module."""
     database_url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
-    cluster = Cluster(database_url, tmp_path_factory.mktemp("monitoring"))
+    cluster = Cluster(database_url, module_tmp_path)
     try:
         shared = cluster.shared_env(slots=3)
         writer = cluster.writer(shared).wait_ready()

@@ -86,11 +86,11 @@ def test_the_document_is_valid_openapi_3_1_and_complete():
 # -- a live writer --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def live(postgres, tmp_path_factory):
+def live(postgres, module_tmp_path):
     from .harness import Cluster
 
     database_url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
-    cluster = Cluster(database_url, tmp_path_factory.mktemp("openapi"))
+    cluster = Cluster(database_url, module_tmp_path)
     try:
         writer = cluster.writer().wait_ready()
         with writer.client() as client:
@@ -182,6 +182,7 @@ def requests_from(document: dict, known: list[str]) -> st.SearchStrategy:
     return one()
 
 
+@pytest.mark.soak  # 700 generated requests, ~10 s: .ci/run runs it (pytest -m soak)
 def test_generated_requests_never_get_a_5xx(live):
     writer, artifact = live
     document = json.loads(built_app().state.openapi_json)

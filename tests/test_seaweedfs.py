@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,8 +21,12 @@ from arkvory.shared.cli import seaweedfs as seaweedfs_module
 from arkvory.shared.cli.seaweedfs import SeaweedFS, SeaweedFSError, start_seaweedfs
 
 from .s3store import weed_or_skip
+from .tools import require_tool
 
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl signs the requests here")
+@pytest.fixture(autouse=True)
+def _curl():
+    """curl signs the requests here (--aws-sigv4)."""
+    require_tool("curl", apt="curl")
 
 
 def curl(store: SeaweedFS, *args: str, credentials=None) -> tuple[int, bytes]:

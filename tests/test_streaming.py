@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from .harness import ADMIN_TOKEN
+from .harness import ADMIN_TOKEN, eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -264,7 +264,11 @@ def test_silent_readers_are_cut_after_the_send_timeout_and_free_their_places(clu
     path = f"/api/v1/repositories/pub/artifacts/{artifact['id']}/content"
     silent = [_silent_client(writer.port, path) for _ in range(4)]  # all 4 anonymous places
     try:
-        time.sleep(0.5)
+        with writer.client() as client:
+            eventually(
+                lambda: client.get("/health/ready").json()["transfers"]["downloads"]["admission"]["active"] == 4,
+                "the 4 silent downloads holding their places",
+            )
         started = time.monotonic()
         with httpx.Client(base_url=writer.url, timeout=30) as anonymous:
             answer = anonymous.get(path)

@@ -44,7 +44,12 @@ def test_one_cleanup_per_period(cluster, database_url):
     first = database_period(database_url, 2)
     wait_for(lambda: database_period(database_url, 2) >= first + 3, 15, "three periods later")
     last = database_period(database_url, 2)
-    time.sleep(0.5)
+    # The writer dispatches a period's task just after the period begins: wait for it (a fixed
+    # 0.5 s was too short on a loaded machine), then look at everything dispatched.
+    wait_for(
+        lambda: any(row["idempotency_key"] == f"schedule:cleanup:{last}" for row in scheduled(database_url)),
+        10, f"the task of period {last} dispatched",
+    )
     rows = scheduled(database_url)
     keys = [row["idempotency_key"] for row in rows]
     periods = sorted(int(key.rsplit(":", 1)[1]) for key in keys)

@@ -10,14 +10,14 @@ import asyncpg
 import pytest
 
 from arkvory.shared.cli.localpg import start_local_postgres
-from tests.tcpproxy import TcpProxy
+from .tcpproxy import TcpProxy
 
 
 @pytest.fixture(scope="module")
-def database_url(tmp_path_factory: pytest.TempPathFactory):
-    postgres = start_local_postgres(tmp_path_factory.mktemp("pg"), fsync=False, environ={})
+def database_url(module_tmp_path):
+    postgres = start_local_postgres(module_tmp_path, fsync=False, environ={})
     yield postgres.url
-    postgres.stop()
+    postgres.destroy()  # stop() would leave its data (39 MB) behind
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from arkvory.shared.storage import Storage
 from arkvory.writer.upload_sessions import remove_sessions, sweep_expired_uploads
 
 from .harness import ADMIN_TOKEN, db_execute, db_fetch
+from .rawhttp import read_response, status_of
 from .test_cleanup import run_cleanup
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,12 +67,7 @@ def request_head(request_line: str, length: int, **headers: str) -> bytes:
 
 
 def answer_status(sock: socket.socket) -> int:
-    answer = b""
-    while b"\r\n" not in answer:
-        received = sock.recv(65536)
-        assert received, f"connection closed after {answer!r}"
-        answer += received
-    return int(answer.split(b" ", 2)[1])
+    return status_of(read_response(sock))
 
 
 def open_in(pid: int, path: pathlib.Path) -> bool:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from .harness import ADMIN_TOKEN, OTHER_TOKEN, db_fetch
+from .rawhttp import read_response, status_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -419,13 +420,8 @@ def test_a_silent_part_is_cut_after_the_receive_timeout_and_frees_its_place(writ
         head = request_head(f"PUT {BASE}/{session['id']}/parts/0", MiB, sha(data))
         with socket.create_connection(("127.0.0.1", writer.port), timeout=15) as sock:
             sock.sendall(head + data[: MiB // 4])
-            answer = b""
-            while b"\r\n\r\n" not in answer:
-                received = sock.recv(65536)
-                if not received:
-                    break
-                answer += received
-        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+            answer = read_response(sock)
+        assert status_of(answer) == 408 and b'"request_timeout"' in answer, answer[:300]
         assert client.get(f"{BASE}/{session['id']}").json()["receivedParts"] == []
         assert put_part(client, session, 0, data).status_code == 200
 

@@ -51,8 +51,8 @@ def _tail(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> pathlib.Path:
-    work = tmp_path_factory.mktemp("wheel")
+def wheel(module_tmp_path) -> pathlib.Path:
+    work = module_tmp_path
     source = work / "source"  # a copy: an in-tree build would leave build/ and egg-info behind
     source.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")

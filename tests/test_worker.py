@@ -24,12 +24,14 @@ from .worker_harness import (
     event_types,
     events,
     lock_backend,
+    open_gate,
     start_worker,
     steps_done,
     task,
     terminate_backend,
     wait_checkpoint,
     wait_for,
+    wait_held,
     wait_task,
 )
 
@@ -194,13 +196,17 @@ def test_a_standby_worker_says_so_once_and_takes_over_when_the_active_one_dies(c
     second = start_worker(cluster, "second").wait_status("standby")
     answer = httpx.get(f"{second.url}/health/status", timeout=5)
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "2"
-    task_id = dispatch(cluster.database_url, "steps", {"steps": 100, "step_seconds": 0.05}, on_restart="retry")
-    wait_checkpoint(cluster.database_url, task_id, 2)
-    time.sleep(5)  # a few retries of the standby worker
+    # The first run waits at step 2 until the gate opens: it cannot finish before the kill,
+    # however long the standby's retries take on a loaded machine.
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 20, "step_seconds": 0.05, "hold_at": 2}, on_restart="retry")
+    wait_held(cluster.database_url, task_id, 2)
+    time.sleep(5)  # a few retries of the standby worker (every 2 s): it says so only once
     assert second.stderr.count("standby: another worker is active") == 1, second.stderr
     assert "arkvory-worker" in second.stderr  # it names the active one
+    assert task(cluster.database_url, task_id)["status"] == "running"
     first.kill()
     killed = time.monotonic()
+    open_gate(cluster.database_url, task_id)
     second.wait_active(timeout=15)
     assert time.monotonic() - killed < 8.0  # retried every 2 s; slack for a loaded machine
     done = wait_task(cluster.database_url, task_id, "completed", timeout=30)
@@ -270,21 +276,26 @@ def test_a_standby_worker_stops_at_once_on_sigterm(cluster, writer):
 
 def test_a_lost_lock_stops_the_task_and_no_write_of_the_old_holder_lands(cluster, writer):
     old = start_worker(cluster, "old").wait_active()
-    task_id = dispatch(cluster.database_url, "steps", {"steps": 60, "step_seconds": 0.05}, on_restart="retry")
-    wait_checkpoint(cluster.database_url, task_id, 3)
+    # The run waits before step 3 (steps 0-2 done and checkpointed) until the gate opens: frozen
+    # there, the old worker holds no transaction open, and the usage it recorded stays put.
+    task_id = dispatch(cluster.database_url, "steps", {"steps": 60, "step_seconds": 0.05, "hold_at": 3}, on_restart="retry")
+    wait_held(cluster.database_url, task_id, 3)
     # Freeze the active worker, end its lock connection, let another worker take over.
     old.signal(signal.SIGSTOP)
     try:
+        # The usage the old run recorded, carried into the new run (read before the new worker
+        # starts: afterwards its own steps would already count in it).
+        carried = task(cluster.database_url, task_id)["usage"]["items"]
+        assert carried == 3
         assert terminate_backend(cluster.database_url, lock_backend(cluster.database_url))
         new = start_worker(cluster, "new").wait_active(timeout=15)
         requeued = wait_for(
             lambda: [e for e in events(cluster.database_url, task_id) if e["type"] == "task.queued"][1:],
             "requeued by the new worker",
         )[0]
-        # The usage the old run recorded (it is frozen): the task's, carried into the new run.
-        carried = task(cluster.database_url, task_id)["usage"]["items"]
+        open_gate(cluster.database_url, task_id)  # for both runs: the new one holds at step 3 too
     finally:
-        old.signal(signal.SIGCONT)  # its kind wakes up mid-step and tries to go on
+        old.signal(signal.SIGCONT)  # its kind wakes up at the gate, mid-run, and tries to go on
     done = wait_task(cluster.database_url, task_id, "completed", timeout=30)
     assert done["attempts"] == 2 and done["result"] == {"steps": 60, "first": 0}
     # After the new worker requeued it, every write is the new run's: step n of it shows the

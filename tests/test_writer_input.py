@@ -16,7 +16,8 @@ import asyncpg
 import httpx
 import pytest
 
-from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, db_execute
+from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, db_execute, db_fetch, eventually
+from .rawhttp import complete, read_response, status_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,7 +30,7 @@ def raw_exchange(port: int, request: bytes, *, then_wait: float = 10.0) -> bytes
         sock.sendall(request)
         received = b""
         try:
-            while b"\r\n\r\n" not in received or not _complete(received):
+            while not complete(received):
                 data = sock.recv(65536)
                 if not data:
                     break
@@ -37,19 +38,6 @@ def raw_exchange(port: int, request: bytes, *, then_wait: float = 10.0) -> bytes
         except TimeoutError:
             pass
     return received
-
-
-def _complete(answer: bytes) -> bool:
-    head, _, body = answer.partition(b"\r\n\r\n")
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            return len(body) >= int(line.split(b":")[1])
-    return False
-
-
-def status_of(answer: bytes) -> int:
-    assert answer.startswith(b"HTTP/1.1 "), answer[:200]
-    return int(answer[9:12])
 
 
 @pytest.fixture
@@ -321,7 +309,14 @@ def test_too_many_connections_is_503_with_retry_after(cluster):
         " WHERE usename = $1 AND application_name NOT LIKE 'arkvory-%'",
         role,
     )
-    time.sleep(0.5)
+    eventually(  # pg_terminate_backend only signals: each backend exits a moment later
+        lambda: not db_fetch(
+            cluster.database_url,
+            "SELECT 1 FROM pg_stat_activity WHERE usename = $1 AND application_name NOT LIKE 'arkvory-%'",
+            role,
+        ),
+        "the pooled connections ended",
+    )
     with writer.client() as client:
         answer = client.get("/api/v1/repositories")
     assert answer.status_code == 503, answer.text
@@ -350,12 +345,9 @@ def test_a_silent_upload_is_cut_after_the_receive_timeout_and_frees_its_place(wr
         with writer.client() as client:
             assert_error(upload(client), 503, "busy")  # the one place is taken
         started = time.monotonic()
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            data = sock.recv(65536)  # the old code waited here for as long as the socket stayed open
-            if not data:
-                break
-            answer += data
+        # The whole answer: its body may come in a later read than its head. (The old code
+        # waited here for as long as the socket stayed open.)
+        answer = read_response(sock)
         waited = time.monotonic() - started
     assert status_of(answer) == 408 and b'"request_timeout"' in answer
     assert waited < 2 + 3
@@ -383,17 +375,6 @@ def test_stale_upload_temp_files_are_removed_at_start(cluster):
 
 
 # -- uploads: a principal's share of the places, and a minimum rate ------------------------------
-
-
-def read_answer(sock: socket.socket) -> bytes:
-    """The whole response (head and body), until the server closes or it is complete."""
-    answer = b""
-    while not (b"\r\n\r\n" in answer and _complete(answer)):
-        data = sock.recv(65536)
-        if not data:
-            break
-        answer += data
-    return answer
 
 
 def trickle(sock: socket.socket, stop: threading.Event, every_s: float = 0.5) -> None:
@@ -462,7 +443,7 @@ def test_an_upload_below_the_minimum_rate_is_cut_after_its_grace_and_frees_its_p
         started = time.monotonic()
         sender.start()
         try:
-            answer = read_answer(sock)
+            answer = read_response(sock)
         finally:
             stop.set()
             sender.join(5)
@@ -502,7 +483,7 @@ def test_a_resumable_content_put_cut_for_its_rate_keeps_the_parts_that_arrived(c
         started = time.monotonic()
         sender.start()
         try:
-            answer = read_answer(sock)
+            answer = read_response(sock)
         finally:
             stop.set()
             sender.join(5)

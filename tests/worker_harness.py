@@ -201,6 +201,17 @@ def steps_done(database_url: str, task_id: uuid.UUID) -> list[int]:
     return _run(database_url, work)
 
 
+def open_gate(database_url: str, task_id: uuid.UUID) -> None:
+    """Let a `steps` task held at its `hold_at` step go on (tests/worker_kinds.py)."""
+    _run(database_url, lambda conn: conn.execute("INSERT INTO test_worker_gates (task_id) VALUES ($1)", task_id))
+
+
+def wait_held(database_url: str, task_id: uuid.UUID, step: int, timeout: float = 30.0) -> dict:
+    """Until a `steps` task with `hold_at=step` waits at its gate: steps before it recorded and
+    checkpointed (every step checkpoints by default). Its usage stays put from then on."""
+    return wait_checkpoint(database_url, task_id, step, timeout)
+
+
 def lock_backend(database_url: str) -> int | None:
     """The backend pid holding the worker lock."""
     rows = _run(

@@ -25,6 +25,7 @@ What weed needed (4.48), each found the hard way:
 - `-s3.autoCreateBucket` (default on) lets an admin identity's PUT create a missing bucket.
 - A restarted single master waits a whole election timeout (10 s) before leading: 1 s here.
 - gRPC Unix sockets go to /tmp/seaweedfs-KIND-grpc-PORT.sock whatever we say; removed after a stop.
+- Its log goes to stderr *and* to files in /tmp (glog's default): `-logtostderr`, before `server`.
 - Buckets are made through the filer (a bucket is the directory /buckets/NAME): `weed shell`
   does it too but never exits on end of input.
 
@@ -331,7 +332,9 @@ class SeaweedFS:
     def _argv(self) -> list[str]:
         p = self.ports
         return [
-            str(self.weed), "server",
+            # Its log to stderr (weed.log) only: by default it also writes weed.HOST.USER.log.*
+            # files into /tmp, a set per start, never removed.
+            str(self.weed), "-logtostderr", "server",
             f"-dir={self.data_dir}",
             f"-ip={HOST}", f"-ip.bind={HOST}",  # the default -ip is not this machine
             f"-master.port={p.master}", f"-master.port.grpc={p.master_grpc}",
