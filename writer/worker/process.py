@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage
+from arkvory.shared.storage import BlobStorage
 from arkvory.writer.tasks import kinds
 
 from .health import build_health_app
@@ -66,7 +66,7 @@ class WorkerProcess:
         settings: Settings,
         keys: KeyRing,
         pool: asyncpg.Pool,
-        storage: Storage,
+        storage: BlobStorage,
         schema_version: int,
         registry: CollectorRegistry | None = None,
     ) -> None:
