@@ -108,11 +108,15 @@ class S3Cluster(Cluster):
         return blob_key(sha256) in self.object_keys()
 
     def put_object(self, key: str, data: bytes) -> None:
-        """Write an object straight into the bucket (no metadata), as a person or a bug would."""
+        """Write an object (`key` under the prefix) straight into the bucket, without metadata,
+        as a person or a bug would."""
         import obstore
 
-        store = self.object_store()
-        asyncio.run(obstore.put_async(store._store, store._full(key), data))
+        async def put() -> None:
+            store = self.object_store()
+            await obstore.put_async(store._store, store._full(key), data)
+
+        asyncio.run(put())
 
     # -- no credential anywhere -----------------------------------------------------------------
 
