@@ -189,7 +189,7 @@ async def prepare_object_storage(
         )
         found = storage_id
     _require_match(storage, recorded or found, found)
-    root.mkdir(parents=True, exist_ok=True)
+    _make_local(root)
     storage.create_local_dirs()
     _write_local_id(root, found)
     return storage
@@ -216,7 +216,7 @@ async def verify_object_storage(
                 " ARKVORY_DATA_DIR"
             )
     _require_match(storage, recorded, await _reach(storage))
-    root.mkdir(parents=True, exist_ok=True)  # local state (the read cache), not storage
+    _make_local(root)  # local state (the read cache), not storage
     return storage
 
 
@@ -246,6 +246,16 @@ def _require_match(storage: ObjectStorage, recorded: str | None, found: str | No
             f"{STORAGE_URL}: storage id mismatch: {storage.describe()} has {found}, the database expects"
             f" {recorded}: this bucket/prefix belongs to another installation"
         )
+
+
+def _make_local(root: pathlib.Path) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupRefused(
+            f"ARKVORY_DATA_DIR {root}: cannot create this host's local state directory ({exc.strerror});"
+            " it must be writable by this process"
+        ) from None
 
 
 def _write_local_id(root: pathlib.Path, storage_id: str) -> None:
