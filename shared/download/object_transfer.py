@@ -7,12 +7,15 @@ How the bytes come from the store:
   time (obstore hands Python ~one buffer per MiB; docs/s3-client-choice.md), each buffer written
   to the connection as it is, with the connection's flow control as the only pace.
 - **Throttled**: bounded segments, each one range GET read whole before its first byte is sent
-  (its connection goes straight back to the pool), sized to about SEGMENT_S of this transfer's
-  fair share (the process rate over the transfers sending, within the principal's rate), between
-  MIN_SEGMENT and MAX_SEGMENT. One open GET per slow download would keep a connection and its
-  buffers per download (366 MiB for 1,000 of them); segments keep about SEGMENT_S of the
-  process's rate in memory, whatever the number of downloads. Later segments carry `If-Match`
-  with the first one's ETag, so a body never joins two versions of an object.
+  (its connection goes straight back to the pool). A transfer's first segment is small
+  (FIRST_SEGMENT); each next one holds about SEGMENT_S of what the transfer was actually sent
+  at, at most twice the last one and never more than SEGMENT_S of its fair share (the process
+  rate over the transfers sending, within the principal's rate), between MIN_SEGMENT and
+  MAX_SEGMENT. At most FETCHES_AT_ONCE segment GETs run at once per process. One open GET per
+  slow download would keep a connection and its buffers per download (366 MiB for 1,000 of
+  them); segments keep about SEGMENT_S of the process's rate in memory, whatever the number of
+  downloads. Later segments carry `If-Match` with the first one's ETag, so a body never joins
+  two versions of an object.
 
 Tokens are asked only for bytes already read (a slow store never holds tokens others could use),
 and buffers go to the socket as zero-copy memoryviews. Before every write, as in transfer.py's
@@ -29,8 +32,11 @@ file: the artifact is gone (404) or its content is (503 `content_unavailable`).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +46,7 @@ from starlette.types import Send
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Busy, ContentUnavailable, LeaseLost, NotFound, TransferAborted, Unavailable
 from arkvory.shared.http.protocol import ConnectionHandle
-from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError
+from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError, StorageUnavailable
 
 from .serving import ServingProcess
 from .transfer import _LAST_BODY, UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone
@@ -49,9 +55,11 @@ log = logging.getLogger("arkvory.content")
 
 KiB, MiB = 1024, 1024 * 1024
 UNTHROTTLED_BUFFER = 1 * MiB
-SEGMENT_S = 1.0
+SEGMENT_S = 0.5
+FIRST_SEGMENT = 128 * KiB
 MIN_SEGMENT = 64 * KiB
 MAX_SEGMENT = 8 * MiB
+FETCHES_AT_ONCE = 32  # segment GETs in flight per process: bounds their buffers and connections
 RETRY_AFTER_S = 2
 
 
@@ -65,25 +73,28 @@ class StoreSource:
         start: int,
         length: int,
         *,
-        segment_size: Callable[[], int] | None,
+        segment_cap: Callable[[], int] | None,
         counted: Callable[[str], None] = lambda result: None,
     ) -> None:
         self._storage = storage
         self._sha256 = sha256
         self._offset = start  # of the next byte to read from the store
         self._end = start + length
-        self._segment_size = segment_size  # None: one streaming GET (unthrottled)
+        self._segment_cap = segment_cap  # None: one streaming GET (unthrottled)
+        self._last_segment = 0  # bytes of the last segment, and since when it was being sent
+        self._last_since = 0.0
         self._counted = counted
         self._buffers: collections.deque[memoryview] = collections.deque()
         self.buffered = 0  # bytes read from the store and not yet taken
         self._stream: Any = None
+        self._ahead: asyncio.Future | None = None
         self.etag: str | None = None
 
     async def fill(self) -> None:
         """Have at least one byte buffered (reads the next segment or buffer from the store);
         StorageError when the store fails, BlobNotFound when the object is not there."""
         while not self.buffered:
-            if self._segment_size is None:
+            if self._segment_cap is None:
                 await self._next_buffer()
             else:
                 await self._next_segment()
@@ -100,21 +111,36 @@ class StoreSource:
         return head
 
     async def _next_segment(self) -> None:
-        assert self._segment_size is not None
-        size = min(max(self._segment_size(), 1), self._end - self._offset)
+        size = min(self._next_segment_size(), self._end - self._offset)
         try:
-            async with self._storage.open_range(
-                self._sha256, self._offset, size, chunk_size=size, if_match=self.etag
-            ) as reader:
-                if self.etag is None and getattr(reader, "stat", None) is not None:
-                    self.etag = reader.stat.etag
-                async for buffer in reader:
-                    self._keep(buffer)
+            async with _fetch_gate():
+                async with self._storage.open_range(
+                    self._sha256, self._offset, size, chunk_size=size, if_match=self.etag
+                ) as reader:
+                    if self.etag is None and getattr(reader, "stat", None) is not None:
+                        self.etag = reader.stat.etag
+                    # Copied into a buffer of exactly the segment's size: the client library's
+                    # buffers may share (and keep alive) a larger read buffer of its connection.
+                    segment = bytearray(size)
+                    filled = await reader.readinto(segment)
+                    if filled != size:
+                        raise StorageUnavailable(f"the read of {self._sha256} ended after {filled} of {size} bytes")
+                    self._keep(segment)
         except StorageError:
             self._counted("failed")
             raise
         self._counted("ok")
         self._offset += size
+        self._last_segment, self._last_since = size, time.monotonic()
+
+    def _next_segment_size(self) -> int:
+        assert self._segment_cap is not None
+        if not self._last_segment:
+            size = FIRST_SEGMENT
+        else:
+            sent_in = max(time.monotonic() - self._last_since, 1e-3)
+            size = min(self._last_segment / sent_in * SEGMENT_S, 2 * self._last_segment)
+        return int(min(max(min(size, self._segment_cap()), MIN_SEGMENT), MAX_SEGMENT))
 
     async def _next_buffer(self) -> None:
         if self._stream is None:
@@ -127,8 +153,14 @@ class StoreSource:
                 self._counted("failed")
                 raise
             self._counted("ok")
-        buffer = await self._stream.__anext__()  # never ends short: StorageUnavailable instead
+        ahead, self._ahead = self._ahead, None
+        # Never ends short: StorageUnavailable instead.
+        buffer = await (ahead if ahead is not None else self._stream.__anext__())
         self._offset += self._keep(buffer)
+        if self._offset < self._end:
+            # One buffer read ahead while this one goes to the socket: the store and the
+            # client's connection then work at the same time, not in turns.
+            self._ahead = asyncio.ensure_future(self._stream.__anext__())
 
     def _keep(self, buffer: Any) -> int:
         view = memoryview(buffer)
@@ -143,13 +175,35 @@ class StoreSource:
         """Drop what is buffered and cut an open GET (its connection is closed, not reused)."""
         self._buffers.clear()
         self.buffered = 0
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.cancel()  # not awaited: this may run in a task that is being cancelled
+            ahead.add_done_callback(_retrieved)
         stream, self._stream = self._stream, None
         if stream is not None:
             await stream.aclose()
 
 
-def segment_size_for(runtime: ServingProcess) -> Callable[[], int] | None:
-    """About SEGMENT_S of one transfer's fair share now, or None when nothing is metered."""
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # a read-ahead nobody waits for any more: its error is not news
+
+
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _fetch_gate() -> asyncio.Semaphore:
+    """The process's bound on segment GETs in flight (one event loop serves a process)."""
+    loop = asyncio.get_running_loop()
+    gate = _gates.get(loop)
+    if gate is None:
+        gate = _gates[loop] = asyncio.Semaphore(FETCHES_AT_ONCE)
+    return gate
+
+
+def segment_cap_for(runtime: ServingProcess) -> Callable[[], int] | None:
+    """The largest segment now: SEGMENT_S of one transfer's fair share; None when nothing is
+    metered (one streaming GET then)."""
     bandwidth = runtime.bandwidth
     if bandwidth.unlimited:
         return None
@@ -180,7 +234,7 @@ async def stream_from_store(
     reads = runtime.metrics.storage_reads
     source = StoreSource(
         storage, response.artifact.sha256, start, length,
-        segment_size=segment_size_for(runtime), counted=lambda result: reads.labels(result=result).inc(),
+        segment_cap=segment_cap_for(runtime), counted=lambda result: reads.labels(result=result).inc(),
     )
     try:
         try:
