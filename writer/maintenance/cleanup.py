@@ -354,17 +354,20 @@ async def _stray_files(ctx, grace: int) -> dict:
                 )
 
     listing = storage.listing(offload=_on_disk)
-    while True:
-        _stop_if_cancelled(ctx)
-        async with _paced():
-            page = await anext(listing, None)
-        if page is None:
-            break
-        old = {blob.sha256: blob.size for blob in page if blob.modified < cutoff}
-        scanned += len(old)
-        pending.update(old)
-        if len(pending) >= SCAN_BATCH:
-            await settle()
+    try:
+        while True:
+            _stop_if_cancelled(ctx)
+            async with _paced():
+                page = await anext(listing, None)
+            if page is None:
+                break
+            old = {blob.sha256: blob.size for blob in page if blob.modified < cutoff}
+            scanned += len(old)
+            pending.update(old)
+            if len(pending) >= SCAN_BATCH:
+                await settle()
+    finally:
+        await listing.aclose()
     await settle()
     if _spare_transition(ctx):
         await ctx.progress(message=f"stray blob files: {scanned} old file(s) checked, {deleted} deleted")
