@@ -31,10 +31,11 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
-# Every ARKVORY_* name a process may meet in its environment: its own settings (read below) and
-# the client's (`arkvory get/put`, which a user may have exported in the same shell). Any other
-# ARKVORY_* name is a typo, and a typo must not fall back to a default silently.
-CLIENT_VARIABLES = frozenset({"ARKVORY_URL", "ARKVORY_TOKEN", "ARKVORY_PROFILE"})
+# Every ARKVORY_* name a process may meet in its environment: its own settings (read below), the
+# client's (`arkvory get/put`, which a user may have exported in the same shell) and the `weed`
+# binary of `arkvory dev --storage s3` (shared/cli/seaweedfs.py). Any other ARKVORY_* name is a
+# typo, and a typo must not fall back to a default silently.
+CLIENT_VARIABLES = frozenset({"ARKVORY_URL", "ARKVORY_TOKEN", "ARKVORY_PROFILE", "ARKVORY_WEED"})
 
 
 # The object store's credentials (SPEC §11): the standard AWS variables, not ARKVORY_ ones. Read

@@ -351,9 +351,7 @@ def _run(state: pathlib.Path, gateways: int, base_port: int, storage: str = "fil
             common |= object_store.environ(S3_BUCKET)
             common.pop("AWS_REGION", None)
             location = f"s3://{S3_BUCKET} on SeaweedFS at {object_store.endpoint_url}"
-        # ARKVORY_WEED is ours, not the servers' (they would refuse it as an unknown variable).
-        inherited = {k: v for k, v in os.environ.items() if k != "ARKVORY_WEED"}
-        base = {**inherited, **common, "ARKVORY_HOST": "127.0.0.1"}
+        base = {**os.environ, **common, "ARKVORY_HOST": "127.0.0.1"}
         if gateways:
             slots = gateways + 1
             base |= {

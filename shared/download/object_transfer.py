@@ -7,15 +7,16 @@ How the bytes come from the store:
   time (obstore hands Python ~one buffer per MiB; docs/s3-client-choice.md), each buffer written
   to the connection as it is, with the connection's flow control as the only pace.
 - **Throttled**: bounded segments, each one range GET read whole before its first byte is sent
-  (its connection goes straight back to the pool). A transfer's first segment is small
-  (FIRST_SEGMENT); each next one holds about SEGMENT_S of what the transfer was actually sent
-  at, at most twice the last one and never more than SEGMENT_S of its fair share (the process
-  rate over the transfers sending, within the principal's rate), between MIN_SEGMENT and
+  (its connection goes straight back to the pool), the next one fetched once half of the current
+  one is sent (a transfer never waits on the store between segments). A transfer's first segment
+  is small (FIRST_SEGMENT); each next one holds about SEGMENT_S of the rate the current one is
+  actually sent at, at most twice it and never more than SEGMENT_S of its fair share (the
+  process rate over the transfers sending, within the principal's rate), between MIN_SEGMENT and
   MAX_SEGMENT. At most FETCHES_AT_ONCE segment GETs run at once per process. One open GET per
   slow download would keep a connection and its buffers per download (366 MiB for 1,000 of
-  them); segments keep about SEGMENT_S of the process's rate in memory, whatever the number of
-  downloads. Later segments carry `If-Match` with the first one's ETag, so a body never joins
-  two versions of an object.
+  them); segments keep at most about 1.5 × SEGMENT_S of the process's rate in memory, whatever
+  the number of downloads. Later segments carry `If-Match` with the first one's ETag, so a body
+  never joins two versions of an object.
 
 Tokens are asked only for bytes already read (a slow store never holds tokens others could use),
 and buffers go to the socket as zero-copy memoryviews. Before every write, as in transfer.py's
@@ -37,7 +38,7 @@ import collections
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -78,15 +79,16 @@ class StoreSource:
     ) -> None:
         self._storage = storage
         self._sha256 = sha256
-        self._offset = start  # of the next byte to read from the store
+        self._offset = start  # of the next byte asked of the store
         self._end = start + length
         self._segment_cap = segment_cap  # None: one streaming GET (unthrottled)
-        self._last_segment = 0  # bytes of the last segment, and since when it was being sent
-        self._last_since = 0.0
+        self._current = 0  # bytes of the segment being sent, and since when
+        self._current_since = 0.0
         self._counted = counted
         self._buffers: collections.deque[memoryview] = collections.deque()
         self.buffered = 0  # bytes read from the store and not yet taken
         self._stream: Any = None
+        # The next buffer (unthrottled) or segment (throttled) on its way.
         self._ahead: asyncio.Future | None = None
         self.etag: str | None = None
 
@@ -96,8 +98,11 @@ class StoreSource:
         while not self.buffered:
             if self._segment_cap is None:
                 await self._next_buffer()
-            else:
-                await self._next_segment()
+                continue
+            ahead, self._ahead = self._ahead, None
+            segment = await (ahead if ahead is not None else self._segment(min(FIRST_SEGMENT, self._segment_cap())))
+            self._keep(segment)
+            self._current, self._current_since = len(segment), time.monotonic()
 
     def take(self, most: int) -> memoryview:
         """Up to `most` buffered bytes (at least one; `fill` first), without copying."""
@@ -108,14 +113,26 @@ class StoreSource:
             self._buffers[0] = head[most:]
             head = head[:most]
         self.buffered -= len(head)
+        if (
+            self._segment_cap is not None and self._ahead is None and self._offset < self._end
+            and self.buffered <= self._current // 2
+        ):
+            # Half of this segment is sent: fetch the next one meanwhile, so that a transfer
+            # never waits for the store between two segments.
+            self._ahead = asyncio.ensure_future(self._segment(self._next_segment_size()))
         return head
 
-    async def _next_segment(self) -> None:
-        size = min(self._next_segment_size(), self._end - self._offset)
+    def _segment(self, wanted: int) -> Awaitable[bytearray]:
+        """Reserve the next `wanted` bytes (fewer at the end) and return their fetch."""
+        size = min(wanted, self._end - self._offset)
+        start, self._offset = self._offset, self._offset + size
+        return self._fetch(start, size)
+
+    async def _fetch(self, start: int, size: int) -> bytearray:
         try:
             async with _fetch_gate():
                 async with self._storage.open_range(
-                    self._sha256, self._offset, size, chunk_size=size, if_match=self.etag
+                    self._sha256, start, size, chunk_size=size, if_match=self.etag
                 ) as reader:
                     if self.etag is None and getattr(reader, "stat", None) is not None:
                         self.etag = reader.stat.etag
@@ -125,22 +142,20 @@ class StoreSource:
                     filled = await reader.readinto(segment)
                     if filled != size:
                         raise StorageUnavailable(f"the read of {self._sha256} ended after {filled} of {size} bytes")
-                    self._keep(segment)
         except StorageError:
             self._counted("failed")
             raise
         self._counted("ok")
-        self._offset += size
-        self._last_segment, self._last_since = size, time.monotonic()
+        return segment
 
     def _next_segment_size(self) -> int:
+        """SEGMENT_S of the rate this transfer's current segment is being sent at, at most twice
+        that segment and never above the fair share's cap."""
         assert self._segment_cap is not None
-        if not self._last_segment:
-            size = FIRST_SEGMENT
-        else:
-            sent_in = max(time.monotonic() - self._last_since, 1e-3)
-            size = min(self._last_segment / sent_in * SEGMENT_S, 2 * self._last_segment)
-        return int(min(max(min(size, self._segment_cap()), MIN_SEGMENT), MAX_SEGMENT))
+        sent = self._current - self.buffered
+        rate = sent / max(time.monotonic() - self._current_since, 1e-3)
+        size = min(rate * SEGMENT_S, 2 * self._current, self._segment_cap())
+        return int(min(max(size, MIN_SEGMENT), MAX_SEGMENT))
 
     async def _next_buffer(self) -> None:
         if self._stream is None:

@@ -13,6 +13,9 @@ the requests Arkvory makes of a bucket, with obstore's errors translated into th
 
 Keys given to and returned by `ObjectStore` are relative to the prefix
 (`blobs/sha256/ab/cd/<hex>`); the prefix is added and removed here.
+
+It stays one module past the usual length on purpose: it is the one place that speaks obstore,
+and the error translation (`classify`) must see every request.
 """
 
 from __future__ import annotations
