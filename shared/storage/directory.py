@@ -24,7 +24,7 @@ import asyncpg
 
 from arkvory.shared.errors import StartupRefused
 
-from .interface import BlobStat, ListedBlob, Offload, StorageUnavailable
+from .interface import BlobNotFound, BlobStat, ListedBlob, Offload, StorageUnavailable
 from .local import UPLOAD_PREFIX, LocalState, fsync_directory
 from .open_blobs import OpenBlobs, close_in_background
 
@@ -251,8 +251,6 @@ class FileRange:
         try:
             self._fd = await asyncio.to_thread(os.open, self._path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            from .interface import BlobNotFound
-
             raise BlobNotFound(f"no file {self._path}", setting="ARKVORY_DATA_DIR") from None
         return self
 
