@@ -16,12 +16,13 @@ COPY writer ./writer
 COPY gateway ./gateway
 RUN pip install . && rm -rf /src
 
-# A fixed uid, so a storage volume keeps one owner across rebuilds. The storage directory exists
-# in the image owned by that user: Docker copies its ownership into a new named volume.
+# A fixed uid, so a storage volume keeps one owner across rebuilds. The storage directory (and
+# `local`, a gateway's own state with an object store) exists in the image owned by that user:
+# Docker copies its ownership into a new named volume.
 RUN groupadd --system --gid 10001 arkvory \
     && useradd --system --uid 10001 --gid arkvory --home-dir /var/lib/arkvory \
        --shell /usr/sbin/nologin arkvory \
-    && mkdir -p /var/lib/arkvory/data \
+    && mkdir -p /var/lib/arkvory/data /var/lib/arkvory/local \
     && chown -R arkvory:arkvory /var/lib/arkvory
 
 WORKDIR /var/lib/arkvory

@@ -26,6 +26,7 @@
     └── StartupError               (exit_status; the process refuses to start)
         ├── SlotBusy               exit 3: another holder still renews the slot
         ├── DatabaseUnavailable    exit 69: cannot reach the database (a restart may help)
+        ├── StorageUnreachable     exit 69: cannot reach the object store (a restart may help)
         └── StartupRefused         exit 78: storage, policy or schema do not match
 """
 
@@ -187,6 +188,10 @@ class SlotBusy(StartupError):
 
 class DatabaseUnavailable(StartupError):
     exit_status = 69  # EX_UNAVAILABLE: transient, the service manager may retry
+
+
+class StorageUnreachable(StartupError):
+    exit_status = 69  # the object store did not answer: transient like the database
 
 
 class StartupRefused(StartupError):

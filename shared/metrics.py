@@ -75,13 +75,26 @@ class Metrics:
             "arkvory_transfer_aborts",
             "Transfers that ended before their last byte, by direction (download, upload) and "
             "reason: cut by the server (send_timeout, receive_timeout, min_rate, lease_lost, "
-            "process_failed, pins_unwritable, short_read) or lost by the client (client_gone)",
+            "process_failed, pins_unwritable, short_read, storage_unavailable) or lost by the "
+            "client (client_gone)",
             ["direction", "reason"],
             registry=registry,
         )
         self.policy_slots = Gauge(
             "arkvory_download_policy_slots",
             "Slots of the download policy this process runs under (0 = standalone, no policy)",
+            registry=registry,
+        )
+        self.storage_available = Gauge(
+            "arkvory_storage_available",
+            "1 while this process's storage (the directory, or the object store) answers its "
+            "probe, 0 while reads from it answer 503",
+            registry=registry,
+        )
+        self.storage_reads = Counter(
+            "arkvory_storage_read_requests",
+            "Range requests sent to the object store for downloads, by result (ok, failed)",
+            ["result"],
             registry=registry,
         )
         self.read_pins_write_age = Gauge(

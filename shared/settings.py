@@ -31,10 +31,21 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
-# Every ARKVORY_* name a process may meet in its environment: its own settings (read below) and
-# the client's (`arkvory get/put`, which a user may have exported in the same shell). Any other
-# ARKVORY_* name is a typo, and a typo must not fall back to a default silently.
-CLIENT_VARIABLES = frozenset({"ARKVORY_URL", "ARKVORY_TOKEN", "ARKVORY_PROFILE"})
+# Every ARKVORY_* name a process may meet in its environment: its own settings (read below), the
+# client's (`arkvory get/put`, which a user may have exported in the same shell) and the `weed`
+# binary of `arkvory dev --storage s3` (shared/cli/seaweedfs.py). Any other ARKVORY_* name is a
+# typo, and a typo must not fall back to a default silently.
+CLIENT_VARIABLES = frozenset({"ARKVORY_URL", "ARKVORY_TOKEN", "ARKVORY_PROFILE", "ARKVORY_WEED"})
+
+
+# The object store's credentials (SPEC §11): the standard AWS variables, not ARKVORY_ ones. Read
+# here so that a process pointed at S3 sees them in one place; never shown in a message or repr.
+AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
+DEFAULT_S3_REGION = "us-east-1"
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_REGION = re.compile(r"[a-z0-9-]{1,64}")
 
 
 class SettingsError(Exception):
@@ -61,6 +72,33 @@ class SharedDownloads:
     @property
     def principal_share_bytes_per_second(self) -> int:
         return self.per_principal_bytes_per_second // self.slots
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectStoreSettings:
+    """Where blobs live when they are on an S3-compatible object store (SPEC §11)."""
+
+    bucket: str
+    prefix: str = ""  # "" or "some/path" (no slash at either end)
+    endpoint_url: str | None = None  # None: AWS
+    region: str = DEFAULT_S3_REGION
+    access_key_id: str | None = None  # None: the usual AWS credential chain
+    secret_access_key: str | None = dataclasses.field(default=None, repr=False)
+    session_token: str | None = dataclasses.field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        secret = "***" if self.secret_access_key else None
+        token = "***" if self.session_token else None
+        return (
+            f"ObjectStoreSettings(url={self.url!r}, endpoint_url={self.endpoint_url!r},"
+            f" region={self.region!r}, access_key_id={self.access_key_id!r},"
+            f" secret_access_key={secret!r}, session_token={token!r})"
+        )
+
+    @property
+    def url(self) -> str:
+        """`s3://BUCKET[/PREFIX]`: what the database records as the storage's location."""
+        return f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +142,10 @@ class Settings:
     cleanup_grace_s: int = 3600
     verify_bytes_per_second: int = 64 * 1024 * 1024  # 0: unthrottled
     worker_port: int = 8090
+    # None: blobs in the storage directory ARKVORY_DATA_DIR (`file:`); else on an object store,
+    # with ARKVORY_DATA_DIR the host's local state (upload parts, the read cache).
+    object_store: ObjectStoreSettings | None = None
+    cache_max_bytes: int = 0  # the read cache of object-store blobs; 0 = off
 
     def __repr__(self) -> str:
         # The DSN may carry a password: show it masked, never raw.
@@ -115,6 +157,11 @@ class Settings:
     @property
     def is_writer(self) -> bool:
         return self.role == "api"
+
+    @property
+    def storage_url(self) -> str:
+        """`file:` or `s3://BUCKET[/PREFIX]`: never a path or a credential."""
+        return "file:" if self.object_store is None else self.object_store.url
 
     @property
     def slot(self) -> int:
@@ -217,7 +264,16 @@ class Settings:
                 "ARKVORY_VERIFY_BYTES_PER_SECOND", 0, MAX_RATE, 64 * 1024 * 1024
             ),
             worker_port=reader.integer("ARKVORY_WORKER_PORT", 1, 65535, 8090),
+            object_store=_object_store(reader),
+            cache_max_bytes=reader.integer("ARKVORY_CACHE_MAX_BYTES", 0, 2**50, 0),
         )
+        storage_failed = "ARKVORY_STORAGE_URL" in reader.failed
+        if values["cache_max_bytes"] and values["object_store"] is None and not storage_failed:
+            reader.problem(
+                "ARKVORY_CACHE_MAX_BYTES",
+                "expected 0 (off) with ARKVORY_STORAGE_URL=file: (the read cache keeps copies of "
+                "object-store blobs; a storage directory is read directly)",
+            )
         cert, key = values["tls_cert_file"], values["tls_key_file"]
         tls_failed = {"ARKVORY_TLS_CERT_FILE", "ARKVORY_TLS_KEY_FILE"} & reader.failed
         if (cert is None) != (key is None) and not tls_failed:
@@ -229,6 +285,87 @@ class Settings:
         if reader.problems:
             raise SettingsError(reader.problems)
         return cls(**values)
+
+
+def _object_store(reader: _Reader) -> ObjectStoreSettings | None:
+    """ARKVORY_STORAGE_URL and, for `s3://`, its endpoint, region and the AWS credentials."""
+    url = reader.text("ARKVORY_STORAGE_URL", "file:")
+    endpoint = reader._raw("ARKVORY_S3_ENDPOINT_URL")
+    region = reader._raw("ARKVORY_S3_REGION")
+    if url == "file:":
+        for name, value in (("ARKVORY_S3_ENDPOINT_URL", endpoint), ("ARKVORY_S3_REGION", region)):
+            if value is not None:
+                reader.problem(name, "expected to be unset with ARKVORY_STORAGE_URL=file: (set "
+                               "ARKVORY_STORAGE_URL=s3://BUCKET[/PREFIX] to use an object store)")
+        return None
+    try:
+        bucket, prefix = parse_storage_url(url)
+    except ValueError as exc:
+        reader.problem("ARKVORY_STORAGE_URL", str(exc), show_value=False)
+        return None
+    if endpoint is not None:
+        try:
+            endpoint = check_endpoint(endpoint)
+        except ValueError as exc:
+            reader.problem("ARKVORY_S3_ENDPOINT_URL", str(exc), show_value=False)
+    if region is not None and not _REGION.fullmatch(region):
+        reader.problem("ARKVORY_S3_REGION", "expected a region name such as us-east-1")
+    environ = reader.environ
+    access = (environ.get(AWS_ACCESS_KEY_ID) or "").strip() or None
+    secret = environ.get(AWS_SECRET_ACCESS_KEY) or None
+    if (access is None) != (secret is None):
+        missing, present = (
+            (AWS_SECRET_ACCESS_KEY, AWS_ACCESS_KEY_ID) if secret is None else (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)
+        )
+        # Never the value: it is a credential.
+        reader.problem(missing, f"not set, but {present} is; set both or neither", show_value=False)
+    return ObjectStoreSettings(
+        bucket=bucket, prefix=prefix, endpoint_url=endpoint, region=region or DEFAULT_S3_REGION,
+        access_key_id=access, secret_access_key=secret,
+        session_token=(environ.get(AWS_SESSION_TOKEN) or None) if access else None,
+    )
+
+
+def parse_storage_url(url: str) -> tuple[str, str]:
+    """`s3://BUCKET[/PREFIX]` -> (bucket, prefix without slashes at either end); ValueError
+    saying what is expected (without the variable's name)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme != "s3" or parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"expected file: or s3://BUCKET[/PREFIX], got {_shown_url(url)!r}")
+    bucket, prefix = parts.netloc, parts.path.strip("/")
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+        raise ValueError(f"expected a bucket name of 3-63 characters a-z 0-9 . -, got {bucket!r}")
+    segments = prefix.split("/") if prefix else []
+    if any(s in ("", ".", "..") for s in segments) or any(ord(c) < 32 for c in prefix):
+        raise ValueError(f"the prefix {prefix!r} has an empty, '.' or '..' segment")
+    return bucket, prefix
+
+
+def _shown_url(url: str) -> str:
+    # A URL with user:password@ would show a secret: only its scheme then.
+    return url if "@" not in url else url.split(":", 1)[0] + "://***"
+
+
+def check_endpoint(url: str) -> str:
+    """An http(s)://HOST[:PORT] endpoint without credentials, trailing slash removed; ValueError
+    saying what is expected (without the value when it may hold a secret)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        has_credentials = parts.username is not None or parts.password is not None
+    except ValueError:
+        raise ValueError("expected http(s)://HOST[:PORT]") from None
+    if has_credentials:
+        raise ValueError(f"must not contain credentials; use {AWS_ACCESS_KEY_ID} and {AWS_SECRET_ACCESS_KEY}")
+    try:
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or parts.query:
+        raise ValueError(f"expected http(s)://HOST[:PORT], got {url!r}")
+    return url.rstrip("/")
 
 
 def _shared_downloads(reader: _Reader, role: str) -> SharedDownloads | None:

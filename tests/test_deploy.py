@@ -728,3 +728,136 @@ def test_compose_environment_builds_valid_settings(compose, tmp_path):
         if "ARKVORY_ROLE" in env:
             settings = settings_from(env, tmp_path)
             assert settings.shared is not None, f"{name} must run with the shared budget"
+
+
+# -- several hosts on an object store (SPEC §11) --------------------------------------------------
+
+MULTI = DEPLOY / "multi-host"
+S3_COMPOSE_ENV = {
+    "ARKVORY_DB_PASSWORD": PLACEHOLDER_DB_PASSWORD,
+    "COMPOSE_PROFILES": "s3",
+    "ARKVORY_STORAGE_URL": "s3://arkvory",
+    "ARKVORY_S3_ENDPOINT_URL": "http://seaweedfs:8333",
+    "ARKVORY_GATEWAY_DATA_DIR": "/var/lib/arkvory/local",
+    "S3_ACCESS_KEY_ID": "arkvory",
+    "S3_SECRET_ACCESS_KEY": "test-secret",
+}
+
+
+def test_compose_s3_profile_runs_seaweedfs_and_points_every_process_at_the_bucket(tmp_path):
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    raw = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    compose = _interpolate(raw, S3_COMPOSE_ENV)
+    services = compose["services"]
+    seaweedfs, bucket = services["seaweedfs"], services["seaweedfs-bucket"]
+    assert seaweedfs["profiles"] == ["s3"] and bucket["profiles"] == ["s3"]
+    command = seaweedfs["command"]
+    assert command[0] == "server" and "-s3" in command and "-s3.port=8333" in command
+    assert "-s3.autoCreateBucket=false" in command  # a mistyped bucket must fail, not appear
+    assert "-s3.config=/run/secrets/seaweedfs-s3" in command and seaweedfs["secrets"] == ["seaweedfs-s3"]
+    assert "seaweedfs-s3" in compose["secrets"]
+    assert bucket["depends_on"]["seaweedfs"]["condition"] == "service_healthy"
+    assert "/buckets/arkvory/" in " ".join(bucket["command"])
+    writer_needs = services["writer"]["depends_on"]["seaweedfs-bucket"]
+    assert writer_needs == {"condition": "service_completed_successfully", "required": False}
+
+    arkvory = {n: s for n, s in services.items() if "ARKVORY_ROLE" in _environment(s)}
+    local_dirs = set()
+    for name, service in arkvory.items():
+        env = _environment(service)
+        settings = settings_from(env, tmp_path)
+        assert settings.storage_url == "s3://arkvory", name
+        assert settings.object_store.endpoint_url == "http://seaweedfs:8333"
+        assert settings.object_store.access_key_id == "arkvory" and "test-secret" not in repr(settings)
+        if env["ARKVORY_ROLE"] == "reader":
+            # A gateway's local state is a volume of its own, writable, shared with no one.
+            (mount,) = [m for m in _mounts(service) if m[1] == env["ARKVORY_DATA_DIR"]]
+            assert mount[2] is False and mount[0] in compose["volumes"]
+            local_dirs.add(mount[0])
+    assert len(local_dirs) == len([s for s in arkvory.values() if _environment(s)["ARKVORY_ROLE"] == "reader"])
+    # The worker keeps the writer's local state (it sweeps the writer's upload files).
+    worker = next(s for s in services.values() if s.get("command") == ["arkvory", "worker"])
+    assert _environment(worker)["ARKVORY_DATA_DIR"] == _environment(services["writer"])["ARKVORY_DATA_DIR"]
+    from arkvory.writer.worker.startup import worker_settings
+
+    keys = tmp_path / "keys.toml"
+    assert worker_settings({**_environment(worker), "ARKVORY_KEYS_FILE": str(keys)}).storage_url == "s3://arkvory"
+
+
+def test_compose_without_the_profile_keeps_the_storage_directory(compose, tmp_path):
+    for name, service in compose["services"].items():
+        env = _environment(service)
+        if "ARKVORY_ROLE" in env:
+            assert settings_from(env, tmp_path).object_store is None, name
+
+
+@pytest.fixture(scope="module")
+def multi_host() -> dict[str, dict[str, str]]:
+    env = MULTI / "env"
+    common = read_env_file(env / "common.env.example")
+    return {
+        "common": common,
+        "writer": {"ARKVORY_ROLE": "api", **common, **read_env_file(env / "host-a-writer.env.example")},
+        "worker": {**common, **read_env_file(env / "host-a-worker.env.example")},
+        "gateway1": {"ARKVORY_ROLE": "reader", "ARKVORY_GATEWAY_SLOT": "1", **common,
+                     **read_env_file(env / "host-b-gateway-1.env.example")},
+        "gateway2": {"ARKVORY_ROLE": "reader", "ARKVORY_GATEWAY_SLOT": "2", **common,
+                     **read_env_file(env / "host-c-gateway-2.env.example")},
+    }
+
+
+MULTI_WRITER = "10.0.0.11:8080"
+MULTI_GATEWAYS = ("10.0.0.12:8080", "10.0.0.13:8080")
+
+
+def test_multi_host_env_examples_build_one_installation_on_one_bucket(multi_host, tmp_path):
+    from arkvory.writer.worker.startup import worker_settings
+
+    common = multi_host["common"]
+    assert not {"ARKVORY_ROLE", "ARKVORY_GATEWAY_SLOT", "ARKVORY_PORT", "ARKVORY_HOST", "ARKVORY_DATA_DIR"} & common.keys()
+    assert common["ARKVORY_STORAGE_URL"].startswith("s3://") and "AWS_SECRET_ACCESS_KEY" in common
+    processes = {name: settings_from(multi_host[name], tmp_path) for name in ("writer", "gateway1", "gateway2")}
+    keys = tmp_path / "keys.toml"
+    worker = worker_settings({**multi_host["worker"], "ARKVORY_KEYS_FILE": str(keys)})
+    for settings in (*processes.values(), worker):
+        assert settings.object_store is not None and settings.storage_url == common["ARKVORY_STORAGE_URL"]
+    addresses = [f"{s.host}:{s.port}" for s in processes.values()]
+    assert addresses == [MULTI_WRITER, *MULTI_GATEWAYS]
+    assert [s.slot for s in processes.values()] == [0, 1, 2]
+    assert processes["writer"].shared.slots == 3
+    # No directory is shared: each host's local state is its own; the worker's is the writer's.
+    data_dirs = [s.data_dir for s in processes.values()]
+    assert len(set(data_dirs)) == 3 and worker.data_dir == processes["writer"].data_dir
+    drop_in = read_unit(MULTI / "systemd" / "arkvory-gateway@.service.d" / "object-store.conf")["Service"]
+    assert drop_in["StateDirectory"] == ["arkvory/gateway-%i"]
+    assert covers(drop_in["ReadWritePaths"], str(processes["gateway1"].data_dir).replace("gateway-1", "gateway-%i"))
+
+
+def test_multi_host_balancers_route_content_across_the_hosts_and_the_rest_to_the_writer():
+    nginx = (MULTI / "nginx" / "arkvory.conf").read_text()
+    haproxy = (MULTI / "haproxy" / "haproxy.cfg").read_text()
+    expected = sorted([[MULTI_WRITER], [MULTI_WRITER, *MULTI_GATEWAYS]])
+    assert sorted(_nginx_upstreams(nginx).values()) == expected
+    assert sorted(_haproxy_backends(haproxy).values()) == expected
+    # The same routing as the one-host files, only the addresses differ.
+    strip = lambda text: [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]  # noqa: E731
+    one_host = {NGINX_CONF: nginx, HAPROXY_CFG: haproxy}
+    for path, text in one_host.items():
+        local = path.read_text()
+        for old, new in zip(("127.0.0.1:8080", "127.0.0.1:8081", "127.0.0.1:8082"), (MULTI_WRITER, *MULTI_GATEWAYS)):
+            local = local.replace(old, new)
+        assert strip(local) == strip(text), path.name
+
+
+def test_multi_host_balancer_configurations_are_accepted(tmp_path):
+    haproxy = _binary("haproxy", "haproxy")
+    result = subprocess.run(
+        [haproxy, "-c", "-f", str(MULTI / "haproxy" / "haproxy.cfg")], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    nginx = _binary("nginx", "nginx-light")
+    wrapper = _nginx_wrapper(tmp_path, MULTI / "nginx" / "arkvory.conf")
+    result = subprocess.run(
+        [nginx, "-t", "-p", str(tmp_path), "-c", str(wrapper)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr

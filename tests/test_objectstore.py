@@ -1,4 +1,4 @@
-"""shared/storage/s3.py against a real SeaweedFS (tests/s3store.py): exact ranges, multipart
+"""shared/storage/s3_client.py against a real SeaweedFS (tests/s3store.py): exact ranges, multipart
 publishing, cut streams that leave no connection behind, a store killed mid-stream, and the
 errors an operator sees for wrong credentials or a missing bucket. No S3 mock anywhere."""
 
@@ -14,15 +14,13 @@ import random
 import obstore
 import pytest
 
-from arkvory.shared.storage.s3 import (
+from arkvory.shared.settings import Settings, SettingsError
+from arkvory.shared.storage.s3_client import (
     IDENTITY_KEY,
-    InvalidSetting,
     NotFound,
     ObjectStore,
     Refused,
-    S3Settings,
     Unavailable,
-    parse_storage_url,
 )
 
 from .s3store import Bucket, s3_bucket, seaweedfs  # noqa: F401  (pytest fixtures)
@@ -37,7 +35,13 @@ def run(coroutine):
 
 def store_of(bucket: Bucket, prefix: str = "", **overrides: str) -> ObjectStore:
     environ = {**bucket.environ(prefix), **overrides}
-    return ObjectStore(S3Settings.from_environ(environ), connect_timeout=2.0, read_timeout=10.0)
+    return ObjectStore(object_store_settings(environ), connect_timeout=2.0, read_timeout=10.0)
+
+
+def object_store_settings(environ: dict[str, str]):
+    """The object store's part of the settings (shared/settings.py reads and checks them)."""
+    base = {"ARKVORY_DATABASE_URL": "postgresql://arkvory@127.0.0.1/arkvory", "ARKVORY_DATA_DIR": "/nonexistent"}
+    return Settings.from_env({**base, **environ}).object_store
 
 
 def blob(tmp_path: pathlib.Path, size: int, name: str = "blob") -> tuple[pathlib.Path, bytes, str]:
@@ -75,19 +79,27 @@ async def read_all(store: ObjectStore, key: str, start: int, length: int, **kw) 
 # --- settings -----------------------------------------------------------------------------------
 
 
+def problems_of(environ: dict[str, str]) -> list[str]:
+    with pytest.raises(SettingsError) as caught:
+        object_store_settings(environ)
+    return caught.value.problems
+
+
 def test_storage_urls_parse_and_bad_ones_name_the_variable() -> None:
-    assert parse_storage_url("s3://bucket") == ("bucket", "")
-    assert parse_storage_url("s3://my.bucket-1/a/b/") == ("my.bucket-1", "a/b")
-    for bad in ("file:", "s3://", "s3://B", "s3://ab", "s3://b..b", "s3://bucket/a//b",
+    assert object_store_settings({"ARKVORY_STORAGE_URL": "s3://bucket"}).url == "s3://bucket"
+    parsed = object_store_settings({"ARKVORY_STORAGE_URL": "s3://my.bucket-1/a/b/"})
+    assert (parsed.bucket, parsed.prefix) == ("my.bucket-1", "a/b")
+    assert object_store_settings({"ARKVORY_STORAGE_URL": "file:"}) is None
+    for bad in ("s3://", "s3://B", "s3://ab", "s3://b..b", "s3://bucket/a//b",
                 "s3://bucket/../x", "s3://user:pw@bucket", "https://bucket/x", "s3://bucket?x=1"):
-        with pytest.raises(InvalidSetting, match=r"^ARKVORY_STORAGE_URL: ") as caught:
-            parse_storage_url(bad)
-        assert caught.value.setting == "ARKVORY_STORAGE_URL"
+        (line,) = problems_of({"ARKVORY_STORAGE_URL": bad})
+        assert line.startswith("ARKVORY_STORAGE_URL: "), line
+        assert "pw" not in line
 
 
 def test_settings_come_from_the_environment_and_never_show_a_secret() -> None:
     secret, token = "s3cr3t-Value-never-shown", "session-token-never-shown"
-    settings = S3Settings.from_environ({
+    settings = object_store_settings({
         "ARKVORY_STORAGE_URL": "s3://bucket/pre",
         "ARKVORY_S3_ENDPOINT_URL": "http://127.0.0.1:9000/",
         "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": secret,
@@ -99,23 +111,24 @@ def test_settings_come_from_the_environment_and_never_show_a_secret() -> None:
     shown = repr(settings) + str(settings) + repr(ObjectStore(settings))
     assert secret not in shown and token not in shown and "AKIDEXAMPLE" in shown
 
-    with pytest.raises(InvalidSetting, match=r"^AWS_SECRET_ACCESS_KEY: not set") as caught:
-        S3Settings.from_environ({"ARKVORY_STORAGE_URL": "s3://bucket", "AWS_ACCESS_KEY_ID": "AK"})
-    assert caught.value.setting == "AWS_SECRET_ACCESS_KEY"
-    with pytest.raises(InvalidSetting, match=r"^ARKVORY_S3_REGION: "):
-        S3Settings.from_environ(
-            {"ARKVORY_STORAGE_URL": "s3://bucket", "ARKVORY_S3_REGION": "US EAST"}
-        )
+    assert problems_of({"ARKVORY_STORAGE_URL": "s3://bucket", "AWS_ACCESS_KEY_ID": "AK"}) == [
+        "AWS_SECRET_ACCESS_KEY: not set, but AWS_ACCESS_KEY_ID is; set both or neither"
+    ]
+    (line,) = problems_of({"ARKVORY_STORAGE_URL": "s3://bucket", "ARKVORY_S3_REGION": "US EAST"})
+    assert line.startswith("ARKVORY_S3_REGION: ")
     for endpoint in ("ftp://host", "http://", "http://host:99999", "localhost:9000"):
-        with pytest.raises(InvalidSetting, match=r"^ARKVORY_S3_ENDPOINT_URL: "):
-            S3Settings.from_environ({"ARKVORY_STORAGE_URL": "s3://bucket",
-                                     "ARKVORY_S3_ENDPOINT_URL": endpoint})
-    with pytest.raises(
-        InvalidSetting, match=r"^ARKVORY_S3_ENDPOINT_URL: must not contain"
-    ) as caught:
-        S3Settings.from_environ({"ARKVORY_STORAGE_URL": "s3://bucket",
-                                 "ARKVORY_S3_ENDPOINT_URL": f"http://AK:{secret}@host:9000"})
-    assert secret not in str(caught.value)
+        (line,) = problems_of({"ARKVORY_STORAGE_URL": "s3://bucket", "ARKVORY_S3_ENDPOINT_URL": endpoint})
+        assert line.startswith("ARKVORY_S3_ENDPOINT_URL: ")
+    (line,) = problems_of(
+        {"ARKVORY_STORAGE_URL": "s3://bucket", "ARKVORY_S3_ENDPOINT_URL": f"http://AK:{secret}@host:9000"}
+    )
+    assert line.startswith("ARKVORY_S3_ENDPOINT_URL: must not contain") and secret not in line
+    (line,) = problems_of({"ARKVORY_STORAGE_URL": "file:", "ARKVORY_S3_ENDPOINT_URL": "http://h:1"})
+    assert line.startswith("ARKVORY_S3_ENDPOINT_URL: expected to be unset with ARKVORY_STORAGE_URL=file:")
+    (line,) = problems_of({"ARKVORY_CACHE_MAX_BYTES": "1048576"})
+    assert line.startswith("ARKVORY_CACHE_MAX_BYTES: expected 0 (off) with ARKVORY_STORAGE_URL=file:")
+    assert problems_of({"ARKVORY_STORAGE_URL": "s3://bucket", "ARKVORY_CACHE_MAX_BYTES": "-1"})[0].startswith(
+        "ARKVORY_CACHE_MAX_BYTES: expected an integer in 0..")
 
 
 # --- reading and writing ------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Writer routes for artifacts: the small-file upload shortcut, list, show and delete (SPEC §6).
 
-An upload streams into a temporary file inside the storage directory while its SHA-256 is
-computed (in batches, in a worker thread: writer/upload_store.py). Only once it is complete,
-one transaction claims its digest (writer/maintenance/blob_locks.py: cleanup cannot unlink an
-identical old blob we are about to reuse), places the file under its digest, and inserts the
-blob and artifact rows with the Idempotency-Key: an interrupted body leaves neither an artifact
-nor a stray file, and a retry with the same key replays the first artifact instead of creating
-a second.
+An upload streams into a temporary file inside ARKVORY_DATA_DIR while its SHA-256 is computed
+(in batches, in a worker thread: writer/upload_store.py). Only once it is complete is it staged
+to the storage (an object store receives the bytes then, outside any transaction; a directory
+needs nothing), and one transaction claims its digest (writer/maintenance/blob_locks.py: cleanup
+cannot remove an identical old blob we are about to reuse), publishes the blob under its digest
+and inserts the blob and artifact rows with the Idempotency-Key: an interrupted body leaves
+neither an artifact nor a stray file, and a retry with the same key replays the first artifact
+instead of creating a second. A store that fails meanwhile answers 503 `unavailable` (retry
+later, with the same key) and nothing is visible.
 
 Delete removes the metadata at once; the blob stays for the cleanup task. An artifact that a
 package version or an asset still points at cannot be deleted (409): a published version is
@@ -30,12 +32,12 @@ from starlette.routing import Route
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import Repository, check_text, parse_uuid, repository_for_read
-from arkvory.shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from arkvory.shared.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, Unavailable
 from arkvory.shared.http.bodies import declared_length
 from arkvory.shared.http.media_types import upload_media_type
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage, is_out_of_space, out_of_space
+from arkvory.shared.storage import BlobStorage, StorageError, is_out_of_space, out_of_space
 from arkvory.shared.storage.upload_files import hold_in_use, remove_own_file
 
 from .idempotency import HeldKey, Result, holding_key, idempotent
@@ -73,7 +75,7 @@ def artifact_json(row) -> dict:
 
 @contextlib.asynccontextmanager
 async def received_body(
-    request: Request, storage: Storage, settings: Settings, metrics: Metrics
+    request: Request, storage: BlobStorage, settings: Settings, metrics: Metrics
 ) -> AsyncIterator[tuple[pathlib.Path, str, int]]:
     """Stream the body to a temp file (fsynced); yields (temp path, sha256, size). The caller
     places it with `place_claimed_blob` inside its publishing transaction; the temp file is
@@ -114,26 +116,50 @@ async def received_body(
         await remove_own_file(partial, fd)  # unless published; in a thread: it may be large
 
 
+STORAGE_RETRY_AFTER_S = 5
+
+
+def storage_failed(exc: StorageError) -> Unavailable:
+    """The 503 an upload answers when the store fails it: nothing was made visible, and the
+    same request (the same Idempotency-Key, or `complete` again) finishes it later."""
+    return Unavailable(
+        f"the storage could not take the blob now ({exc.message}); nothing was published: retry"
+        " later", retry_after=STORAGE_RETRY_AFTER_S,
+    )
+
+
+async def stage_blob(storage: BlobStorage, source: str | os.PathLike, sha256: str, size: int) -> None:
+    """Before the publishing transaction: bring the verified bytes to the storage (an object
+    store's upload; nothing for a directory). A failure is a 503 and leaves nothing visible."""
+    try:
+        await storage.stage(source, sha256, size)
+    except StorageError as exc:
+        raise storage_failed(exc) from None
+
+
 async def place_claimed_blob(
-    conn: asyncpg.Connection, storage: Storage, source: str | os.PathLike, sha256: str, size: int,
+    conn: asyncpg.Connection, storage: BlobStorage, source: str | os.PathLike, sha256: str, size: int,
     *, link: bool = False,
 ) -> None:
-    """Inside a publishing transaction: claim the digest (writer/maintenance/blob_locks.py),
-    place the blob under it (replacing a file already there, which nobody has checked since:
-    shared/storage/directory.py `place_blob`) and insert its row. The claim lasts until the commit that
-    makes the artifact visible, so cleanup cannot unlink the file between our placing it and
-    our reference to it.
+    """Inside a publishing transaction (after `stage_blob`): claim the digest
+    (writer/maintenance/blob_locks.py), publish the blob under it (a directory replaces a file
+    already there, which nobody has checked since: shared/storage/directory.py `place_blob`; an
+    object store checks that the staged object is still there) and insert its row. The claim
+    lasts until the commit that makes the artifact visible, so cleanup cannot remove the blob
+    between our publishing it and our reference to it.
 
     `source` holds bytes whose digest the caller computed, so the blob is good again: its
     storage diagnostic (missing, or corrupt) goes in the same transaction, and at the commit
     every process drops a cached descriptor of a file we replaced (it may be a rotten one)."""
     await claim_for_upload(conn, sha256)
     try:
-        replaced = await asyncio.to_thread(storage.place_blob, source, sha256, link=link)
+        replaced = await storage.publish(source, sha256, size, link=link)
     except OSError as exc:
         if is_out_of_space(exc):
             raise out_of_space(exc) from None
         raise
+    except StorageError as exc:
+        raise storage_failed(exc) from None
     await conn.execute(
         "INSERT INTO arkvory_blobs (sha256, size) VALUES ($1, $2) ON CONFLICT DO NOTHING",
         sha256, size, timeout=POOLED_QUERY_TIMEOUT_S,
@@ -177,6 +203,7 @@ async def _publish_received(
 ) -> Response:
     storage = runtime_of(request).storage
     assert storage is not None
+    await stage_blob(storage, partial, sha256, size)
 
     async def publish(conn: asyncpg.Connection) -> Result:
         await place_claimed_blob(conn, storage, partial, sha256, size)

@@ -23,7 +23,7 @@ import asyncpg
 
 from arkvory.shared.db import pooled
 from arkvory.shared.errors import Conflict
-from arkvory.shared.storage import Storage, fsync_directory, is_out_of_space, out_of_space
+from arkvory.shared.storage import BlobStorage, fsync_directory, is_out_of_space, out_of_space
 from arkvory.shared.storage.upload_files import remove_upload_sessions, sweep_upload_sessions
 
 
@@ -111,7 +111,7 @@ def part_span(session: asyncpg.Record, index: int) -> tuple[int, int]:
     return offset, min(session["size"], offset + session["part_size"]) - offset
 
 
-def session_path(storage: Storage, session_id: uuid.UUID) -> str:
+def session_path(storage: BlobStorage, session_id: uuid.UUID) -> str:
     return storage.upload_session_file(session_id)
 
 
@@ -122,7 +122,7 @@ def session_path(storage: Storage, session_id: uuid.UUID) -> str:
 _RESERVING = threading.Lock()
 
 
-def allocate_session_file(path: str, size: int, storage: Storage, reserve: int) -> None:
+def allocate_session_file(path: str, size: int, storage: BlobStorage, reserve: int) -> None:
     """Worker thread: the session's file, with its space reserved now, so that a full disk is
     a 507 at creation rather than in the middle of the upload, and concurrent sessions cannot
     promise the same free space twice (statvfs counts what fallocate took, and `_RESERVING`
@@ -193,7 +193,7 @@ def unlink_quietly(path: str) -> None:
 
 
 async def remove_sessions(
-    conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID], *, only_expired: bool = True,
+    conn: asyncpg.Connection, storage: BlobStorage, ids: list[uuid.UUID], *, only_expired: bool = True,
     only_open: bool = False,
 ) -> list[uuid.UUID]:
     """Sessions and their files, except those in use; returns the ids removed (shared/storage/upload_files.py)."""
@@ -203,7 +203,7 @@ async def remove_sessions(
 
 
 async def sweep_expired_uploads(
-    pool: asyncpg.Pool, storage: Storage, *, orphans_older_than_s: float | None = None,
+    pool: asyncpg.Pool, storage: BlobStorage, *, orphans_older_than_s: float | None = None,
     busy: ActiveUploads | None = None, limit: int | None = None,
 ) -> int:
     """Remove sessions past their expiry with their files; returns how many. For the worker's

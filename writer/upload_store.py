@@ -22,7 +22,7 @@ from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, Payloa
 from arkvory.shared.http.bodies import MIN_RATE_GRACE_S, MinimumRate, ReceiveTimedOut, body_chunks
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage, is_out_of_space, out_of_space
+from arkvory.shared.storage import BlobStorage, is_out_of_space, out_of_space
 
 log = logging.getLogger("arkvory.uploads")
 
@@ -95,7 +95,7 @@ class BatchedReceiver:
         fd: int,
         regions: list[Region],
         *,
-        storage: Storage,
+        storage: BlobStorage,
         reserve: int,
         check_room: bool,
         whole: hashlib._Hash | None = None,

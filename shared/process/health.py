@@ -1,5 +1,9 @@
 """Health endpoints (SPEC §8): status for the balancer, readiness for operators, metrics.
 
+Readiness also says where the process runs (`host`, `address`) and whether its storage answers
+(`storage`: available or unavailable, with `storageLocation` and, while it does not answer,
+`storageProblem`: one line naming the setting to look at, never a credential).
+
 Readiness and metrics also say how many stored blobs the verify task found missing or corrupt
 (`storageDiagnostics`, gauge `arkvory_storage_diagnostics{problem}`), on every process: an
 operator who watches any one of them learns of it. The counts come from the database, so they
@@ -148,6 +152,13 @@ async def ready(request: Request) -> Response:
             }
         },
         "schemaVersion": runtime.schema_version,
+        # Where this process runs and where its blobs are: with an object store, processes may
+        # run on several hosts (SPEC §11).
+        "host": runtime.hostname,
+        "address": runtime.address,
+        "storage": "available" if runtime.storage_available else "unavailable",
+        "storageLocation": runtime.storage.location if runtime.storage is not None else None,
+        "storageProblem": runtime.storage_health.reason,
         "storageDiagnostics": await _diagnostics_of(runtime).current(getattr(runtime, "pool", None)),
     }
     if runtime.status != "ready":

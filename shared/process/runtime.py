@@ -7,7 +7,8 @@ of them (download/serving.py), never the Runtime itself.
 
 `Runtime.start` does everything that may refuse the start (settings are already valid): the
 database, the writer lock or the gateway's maintenance lock, migrations or the schema check,
-storage identity, the download policy and the slot lease. Only then does the server bind its
+storage identity (a directory or an object store: shared/storage/opening.py), the download policy
+and the slot lease. Only then does the server bind its
 port, so a process that cannot serve never accepts a connection.
 
 The lease renews in its own thread from the moment it is acquired (shared/cluster/lease.py). The
@@ -16,6 +17,10 @@ the serving loop (shared/cluster/supervision.py): whatever ends one of them unex
 serving at once and exits 75 (78 when another writer took the writer lock), never a silently
 dead task. `payload_allowed()` is the one cheap answer the streaming code asks before every
 chunk.
+
+With an object store, a probe loop (shared/storage/health.py) says whether it answers: while it
+does not, `/health/status` is 503 (the balancer takes the process out) and reads answer 503, but
+the process keeps its lease and answers everything that needs no blob, and comes back by itself.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from arkvory.shared.download.throttle import BandwidthScheduler
 from arkvory.shared.errors import DatabaseUnavailable, LeaseLost, StartupError, StartupRefused
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage, open_blobs, prepare_storage, verify_storage
+from arkvory.shared.storage import BlobStorage, StorageHealth, open_blobs, open_storage
 from arkvory.shared.storage.upload_files import sweep_at_start
 
 log = logging.getLogger("arkvory.runtime")
@@ -63,7 +68,9 @@ class Runtime:
         observe_database(self.registry)  # every loop of this process reports its database attempts there
         self.control: ControlConnection | None = None
         self.pool: asyncpg.Pool | None = None
-        self.storage: Storage | None = None
+        self.storage: BlobStorage | None = None
+        self.storage_health = StorageHealth()
+        self.hostname = socket.gethostname()
         self.lease: SlotLease | None = None
         self.schema_version: int | None = None
         self.schema_too_new = False
@@ -136,6 +143,7 @@ class Runtime:
         assert self.control is not None
         await self.control.take_lock("writer")
         self.schema_version, self.storage = await prepare_writer_state(control, self.settings)
+        self.storage_health.storage = self.storage
         await policy.save_or_check(control, self.settings.shared)
 
     async def _start_gateway(self, control: asyncpg.Connection) -> None:
@@ -163,7 +171,8 @@ class Runtime:
             )
             return
         await self.control.take_lock("maintenance")
-        self.storage = await verify_storage(control, self.settings.data_dir)
+        self.storage = await open_storage(control, self.settings, who="a gateway")
+        self.storage_health.storage = self.storage
         await policy.check(control, self.settings.shared)
 
     def _subscribe(self, control: ControlConnection) -> None:
@@ -197,6 +206,7 @@ class Runtime:
         self.metrics.observe_status(lambda: self.status)
         self.metrics.policy_slots.set(self.settings.shared.slots if self.settings.shared else 0)
         self.metrics.read_pins_write_age.set_function(self.pins.write_age)
+        self.metrics.storage_available.set_function(lambda: 1.0 if self.storage_available else 0.0)
 
     # -- state read by every request --------------------------------------------------------
 
@@ -210,7 +220,23 @@ class Runtime:
         return self.failure is None and self.pins.healthy
 
     @property
+    def address(self) -> str:
+        """Where this process listens (ARKVORY_HOST:ARKVORY_PORT), as its readiness reports it."""
+        host = self.settings.host
+        return f"[{host}]:{self.settings.port}" if ":" in host else f"{host}:{self.settings.port}"
+
+    @property
+    def storage_available(self) -> bool:
+        return self.storage is not None and self.storage_health.available
+
+    @property
     def status(self) -> str:
+        serving = self._serving_status()
+        if serving == "ready" and not self.storage_health.available:
+            return "unavailable"  # the balancer takes us out until the store answers again
+        return serving
+
+    def _serving_status(self) -> str:
         if self.schema_too_new or self.storage is None:
             return "unavailable"
         if not self.payload_allowed():
@@ -222,7 +248,9 @@ class Runtime:
     @property
     def may_serve(self) -> bool:
         """True while this process may answer authorized requests (payload or metadata): the
-        status is ready or draining. Asked several times per download, so not via `status`."""
+        status is ready or draining. Asked several times per download, so not via `status`. A
+        store that does not answer is no reason to refuse what needs no blob: reads of blobs
+        answer 503 themselves (shared/download/object_transfer.py)."""
         return not self.schema_too_new and self.storage is not None and self.payload_allowed()
 
     def shared_downloads(self) -> dict[str, Any] | None:
@@ -267,6 +295,8 @@ class Runtime:
         loops: list[tuple[str, Any]] = [("read pins", pins), ("control connection", self.control.run)]
         if self.lease is not None:
             loops.append(("lease watcher", self._watch_lease))
+        if self.storage is not None and self.storage.kind != "file":
+            loops.append(("storage probe", self.storage_health.run))
         return loops + self.extra_loops
 
     async def _watch_lease(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
@@ -347,12 +377,12 @@ def advertised_url(settings: Settings) -> str:
     return f"{scheme}://{host}:{settings.port}"
 
 
-async def prepare_writer_state(control: asyncpg.Connection, settings: Settings) -> tuple[int, Storage]:
+async def prepare_writer_state(control: asyncpg.Connection, settings: Settings) -> tuple[int, BlobStorage]:
     """What the writer does first, under the writer lock, and `arkvory admin init` without a
     server: migrate the schema, create the storage (or insist that it is this database's), and
     sweep what interrupted uploads left. Returns (schema version, storage)."""
     version = await db.migrate(control)
-    storage = await prepare_storage(control, settings.data_dir)
+    storage = await open_storage(control, settings, who="the writer")
     await sweep_at_start(control, storage, settings.receive_timeout_s)
     return version, storage
 

@@ -1,35 +1,54 @@
-"""Where blobs live. Callers import the storage API from here, not from the backend's module:
+"""Where blobs live. Callers import the storage API from here, not from a backend's module:
 
-    from arkvory.shared.storage import Storage, prepare_storage, verify_storage
+    from arkvory.shared.storage import BlobStorage, open_storage
 
-directory.py is the storage directory (its identity and the content-addressed blob layout);
-open_blobs.py keeps the descriptors the download path reuses, upload_files.py the upload files
-in use and their removal.
+interface.py is the interface every caller uses (reading, publishing, maintenance, identity) and
+its errors; directory.py is the directory backend (`file:`: the content-addressed layout in
+ARKVORY_DATA_DIR), s3.py the object-store backend (`s3://`; its requests in s3_client.py, loaded
+only when configured); opening.py opens the one the settings name and checks its identity;
+health.py keeps watch on whether it answers. local.py is the host's local state both share
+(upload files, free space); open_blobs.py keeps the descriptors the download path reuses,
+upload_files.py the upload files in use and their removal.
 
 May import: the basics (settings, errors, logs, metrics, db). Not http/ or cluster/, which stand
 beside it, nor anything above.
 """
 
-from .directory import (
-    ID_FILE,
-    UPLOAD_PREFIX,
-    Storage,
-    fsync_directory,
-    is_out_of_space,
-    out_of_space,
-    prepare_storage,
-    to_the_end,
-    verify_storage,
+from .directory import ID_FILE, Storage, prepare_storage, verify_storage
+from .health import StorageHealth
+from .interface import (
+    BlobNotFound,
+    BlobReader,
+    BlobStat,
+    BlobStorage,
+    ListedBlob,
+    StorageError,
+    StorageRefused,
+    StorageUnavailable,
 )
+from .local import UPLOAD_PREFIX, LocalState, fsync_directory, is_out_of_space, out_of_space, to_the_end
+from .opening import open_storage, recorded_storage
 
 __all__ = [
     "ID_FILE",
     "UPLOAD_PREFIX",
+    "BlobNotFound",
+    "BlobReader",
+    "BlobStat",
+    "BlobStorage",
+    "ListedBlob",
+    "LocalState",
     "Storage",
+    "StorageError",
+    "StorageHealth",
+    "StorageRefused",
+    "StorageUnavailable",
     "fsync_directory",
     "is_out_of_space",
+    "open_storage",
     "out_of_space",
     "prepare_storage",
+    "recorded_storage",
     "to_the_end",
     "verify_storage",
 ]

@@ -1,96 +1,47 @@
-"""The storage directory: its identity (SPEC §3) and the content-addressed blob layout
-(upload files in use and their removal: upload_files.py).
+"""The directory backend (`ARKVORY_STORAGE_URL=file:`): its identity (SPEC §3) and the
+content-addressed blob layout in ARKVORY_DATA_DIR (upload files in use and their removal:
+upload_files.py).
 
 The writer creates the layout and the storage id on first start; a gateway only verifies them
 and never creates anything, so a gateway pointed at the wrong directory stops instead of
 serving an empty store.
+
+Every blob is a local file: downloads send it zero-copy (`acquire_file`), publishing is a rename
+or a link inside the digest's claim (`place_blob`), and nothing needs staging.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import pathlib
 import re
 import uuid
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
-import anyio
-import anyio.lowlevel
 import asyncpg
 
-from arkvory.shared.errors import InsufficientStorage, StartupRefused
+from arkvory.shared.errors import StartupRefused
 
+from .interface import BlobNotFound, BlobStat, ListedBlob, Offload, StorageUnavailable
+from .local import UPLOAD_PREFIX, LocalState, fsync_directory
 from .open_blobs import OpenBlobs, close_in_background
 
 ID_FILE = "arkvory-storage-id"
-UPLOAD_PREFIX = "upload-"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-# errno values that mean "no room": the disk, or the user's or project's quota.
-_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_HEX2 = re.compile(r"^[0-9a-f]{2}$")
+READ_CHUNK = 1024 * 1024
 
 
-T = TypeVar("T")
+class Storage(LocalState):
+    kind = "file"
+    location = "file:"
 
-
-async def to_the_end(work: Awaitable[T]) -> T:
-    """Await `work` to its end even when the caller is cancelled meanwhile, then raise the
-    cancellation.
-
-    A file operation handed to a thread cannot be stopped: a caller that holds the locks
-    guarding those files (digest claims, file locks) must not let them go, by unwinding, before
-    the thread is done. Shielded from anyio's cancel scopes (no re-delivery while we wait) and
-    from a plain `Task.cancel()` alike."""
-    future = asyncio.ensure_future(work)
-    cancelled = False
-    with anyio.CancelScope(shield=True):
-        while not future.done():
-            try:
-                await asyncio.shield(future)
-            except asyncio.CancelledError:
-                cancelled = cancelled or not future.done()
-            except Exception:
-                pass  # the future's own error, raised below
-    if cancelled:
-        if not future.cancelled():
-            future.exception()  # retrieved: the cancellation is what the caller must see
-        raise asyncio.CancelledError()
-    # Then re-check: a cancel that anyio held back while we were shielded is raised here, not
-    # at whatever the caller awaits next.
-    await anyio.lowlevel.checkpoint_if_cancelled()
-    return future.result()
-
-
-def fsync_directory(path: str | os.PathLike) -> None:
-    """Make a rename or a new entry in `path` durable (the file's own fsync does not)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def is_out_of_space(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in _NO_SPACE
-
-
-def out_of_space(exc: OSError | None = None) -> InsufficientStorage:
-    """The one 507 every writing path raises, whether the disk said ENOSPC or our reserve did."""
-    reason = "the storage directory is full" if exc is not None else (
-        "the upload would leave less free space than ARKVORY_MIN_FREE_BYTES"
-    )
-    return InsufficientStorage(f"{reason}; nothing was kept: free space or retry later")
-
-
-class Storage:
     def __init__(self, root: pathlib.Path) -> None:
-        self.root = root
+        super().__init__(root)
         self.blobs = root / "blobs" / "sha256"
         self._blobs_prefix = str(self.blobs)
-        self.tmp = root / "tmp"
-        self.uploads = root / "uploads"  # resumable upload sessions (writer only)
         # Descriptors the download path reuses; closed off the event loop (open_blobs.py).
         self.open_blobs = OpenBlobs(self.blob_file, close=close_in_background)
 
@@ -104,22 +55,105 @@ class Storage:
             raise ValueError(f"not a SHA-256 hex digest: {sha256!r}")
         return f"{self._blobs_prefix}/{sha256[:2]}/{sha256[2:4]}/{sha256}"
 
-    def upload_session_file(self, session_id: uuid.UUID) -> str:
-        """Where a resumable upload session keeps its bytes (writer/upload_sessions.py)."""
-        return os.path.join(self.uploads, str(session_id))
+    # -- the storage interface (interface.py) ----------------------------------------------
 
-    def free_bytes(self) -> int:
-        """Bytes an unprivileged writer may still use in the storage directory."""
-        stats = os.statvfs(self.root)
-        return stats.f_bavail * stats.f_frsize
+    def acquire_file(self, sha256: str) -> int:
+        return self.open_blobs.acquire(sha256)
 
-    def require_room(self, incoming: int, reserve: int) -> None:
-        """Refuse (507) before writing `incoming` more bytes would leave under `reserve` free.
+    def release_file(self, sha256: str, fd: int) -> None:
+        self.open_blobs.release(sha256, fd)
 
-        Checked before an upload starts (from its declared size) and again per written batch,
-        so a disk that fills meanwhile is noticed within one batch, not at ENOSPC."""
-        if self.free_bytes() - incoming < reserve:
-            raise out_of_space()
+    def open_range(
+        self, sha256: str, start: int, length: int, *, chunk_size: int = READ_CHUNK, if_match: str | None = None
+    ) -> FileRange:
+        """(`if_match` needs nothing here: a range is read through one descriptor.)"""
+        return FileRange(self.blob_file(sha256), start, length, chunk_size)
+
+    async def stat(self, sha256: str) -> BlobStat | None:
+        try:
+            found = os.stat(self.blob_file(sha256))
+        except FileNotFoundError:
+            return None
+        return BlobStat(sha256, found.st_size, found.st_mtime, version=f"{found.st_dev}:{found.st_ino}")
+
+    async def stage(self, source: str | os.PathLike, sha256: str, size: int) -> None:
+        """Nothing to do: `publish` renames or links the file within the same filesystem."""
+
+    async def publish(self, source: str | os.PathLike, sha256: str, size: int, *, link: bool = False) -> bool:
+        return await asyncio.to_thread(self.place_blob, source, sha256, link=link)
+
+    async def listing(self, *, offload: Offload | None = None) -> AsyncIterator[list[ListedBlob]]:
+        """One page per `blobs/sha256/<ab>/` directory."""
+        run = offload or asyncio.to_thread
+        try:
+            tops = sorted(e.name for e in os.scandir(self.blobs) if _HEX2.match(e.name))
+        except FileNotFoundError:
+            tops = []
+        for top in tops:
+            page = await run(self._files_under, top)
+            if page:
+                yield page
+
+    def _files_under(self, top: str) -> list[ListedBlob]:
+        found = []
+        try:
+            middles = [e for e in os.scandir(self.blobs / top) if _HEX2.match(e.name)]
+        except (FileNotFoundError, NotADirectoryError):
+            return found
+        for middle in middles:
+            try:
+                entries = list(os.scandir(middle.path))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                name = entry.name
+                if not _SHA256.match(name) or name[:2] != top or name[2:4] != middle.name:
+                    continue  # not ours: leave it for a person to look at
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        stat = entry.stat(follow_symlinks=False)
+                        found.append(ListedBlob(name, stat.st_size, stat.st_mtime))
+                except FileNotFoundError:
+                    continue
+        found.sort(key=lambda blob: blob.sha256)
+        return found
+
+    async def delete(self, digests: list[str], *, offload: Offload | None = None) -> None:
+        await (offload or asyncio.to_thread)(self._unlink_all, digests)
+
+    def _unlink_all(self, digests: list[str]) -> None:
+        for sha256 in digests:
+            try:
+                os.unlink(self.blob_file(sha256))
+            except FileNotFoundError:
+                pass
+
+    async def delete_unchanged_since(
+        self, digests: list[str], cutoff: float, *, offload: Offload | None = None
+    ) -> tuple[int, int]:
+        return await (offload or asyncio.to_thread)(self._unlink_old, digests, cutoff)
+
+    def _unlink_old(self, digests: list[str], cutoff: float) -> tuple[int, int]:
+        count = freed = 0
+        for sha256 in digests:
+            path = self.blob_file(sha256)
+            try:
+                stat = os.stat(path, follow_symlinks=False)
+                if stat.st_mtime >= cutoff:
+                    continue  # placed again since the scan
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            count += 1
+            freed += stat.st_size
+        return count, freed
+
+    async def check(self) -> None:
+        if not self.blobs.is_dir():
+            raise StorageUnavailable(f"storage directory {self.root} (ARKVORY_DATA_DIR) lacks {self.blobs}",
+                                     setting="ARKVORY_DATA_DIR")
+
+    # -- the directory's own ---------------------------------------------------------------------
 
     def place_blob(self, source: str | os.PathLike, sha256: str, *, link: bool = False) -> bool:
         """Move (or hard-link) a complete, fsynced file into the store under its digest; True
@@ -194,13 +228,54 @@ class Storage:
 
     def create_layout(self, storage_id: str) -> None:
         self.blobs.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        self.uploads.mkdir(parents=True, exist_ok=True)
+        self.create_local_dirs()
         if self.read_id_file() is None:
             # Write then rename, so a crash never leaves an empty id file behind.
             partial = self.root / f".{ID_FILE}.{os.getpid()}"
             partial.write_text(storage_id + "\n")
             os.replace(partial, self.root / ID_FILE)
+
+
+class FileRange:
+    """A range of a blob file as buffers (interface.BlobReader), read in a worker thread: for
+    the callers that need buffers rather than a descriptor (a copy to another storage)."""
+
+    def __init__(self, path: str, start: int, length: int, chunk_size: int) -> None:
+        self._path = path
+        self._offset = start
+        self._left = length
+        self._chunk = max(1, chunk_size)
+        self._fd: int | None = None
+
+    async def __aenter__(self) -> FileRange:
+        try:
+            self._fd = await asyncio.to_thread(os.open, self._path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise BlobNotFound(f"no file {self._path}", setting="ARKVORY_DATA_DIR") from None
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> FileRange:
+        return self
+
+    async def __anext__(self) -> Any:
+        if not self._left:
+            raise StopAsyncIteration
+        if self._fd is None:
+            raise StorageUnavailable(f"the read of {self._path} is closed", setting="ARKVORY_DATA_DIR")
+        data = await asyncio.to_thread(os.pread, self._fd, min(self._left, self._chunk), self._offset)
+        if not data:
+            raise StorageUnavailable(f"{self._path} is shorter than recorded", setting="ARKVORY_DATA_DIR")
+        self._offset += len(data)
+        self._left -= len(data)
+        return data
+
+    async def aclose(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 async def _database_storage_id(conn: asyncpg.Connection) -> str | None:

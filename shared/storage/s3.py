@@ -1,643 +1,273 @@
-"""I/O primitives of the object-store backend (SPEC §11, issue 16): S3 through obstore.
+"""The object-store backend (`ARKVORY_STORAGE_URL=s3://BUCKET[/PREFIX]`, SPEC §11): blobs as
+objects `PREFIX/blobs/sha256/ab/cd/<hex>` of an S3-compatible store (requests: s3_client.py),
+ARKVORY_DATA_DIR as this host's local state only (upload files, the read cache).
 
-A prototype for `shared/storage/s3.py`: self-contained (stdlib and obstore only), so that the
-storage interface can wrap it as it is. What it offers:
+Publishing is split in two (interface.py): `stage` uploads the verified file before the publishing
+transaction (a multipart upload straight to the final key: nothing is visible before
+CompleteMultipartUpload, and an object already there is kept only if HEAD shows the same size and
+recorded SHA-256), and `publish`, inside the transaction that holds the digest's claim, checks by
+one HEAD that the object is still there (cleanup may have removed an unreferenced one in between,
+verify may have quarantined it) and uploads it again if not. So the claim covers the moment the
+reference becomes visible, exactly as with a directory, without holding a transaction open for
+the length of a multi-GiB upload.
 
-- `S3Settings.from_environ()`: `ARKVORY_STORAGE_URL=s3://BUCKET[/PREFIX]`,
-  `ARKVORY_S3_ENDPOINT_URL`, `ARKVORY_S3_REGION`, and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
-  AWS_SESSION_TOKEN (else the usual AWS credential chain). Secrets never appear in a repr, a
-  message or a log.
-- `ObjectStore`: `check`, `stat`, `open_range` (a cancellable reader of zero-copy buffers),
-  `publish` (multipart upload straight to the final key: S3 makes an object visible only when
-  CompleteMultipartUpload succeeds, so nothing partial is ever visible; the SHA-256 rides along
-  as user metadata `x-amz-meta-sha256`, so an existing object is verified by one HEAD), `delete`,
-  `list` (pages, resumable after a key), `read_identity` / `write_identity`.
-- Errors: `NotFound`, `Unavailable` (store down, timeouts, 5xx), `Refused` (bad credentials,
-  missing bucket, another installation's store), `InvalidSetting` (a malformed variable): each
-  a one-line message naming the setting an operator should look at, never a secret.
-
-Keys given to and returned by `ObjectStore` are relative to the prefix
-(`blobs/sha256/ab/cd/<hex>`); the prefix is added and removed here.
+Identity (SPEC §3): the writer creates `PREFIX/arkvory-storage-id` (never overwriting one) and
+records the id and the location in the database; a gateway and the worker only check. A store
+that cannot be reached at start-up stops the process with exit 69 (a restart may help), one that
+refuses us (credentials, bucket, another installation's prefix) with 78; each message names the
+setting to look at and never a secret.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 import pathlib
 import re
-import urllib.parse
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+import uuid
+from collections.abc import AsyncIterator
 
-import obstore
-from obstore.exceptions import (
-    AlreadyExistsError,
-    BaseError,
-    NotFoundError,
-    PermissionDeniedError,
-    PreconditionError,
-    UnauthenticatedError,
-)
-from obstore.store import S3Store
+import asyncpg
 
-IDENTITY_KEY = "arkvory-storage-id"
-SHA256_ATTRIBUTE = "sha256"  # stored as x-amz-meta-sha256
-DEFAULT_REGION = "us-east-1"
-READ_CHUNK = 1024 * 1024  # bytes per buffer handed to Python: ~1,000 calls per GiB
-PART_SIZE = 16 * 1024 * 1024
-PUT_CONCURRENCY = 4
-LIST_PAGE = 1000
+from arkvory.shared.errors import StartupRefused, StorageUnreachable
+from arkvory.shared.settings import ObjectStoreSettings
 
-STORAGE_URL = "ARKVORY_STORAGE_URL"
-ENDPOINT_URL = "ARKVORY_S3_ENDPOINT_URL"
-REGION = "ARKVORY_S3_REGION"
-ACCESS_KEY = "AWS_ACCESS_KEY_ID"
-SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
-SESSION_TOKEN = "AWS_SESSION_TOKEN"
+from .interface import BlobNotFound, BlobStat, ListedBlob, Offload, StorageRefused, StorageUnavailable
+from .local import LocalState
+from .s3_client import IDENTITY_KEY, READ_CHUNK, STORAGE_URL, ObjectStat, ObjectStore, RangeReader
 
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+BLOBS = "blobs/sha256"
+QUARANTINE = "quarantine/sha256"
+LOCAL_ID_FILE = "arkvory-storage-id"  # in ARKVORY_DATA_DIR: the writer's host (worker_beside_writer)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_S3_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
-_STATUS = re.compile(r"status code: (\d{3})")
-_CREDENTIAL_CODES = {
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
-    "ExpiredToken", "TokenRefreshRequired", "AuthorizationHeaderMalformed",
-}
 
 
-# --- errors ------------------------------------------------------------------------------------
+def blob_key(sha256: str) -> str:
+    if not _SHA256.fullmatch(sha256):
+        raise ValueError(f"not a SHA-256 hex digest: {sha256!r}")
+    return f"{BLOBS}/{sha256[:2]}/{sha256[2:4]}/{sha256}"
 
 
-class ObjectStoreError(Exception):
-    """One line for an operator; `setting` names the variable to look at, if one is to blame."""
-
-    def __init__(self, message: str, *, setting: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.setting = setting
-
-
-class NotFound(ObjectStoreError):
-    """No object at that key."""
+def _digest_of(key: str) -> str | None:
+    """The digest of a key in the blob layout, or None for anything else (left for a person)."""
+    parts = key.split("/")
+    if len(parts) != 5 or "/".join(parts[:2]) != BLOBS:
+        return None
+    top, middle, name = parts[2:]
+    if not _SHA256.fullmatch(name) or name[:2] != top or name[2:4] != middle:
+        return None
+    return name
 
 
-class Unavailable(ObjectStoreError):
-    """The store cannot be reached or failed (connection, timeout, 5xx, a cut stream): retry
-    later."""
+def _epoch(moment: datetime.datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
 
 
-class Refused(ObjectStoreError):
-    """The store answers but will not serve us: credentials, bucket, or another installation's."""
+class ObjectStorage(LocalState):
+    kind = "s3"
 
-
-class InvalidSetting(ObjectStoreError, ValueError):
-    """A variable's value is malformed (exit status 2 material)."""
-
-
-# --- settings ----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class S3Settings:
-    bucket: str
-    prefix: str = ""  # "" or "some/path" (no leading or trailing slash)
-    endpoint_url: str | None = None  # None: AWS
-    region: str = DEFAULT_REGION
-    access_key_id: str | None = None
-    secret_access_key: str | None = dataclasses.field(default=None, repr=False)
-    session_token: str | None = dataclasses.field(default=None, repr=False)
-
-    def __repr__(self) -> str:
-        secret = "***" if self.secret_access_key else None
-        token = "***" if self.session_token else None
-        return (
-            f"S3Settings(url={self.url!r}, endpoint_url={self.endpoint_url!r},"
-            f" region={self.region!r}, access_key_id={self.access_key_id!r},"
-            f" secret_access_key={secret!r}, session_token={token!r})"
-        )
-
-    @property
-    def url(self) -> str:
-        return f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> S3Settings:
-        bucket, prefix = parse_storage_url(environ.get(STORAGE_URL, ""))
-        endpoint = environ.get(ENDPOINT_URL) or None
-        if endpoint is not None:
-            endpoint = _check_endpoint(endpoint)
-        region = environ.get(REGION) or DEFAULT_REGION
-        if not re.fullmatch(r"[a-z0-9-]{1,64}", region):
-            raise InvalidSetting(
-                f"{REGION}: expected a region name such as us-east-1, got {region!r}",
-                setting=REGION,
-            )
-        access = environ.get(ACCESS_KEY) or None
-        secret = environ.get(SECRET_KEY) or None
-        if (access is None) != (secret is None):
-            missing = SECRET_KEY if secret is None else ACCESS_KEY
-            present = ACCESS_KEY if secret is None else SECRET_KEY
-            raise InvalidSetting(f"{missing}: not set, but {present} is; set both or neither",
-                                 setting=missing)
-        return cls(
-            bucket=bucket, prefix=prefix, endpoint_url=endpoint, region=region,
-            access_key_id=access, secret_access_key=secret,
-            session_token=(environ.get(SESSION_TOKEN) or None) if access else None,
-        )
-
-
-def parse_storage_url(url: str) -> tuple[str, str]:
-    """`s3://BUCKET[/PREFIX]` -> (bucket, prefix without slashes at either end)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "s3" or parts.query or parts.fragment or "@" in parts.netloc:
-        raise InvalidSetting(f"{STORAGE_URL}: expected s3://BUCKET[/PREFIX], got {url!r}",
-                             setting=STORAGE_URL)
-    bucket, prefix = parts.netloc, parts.path.strip("/")
-    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-        raise InvalidSetting(
-            f"{STORAGE_URL}: expected a bucket name of 3-63 characters a-z 0-9 . -, got {bucket!r}",
-            setting=STORAGE_URL,
-        )
-    segments = prefix.split("/") if prefix else []
-    if any(s in ("", ".", "..") for s in segments) or any(ord(c) < 32 for c in prefix):
-        raise InvalidSetting(
-            f"{STORAGE_URL}: the prefix {prefix!r} has an empty, '.' or '..' segment",
-            setting=STORAGE_URL,
-        )
-    return bucket, prefix
-
-
-def _check_endpoint(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is not None or parts.password is not None:
-        # Never echo it: the part before @ may be a secret.
-        raise InvalidSetting(
-            f"{ENDPOINT_URL}: must not contain credentials; use {ACCESS_KEY} and {SECRET_KEY}",
-            setting=ENDPOINT_URL,
-        )
-    try:
-        port_ok = parts.port is None or 0 < parts.port < 65536
-    except ValueError:
-        port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or parts.query:
-        raise InvalidSetting(
-            f"{ENDPOINT_URL}: expected http(s)://HOST[:PORT], got {url!r}", setting=ENDPOINT_URL
-        )
-    return url.rstrip("/")
-
-
-# --- what the store says -----------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ObjectStat:
-    key: str
-    size: int
-    etag: str | None
-    last_modified: datetime.datetime | None
-    sha256: str | None = None  # from x-amz-meta-sha256, when the object has it
-
-
-@dataclasses.dataclass(frozen=True)
-class ListedObject:
-    key: str
-    size: int
-    last_modified: datetime.datetime
-    etag: str | None
-
-
-class ObjectStore:
-    """One bucket (and prefix) of an S3-compatible store.
-
-    Two obstore clients share the settings: one for requests that end quickly (a whole-request
-    timeout), one for streamed reads, which a throttled download may keep open for hours and
-    which are bounded by a read timeout instead (no byte for `read_timeout`: the store is gone).
-    """
-
-    def __init__(
-        self,
-        settings: S3Settings,
-        *,
-        connect_timeout: float = 5.0,
-        request_timeout: float = 120.0,
-        read_timeout: float = 30.0,
-        max_retries: int = 2,
-    ) -> None:
+    def __init__(self, root: pathlib.Path, settings: ObjectStoreSettings, store: ObjectStore | None = None) -> None:
+        super().__init__(root)
         self.settings = settings
-        self._prefix = settings.prefix + "/" if settings.prefix else ""
-        retry = {
-            "max_retries": max_retries,
-            "retry_timeout": datetime.timedelta(seconds=max(connect_timeout * 2, 5.0)),
-            "backoff": {
-                "init_backoff": datetime.timedelta(milliseconds=100),
-                "max_backoff": datetime.timedelta(seconds=1),
-                "base": 2,
-            },
-        }
-        self._store = self._client(
-            retry, connect_timeout=connect_timeout, timeout=request_timeout,
-            read_timeout=read_timeout,
-        )
-        self._stream_store = self._client(
-            retry, connect_timeout=connect_timeout, timeout=7 * 24 * 3600.0,
-            read_timeout=read_timeout,
-        )
+        self.location = settings.url
+        self.store = store or ObjectStore(settings)
 
     def __repr__(self) -> str:
-        return f"ObjectStore({self.settings.url!r}, endpoint_url={self.settings.endpoint_url!r})"
+        return f"ObjectStorage({self.location!r}, endpoint_url={self.settings.endpoint_url!r}, root={str(self.root)!r})"
 
-    def _client(self, retry: dict, *, connect_timeout: float, timeout: float,
-                read_timeout: float) -> S3Store:
-        s = self.settings
-        options: dict[str, Any] = {
-            "connect_timeout": datetime.timedelta(seconds=connect_timeout),
-            "timeout": datetime.timedelta(seconds=timeout),
-            "read_timeout": datetime.timedelta(seconds=read_timeout),
-        }
-        config: dict[str, Any] = {"region": s.region, "virtual_hosted_style_request": False}
-        if s.endpoint_url is not None:
-            config["endpoint"] = s.endpoint_url
-            options["allow_http"] = s.endpoint_url.startswith("http://")
-        if s.access_key_id is not None:
-            config["access_key_id"] = s.access_key_id
-            config["secret_access_key"] = s.secret_access_key
-            if s.session_token:
-                config["session_token"] = s.session_token
-        # The blob's own SHA-256 (checked by the caller) and TLS protect the bytes; signing each
-        # part's payload would hash every byte once more for nothing.
-        config["unsigned_payload"] = True
-        return S3Store(s.bucket, client_options=options, retry_config=retry, **config)
+    # -- reading --------------------------------------------------------------------------------
 
-    def _full(self, key: str) -> str:
-        if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
-            raise ValueError(
-                f"key: expected a relative path without empty or dot segments, got {key!r}"
-            )
-        return self._prefix + key
+    def acquire_file(self, sha256: str) -> None:
+        """No local copy (the read cache, when there is one, answers here first)."""
+        return None
 
-    def _relative(self, full_key: str) -> str:
-        return full_key[len(self._prefix):] if full_key.startswith(self._prefix) else full_key
-
-    # --- start-up -----------------------------------------------------------------------------
-
-    async def check(self) -> None:
-        """Reach the bucket with our credentials (one LIST of at most one key), else Refused or
-        Unavailable saying which setting to look at."""
-        try:
-            stream = obstore.list(self._store, self._prefix or None, chunk_size=1)
-            async for _ in stream:
-                break
-        except Exception as exc:
-            raise self._error(exc, "list", self.settings.url) from None
-
-    # --- reading ------------------------------------------------------------------------------
-
-    async def stat(self, key: str) -> ObjectStat:
-        """HEAD: size, ETag and the stored SHA-256 (NotFound if absent)."""
-        full = self._full(key)
-        try:
-            result = await obstore.get_async(self._store, full, options={"head": True})
-        except Exception as exc:
-            raise self._error(exc, "stat", full) from None
-        return _stat_of(key, result.meta, result.attributes)
+    def release_file(self, sha256: str, fd: int) -> None:
+        raise AssertionError("acquire_file never hands out a descriptor")
 
     def open_range(
-        self,
-        key: str,
-        start: int,
-        length: int,
-        *,
-        chunk_size: int = READ_CHUNK,
-        if_match: str | None = None,
+        self, sha256: str, start: int, length: int, *, chunk_size: int = READ_CHUNK, if_match: str | None = None
     ) -> RangeReader:
-        """A reader of bytes [start, start + length) of `key`; see `RangeReader`."""
-        if start < 0 or length < 0:
-            raise ValueError(f"range: expected start >= 0 and length >= 0, got {start}, {length}")
-        return RangeReader(self, key, start, length, chunk_size=chunk_size, if_match=if_match)
+        return self.store.open_range(blob_key(sha256), start, length, chunk_size=chunk_size, if_match=if_match)
 
-    # --- writing ------------------------------------------------------------------------------
-
-    async def publish(
-        self,
-        local_path: os.PathLike | str,
-        key: str,
-        sha256: str,
-        *,
-        part_size: int = PART_SIZE,
-        concurrency: int = PUT_CONCURRENCY,
-    ) -> ObjectStat:
-        """Store the verified file at `key`, visible only once complete, with its SHA-256.
-
-        An object already there with the same size and SHA-256 is kept (no upload); any other
-        object at the key is replaced. Large files go by multipart upload straight to the final
-        key: S3 (and SeaweedFS) show nothing at the key before CompleteMultipartUpload succeeds,
-        so a failure at any step leaves the previous state and a repeat starts over cleanly.
-        """
-        if not _SHA256.fullmatch(sha256):
-            raise ValueError(f"sha256: expected 64 lowercase hex digits, got {sha256!r}")
-        path = pathlib.Path(local_path)
-        size = path.stat().st_size
-        full = self._full(key)
+    async def stat(self, sha256: str) -> BlobStat | None:
         try:
-            existing = await self.stat(key)
-        except NotFound:
-            existing = None
-        if existing is not None and existing.size == size and existing.sha256 == sha256:
-            return existing
-        try:
-            await obstore.put_async(
-                self._store, full, path,
-                attributes={"Content-Type": "application/octet-stream", SHA256_ATTRIBUTE: sha256},
-                use_multipart=size > part_size, chunk_size=part_size, max_concurrency=concurrency,
-            )
-        except Exception as exc:
-            raise self._error(exc, "publish", full) from None
-        stored = await self.stat(key)
-        if stored.size != size or stored.sha256 != sha256:
-            raise Unavailable(
-                f"object store: {full} reads back as {stored.size} bytes with sha256"
-                f" {stored.sha256}, not the {size} bytes published (a concurrent writer?)",
-                setting=STORAGE_URL,
-            )
-        return stored
+            found = await self.store.stat(blob_key(sha256))
+        except BlobNotFound:
+            return None
+        return _blob_stat(sha256, found)
 
-    async def delete(self, key: str) -> None:
-        """Delete `key`; an absent key is fine (S3 answers 204 either way)."""
-        full = self._full(key)
-        try:
-            await obstore.delete_async(self._store, full)
-        except Exception as exc:
-            error = self._error(exc, "delete", full)
-            if not isinstance(error, NotFound):
-                raise error from None
+    # -- writing --------------------------------------------------------------------------------
 
-    async def list(
-        self, prefix: str = "", *, after: str | None = None, page_size: int = LIST_PAGE
-    ) -> AsyncIterator[list[ListedObject]]:
-        """Pages of the objects under the path `prefix` (whole segments: "blobs/sha256" lists
-        blobs/sha256/..., not blobs/sha256x), in key order, starting after key `after`."""
-        full_prefix = self._prefix + prefix.strip("/") if prefix.strip("/") else self._prefix
-        offset = self._full(after) if after else None
-        try:
-            stream = obstore.list(
-                self._store, full_prefix or None, offset=offset, chunk_size=page_size
-            )
-            async for page in stream:
-                yield [
-                    ListedObject(
-                        key=self._relative(meta["path"]), size=meta["size"],
-                        last_modified=meta["last_modified"], etag=meta.get("e_tag"),
-                    )
-                    for meta in page
-                ]
-        except ObjectStoreError:
-            raise
-        except Exception as exc:
-            raise self._error(exc, "list", full_prefix or self.settings.url) from None
+    async def stage(self, source: str | os.PathLike, sha256: str, size: int) -> None:
+        await self.store.publish(source, blob_key(sha256), sha256)
 
-    # --- identity -----------------------------------------------------------------------------
+    async def publish(self, source: str | os.PathLike, sha256: str, size: int, *, link: bool = False) -> bool:
+        found = await self.stat(sha256)
+        if found is not None and found.size == size and found.stored_sha256 == sha256:
+            return False
+        await self.store.publish(source, blob_key(sha256), sha256)
+        return found is not None
 
-    async def read_identity(self) -> str | None:
-        """The storage id in PREFIX/arkvory-storage-id, or None if there is none yet."""
-        full = self._full(IDENTITY_KEY)
-        try:
-            result = await obstore.get_async(self._store, full)
-            data = bytes(await result.bytes_async())
-        except Exception as exc:
-            error = self._error(exc, "read the storage id", full)
-            if isinstance(error, NotFound):
-                await self.check()  # a missing bucket answers a GET with 404 too
-                return None
-            raise error from None
-        return data.decode("utf-8", "replace").strip()
+    # -- maintenance ----------------------------------------------------------------------------
 
-    async def write_identity(self, storage_id: str) -> None:
-        """Create PREFIX/arkvory-storage-id (never overwrite): an existing different id is
-        another installation's store, Refused."""
-        if not storage_id or "\n" in storage_id or len(storage_id) > 200:
-            raise ValueError(f"storage_id: expected one short line, got {storage_id!r}")
-        full = self._full(IDENTITY_KEY)
-        try:
-            await obstore.put_async(
-                self._store, full, (storage_id + "\n").encode(), mode="create",
-                attributes={"Content-Type": "text/plain"},
-            )
-            return
-        except AlreadyExistsError:
-            pass
-        except Exception as exc:
-            raise self._error(exc, "write the storage id", full) from None
-        found = await self.read_identity()
-        if found != storage_id:
-            raise Refused(
-                f"{STORAGE_URL}: {self.settings.url} belongs to another installation (storage id"
-                f" {found!r}, ours {storage_id!r}); point it at this installation's store",
-                setting=STORAGE_URL,
-            )
+    async def listing(self, *, offload: Offload | None = None) -> AsyncIterator[list[ListedBlob]]:
+        async for page in self.store.list(BLOBS):
+            listed = []
+            for item in page:
+                digest = _digest_of(item.key)
+                if digest is not None:
+                    listed.append(ListedBlob(digest, item.size, item.last_modified.timestamp()))
+            if listed:
+                yield listed
 
-    # --- errors -------------------------------------------------------------------------------
+    async def delete(self, digests: list[str], *, offload: Offload | None = None) -> None:
+        await self.store.delete_many([blob_key(d) for d in digests])
 
-    def _error(self, exc: BaseException, action: str, what: str) -> ObjectStoreError:
-        """The library's error as one of ours; never its text (it may quote requests)."""
-        return classify(exc, action=action, what=what, settings=self.settings)
+    async def delete_unchanged_since(
+        self, digests: list[str], cutoff: float, *, offload: Offload | None = None
+    ) -> tuple[int, int]:
+        old: list[str] = []
+        freed = 0
+        for sha256 in digests:
+            found = await self.stat(sha256)
+            if found is None or found.modified is None or found.modified >= cutoff:
+                continue  # gone, or published again since the listing
+            old.append(sha256)
+            freed += found.size
+        await self.delete(old)
+        return len(old), freed
+
+    async def quarantine(self, sha256: str, version: str | None) -> str | None:
+        """Move the object that was hashed (its ETag `version`) to `PREFIX/quarantine/sha256/
+        <digest>.<UTC time>`, kept as evidence; returns that key, or None when another object
+        is under the digest now (a re-upload) or none. Call it holding the digest's exclusive
+        claim, so no upload publishes between the look and the delete."""
+        found = await self.stat(sha256)
+        if found is None or (version is not None and found.version != version):
+            return None
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        target = f"{QUARANTINE}/{sha256}.{stamp}"
+        await self.store.copy(blob_key(sha256), target)
+        await self.store.delete(blob_key(sha256))
+        return target
+
+    async def check(self) -> None:
+        await self.store.check()
+
+    def describe(self) -> str:
+        """The location and where it is (never a credential), for messages."""
+        return f"{self.location} at {self.settings.endpoint_url or 'AWS S3'}"
 
 
-def classify(
-    exc: BaseException, *, action: str, what: str, settings: S3Settings
-) -> ObjectStoreError:
-    if isinstance(exc, ObjectStoreError):
-        return exc
-    text = str(exc) if isinstance(exc, (BaseError, OSError)) else ""
-    code_match = _S3_CODE.search(text)
-    code = code_match.group(1) if code_match else None
-    status_match = _STATUS.search(text)
-    status = int(status_match.group(1)) if status_match else None
-    endpoint = settings.endpoint_url or "AWS S3"
-    if code == "NoSuchBucket":
-        return Refused(
-            f"{STORAGE_URL}: the bucket {settings.bucket!r} does not exist at {endpoint}"
-            f" (check {STORAGE_URL} and {ENDPOINT_URL})", setting=STORAGE_URL,
-        )
-    if (
-        isinstance(exc, (PermissionDeniedError, UnauthenticatedError))
-        or code in _CREDENTIAL_CODES
-        or status in (401, 403)
-    ):
-        detail = f" ({code})" if code else ""
-        return Refused(
-            f"{ACCESS_KEY}: the object store at {endpoint} refused our credentials for"
-            f" {settings.url}{detail}; check {ACCESS_KEY} and {SECRET_KEY}",
-            setting=ACCESS_KEY,
-        )
-    if isinstance(exc, (NotFoundError, FileNotFoundError)) or code == "NoSuchKey" or status == 404:
-        return NotFound(f"object store: no object {what} in {settings.url}", setting=STORAGE_URL)
-    if isinstance(exc, PreconditionError) or status == 412:
-        return NotFound(f"object store: {what} changed since it was opened", setting=STORAGE_URL)
-    return Unavailable(
-        f"{ENDPOINT_URL}: the object store at {endpoint} could not {action} {what}"
-        f" ({_cause(exc, text, status)})", setting=ENDPOINT_URL,
+def _blob_stat(sha256: str, found: ObjectStat) -> BlobStat:
+    return BlobStat(
+        sha256, found.size, _epoch(found.last_modified), stored_sha256=found.sha256, version=found.etag,
     )
 
 
-def _cause(exc: BaseException, text: str, status: int | None) -> str:
-    lowered = text.lower()
-    if status is not None:
-        return f"HTTP {status}"
-    for needle, cause in (
-        ("connection refused", "connection refused"),
-        ("kind: connect", "cannot connect"),
-        ("timed out", "timed out"),
-        ("timeout", "timed out"),
-        ("connection reset", "connection reset"),
-        ("incompletemessage", "connection closed mid-response"),
-        ("error decoding response body", "connection closed mid-response"),
-        ("unexpected eof", "connection closed mid-response"),
-        ("error sending request", "cannot connect"),
-    ):
-        if needle in lowered:
-            return cause
-    return type(exc).__name__
+# --- start-up: identity -----------------------------------------------------------------------
 
 
-def _stat_of(key: str, meta: Mapping[str, Any], attributes: Mapping[str, str]) -> ObjectStat:
-    sha = attributes.get(SHA256_ATTRIBUTE)
-    return ObjectStat(
-        key=key, size=meta["size"], etag=meta.get("e_tag"), last_modified=meta.get("last_modified"),
-        sha256=sha if sha and _SHA256.fullmatch(sha) else None,
-    )
-
-
-# --- reading a range --------------------------------------------------------------------------
-
-
-class RangeReader:
-    """Bytes [start, start + length) of one object, as zero-copy buffers.
-
-        async with store.open_range(key, 0, size) as reader:
-            async for buffer in reader:          # obstore.Bytes: memoryview(buffer) copies nothing
-                transport.write(memoryview(buffer))
-
-    or `await reader.readinto(buf)` to fill a caller's buffer (one copy). Each buffer holds at
-    least `chunk_size` bytes except the last: about one Python call per chunk_size bytes.
-    Leaving the block early (an exception, a cancellation, `aclose`) drops the HTTP response:
-    its connection is closed, not returned to the pool half-read. The reader never ends short:
-    fewer bytes than asked for raise Unavailable, never a silent truncation.
-    """
-
-    def __init__(self, store: ObjectStore, key: str, start: int, length: int, *,
-                 chunk_size: int, if_match: str | None) -> None:
-        self._store = store
-        self.key = key
-        self.start = start
-        self.length = length
-        self._chunk_size = max(1, chunk_size)
-        self._if_match = if_match
-        self._stream: Any = None
-        self._pending: memoryview | None = None
-        self._received = 0
-        self._closed = False
-        self.stat: ObjectStat | None = None  # known once opened
-
-    @property
-    def received(self) -> int:
-        return self._received
-
-    async def __aenter__(self) -> RangeReader:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def open(self) -> None:
-        """Send the GET; NotFound / Refused / Unavailable surface here, before any byte."""
-        if self._stream is not None or self._closed:
-            return
-        full = self._store._full(self.key)
-        if self.length == 0:
-            self._stream = _EMPTY
-            return
-        options: dict[str, Any] = {"range": (self.start, self.start + self.length)}
-        if self._if_match:
-            options["if_match"] = self._if_match
-        try:
-            result = await obstore.get_async(self._store._stream_store, full, options=options)
-        except Exception as exc:
-            raise self._store._error(exc, "read", full) from None
-        got_range = tuple(result.range)
-        if got_range != (self.start, self.start + self.length):
-            raise Unavailable(
-                f"object store: {full} answered bytes {got_range[0]}-{got_range[1]} for"
-                f" {self.start}-{self.start + self.length} (the object is shorter than recorded?)",
-                setting=STORAGE_URL,
+async def prepare_object_storage(
+    conn: asyncpg.Connection, settings: ObjectStoreSettings, root: pathlib.Path, recorded: str | None
+) -> ObjectStorage:
+    """Writer: create the store's identity and record it on first start, otherwise insist that
+    the store's id matches the database's (`recorded`)."""
+    storage = ObjectStorage(root, settings)
+    found = await _reach(storage)
+    if recorded is None:
+        if found is not None:
+            raise StartupRefused(
+                f"{STORAGE_URL}: {storage.describe()} has storage id {found}, but the database has none:"
+                " this bucket/prefix belongs to another installation; point it at an empty prefix"
             )
-        self.stat = _stat_of(self.key, result.meta, result.attributes)
-        self._stream = result.stream(min_chunk_size=self._chunk_size)
-
-    def __aiter__(self) -> RangeReader:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self._pending is not None:
-            view, self._pending = self._pending, None
-            return view
-        buffer = await self._next_buffer()
-        if buffer is None:
-            raise StopAsyncIteration
-        return buffer
-
-    async def readinto(self, buffer: Any) -> int:
-        """Fill up to len(buffer) bytes; 0 at the end of the range."""
-        target = memoryview(buffer).cast("B")
-        filled = 0
-        while filled < len(target):
-            if self._pending is None:
-                chunk = await self._next_buffer()
-                if chunk is None:
-                    break
-                self._pending = memoryview(chunk).cast("B")
-            take = min(len(self._pending), len(target) - filled)
-            target[filled:filled + take] = self._pending[:take]
-            self._pending = self._pending[take:] if take < len(self._pending) else None
-            filled += take
-        return filled
-
-    async def _next_buffer(self) -> Any:
-        if self._closed:
-            raise Unavailable(f"object store: the read of {self.key} was closed",
-                              setting=ENDPOINT_URL)
-        if self._stream is None:
-            await self.open()
-        if self._stream is _EMPTY:
-            return None
-        full = self._store._prefix + self.key
-        try:
-            buffer = await self._stream.__anext__()
-        except StopAsyncIteration:
-            if self._received != self.length:
-                await self.aclose()
-                raise Unavailable(
-                    f"object store: the read of {full} ended after {self._received} of"
-                    f" {self.length} bytes", setting=ENDPOINT_URL,
-                ) from None
-            return None
-        except Exception as exc:
-            await self.aclose()
-            raise self._store._error(exc, "finish reading", full) from None
-        self._received += len(memoryview(buffer))
-        if self._received > self.length:
-            await self.aclose()
-            raise Unavailable(f"object store: the read of {full} sent more than asked for",
-                              setting=ENDPOINT_URL)
-        return buffer
-
-    async def aclose(self) -> None:
-        """Cut the transfer: the response is dropped and its connection closed."""
-        self._closed = True
-        self._pending = None
-        self._stream = None  # obstore's stream owns the response; dropping it closes it
+        storage_id = str(uuid.uuid4())
+        await _translated(storage.store.write_identity(storage_id))
+        await conn.execute(
+            "INSERT INTO arkvory_storage (storage_id, location) VALUES ($1, $2)",
+            uuid.UUID(storage_id), storage.location, timeout=10,
+        )
+        found = storage_id
+    _require_match(storage, recorded or found, found)
+    _make_local(root)
+    storage.create_local_dirs()
+    _write_local_id(root, found)
+    return storage
 
 
-_EMPTY = object()
+async def verify_object_storage(
+    settings: ObjectStoreSettings, root: pathlib.Path, recorded: str | None, who: str,
+    *, beside_writer: bool = False,
+) -> ObjectStorage:
+    """A gateway or the worker: the store's id must exist and match the database's; it never
+    creates one. With `beside_writer` (the worker, which sweeps the writer's upload files),
+    ARKVORY_DATA_DIR must be the writer's: it holds the id the writer wrote there."""
+    if recorded is None:
+        raise StartupRefused(
+            f"the database has no storage id yet; {who} never creates storage: start the writer first"
+        )
+    storage = ObjectStorage(root, settings)
+    if beside_writer:
+        local = _read_local_id(root)
+        if local != recorded:
+            raise StartupRefused(
+                f"ARKVORY_DATA_DIR {root} is not the writer's (no {LOCAL_ID_FILE} with storage id {recorded}):"
+                f" {who} sweeps the writer's upload files, so it runs on the writer's host with its"
+                " ARKVORY_DATA_DIR"
+            )
+    _require_match(storage, recorded, await _reach(storage))
+    _make_local(root)  # local state (the read cache), not storage
+    return storage
+
+
+async def _reach(storage: ObjectStorage) -> str | None:
+    """The store's id (None when it has none yet), after checking that it answers us."""
+    await _translated(storage.check())
+    return await _translated(storage.store.read_identity())
+
+
+async def _translated(work):
+    try:
+        return await work
+    except StorageRefused as exc:
+        raise StartupRefused(exc.message) from None
+    except StorageUnavailable as exc:
+        raise StorageUnreachable(exc.message) from None
+
+
+def _require_match(storage: ObjectStorage, recorded: str | None, found: str | None) -> None:
+    if found is None:
+        raise StartupRefused(
+            f"{STORAGE_URL}: {storage.describe()} has no {IDENTITY_KEY}, but the database expects storage"
+            f" id {recorded}: wrong bucket, prefix or endpoint, or missing storage"
+        )
+    if recorded != found:
+        raise StartupRefused(
+            f"{STORAGE_URL}: storage id mismatch: {storage.describe()} has {found}, the database expects"
+            f" {recorded}: this bucket/prefix belongs to another installation"
+        )
+
+
+def _make_local(root: pathlib.Path) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupRefused(
+            f"ARKVORY_DATA_DIR {root}: cannot create this host's local state directory ({exc.strerror});"
+            " it must be writable by this process"
+        ) from None
+
+
+def _write_local_id(root: pathlib.Path, storage_id: str) -> None:
+    if _read_local_id(root) == storage_id:
+        return
+    partial = root / f".{LOCAL_ID_FILE}.{os.getpid()}"
+    partial.write_text(storage_id + "\n")
+    os.replace(partial, root / LOCAL_ID_FILE)
+
+
+def _read_local_id(root: pathlib.Path) -> str | None:
+    try:
+        return (root / LOCAL_ID_FILE).read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None

@@ -24,7 +24,9 @@ lock the kernel keeps across processes, and a database statement that re-checks 
   row lock and then re-evaluated) is no longer expired and stays.
 
 `flock` holds among the processes of one host; with directory storage they all run on one
-(SPEC §1). Unlinks, and the last close of an unlinked file (which frees its blocks: seconds for a
+(SPEC §1), and with an object store the upload files stay in the writer's ARKVORY_DATA_DIR, which
+the worker shares by running beside it (shared/storage/s3.py `verify_object_storage`).
+Unlinks, and the last close of an unlinked file (which frees its blocks: seconds for a
 preallocated multi-GiB session), run in worker threads, never on an event loop.
 """
 
@@ -43,7 +45,7 @@ import asyncpg
 
 from arkvory.shared.errors import Busy
 
-from .directory import UPLOAD_PREFIX, Storage, to_the_end
+from .local import UPLOAD_PREFIX, LocalState, to_the_end
 
 log = logging.getLogger("arkvory.storage")
 
@@ -180,7 +182,7 @@ def _remove_unused(paths: Iterable[str], limit: int | None = None) -> int:
 # -- one-shot temp files ---------------------------------------------------------------------------
 
 
-def remove_stale_uploads(storage: Storage, older_than_s: float, limit: int | None = None) -> int:
+def remove_stale_uploads(storage: LocalState, older_than_s: float, limit: int | None = None) -> int:
     """Worker thread: remove upload temp files older than `older_than_s` that no writer holds (a
     crash left them, or a publish's temporary link: Storage.place_blob), at most `limit` of
     them; returns how many.
@@ -193,12 +195,12 @@ def remove_stale_uploads(storage: Storage, older_than_s: float, limit: int | Non
     return removed
 
 
-def any_stale_upload(storage: Storage, older_than_s: float) -> bool:
+def any_stale_upload(storage: LocalState, older_than_s: float) -> bool:
     """Worker thread: whether an upload temp file is older than `older_than_s` (in use or not)."""
     return bool(_stale_uploads(storage, older_than_s))
 
 
-def _stale_uploads(storage: Storage, older_than_s: float) -> list[str]:
+def _stale_uploads(storage: LocalState, older_than_s: float) -> list[str]:
     cutoff = time.time() - older_than_s
     try:
         entries = list(os.scandir(storage.tmp))
@@ -226,7 +228,7 @@ RETURNING id
 
 
 async def remove_upload_sessions(
-    conn: asyncpg.Connection, storage: Storage, ids: list[uuid.UUID], *, only_expired: bool = True,
+    conn: asyncpg.Connection, storage: LocalState, ids: list[uuid.UUID], *, only_expired: bool = True,
     only_open: bool = False,
 ) -> list[uuid.UUID]:
     """Remove these sessions, rows and files, except those in use (their file is held) and, with
@@ -257,7 +259,7 @@ ORDER BY expires_at, id LIMIT $3
 
 async def sweep_upload_sessions(
     conn: asyncpg.Connection,
-    storage: Storage,
+    storage: LocalState,
     *,
     orphans_older_than_s: float | None = None,
     skip: Callable[[uuid.UUID], bool] | None = None,
@@ -296,7 +298,7 @@ async def sweep_upload_sessions(
 
 
 async def _remove_orphan_session_files(
-    conn: asyncpg.Connection, storage: Storage, older_than_s: float, limit: int | None
+    conn: asyncpg.Connection, storage: LocalState, older_than_s: float, limit: int | None
 ) -> int:
     candidates = await asyncio.to_thread(_old_session_files, storage, older_than_s)
     if not candidates:
@@ -310,7 +312,7 @@ async def _remove_orphan_session_files(
     return await to_the_end(asyncio.to_thread(_remove_unused, orphans, limit))
 
 
-def _old_session_files(storage: Storage, older_than_s: float) -> dict[uuid.UUID, str]:
+def _old_session_files(storage: LocalState, older_than_s: float) -> dict[uuid.UUID, str]:
     cutoff = time.time() - older_than_s
     try:
         entries = list(os.scandir(storage.uploads))
@@ -327,7 +329,7 @@ def _old_session_files(storage: Storage, older_than_s: float) -> dict[uuid.UUID,
     return found
 
 
-async def sweep_at_start(conn: asyncpg.Connection, storage: Storage, older_than_s: float) -> None:
+async def sweep_at_start(conn: asyncpg.Connection, storage: LocalState, older_than_s: float) -> None:
     """Writer start-up, under the writer lock and before the port is open: what a crash left
     (temp files and orphan session files older than `older_than_s`) and expired sessions."""
     await to_the_end(asyncio.to_thread(remove_stale_uploads, storage, older_than_s))

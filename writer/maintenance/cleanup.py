@@ -21,17 +21,24 @@ Why deleting a blob cannot break an upload or a download:
   of our transaction (earlier than the check: conservative). A cleanup that checked before the
   pin existed can only delete a blob whose artifact was already gone; the transfer then finds
   no file and answers 404 (shared/download/transfer.py). An open descriptor keeps its bytes after unlink.
+  An object store has no descriptors: a transfer reads it in range requests for as long as it
+  runs, which its pin covers; the one that started on an artifact deleted before our check is
+  cut cleanly at its next range (shared/download/object_transfer.py), never padded.
   A process whose pins cannot be written serves no payload, so no expired pin hides a read.
-- **Stray files.** A file without a row is deleted only when its mtime is older than the grace
-  period and, under the digest's exclusive lock, there is still no row: an upload placing it is
-  either finished (the row is there) or not yet at its claim (it will place the file again).
+- **Stray files.** A stored blob without a row (a file, or an object that a store failing before
+  the commit left) is deleted only when it was last modified before the grace period (mtime,
+  LastModified) and, under the digest's exclusive lock, there is still no row: an upload
+  publishing it is either finished (the row is there) or not yet at its claim (it will publish
+  the blob again, and a staged object is younger than the grace period).
 
 Unlinks are not followed by a directory fsync: a crash that loses an unlink brings back a file
 with the right bytes and no row, a stray the next run removes; an upload of the same content
 in between simply reuses it under its claim.
 
 Cost: referenced blobs cost no round trip each; candidates come from one keyset-paged
-anti-join, stray files from `os.scandir`, checked against the table in batches. Downloads come
+anti-join, stray files from the storage's listing (`os.scandir`, or an object store's LIST pages),
+checked against the table in batches. The storage does the removals (shared/storage: unlinks
+in the disk thread below, DeleteObjects for an object store). Downloads come
 first: the disk work runs in one thread of its own at nice 10, and after each batch the task
 sleeps PACE times the time the batch kept a CPU busy (its wall time minus the time its thread
 waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of a core.
@@ -52,7 +59,6 @@ import concurrent.futures
 import functools
 import logging
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn
@@ -60,7 +66,7 @@ from typing import Any, NoReturn
 import asyncpg
 
 from arkvory.shared.errors import InvalidInput
-from arkvory.shared.storage import Storage, to_the_end
+from arkvory.shared.storage import BlobStorage, to_the_end
 from arkvory.shared.storage.upload_files import any_stale_upload, remove_stale_uploads
 from arkvory.writer.tasks.budgets import cost_units
 from arkvory.writer.tasks.context import TaskCancelled
@@ -82,8 +88,6 @@ MAX_GRACE_S = 10 * 365 * 86400
 # An upload session file or temp file younger than this may be one created a moment ago, not yet
 # locked by its writer, even with a zero grace period (tests): the sweep leaves it for the next run.
 MIN_ORPHAN_AGE_S = 60
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
-_HEX2 = re.compile(r"^[0-9a-f]{2}$")
 
 _PARAMS = {"grace_seconds"}
 
@@ -283,7 +287,7 @@ async def _blobs(ctx, grace: int) -> dict:
 
 
 async def remove_unreferenced(
-    conn: asyncpg.Connection, storage: Storage, digests: list[str], grace: int
+    conn: asyncpg.Connection, storage: BlobStorage, digests: list[str], grace: int
 ) -> tuple[int, int]:
     """Delete those of `digests` that are still unreferenced, old enough and unpinned, rows
     and files, under their exclusive digest locks; returns (blobs deleted, bytes freed)."""
@@ -300,20 +304,13 @@ async def remove_unreferenced(
             "DELETE FROM arkvory_storage_diagnostics WHERE sha256 = ANY($1::text[])", gone,
             timeout=QUERY_TIMEOUT_S,
         )
-        # Unlinked before the commit releases the locks: no upload can reuse a file we are
-        # about to remove. A cancel cannot stop the thread, so the transaction waits for it
-        # (to_the_end) and only then rolls back: rows without files, which the next run
-        # deletes (as after a failed commit; an upload of the same bytes places the file again).
-        await to_the_end(_on_disk(_unlink_all, storage, gone))
+        # Removed before the commit releases the locks: no upload can reuse a blob we are
+        # about to remove. A cancel cannot stop the disk thread (or a request the store is
+        # answering), so the transaction waits for it (to_the_end) and only then rolls back:
+        # rows without blobs, which the next run deletes (as after a failed commit; an upload
+        # of the same bytes publishes the blob again).
+        await to_the_end(storage.delete(gone, offload=_on_disk))
     return len(rows), sum(r["size"] for r in rows)
-
-
-def _unlink_all(storage: Storage, digests: list[str]) -> None:
-    for sha256 in digests:
-        try:
-            os.unlink(storage.blob_file(sha256))
-        except FileNotFoundError:
-            pass
 
 
 _WITHOUT_ROW = """
@@ -323,15 +320,12 @@ WHERE NOT EXISTS (SELECT 1 FROM arkvory_blobs b WHERE b.sha256 = d)
 
 
 async def _stray_files(ctx, grace: int) -> dict:
-    """Blob files that no row describes, older than the grace period (by mtime)."""
-    storage: Storage = ctx.storage
+    """Stored blobs that no row describes, older than the grace period (a file's mtime, an
+    object's LastModified)."""
+    storage: BlobStorage = ctx.storage
     cutoff = time.time() - grace
-    try:
-        tops = sorted(e.name for e in os.scandir(storage.blobs) if _HEX2.match(e.name))
-    except FileNotFoundError:
-        tops = []
     scanned = deleted = reclaimed = 0
-    pending: list[str] = []
+    pending: dict[str, int] = {}  # digest -> size, as listed
 
     async def settle() -> None:
         nonlocal deleted, reclaimed
@@ -339,11 +333,12 @@ async def _stray_files(ctx, grace: int) -> dict:
             return
         async with _paced():
             async with ctx.pool.acquire() as conn:
-                strays = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, pending, timeout=QUERY_TIMEOUT_S)]
+                found = await conn.fetch(_WITHOUT_ROW, list(pending), timeout=QUERY_TIMEOUT_S)
+        strays = [(r["d"], pending[r["d"]]) for r in found]
         pending.clear()
         while strays:
             _stop_if_cancelled(ctx)
-            batch = await _strays_within_budget(ctx, storage, strays)
+            batch = _strays_within_budget(ctx, strays)
             strays = strays[len(batch):]
             async with _paced():
                 async with ctx.pool.acquire() as conn:
@@ -358,69 +353,42 @@ async def _stray_files(ctx, grace: int) -> dict:
                     message=f"stray blob files: {deleted} deleted, {reclaimed} bytes reclaimed",
                 )
 
-    for top in tops:
-        _stop_if_cancelled(ctx)
-        async with _paced():
-            old = await _on_disk(_old_blob_files, storage, top, cutoff)
-        scanned += len(old)
-        pending.extend(old)
-        if len(pending) >= SCAN_BATCH:
-            await settle()
+    listing = storage.listing(offload=_on_disk)
+    try:
+        while True:
+            _stop_if_cancelled(ctx)
+            async with _paced():
+                page = await anext(listing, None)
+            if page is None:
+                break
+            old = {blob.sha256: blob.size for blob in page if blob.modified < cutoff}
+            scanned += len(old)
+            pending.update(old)
+            if len(pending) >= SCAN_BATCH:
+                await settle()
+    finally:
+        await listing.aclose()
     await settle()
     if _spare_transition(ctx):
         await ctx.progress(message=f"stray blob files: {scanned} old file(s) checked, {deleted} deleted")
     return {"checked": scanned, "deleted": deleted, "bytes": reclaimed}
 
 
-async def _strays_within_budget(ctx, storage: Storage, strays: list[str]) -> list[str]:
-    """The leading strays the budget covers (their sizes are read only when bytes are limited:
-    strays are few, and a digest's file has one size); fails the task when not even one does."""
-    sizes = await _on_disk(_file_sizes, storage, strays) if "bytes" in ctx.budget_left() else []
+def _strays_within_budget(ctx, strays: list[tuple[str, int]]) -> list[str]:
+    """The leading strays (digest, listed size) the budget covers; fails the task when not even
+    one does."""
+    sizes = [size for _, size in strays] if "bytes" in ctx.budget_left() else []
     room = _room(ctx, len(strays), FILE_COST, sizes)
     if room == 0:
         _refuse_next(ctx, FILE_COST, sizes[0] if sizes else 0)
-    return strays[:room]
-
-
-def _file_sizes(storage: Storage, digests: list[str]) -> list[int]:
-    sizes = []
-    for sha256 in digests:
-        try:
-            sizes.append(os.stat(storage.blob_file(sha256), follow_symlinks=False).st_size)
-        except FileNotFoundError:
-            sizes.append(0)  # gone meanwhile: removing it frees nothing
-    return sizes
-
-
-def _old_blob_files(storage: Storage, top: str, cutoff: float) -> list[str]:
-    """Digests of the blob files under `blobs/sha256/<top>/` whose mtime is before `cutoff`."""
-    found = []
-    try:
-        middles = [e for e in os.scandir(storage.blobs / top) if _HEX2.match(e.name)]
-    except (FileNotFoundError, NotADirectoryError):
-        return found
-    for middle in middles:
-        try:
-            entries = list(os.scandir(middle.path))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for entry in entries:
-            name = entry.name
-            if not _DIGEST.match(name) or name[:2] != top or name[2:4] != middle.name:
-                continue  # not ours: leave it for a person to look at
-            try:
-                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                    found.append(name)
-            except FileNotFoundError:
-                continue
-    return found
+    return [sha256 for sha256, _ in strays[:room]]
 
 
 async def remove_strays(
-    conn: asyncpg.Connection, storage: Storage, digests: list[str], cutoff: float
+    conn: asyncpg.Connection, storage: BlobStorage, digests: list[str], cutoff: float
 ) -> tuple[int, int]:
-    """Delete the files of `digests` that still have no blob row and an mtime before `cutoff`,
-    each under its exclusive digest lock; returns (files deleted, bytes freed)."""
+    """Delete the stored blobs of `digests` that still have no blob row and were last modified
+    before `cutoff`, each under its exclusive digest lock; returns (deleted, bytes freed)."""
     without_row = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, digests, timeout=QUERY_TIMEOUT_S)]
     if not without_row:
         return 0, 0
@@ -431,23 +399,7 @@ async def remove_strays(
         # Re-checked under the locks: an upload that placed the file has committed its row by now.
         still = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, locked, timeout=QUERY_TIMEOUT_S)]
         # The locks last until the thread is done, even when we are cancelled meanwhile.
-        return await to_the_end(_on_disk(_unlink_old, storage, still, cutoff))
-
-
-def _unlink_old(storage: Storage, digests: list[str], cutoff: float) -> tuple[int, int]:
-    count = freed = 0
-    for sha256 in digests:
-        path = storage.blob_file(sha256)
-        try:
-            stat = os.stat(path, follow_symlinks=False)
-            if stat.st_mtime >= cutoff:
-                continue  # placed again since the scan
-            os.unlink(path)
-        except FileNotFoundError:
-            continue
-        count += 1
-        freed += stat.st_size
-    return count, freed
+        return await to_the_end(storage.delete_unchanged_since(still, cutoff, offload=_on_disk))
 
 
 _STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (

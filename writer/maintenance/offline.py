@@ -178,7 +178,7 @@ async def run_offline(
 ) -> int:
     """Take the locks, check the storage, run `kind` with an OfflineContext; an exit status."""
     from arkvory.shared.errors import StartupError
-    from arkvory.shared.storage import verify_storage
+    from arkvory.shared.storage import open_storage
     from arkvory.writer.tasks.context import TaskCancelled
 
     try:
@@ -199,7 +199,7 @@ async def run_offline(
                   file=sys.stderr)
             return EXIT_REFUSED
         try:
-            storage = await verify_storage(lock_conn, settings.data_dir)
+            storage = await open_storage(lock_conn, settings, who="an offline tool")
         except StartupError as exc:
             print(f"arkvory: {exc}", file=sys.stderr)
             return exc.exit_status

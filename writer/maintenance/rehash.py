@@ -26,6 +26,7 @@ class Found:
     problem: str | None  # None: the bytes are right; else "missing" or "corrupt"
     detail: str = ""
     stat: os.stat_result | None = None  # the file that was read (quarantine moves only that one)
+    version: str | None = None  # the object that was read, by ETag (rehash_objects.py)
 
 
 def hash_span(fd: int, digest, buffer: memoryview, limit: int) -> int:

@@ -16,6 +16,12 @@ What a run finds:
 - wrong size or bytes, or an I/O error reading it: the file is quarantined (quarantine.py: moved
   out of the store, every process told to drop its cached descriptor) and recorded `corrupt`.
 
+On an object store the same holds, with a streaming GET instead of a file (rehash_objects.py):
+a missing object is `missing`; a corrupt one is copied to `PREFIX/quarantine/sha256/` and removed
+from its key under the digest's exclusive claim (shared/storage/s3.py `quarantine`: no upload
+can publish good bytes between the look and the removal), then recorded `corrupt`. A store that
+fails mid-run fails the task: that is no finding about the blobs.
+
 Budgets: a blob is the step. Before one is read, it must fit what is left of the task's budget
 (one item, its recorded size in bytes, its cost units: 1 to open it and 1 per MiB started, and
 one transition for its progress call); the blobs checked in one thread hop are only as many as
@@ -53,6 +59,7 @@ from .diagnostics import (
 )
 from .quarantine import move_to_quarantine, notify_moved
 from .rehash import READ_BYTES, FileCheck, Found, check_whole
+from .rehash_objects import ObjectCheck
 
 log = logging.getLogger("arkvory.verify")
 
@@ -149,6 +156,8 @@ class Verifier:
     def __init__(self, ctx: Any, rate: int) -> None:
         self.ctx = ctx
         self.storage = ctx.storage
+        # Blobs are local files (the directory) or objects read by range GETs (an object store).
+        self.objects = getattr(self.storage, "kind", "file") != "file"
         self.pool = ctx.pool
         self.pacer = Pacer(rate)
         self.buffer = memoryview(bytearray(READ_BYTES))
@@ -227,25 +236,37 @@ class Verifier:
     def _file_check(self, row) -> FileCheck:
         return FileCheck(self.storage.blob_file(row["sha256"]), row["sha256"], row["size"])
 
+    def _object_check(self, row) -> ObjectCheck:
+        chunk = min(READ_BYTES, self.pacer.piece_bytes)
+        return ObjectCheck(self.storage, row["sha256"], row["size"], chunk_size=chunk)
+
     async def _check_small(self, group: list) -> list[tuple[Found, int]]:
         """What each blob's check found, and the bytes read for it."""
-        checks = [self._file_check(row) for row in group]
         await self._pace(sum(row["size"] for row in group))
+        if self.objects:
+            results = []
+            for row in group:
+                check = self._object_check(row)
+                found = await check.whole()
+                self._count_hashed(check.done)
+                results.append((found, check.done))
+            return results
+        checks = [self._file_check(row) for row in group]
         found = await anyio.to_thread.run_sync(check_whole, checks, self.buffer)
         self._count_hashed(sum(check.done for check in checks))
         return [(outcome, check.done) for outcome, check in zip(found, checks)]
 
     async def _check_large(self, row) -> tuple[Found, int]:
         """What the blob's check found, and the bytes read for it not yet reported."""
-        check = self._file_check(row)
+        check: FileCheck | ObjectCheck = self._object_check(row) if self.objects else self._file_check(row)
         piece = min(self.pacer.piece_bytes, check.size)
         unreported = 0
         await self._pace(piece)
         try:
-            found = await anyio.to_thread.run_sync(check.open)
+            found = await self._open(check)
             while found is None:
                 before = check.done
-                found = await anyio.to_thread.run_sync(check.hash, piece, self.buffer)
+                found = await self._hash(check, piece)
                 self._count_hashed(check.done - before)
                 unreported += check.done - before
                 if found is not None:
@@ -260,7 +281,20 @@ class Verifier:
                 await self._pace(piece)
             return found, unreported
         finally:
-            check.close()  # no thread uses it: a worker-thread call is not abandoned on cancel
+            if isinstance(check, ObjectCheck):
+                await check.close()
+            else:
+                check.close()  # no thread uses it: a worker-thread call is not abandoned on cancel
+
+    async def _open(self, check: FileCheck | ObjectCheck) -> Found | None:
+        if isinstance(check, ObjectCheck):
+            return await check.open()
+        return await anyio.to_thread.run_sync(check.open)
+
+    async def _hash(self, check: FileCheck | ObjectCheck, piece: int) -> Found | None:
+        if isinstance(check, ObjectCheck):
+            return await check.hash(piece)
+        return await anyio.to_thread.run_sync(check.hash, piece, self.buffer)
 
     def _spare_transitions(self) -> bool:
         """True when one more progress call leaves a transition for the blob's own report."""
@@ -302,7 +336,7 @@ class Verifier:
             # Quarantined by an earlier run: it stays corrupt until good bytes come back.
             self.tally.corrupt += 1
             return
-        path = self.storage.blob_file(sha256)
+        path = f"{self.storage.location}/{sha256}" if self.objects else self.storage.blob_file(sha256)
         async with self.pool.acquire(timeout=POOL_WAIT_S) as conn, conn.transaction():
             # No upload can place the file (and clear the diagnostic) between our look and
             # our commit, so it never clears before we record.
@@ -312,13 +346,22 @@ class Verifier:
             still_stored = await conn.fetchval(
                 "SELECT true FROM arkvory_blobs WHERE sha256 = $1 FOR SHARE", sha256, timeout=QUERY_TIMEOUT_S
             )
-            if not still_stored or os.path.exists(path):
+            if not still_stored or await self._blob_exists(sha256, path):
                 return  # removed by cleanup, or placed again by an upload meanwhile
-            await record_diagnostic(conn, sha256, "missing", f"no file at {path}", self.ctx.task_id)
+            what = f"no object for {sha256} in {self.storage.location}" if self.objects else f"no file at {path}"
+            await record_diagnostic(conn, sha256, "missing", what, self.ctx.task_id)
         self.tally.missing += 1
         log.error("blob %s is missing from storage (%s)", sha256, path)
 
+    async def _blob_exists(self, sha256: str, path: str) -> bool:
+        if self.objects:
+            return await self.storage.stat(sha256) is not None
+        return os.path.exists(path)
+
     async def _corrupt(self, sha256: str, found: Found) -> None:
+        if self.objects:
+            await self._corrupt_object(sha256, found)
+            return
         moved = None
         if found.stat is not None:
             moved = await anyio.to_thread.run_sync(move_to_quarantine, self.storage, sha256, found.stat)
@@ -333,6 +376,20 @@ class Verifier:
             if moved is not None and os.path.exists(path):
                 await notify_moved(conn, sha256)
                 return
+            await record_diagnostic(conn, sha256, "corrupt", detail, self.ctx.task_id)
+            await notify_moved(conn, sha256)
+        self.tally.corrupt += 1
+        log.error("blob %s is corrupt: %s", sha256, detail)
+
+    async def _corrupt_object(self, sha256: str, found: Found) -> None:
+        """Quarantine and record under the digest's exclusive claim: an upload publishing good
+        bytes waits for it (or went first: then the object is another one, and it stays)."""
+        async with self.pool.acquire(timeout=POOL_WAIT_S) as conn, conn.transaction():
+            await claim_for_diagnosis(conn, sha256)
+            moved = await self.storage.quarantine(sha256, found.version)
+            if moved is None and await self.storage.stat(sha256) is not None:
+                return  # replaced by an upload meanwhile: the next run looks at the new one
+            detail = found.detail if moved is None else f"{found.detail}; quarantined at {self.storage.location}/{moved}"
             await record_diagnostic(conn, sha256, "corrupt", detail, self.ctx.task_id)
             await notify_moved(conn, sha256)
         self.tally.corrupt += 1

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage
+from arkvory.shared.storage import BlobStorage
 
 
 class TaskCancelled(Exception):
@@ -46,7 +46,7 @@ class TaskContext(Protocol):
     # The state last saved with `checkpoint` (a `resume` task restarted from it), else None.
     resumed_from: dict[str, Any] | None
     pool: asyncpg.Pool
-    storage: Storage
+    storage: BlobStorage
     settings: Settings
 
     async def progress(

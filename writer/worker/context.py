@@ -27,7 +27,7 @@ from typing import Any
 import asyncpg
 
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage
+from arkvory.shared.storage import BlobStorage
 from arkvory.writer.tasks import store
 from arkvory.writer.tasks.budgets import budget_left, empty_usage, exceeded, exceeded_by
 from arkvory.writer.tasks.context import BudgetExceeded, TaskCancelled
@@ -72,7 +72,7 @@ class RunningTask:
         fence: Fence,
         *,
         pool: asyncpg.Pool,
-        storage: Storage,
+        storage: BlobStorage,
         settings: Settings,
         metrics: WorkerMetrics,
         repeats_work: bool = True,

@@ -45,7 +45,7 @@ from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.http.protocol import JsonRefusalsProtocol
 from arkvory.shared.process.systemd import ServiceManager, keep_informed
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage
+from arkvory.shared.storage import BlobStorage
 from arkvory.writer.tasks import kinds
 
 from .health import build_health_app
@@ -76,7 +76,7 @@ class WorkerProcess:
         settings: Settings,
         keys: KeyRing,
         pool: asyncpg.Pool,
-        storage: Storage,
+        storage: BlobStorage,
         schema_version: int,
         registry: CollectorRegistry | None = None,
     ) -> None:

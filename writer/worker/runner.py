@@ -39,7 +39,7 @@ import asyncpg
 
 from arkvory.shared.errors import InvalidInput
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage
+from arkvory.shared.storage import BlobStorage
 from arkvory.writer.tasks import store
 from arkvory.writer.tasks.context import BudgetExceeded, TaskCancelled
 
@@ -74,7 +74,7 @@ class Runner:
         activation: Activation,
         *,
         pool: asyncpg.Pool,
-        storage: Storage,
+        storage: BlobStorage,
         settings: Settings,
         metrics: WorkerMetrics,
         kinds: dict[str, ModuleType],

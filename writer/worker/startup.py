@@ -9,7 +9,6 @@ unreachable, 78 refused; 1 when the health port cannot be bound.
 
 from __future__ import annotations
 
-import pathlib
 import socket
 from collections.abc import Mapping
 
@@ -18,7 +17,7 @@ import asyncpg
 from arkvory.shared import db
 from arkvory.shared.errors import StartupError, StartupRefused
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage, verify_storage
+from arkvory.shared.storage import BlobStorage, open_storage
 
 # The worker serves no downloads and has its own port variable: the writer's and gateways'
 # variables below are not its own, so it can read the same common.env as every process.
@@ -60,9 +59,12 @@ async def check_schema(conn: asyncpg.Connection) -> int:
     return version
 
 
-async def check_storage(conn: asyncpg.Connection, root: pathlib.Path) -> Storage:
-    """The storage the writer created, with the id the database records (as a gateway checks)."""
-    if not root.is_dir():
+async def check_storage(conn: asyncpg.Connection, settings: Settings) -> BlobStorage:
+    """The storage the writer created, with the id the database records (as a gateway checks);
+    with an object store, ARKVORY_DATA_DIR must be the writer's (the worker sweeps its upload
+    files: shared/storage/s3.py)."""
+    root = settings.data_dir
+    if settings.object_store is None and not root.is_dir():
         raise StartupRefused(
             f"storage directory {root} (ARKVORY_DATA_DIR) does not exist; the worker never "
             "creates storage: start the writer first or fix the path"
@@ -72,7 +74,7 @@ async def check_storage(conn: asyncpg.Connection, root: pathlib.Path) -> Storage
         raise StartupRefused(
             "the database has no storage id yet; the worker never creates storage: start the writer first"
         )
-    return await verify_storage(conn, root)
+    return await open_storage(conn, settings, who="the worker")
 
 
 def bind_health_port(settings: Settings) -> socket.socket:
@@ -92,12 +94,12 @@ def bind_health_port(settings: Settings) -> socket.socket:
     return sock
 
 
-async def check_database(settings: Settings) -> tuple[int, Storage]:
+async def check_database(settings: Settings) -> tuple[int, BlobStorage]:
     """(schema version, storage) after the checks, on a connection closed again afterwards."""
     conn = await db.connect(settings.database_url)
     try:
         version = await check_schema(conn)
-        storage = await check_storage(conn, settings.data_dir)
+        storage = await check_storage(conn, settings)
     finally:
         await conn.close()
     return version, storage

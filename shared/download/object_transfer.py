@@ -1,0 +1,392 @@
+"""Streaming a blob that is not a local file (an object store, SPEC §11) through admission and the
+token buckets: transfer.py's `BlobResponse` hands over here when the storage gives it no
+descriptor (`BlobStorage.acquire_file` is None); it imports this module only then.
+
+How the bytes come from the store:
+- **Unthrottled** (no rate at all): one streaming range GET of the whole range, read 1 MiB at a
+  time (obstore hands Python ~one buffer per MiB; docs/s3-client-choice.md), each buffer written
+  to the connection as it is, with the connection's flow control as the only pace.
+- **Throttled**: bounded segments, each one range GET read whole before its first byte is sent
+  (its connection goes straight back to the pool), the next one fetched once half of the current
+  one is sent (a transfer never waits on the store between segments). A transfer's first segment
+  is small (FIRST_SEGMENT); each next one holds about SEGMENT_S of the rate the current one is
+  actually sent at, at most twice it and never more than SEGMENT_S of its fair share (the
+  process rate over the transfers sending, within the principal's rate), between MIN_SEGMENT and
+  MAX_SEGMENT. At most FETCHES_AT_ONCE segment GETs run at once per process. One open GET per
+  slow download would keep a connection and its buffers per download (366 MiB for 1,000 of
+  them); segments keep at most about 1.5 × SEGMENT_S of the process's rate in memory, whatever
+  the number of downloads. Later segments carry `If-Match` with the first one's ETag, so a body
+  never joins two versions of an object.
+
+Tokens are asked only for bytes already read (a slow store never holds tokens others could use),
+and buffers go to the socket as zero-copy memoryviews. Before every write, as in transfer.py's
+Payload: tokens from both buckets, the socket writable within the send timeout, the lease and
+pins trusted.
+
+Failures: a store that the probe already knows is down answers 503 `unavailable` at once; one
+that fails before the first byte is sent answers 503 `unavailable` (Retry-After) and asks the
+probe to look (shared/storage/health.py); one that fails later cuts the connection (a reset,
+counted in `arkvory_transfer_aborts_total{reason="storage_unavailable"}`), never a padded or
+silently short body. An object that is not there is decided by the database, as for a missing
+file: the artifact is gone (404) or its content is (503 `content_unavailable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+from starlette.types import Send
+
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import Busy, ContentUnavailable, LeaseLost, NotFound, TransferAborted, Unavailable
+from arkvory.shared.http.protocol import ConnectionHandle
+from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError, StorageUnavailable
+
+from .serving import ServingProcess
+from .transfer import _LAST_BODY, UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone
+
+log = logging.getLogger("arkvory.content")
+
+KiB, MiB = 1024, 1024 * 1024
+UNTHROTTLED_BUFFER = 1 * MiB
+SEGMENT_S = 0.5
+FIRST_SEGMENT = 128 * KiB
+MIN_SEGMENT = 64 * KiB
+MAX_SEGMENT = 8 * MiB
+FETCHES_AT_ONCE = 32  # segment GETs in flight per process: bounds their buffers and connections
+RETRY_AFTER_S = 2
+
+
+class StoreSource:
+    """The bytes [start, start + length) of one blob from the store, as buffers to send."""
+
+    def __init__(
+        self,
+        storage: BlobStorage,
+        sha256: str,
+        start: int,
+        length: int,
+        *,
+        segment_cap: Callable[[], int] | None,
+        counted: Callable[[str], None] = lambda result: None,
+    ) -> None:
+        self._storage = storage
+        self._sha256 = sha256
+        self._offset = start  # of the next byte asked of the store
+        self._end = start + length
+        self._segment_cap = segment_cap  # None: one streaming GET (unthrottled)
+        self._current = 0  # bytes of the segment being sent, and since when
+        self._current_since = 0.0
+        self._counted = counted
+        self._buffers: collections.deque[memoryview] = collections.deque()
+        self.buffered = 0  # bytes read from the store and not yet taken
+        self._stream: Any = None
+        # The next buffer (unthrottled) or segment (throttled) on its way.
+        self._ahead: asyncio.Future | None = None
+        self.etag: str | None = None
+
+    async def fill(self) -> None:
+        """Have at least one byte buffered (reads the next segment or buffer from the store);
+        StorageError when the store fails, BlobNotFound when the object is not there."""
+        while not self.buffered:
+            if self._segment_cap is None:
+                await self._next_buffer()
+                continue
+            ahead, self._ahead = self._ahead, None
+            segment = await (ahead if ahead is not None else self._segment(min(FIRST_SEGMENT, self._segment_cap())))
+            self._keep(segment)
+            self._current, self._current_since = len(segment), time.monotonic()
+
+    def take(self, most: int) -> memoryview:
+        """Up to `most` buffered bytes (at least one; `fill` first), without copying."""
+        head = self._buffers[0]
+        if len(head) <= most:
+            self._buffers.popleft()
+        else:
+            self._buffers[0] = head[most:]
+            head = head[:most]
+        self.buffered -= len(head)
+        if (
+            self._segment_cap is not None and self._ahead is None and self._offset < self._end
+            and self.buffered <= self._current // 2
+        ):
+            # Half of this segment is sent: fetch the next one meanwhile, so that a transfer
+            # never waits for the store between two segments.
+            self._ahead = asyncio.ensure_future(self._segment(self._next_segment_size()))
+        return head
+
+    def _segment(self, wanted: int) -> Awaitable[bytearray]:
+        """Reserve the next `wanted` bytes (fewer at the end) and return their fetch."""
+        size = min(wanted, self._end - self._offset)
+        start, self._offset = self._offset, self._offset + size
+        return self._fetch(start, size)
+
+    async def _fetch(self, start: int, size: int) -> bytearray:
+        try:
+            async with _fetch_gate():
+                async with self._storage.open_range(
+                    self._sha256, start, size, chunk_size=size, if_match=self.etag
+                ) as reader:
+                    if self.etag is None and getattr(reader, "stat", None) is not None:
+                        self.etag = reader.stat.etag
+                    # Copied into a buffer of exactly the segment's size: the client library's
+                    # buffers may share (and keep alive) a larger read buffer of its connection.
+                    segment = bytearray(size)
+                    filled = await reader.readinto(segment)
+                    if filled != size:
+                        raise StorageUnavailable(f"the read of {self._sha256} ended after {filled} of {size} bytes")
+        except StorageError:
+            self._counted("failed")
+            raise
+        self._counted("ok")
+        return segment
+
+    def _next_segment_size(self) -> int:
+        """SEGMENT_S of the rate this transfer's current segment is being sent at, at most twice
+        that segment and never above the fair share's cap."""
+        assert self._segment_cap is not None
+        sent = self._current - self.buffered
+        rate = sent / max(time.monotonic() - self._current_since, 1e-3)
+        size = min(rate * SEGMENT_S, 2 * self._current, self._segment_cap())
+        return int(min(max(size, MIN_SEGMENT), MAX_SEGMENT))
+
+    async def _next_buffer(self) -> None:
+        if self._stream is None:
+            self._stream = self._storage.open_range(
+                self._sha256, self._offset, self._end - self._offset, chunk_size=UNTHROTTLED_BUFFER
+            )
+            try:
+                await self._stream.__aenter__()
+            except StorageError:
+                self._counted("failed")
+                raise
+            self._counted("ok")
+        ahead, self._ahead = self._ahead, None
+        # Never ends short: StorageUnavailable instead.
+        buffer = await (ahead if ahead is not None else self._stream.__anext__())
+        self._offset += self._keep(buffer)
+        if self._offset < self._end:
+            # One buffer read ahead while this one goes to the socket: the store and the
+            # client's connection then work at the same time, not in turns.
+            self._ahead = asyncio.ensure_future(self._stream.__anext__())
+
+    def _keep(self, buffer: Any) -> int:
+        view = memoryview(buffer)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        if len(view):
+            self._buffers.append(view)
+            self.buffered += len(view)
+        return len(view)
+
+    async def aclose(self) -> None:
+        """Drop what is buffered and cut an open GET (its connection is closed, not reused)."""
+        self._buffers.clear()
+        self.buffered = 0
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.cancel()  # not awaited: this may run in a task that is being cancelled
+            ahead.add_done_callback(_retrieved)
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.aclose()
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # a read-ahead nobody waits for any more: its error is not news
+
+
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _fetch_gate() -> asyncio.Semaphore:
+    """The process's bound on segment GETs in flight (one event loop serves a process)."""
+    loop = asyncio.get_running_loop()
+    gate = _gates.get(loop)
+    if gate is None:
+        gate = _gates[loop] = asyncio.Semaphore(FETCHES_AT_ONCE)
+    return gate
+
+
+def segment_cap_for(runtime: ServingProcess) -> Callable[[], int] | None:
+    """The largest segment now: SEGMENT_S of one transfer's fair share; None when nothing is
+    metered (one streaming GET then)."""
+    bandwidth = runtime.bandwidth
+    if bandwidth.unlimited:
+        return None
+
+    def size() -> int:
+        rates = []
+        if bandwidth.bytes_per_second is not None:
+            rates.append(bandwidth.bytes_per_second // max(1, runtime.admission.active))
+        if bandwidth.per_principal_bytes_per_second is not None:
+            rates.append(bandwidth.per_principal_bytes_per_second)
+        share = min(rates) if rates else MAX_SEGMENT
+        return int(min(max(share * SEGMENT_S, MIN_SEGMENT), MAX_SEGMENT))
+
+    return size
+
+
+async def stream_from_store(
+    response: BlobResponse, send: Send, handle: ConnectionHandle | None, start: int, length: int
+) -> None:
+    """The body of `response` from the store; raises (before the response starts) what the
+    caller answers as an error, and cuts the connection after that."""
+    runtime = response.runtime
+    storage = runtime.storage
+    assert storage is not None
+    health = runtime.storage_health
+    if not health.available:
+        raise Unavailable(f"the storage {storage.location} does not answer now; retry shortly", retry_after=RETRY_AFTER_S)
+    reads = runtime.metrics.storage_reads
+    source = StoreSource(
+        storage, response.artifact.sha256, start, length,
+        segment_cap=segment_cap_for(runtime), counted=lambda result: reads.labels(result=result).inc(),
+    )
+    try:
+        try:
+            await source.fill()  # before any header: a failure is still an ordinary answer
+        except BlobNotFound:
+            await _missing_object(response)
+        except StorageError as exc:
+            health.suspect(exc.message)
+            log.warning("download of %s: the storage failed before the first byte: %s", response.artifact.sha256, exc.message)
+            raise Unavailable(
+                f"the storage {storage.location} cannot be read now; retry shortly", retry_after=RETRY_AFTER_S
+            ) from None
+        if handle is None:
+            await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
+            await _send_through_asgi(response, source, length, send)
+            return
+        aborter = _aborter(runtime, handle)
+        runtime.transfers.add(aborter)
+        try:
+            if not await handle.writable(runtime.settings.send_timeout_s):
+                response._send_timed_out(handle)
+                return
+            await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
+            if await _send_body(response, source, handle, length):
+                await handle.cycle.send(_LAST_BODY)
+        finally:
+            runtime.transfers.discard(aborter)
+    finally:
+        await source.aclose()
+
+
+async def _send_body(response: BlobResponse, source: StoreSource, handle: ConnectionHandle, remaining: int) -> bool:
+    """True when every byte was handed over; False when the connection is gone or was cut."""
+    runtime = response.runtime
+    bandwidth = runtime.bandwidth
+    principal_id = response.principal.id
+    timeout = runtime.settings.send_timeout_s
+    payload = runtime.metrics.payload_bytes
+    chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else bandwidth.quantum_bytes
+    while remaining:
+        if not source.buffered:
+            try:
+                await source.fill()
+            except StorageError as exc:
+                _cut_for_storage(response, handle, exc)
+                return False
+        try:
+            granted = await bandwidth.grant(principal_id, min(remaining, chunk, source.buffered))
+        except LeaseLost:
+            _cut_for_lease(runtime, handle)
+            return False
+        while granted:
+            if not await handle.writable(timeout):
+                response._send_timed_out(handle)
+                return False
+            if handle.lost:
+                _client_gone(runtime, handle, "it closed the connection")
+                return False
+            if not runtime.payload_allowed():
+                _cut_for_lease(runtime, handle)
+                return False
+            piece = source.take(granted)
+            handle.write(piece)  # type: ignore[arg-type]  (a memoryview: uvloop keeps it, no copy)
+            size = len(piece)
+            granted -= size
+            remaining -= size
+            payload.inc(size)
+    if not await handle.writable(timeout):
+        response._send_timed_out(handle)
+        return False
+    if handle.lost:
+        _client_gone(runtime, handle, "it closed the connection")
+        return False
+    return True
+
+
+async def _send_through_asgi(response: BlobResponse, source: StoreSource, remaining: int, send: Send) -> None:
+    """Copying path through the ASGI `send` (no protocol handle: not our server)."""
+    runtime = response.runtime
+    bandwidth = runtime.bandwidth
+    chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else bandwidth.quantum_bytes
+    while remaining:
+        try:
+            if not source.buffered:
+                await source.fill()
+        except StorageError as exc:
+            runtime.storage_health.suspect(exc.message)
+            runtime.metrics.transfer_aborts.labels(direction="download", reason="storage_unavailable").inc()
+            raise TransferAborted(f"the storage failed mid-transfer: {exc.message}") from None
+        try:
+            size = await bandwidth.grant(response.principal.id, min(remaining, chunk, source.buffered))
+        except LeaseLost as exc:
+            raise TransferAborted(f"lease lost: {exc}") from None
+        if not runtime.payload_allowed():
+            raise TransferAborted("lease no longer trusted")
+        data = bytearray()
+        while len(data) < size:
+            data += source.take(size - len(data))
+        remaining -= size
+        await send({"type": "http.response.body", "body": bytes(data), "more_body": remaining > 0})
+        runtime.metrics.payload_bytes.inc(size)
+
+
+def _cut_for_storage(response: BlobResponse, handle: ConnectionHandle, exc: StorageError) -> None:
+    runtime = response.runtime
+    runtime.storage_health.suspect(exc.message)
+    if handle.lost:
+        return
+    runtime.metrics.transfer_aborts.labels(direction="download", reason="storage_unavailable").inc()
+    log.warning("download of %s cut: the storage failed mid-transfer: %s", response.artifact.sha256, exc.message)
+    handle.abort()
+
+
+def _cut_for_lease(runtime: ServingProcess, handle: ConnectionHandle) -> None:
+    if not handle.lost:
+        runtime.metrics.transfer_aborts.labels(direction="download", reason="lease_lost").inc()
+        handle.abort()
+
+
+async def _missing_object(response: BlobResponse) -> None:
+    """The object is not in the store although our pin was visible: as for a missing file
+    (transfer.py `_open_after_missing`), the database decides: the artifact is gone (404) or its
+    content is missing or quarantined (503 content_unavailable); never a 500."""
+    runtime, artifact = response.runtime, response.artifact
+    assert runtime.pool is not None
+    try:
+        async with pooled(runtime.pool) as conn:
+            exists = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1)",
+                artifact.id, timeout=POOLED_QUERY_TIMEOUT_S,
+            )
+    except TimeoutError:
+        raise Busy("no database connection became free in time") from None
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        raise Unavailable("the database cannot be reached now") from None
+    if not exists:
+        raise NotFound(f"artifact {artifact.id} was deleted")
+    runtime.metrics.short_reads.inc()
+    log.error("blob %s of artifact %s is missing from the object store", artifact.sha256, artifact.id)
+    raise ContentUnavailable("the artifact's stored content is missing or quarantined; re-uploading it restores it")

@@ -1,0 +1,101 @@
+"""The shared download budget on an object store (SPEC §4, §11): writer + two gateways on other
+loopback addresses, sharing nothing but the database and the bucket, hold the total rate with the
+same accuracy as on disk (tests/test_budget.py measures it the same way), and a slow principal's
+share is not slowed down by the segments the downloads read from the store."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from .harness import ADMIN_TOKEN, READER_TOKEN
+from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip, s3_bucket, s3_cluster, seaweedfs  # noqa: F401
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+KiB = 1024
+
+
+def make_repo(writer, name: str, data: bytes) -> str:
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": name}).status_code == 201
+        answer = client.post(f"/api/v1/repositories/{name}/artifacts", params={"name": "f.bin"}, content=data)
+        assert answer.status_code == 201, answer.text
+        return f"/api/v1/repositories/{name}/artifacts/{answer.json()['id']}/content"
+
+
+def timed_download(url: str, token: str, results: list) -> None:
+    started = time.monotonic()
+    with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {token}"}) as client:
+        answer = client.get(url)
+    results.append((answer.status_code, answer.content, time.monotonic() - started))
+
+
+def run_parallel(jobs) -> list:
+    results: list = []
+    threads = [threading.Thread(target=timed_download, args=(*job, results)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    return results
+
+
+def test_the_total_budget_holds_across_writer_and_gateways_on_the_object_store(s3_cluster):
+    loopback_aliases_or_skip(*GATEWAY_HOSTS)
+    total = 3 * 256 * KiB  # each of 3 processes: 256 KiB/s, burst 25.6 KiB
+    shared = s3_cluster.shared_env(slots=3, total=total)
+    writer = s3_cluster.writer(shared).wait_ready()
+    data = bytes(range(256)) * 4096  # 1 MiB
+    path = make_repo(writer, "budget", data)
+    gateways = [s3_cluster.gateway(slot, shared, host=host).wait_ready() for slot, host in zip((1, 2), GATEWAY_HOSTS)]
+
+    started = time.monotonic()
+    results = run_parallel([(p.url + path, ADMIN_TOKEN) for p in (writer, *gateways)])
+    elapsed = time.monotonic() - started
+
+    assert [status for status, _, _ in results] == [200, 200, 200]
+    assert all(body == data for _, body, _ in results)
+    burst = min(256 * KiB // 10, 1024 * KiB)
+    floor = (3 * len(data) - 3 * burst) / total
+    assert elapsed >= floor * 0.97, f"3 MiB at {total} B/s must take >= {floor:.2f} s, took {elapsed:.2f} s"
+    # Each process alone is held to its share, not the total...
+    assert min(seconds for _, _, seconds in results) >= (len(data) - burst) / (total // 3) * 0.97
+    # ...and reading the store in segments costs it no noticeable part of that share.
+    assert elapsed <= floor * 1.5, f"took {elapsed:.2f} s for a floor of {floor:.2f} s"
+    for process in (writer, *gateways):
+        with process.client() as client:
+            metrics = client.get("/health/metrics").text
+        (line,) = [line for line in metrics.splitlines() if line.startswith("arkvory_download_payload_bytes_total ")]
+        assert float(line.split()[1]) == len(data)
+
+
+def test_per_principal_share_across_hosts_on_the_object_store(s3_cluster):
+    loopback_aliases_or_skip(GATEWAY_HOSTS[0])
+    shared = s3_cluster.shared_env(
+        slots=2, total=2 * 1024 * KiB, ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL=str(2 * 128 * KiB),
+    )
+    writer = s3_cluster.writer(shared).wait_ready()
+    data = b"p" * (256 * KiB)
+    path = make_repo(writer, "shares", data)
+    gateway = s3_cluster.gateway(1, shared, host=GATEWAY_HOSTS[0]).wait_ready()
+    url = gateway.url + path
+    results: dict[str, list] = {"admin": [], "reader": []}
+    threads = [
+        threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, results["admin"])),
+        threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, results["admin"])),
+        threading.Thread(target=timed_download, args=(url, READER_TOKEN, results["reader"])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    burst = 128 * KiB // 10
+    admin_seconds = max(s for _, _, s in results["admin"])
+    reader_seconds = results["reader"][0][2]
+    assert all(status == 200 and body == data for status, body, _ in results["admin"] + results["reader"])
+    assert admin_seconds >= (2 * len(data) - burst) / (128 * KiB) * 0.97  # ~3.9 s
+    assert reader_seconds <= (len(data) / (128 * KiB)) * 1.5  # ~2 s: not slowed by the admin

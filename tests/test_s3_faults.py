@@ -1,0 +1,167 @@
+"""The object store failing under real processes (SPEC §11): SeaweedFS killed with SIGKILL in the
+middle of a download and in the middle of a `complete`, then started again on the same ports and
+data. A transfer in flight is cut (never padded or silently short), new reads answer 503
+`unavailable` with Retry-After, readiness says so and /health/status takes the process out of the
+balancer; once the store answers, serving resumes with no restart and nothing lost, and a repeat
+of `complete` publishes exactly one artifact."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+from .harness import ADMIN_TOKEN, db_fetch
+from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip, s3_bucket, s3_cluster, seaweedfs  # noqa: F401
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+KiB, MiB = 1024, 1024 * 1024
+REPO = "builds"
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def metric(process, name: str) -> float:
+    with process.client() as client:
+        text = client.get("/health/metrics").text
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{") and line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_until(check, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not {what} after {timeout} s")
+
+
+def test_the_store_killed_mid_download_cuts_it_and_serving_resumes_without_a_restart(s3_cluster, seaweedfs):
+    loopback_aliases_or_skip(GATEWAY_HOSTS[0])
+    shared = s3_cluster.shared_env(slots=2, total=2 * 256 * KiB)
+    writer = s3_cluster.writer(shared).wait_ready()
+    data = os.urandom(3 * MiB)  # 12 s at the gateway's 256 KiB/s
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        made = client.post(f"/api/v1/repositories/{REPO}/artifacts", params={"name": "f"}, content=data).json()
+    path = f"/api/v1/repositories/{REPO}/artifacts/{made['id']}/content"
+    gateway = s3_cluster.gateway(1, shared, host=GATEWAY_HOSTS[0]).wait_ready()
+    pid = gateway.proc.pid
+
+    received = bytearray()
+    outcome: dict[str, object] = {}
+
+    def download() -> None:
+        try:
+            with httpx.stream("GET", gateway.url + path, headers=AUTH, timeout=60) as answer:
+                outcome["etag"] = answer.headers["ETag"]
+                for chunk in answer.iter_bytes():
+                    received.extend(chunk)
+            outcome["result"] = "complete"
+        except httpx.HTTPError as exc:
+            outcome["result"] = exc
+
+    thread = threading.Thread(target=download)
+    thread.start()
+    wait_until(lambda: len(received) > 256 * KiB, "downloading")
+    seaweedfs.kill()
+    thread.join(30)
+    assert isinstance(outcome["result"], httpx.HTTPError), outcome  # cut, not completed short
+    assert 0 < len(received) < len(data) and bytes(received) == data[:len(received)]
+
+    # New reads answer 503 with Retry-After; the balancer's probe takes the process out.
+    with gateway.client() as client:
+        refused = client.get(path)
+        assert refused.status_code == 503 and refused.json()["code"] == "unavailable"
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert client.head(path).status_code == 200  # what needs no blob still answers
+    status = httpx.get(gateway.url + "/health/status", timeout=5)
+    assert status.status_code == 503 and status.json() == {"status": "unavailable"}
+    ready = gateway.ready()
+    assert ready["status"] == "unavailable" and ready["storage"] == "unavailable"
+    assert "ARKVORY_S3_ENDPOINT_URL" in ready["storageProblem"]
+    assert ready["sharedDownloads"]["active"] is True  # the lease is kept: no restart needed
+    assert metric(gateway, 'arkvory_transfer_aborts_total{direction="download",reason="storage_unavailable"}') == 1
+    assert metric(gateway, "arkvory_storage_available") == 0
+
+    seaweedfs.start()
+    gateway.wait_ready(timeout=30)
+    writer.wait_ready(timeout=30)
+    assert gateway.proc.pid == pid and gateway.proc.poll() is None
+    with gateway.client(timeout=60) as client:
+        rest = client.get(path, headers={"Range": f"bytes={len(received)}-", "If-Range": outcome["etag"]})
+    assert rest.status_code == 206 and bytes(received) + rest.content == data
+    with writer.client(timeout=60) as client:
+        assert client.get(path).content == data  # nothing lost
+    s3_cluster.assert_secret_nowhere(ready)
+
+
+def _store_bytes(home: pathlib.Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(home):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one_artifact(s3_cluster, seaweedfs):
+    writer = s3_cluster.writer().wait_ready()
+    data = os.urandom(96 * MiB)  # six 16 MiB parts to the store: long enough to kill it midway
+    part_size = 32 * MiB
+    base = f"/api/v1/repositories/{REPO}/uploads"
+    with writer.client(timeout=120) as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        descriptor = {"name": "big.bin", "size": len(data), "sha256": sha(data), "partSize": part_size}
+        session = client.post(base, json=descriptor, headers={"Idempotency-Key": uuid.uuid4().hex}).json()
+        for index in range(session["partCount"]):
+            part = data[index * part_size:(index + 1) * part_size]
+            sent = client.put(f"{base}/{session['id']}/parts/{index}", content=part,
+                              headers={"X-Content-SHA256": sha(part)})
+            assert sent.status_code in (200, 201, 204), sent.text
+
+        before = _store_bytes(seaweedfs.data_dir)
+        answer: dict[str, httpx.Response] = {}
+        completing = threading.Thread(
+            target=lambda: answer.setdefault("first", client.post(f"{base}/{session['id']}/complete"))
+        )
+        completing.start()
+        # Killed once the store has taken some of the parts, not all of them.
+        wait_until(lambda: _store_bytes(seaweedfs.data_dir) - before > 8 * MiB or not completing.is_alive(),
+                   "publishing", timeout=60)
+        seaweedfs.kill()
+        completing.join(60)
+        first = answer["first"]
+        assert first.status_code == 503, first.text
+        assert first.json()["code"] == "unavailable" and int(first.headers["Retry-After"]) >= 1
+        assert db_fetch(s3_cluster.database_url, "SELECT id FROM arkvory_artifacts") == []
+        shown = client.get(f"{base}/{session['id']}").json()
+        assert shown["status"] == "open"  # resumable: the parts are still there
+
+        seaweedfs.start()
+        writer.wait_ready(timeout=30)
+        again = client.post(f"{base}/{session['id']}/complete")
+        assert again.status_code == 201, again.text
+        replay = client.post(f"{base}/{session['id']}/complete")
+        assert replay.status_code == 200 and replay.json()["id"] == again.json()["id"]
+        rows = db_fetch(s3_cluster.database_url, "SELECT id, sha256 FROM arkvory_artifacts")
+        assert [(str(r["id"]), r["sha256"]) for r in rows] == [(again.json()["id"], sha(data))]
+        body = client.get(f"/api/v1/repositories/{REPO}/artifacts/{again.json()['id']}/content")
+        assert body.status_code == 200 and body.content == data
+    assert s3_cluster.has_blob(sha(data))
