@@ -850,12 +850,12 @@ def test_multi_host_balancers_route_content_across_the_hosts_and_the_rest_to_the
 
 
 def test_multi_host_balancer_configurations_are_accepted(tmp_path):
-    haproxy = _binary("haproxy", "haproxy")
+    haproxy = require_tool("haproxy", apt="haproxy")
     result = subprocess.run(
         [haproxy, "-c", "-f", str(MULTI / "haproxy" / "haproxy.cfg")], capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    nginx = _binary("nginx", "nginx-light")
+    nginx = require_tool("nginx", apt="nginx-light")
     wrapper = _nginx_wrapper(tmp_path, MULTI / "nginx" / "arkvory.conf")
     result = subprocess.run(
         [nginx, "-t", "-p", str(tmp_path), "-c", str(wrapper)], capture_output=True, text=True, timeout=30
