@@ -1,0 +1,225 @@
+"""The docs cannot drift from the code: the README stays a newcomer's page whose commands exist,
+every local link and anchor resolves, docs/api.md documents exactly the routes of the OpenAPI
+document and the error codes of shared/errors.py, and docs/configuration.md lists exactly the
+variables the settings read, with their defaults. No server is needed: the settings, the argument
+parser and the writer's OpenAPI document are built in-process."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from arkvory.shared import errors
+from arkvory.shared.settings import CLIENT_VARIABLES, Settings, SettingsError
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+CONFIGURATION = DOCS / "configuration.md"
+API = DOCS / "api.md"
+
+MINIMAL = {"ARKVORY_DATABASE_URL": "postgresql://x@127.0.0.1/x", "ARKVORY_DATA_DIR": "/nonexistent"}
+SHARED = {
+    "ARKVORY_GATEWAY_SLOTS": "3",
+    "ARKVORY_GATEWAY_SLOT": "0",
+    "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND": str(3 * 1024 * 1024),
+}
+S3 = {"ARKVORY_STORAGE_URL": "s3://arkvory-blobs"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown helpers
+
+
+def tables(text: str, header: tuple[str, ...]) -> Iterator[list[str]]:
+    """The rows (cells stripped) of every table whose header row is exactly `header`."""
+    inside = False
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            inside = False
+            continue
+        # `\|` is a pipe inside a cell (GET\|HEAD), not a separator.
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if tuple(cells) == header:
+            inside = True
+        elif inside and not set(line) <= set("|-: "):
+            yield [c.replace("\\|", "|") for c in cells]
+
+
+def unquoted(cell: str) -> str:
+    return cell.replace("`", "").strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/configuration.md against shared/settings.py
+
+
+class RecordingEnviron(Mapping[str, str]):
+    """An environment that remembers every name the settings look up: the names they know."""
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self.values = dict(values)
+        self.asked: set[str] = set()
+
+    def __getitem__(self, name: str) -> str:
+        self.asked.add(name)
+        return self.values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def names_the_settings_read() -> set[str]:
+    # With shared downloads and an object store with keys every optional branch of the parser runs.
+    keys = {"AWS_ACCESS_KEY_ID": "placeholder", "AWS_SECRET_ACCESS_KEY": "placeholder"}
+    environ = RecordingEnviron({**MINIMAL, **SHARED, **S3, **keys})
+    Settings.from_env(environ)
+    return environ.asked
+
+
+def settings(**extra: str) -> Settings:
+    return Settings.from_env({**MINIMAL, **extra})
+
+
+# Where each variable's value lands in the settings object, read with the default in force (the
+# environment that makes the variable meaningful, e.g. an s3:// storage for the region). A new
+# variable needs a line here: the test below fails until it has one.
+DEFAULT_OF = {
+    "ARKVORY_ROLE": lambda: settings().role,
+    "ARKVORY_DATABASE_POOL_SIZE": lambda: settings().database_pool_size,
+    "ARKVORY_HOST": lambda: settings().host,
+    "ARKVORY_PORT": lambda: settings().port,
+    "ARKVORY_WORKER_PORT": lambda: settings().worker_port,
+    "ARKVORY_TLS_CERT_FILE": lambda: settings().tls_cert_file,
+    "ARKVORY_TLS_KEY_FILE": lambda: settings().tls_key_file,
+    "ARKVORY_KEYS_FILE": lambda: settings().keys_file,
+    "ARKVORY_LOG_FORMAT": lambda: settings().log_format,
+    "ARKVORY_LOG_LEVEL": lambda: settings().log_level,
+    "ARKVORY_DRAIN_TIMEOUT_SECONDS": lambda: settings().drain_timeout_s,
+    "ARKVORY_PUBLIC_METRICS": lambda: settings().public_metrics,
+    "ARKVORY_STORAGE_URL": lambda: settings().storage_url,
+    "ARKVORY_S3_ENDPOINT_URL": lambda: settings(**S3).object_store.endpoint_url,
+    "ARKVORY_S3_REGION": lambda: settings(**S3).object_store.region,
+    "AWS_ACCESS_KEY_ID": lambda: settings(**S3).object_store.access_key_id,
+    "AWS_SECRET_ACCESS_KEY": lambda: settings(**S3).object_store.secret_access_key,
+    "AWS_SESSION_TOKEN": lambda: settings(**S3).object_store.session_token,
+    "ARKVORY_CACHE_MAX_BYTES": lambda: settings(**S3).cache_max_bytes,
+    "ARKVORY_MIN_FREE_BYTES": lambda: settings().min_free_bytes,
+    "ARKVORY_GATEWAY_SLOTS": lambda: settings().shared,
+    "ARKVORY_GATEWAY_SLOT": lambda: settings().shared,
+    "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND": lambda: settings().shared,
+    "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL": lambda: settings(
+        **SHARED
+    ).shared.per_principal_bytes_per_second,
+    "ARKVORY_DOWNLOAD_BYTES_PER_SECOND": lambda: settings().download_bytes_per_second,
+    "ARKVORY_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL": lambda: settings().download_bytes_per_second_per_principal,
+    "ARKVORY_MAX_DOWNLOADS": lambda: settings().max_downloads,
+    "ARKVORY_MAX_DOWNLOADS_PER_PRINCIPAL": lambda: settings().max_downloads_per_principal,
+    "ARKVORY_DOWNLOAD_QUEUE_SIZE": lambda: settings().download_queue_size,
+    "ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS": lambda: settings().download_queue_timeout_ms,
+    "ARKVORY_SEND_TIMEOUT_SECONDS": lambda: settings().send_timeout_s,
+    "ARKVORY_RECEIVE_TIMEOUT_SECONDS": lambda: settings().receive_timeout_s,
+    "ARKVORY_MAX_UPLOADS": lambda: settings().max_uploads,
+    "ARKVORY_MAX_UPLOADS_PER_PRINCIPAL": lambda: settings().max_uploads_per_principal,
+    "ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND": lambda: settings().min_upload_bytes_per_second,
+    "ARKVORY_MAX_ARTIFACT_BYTES": lambda: settings().max_artifact_bytes,
+    "ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL": lambda: settings().max_reserved_bytes_per_principal,
+    "ARKVORY_UPLOAD_EXPIRY": lambda: settings().upload_expiry_s,
+    "ARKVORY_ALLOW_SIGNUP": lambda: settings().allow_signup,
+    "ARKVORY_SESSION_LIFETIME": lambda: settings().session_lifetime_s,
+    "ARKVORY_IDEMPOTENCY_RETENTION": lambda: settings().idempotency_retention_s,
+    "ARKVORY_TRUSTED_PROXIES": lambda: settings().trusted_proxies,
+    "ARKVORY_CLEANUP_INTERVAL": lambda: settings().cleanup_interval_s,
+    "ARKVORY_VERIFY_INTERVAL": lambda: settings().verify_interval_s,
+    "ARKVORY_CLEANUP_GRACE": lambda: settings().cleanup_grace_s,
+    "ARKVORY_VERIFY_BYTES_PER_SECOND": lambda: settings().verify_bytes_per_second,
+    "ARKVORY_TASK_RETENTION": lambda: settings().task_retention_s,
+}
+
+# Defaults the doc states as a rule of another setting, and what that rule computes.
+DERIVED_DEFAULTS = {
+    "min(4, ARKVORY_MAX_DOWNLOADS)": lambda s: min(4, s.max_downloads),
+    "half of ARKVORY_MAX_UPLOADS, at least 1": lambda s: max(1, s.max_uploads // 2),
+    "ARKVORY_MAX_ARTIFACT_BYTES": lambda s: s.max_artifact_bytes,
+}
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def documented_value(cell: str) -> object:
+    """The value a default cell states: `none`, a boolean, `off`, a duration or a number
+    (a trailing explanation in parentheses is for the reader), else the text itself."""
+    text = unquoted(cell)
+    value = re.sub(r"\s+\(.*\)$", "", text)
+    if value == "none":
+        return None
+    if value in ("true", "false"):
+        return value == "true"
+    if value == "off":
+        return 0
+    if duration := re.fullmatch(r"([1-9][0-9]*)([smhd])", value):
+        return int(duration.group(1)) * _UNITS[duration.group(2)]
+    if re.fullmatch(r"[0-9]+", value):
+        return int(value)
+    return value
+
+
+def configuration_rows() -> dict[str, str]:
+    """variable -> its default cell, from every `variable | rule | default` table."""
+    rows: dict[str, str] = {}
+    for cells in tables(CONFIGURATION.read_text(), ("variable", "rule", "default")):
+        name = unquoted(cells[0])
+        assert name not in rows, f"configuration.md lists {name} twice"
+        rows[name] = cells[2]
+    return rows
+
+
+def test_configuration_md_names_every_variable_the_settings_read_and_no_other():
+    known = names_the_settings_read() | CLIENT_VARIABLES
+    named = set(re.findall(r"\b(?:ARKVORY|AWS)_[A-Z0-9_]*[A-Z0-9]\b", CONFIGURATION.read_text()))
+    assert not known - named, f"configuration.md does not name {sorted(known - named)}"
+    assert not named - known, f"configuration.md names variables no code reads: {sorted(named - known)}"
+    rows = configuration_rows()
+    settings_names = names_the_settings_read()
+    assert not settings_names - set(rows), f"no rule|default row for {sorted(settings_names - set(rows))}"
+    assert not set(rows) - settings_names, f"rows for what the settings do not read: {sorted(set(rows) - settings_names)}"
+
+
+def test_configuration_md_states_the_code_defaults():
+    wrong = []
+    for name, cell in configuration_rows().items():
+        stated = documented_value(cell)
+        if stated == "required":
+            environ = {k: v for k, v in MINIMAL.items() if k != name}
+            with pytest.raises(SettingsError) as refused:
+                Settings.from_env(environ)
+            if not any(line.startswith(f"{name}:") for line in refused.value.problems):
+                wrong.append(f"{name} is documented as required but is not")
+            continue
+        assert name in DEFAULT_OF, f"tests/test_docs.py: DEFAULT_OF has no line for {name}"
+        actual = DEFAULT_OF[name]()
+        if isinstance(stated, str) and stated in DERIVED_DEFAULTS:
+            stated = DERIVED_DEFAULTS[stated](settings())
+        if actual == ():  # an empty list of proxies is "none"
+            actual = None
+        if stated != actual:
+            wrong.append(f"{name}: documented {cell}, the code's default is {actual!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_default_check_catches_a_wrong_default():
+    # The parser of the default column must not read everything as "equal": a changed number,
+    # duration or `none` differs from the code.
+    assert documented_value("10") != DEFAULT_OF["ARKVORY_DATABASE_POOL_SIZE"]() + 1
+    assert documented_value("`12h`") == DEFAULT_OF["ARKVORY_SESSION_LIFETIME"]()
+    assert documented_value("`13h`") != DEFAULT_OF["ARKVORY_SESSION_LIFETIME"]()
+    assert documented_value("1073741824 (1 GiB)") == DEFAULT_OF["ARKVORY_MIN_FREE_BYTES"]()
+    assert documented_value("none (AWS S3)") is None
