@@ -223,3 +223,88 @@ def test_the_default_check_catches_a_wrong_default():
     assert documented_value("`13h`") != DEFAULT_OF["ARKVORY_SESSION_LIFETIME"]()
     assert documented_value("1073741824 (1 GiB)") == DEFAULT_OF["ARKVORY_MIN_FREE_BYTES"]()
     assert documented_value("none (AWS S3)") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/api.md against the writer's OpenAPI document and shared/errors.py
+
+_METHOD = r"(?:GET|HEAD|POST|PUT|PATCH|DELETE)"
+_ROUTE_SPAN = re.compile(rf"`({_METHOD}(?:\\?\|{_METHOD})*) (/[^`\s]*)`")
+
+
+def openapi_document() -> dict:
+    from arkvory.shared.auth.identity import KeyRing
+    from arkvory.shared.process.runtime import Runtime
+    from arkvory.writer.app import build_writer_app
+
+    app = build_writer_app(Runtime(Settings.from_env(MINIMAL), KeyRing.empty()))
+    return json.loads(app.state.openapi_json)
+
+
+def without_fences(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def route_key(path: str) -> str:
+    """The path without its query or optional part, every `{parameter}` alike: the doc may say
+    `{id}` where the code says `{artifact_id}`."""
+    path = re.split(r"[?\[]", path, maxsplit=1)[0]
+    return re.sub(r"\{[^}]*\}", "{}", path)
+
+
+def documented_routes(text: str) -> set[tuple[str, str]]:
+    """(METHOD, path) of every `METHOD[|METHOD] /path` written in backticks outside code blocks."""
+    routes = set()
+    for methods, path in _ROUTE_SPAN.findall(without_fences(text)):
+        for method in re.split(r"\\?\|", methods):
+            routes.add((method, route_key(path)))
+    return routes
+
+
+def openapi_routes(document: dict) -> set[tuple[str, str]]:
+    methods = {"get", "head", "post", "put", "patch", "delete"}
+    return {
+        (method.upper(), route_key(path))
+        for path, item in document["paths"].items()
+        for method in item
+        if method in methods
+    }
+
+
+def api_errors() -> set[tuple[int, str]]:
+    def subclasses(cls: type) -> Iterator[type]:
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    found = {(cls.status, cls.code) for cls in subclasses(errors.ApiError)}
+    return found | {(errors.ApiError.status, errors.ApiError.code)}  # 500 internal
+
+
+def test_api_md_documents_every_operation_of_the_openapi_document_and_no_other():
+    documented, served = documented_routes(API.read_text()), openapi_routes(openapi_document())
+    assert not served - documented, f"api.md does not document {sorted(served - documented)}"
+    assert not documented - served, f"api.md documents routes that do not exist: {sorted(documented - served)}"
+
+
+def test_the_route_check_sees_a_missing_and_an_invented_route():
+    text = API.read_text()
+    served = openapi_routes(openapi_document())
+    dropped = text.replace("`POST /api/v1/tasks/{id}/cancel`", "cancel")
+    assert served - documented_routes(dropped) == {("POST", "/api/v1/tasks/{}/cancel")}
+    invented = text + "\n`DELETE /api/v1/tasks/{id}` removes a task.\n"
+    assert documented_routes(invented) - served == {("DELETE", "/api/v1/tasks/{}")}
+
+
+def test_api_md_error_table_is_the_error_tree_and_the_openapi_code_list():
+    rows = list(tables(API.read_text(), ("status", "code", "when")))
+    table = {(int(cells[0]), unquoted(cells[1])) for cells in rows}
+    assert len(rows) == len(table), "api.md lists an error twice"
+    assert table == api_errors(), (
+        f"api.md's error table lacks {sorted(api_errors() - table)} and lists unknown {sorted(table - api_errors())}"
+    )
+    description = openapi_document()["components"]["schemas"]["Error"]["properties"]["code"]["description"]
+    listed = set(re.split(r",\s*", description.strip()))
+    assert listed == {code for _, code in table}, (
+        f"the OpenAPI Error code list differs from api.md: {sorted(listed ^ {code for _, code in table})}"
+    )
