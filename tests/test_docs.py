@@ -308,3 +308,168 @@ def test_api_md_error_table_is_the_error_tree_and_the_openapi_code_list():
     assert listed == {code for _, code in table}, (
         f"the OpenAPI Error code list differs from api.md: {sorted(listed ^ {code for _, code in table})}"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The README: short, its commands real
+
+README_MAX_LINES = 250
+CI_SCRIPT = ROOT / ".ci" / "run"
+
+
+def test_the_readme_is_a_newcomers_page():
+    lines = README.read_text().splitlines()
+    assert len(lines) < README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; keep it under {README_MAX_LINES} and move reference "
+        "material to docs/"
+    )
+
+
+def test_the_readmes_test_command_is_what_ci_runs():
+    readme = README.read_text()
+    section = readme.split("## Run the tests", 1)[1]
+    block = re.search(r"```sh\n(.*?)\n```", section, re.DOTALL)
+    assert block, "README.md: no sh block under 'Run the tests'"
+    command = block.group(1).strip()
+    assert " && " in command and command.endswith(".venv/bin/python -m pytest"), command
+    # .ci/run does the same steps one by one: the venv, the project with its test extra, pytest.
+    ci = CI_SCRIPT.read_text()
+    for step in command.split(" && "):
+        step = step.replace(".venv/bin/pip install", ".venv/bin/python -m pip install -q")
+        assert re.search(rf"^{re.escape(step)}$", ci, re.MULTILINE), f".ci/run does not run {step!r}"
+
+
+def _subcommands(parser) -> dict:
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _long_options(parser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def arkvory_invocations(text: str) -> Iterator[list[str]]:
+    """The words after `arkvory` in every shell line of a code block and every inline code span
+    that starts a command: `arkvory get …`, `.venv/bin/arkvory dev …`, `/opt/arkvory/bin/arkvory …`."""
+    blocks = re.findall(r"^```(?:sh|bash)?\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    spans = re.findall(r"`([^`\n]+)`", without_fences(text))
+    for source in [*"\n".join(blocks).splitlines(), *spans]:
+        source = re.split(r"\s#\s|\s#$", source)[0]  # a trailing comment
+        for match in re.finditer(r"(?:^|[\s/;|&(])arkvory((?: +[^\s;|&)`']+)*)", source):
+            before = source[: match.start()].split()
+            if before and before[-1] in ("-u", "from", "import"):  # a user name, a Python import
+                continue
+            words = match.group(1).split()
+            if words and words[0] != "import":
+                yield words
+
+
+def check_invocation(top, words: list[str]) -> str | None:
+    """A problem with `arkvory WORDS`: an unknown command or a long option it does not take."""
+    parser, path = top, ["arkvory"]
+    for word in words:
+        commands = _subcommands(parser)
+        if not commands:
+            break
+        if word.startswith("-"):
+            break
+        choices = word.split("|")  # `token create|list|revoke`
+        unknown = [c for c in choices if c not in commands]
+        if unknown:
+            # Upper-case words and `...` are placeholders in prose (`arkvory COMMAND --help`).
+            if word.isupper() or word.endswith("…") or word.endswith("..."):
+                return None
+            return f"`{' '.join(path)} {word}`: no such command (known: {', '.join(sorted(commands))})"
+        parser, path = commands[choices[0]], [*path, choices[0]]
+    known = _long_options(parser)
+    for word in words:
+        option = word.strip("[]").split("=", 1)[0]
+        if option.startswith("--") and option not in known:
+            return f"`{' '.join(path)}` has no option {option}"
+    return None
+
+
+# Commands the docs already describe whose code lands from another branch of the same release:
+# `admin migrate-storage` (issue 16 §6). Remove an entry once the command exists.
+PENDING_COMMANDS = [["admin", "migrate-storage"]]
+
+DOCUMENTS_WITH_COMMANDS = [README, DOCS / "client.md", DOCS / "operations.md", DOCS / "configuration.md", ROOT / "deploy" / "README.md"]
+
+
+def test_every_arkvory_command_in_the_docs_exists():
+    from arkvory.shared.cli.main import parser
+
+    top = parser()
+    problems = []
+    for document in DOCUMENTS_WITH_COMMANDS:
+        seen = 0
+        for words in arkvory_invocations(document.read_text()):
+            seen += 1
+            if words[:2] in PENDING_COMMANDS:
+                continue
+            if problem := check_invocation(top, words):
+                problems.append(f"{document.relative_to(ROOT)}: {problem}")
+        assert seen, f"{document.relative_to(ROOT)}: no arkvory command found (the scanner broke?)"
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+def test_the_command_check_sees_an_unknown_command_and_option():
+    from arkvory.shared.cli.main import parser
+
+    top = parser()
+    assert check_invocation(top, ["dev", "--rate", "50MiB"]) is None
+    assert check_invocation(top, ["token", "create|list|revoke"]) is None
+    assert "no such command" in check_invocation(top, ["admin", "migrate-everything"])
+    assert "no option --speed" in check_invocation(top, ["dev", "--speed", "50MiB"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Links between the docs
+
+LINKED_DOCUMENTS = sorted({README, *DOCS.glob("*.md"), *(ROOT / "deploy").rglob("README.md")})
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`|\*\*|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(document: Path) -> set[str]:
+    found: set[str] = set()
+    counts: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} +(.+?)\s*$", without_fences(document.read_text()), re.MULTILINE):
+        base = slug(heading)
+        n = counts.get(base, 0)
+        counts[base] = n + 1
+        found.add(base if n == 0 else f"{base}-{n}")
+    return found
+
+
+def broken_links(document: Path) -> list[str]:
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", without_fences(document.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (document.parent / path).resolve() if path else document
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target}: no heading #{anchor} in {linked.name}")
+    return broken
+
+
+@pytest.mark.parametrize("document", LINKED_DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_resolve(document):
+    assert not broken_links(document), "\n".join(broken_links(document))
+
+
+def test_the_link_check_sees_a_moved_file_and_a_renamed_heading(tmp_path):
+    (tmp_path / "a.md").write_text("# Title\n\n## The `arkvory` CLI\n\n[ok](#the-arkvory-cli) [x](#gone) [y](b.md)\n")
+    assert broken_links(tmp_path / "a.md") == ["#gone: no heading #gone in a.md", "b.md: no such file"]
