@@ -101,7 +101,8 @@ COMPONENTS: dict[str, Any] = {
                     "type": "string",
                     "description": "invalid_input, unauthorized, forbidden, not_found, read_only, "
                     "method_not_allowed, request_timeout, conflict, idempotency_key_in_use, "
-                    "payload_too_large, IdempotentParameterMismatch, range_not_satisfiable, "
+                    "payload_too_large, unsupported_media_type, IdempotentParameterMismatch, "
+                    "digest_mismatch, range_not_satisfiable, "
                     "request_header_too_large, rate_limited, insufficient_storage, busy, unavailable, "
                     "content_unavailable, internal",
                 },

@@ -31,7 +31,7 @@ def _mismatch(saved: asyncpg.Record, shared: SharedDownloads) -> str | None:
         return None
     return (
         f"{_REQUIRED} saved as {_describe(*saved)}, but this process has {_describe(*wanted)}; "
-        "rates and slots cannot change on a running installation (see README: changing the policy)"
+        "rates and slots cannot change on a running installation (see docs/operations.md: Changing the download policy)"
     )
 
 

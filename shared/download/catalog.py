@@ -1,6 +1,6 @@
 """Read-side catalog queries shared by every process: repositories and what content routes name.
 
-Permission rule (decided here once, documented in README "Permissions"): a principal who may
+Permission rule (decided here once, documented in docs/api.md "Permissions"): a principal who may
 not read a private repository cannot tell it from a missing one. Anonymous callers get 401
 (`unauthorized`: send credentials) and authenticated ones 404 (`not_found`), whether the
 repository exists or not. 403 `forbidden` is kept for a repository the caller may read but
