@@ -50,7 +50,7 @@ from arkvory.shared.http.protocol import ConnectionHandle
 from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError, StorageUnavailable
 
 from .serving import ServingProcess
-from .transfer import _LAST_BODY, UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone
+from .transfer import UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone
 
 log = logging.getLogger("arkvory.content")
 
@@ -274,7 +274,7 @@ async def stream_from_store(
                 return
             await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
             if await _send_body(response, source, handle, length):
-                await handle.cycle.send(_LAST_BODY)
+                handle.complete()  # the last body message's bookkeeping (transfer.py does the same)
         finally:
             runtime.transfers.discard(aborter)
     finally:
