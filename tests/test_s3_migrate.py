@@ -1,8 +1,8 @@
-"""`arkvory admin migrate-storage` (SPEC §11) on a real SeaweedFS with real processes: it refuses
-while a process holds a lease (and says which); a migration from the directory to the store that
-is killed midway resumes where it stopped; after it every artifact downloads byte-exact from the
-store, and the way back to a directory (after the old copy was removed as the output says)
-leaves every artifact byte-exact again."""
+"""`arkvory admin migrate-storage` (SPEC §11) on a real SeaweedFS with real processes: a migration
+from the directory to the store that is killed midway resumes where it stopped; after it every
+artifact downloads byte-exact from the store; the way back to a directory (after the old copy was
+removed as the output says) leaves every artifact byte-exact again; and it refuses while a
+process holds a lease, saying which."""
 
 from __future__ import annotations
 
@@ -42,8 +42,7 @@ def check_all(process, artifacts: dict[str, bytes]) -> None:
 
 
 def test_migrate_refuses_while_a_lease_is_held_resumes_after_a_kill_and_goes_there_and_back(s3_cluster):
-    shared = s3_cluster.shared_env(slots=2)
-    writer = s3_cluster.writer(shared, **ON_DISK).wait_ready()
+    writer = s3_cluster.writer(**ON_DISK).wait_ready()  # standalone: no lease to wait out on restarts
     contents = [os.urandom(size) for size in [200 * KiB] * 24 + [3 * 1024 * KiB, 0]]
     artifacts = {}
     with writer.client(timeout=30) as client:
@@ -55,11 +54,6 @@ def test_migrate_refuses_while_a_lease_is_held_resumes_after_a_kill_and_goes_the
     bucket_url = f"s3://{s3_cluster.bucket.name}/{s3_cluster.prefix}"
     env = s3_cluster.base_env()  # the store's settings; ARKVORY_STORAGE_URL is not what it reads
 
-    refused = run_arkvory(env, "admin", "migrate-storage", "--to", bucket_url)
-    assert refused.returncode == 75, refused.stderr
-    assert "refusing to migrate the storage while servers are up" in refused.stderr
-    assert f"slot 0 (pid {writer.proc.pid} on " in refused.stderr  # says which
-    assert location(s3_cluster) == "file:" and not s3_cluster.object_keys()
     stop(writer)
 
     # Killed after its first blob: nothing is switched, and the next run continues.
@@ -90,7 +84,7 @@ def test_migrate_refuses_while_a_lease_is_held_resumes_after_a_kill_and_goes_the
     advice = next(line for line in summary if line.startswith("the old copy is left in "))
     assert (s3_cluster.data_dir / "blobs").is_dir()  # left in place until the operator removes it
 
-    writer = s3_cluster.writer(shared).wait_ready()  # now on the store
+    writer = s3_cluster.writer().wait_ready()  # now on the store
     check_all(writer, artifacts)
     stop(writer)
     again = run_arkvory(env, "admin", "migrate-storage", "--to", bucket_url)
@@ -108,5 +102,11 @@ def test_migrate_refuses_while_a_lease_is_held_resumes_after_a_kill_and_goes_the
         digest = hashlib.sha256(data).hexdigest()
         assert (s3_cluster.data_dir / "blobs" / "sha256" / digest[:2] / digest[2:4] / digest).read_bytes() == data
     assert not any(p.name.startswith("upload-migrate") for p in (s3_cluster.data_dir / "tmp").iterdir())
-    writer = s3_cluster.writer(shared, **ON_DISK).wait_ready()
+    # A process holding a lease: refused, saying which, and nothing changes.
+    writer = s3_cluster.writer(s3_cluster.shared_env(slots=2), **ON_DISK).wait_ready()
     check_all(writer, artifacts)
+    refused = run_arkvory(env, "admin", "migrate-storage", "--to", bucket_url)
+    assert refused.returncode == 75, refused.stderr
+    assert "refusing to migrate the storage while servers are up" in refused.stderr
+    assert f"slot 0 (pid {writer.proc.pid} on " in refused.stderr
+    assert location(s3_cluster) == "file:"
