@@ -110,3 +110,14 @@ def test_migrate_refuses_while_a_lease_is_held_resumes_after_a_kill_and_goes_the
     assert "refusing to migrate the storage while servers are up" in refused.stderr
     assert f"slot 0 (pid {writer.proc.pid} on " in refused.stderr
     assert location(s3_cluster) == "file:"
+
+
+def test_a_bad_target_is_a_usage_error_naming_it_and_nothing_is_touched(s3_cluster):
+    env = s3_cluster.base_env()
+    bad = run_arkvory(env, "admin", "migrate-storage", "--to", "s3://No_Such..Bucket")
+    assert bad.returncode == 2 and bad.stderr.startswith("arkvory: invalid setting --to: expected a bucket name")
+    env.pop("AWS_SECRET_ACCESS_KEY")
+    half = run_arkvory(env, "admin", "migrate-storage", "--to", f"s3://{s3_cluster.bucket.name}")
+    assert half.returncode == 2 and "AWS_SECRET_ACCESS_KEY: not set, but AWS_ACCESS_KEY_ID is" in half.stderr
+    assert s3_cluster.secret not in bad.stderr + half.stderr
+    assert s3_cluster.object_keys() == []
