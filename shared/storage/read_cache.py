@@ -380,7 +380,10 @@ class CacheReader:
 
     def _read(self, size: int) -> None:
         if self._fd is None:
-            self._fd = os.open(self._flight.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self._fd = os.open(self._flight.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # dropped (changed on disk) before this reader opened it
+                raise StorageUnavailable(f"the read cache's file of {self._flight.sha256} is gone") from None
         data = os.pread(self._fd, size, self._offset)  # from the page cache the fill just wrote
         if len(data) != size:
             raise StorageUnavailable(f"the read cache's file of {self._flight.sha256} ended early")
