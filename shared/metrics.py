@@ -115,6 +115,10 @@ class Metrics:
     def observe_catalog(self, catalog) -> None:
         self.registry.register(_CatalogCollector(catalog))
 
+    def observe_read_cache(self, cache) -> None:
+        """Export the read cache's counters (shared/storage/read_cache.py), read at scrape time."""
+        self.registry.register(_ReadCacheCollector(cache))
+
     # The lease reports through these two (see lease.RenewalCounter).
     def renewal(self, result: str) -> None:
         self.lease_renewals.labels(result=result).inc()
@@ -153,6 +157,54 @@ class _CatalogCollector(Collector):
         lookups.add_metric(["hit"], self.catalog.hits)
         lookups.add_metric(["miss"], self.catalog.misses)
         yield lookups
+
+
+class _ReadCacheCollector(Collector):
+    def __init__(self, cache) -> None:
+        self.cache = cache
+
+    def collect(self):
+        cache = self.cache
+        requests = CounterMetricFamily(
+            "arkvory_read_cache_requests",
+            "Downloads of object-store blobs by what the read cache did: hit (its checked file was"
+            " sent), miss (read behind the digest's fill), bypass (not cached: larger than the"
+            " limit, or no room beside files being read)",
+            labels=["result"],
+        )
+        for result, count in cache.requests.items():
+            requests.add_metric([result], count)
+        yield requests
+        fills = CounterMetricFamily(
+            "arkvory_read_cache_fills",
+            "Blobs fetched from the object store into the read cache, by result: ok, failed (the"
+            " store or this disk failed), corrupt (the bytes did not match the digest)",
+            labels=["result"],
+        )
+        for result, count in cache.fills.items():
+            fills.add_metric([result], count)
+        yield fills
+        discards = CounterMetricFamily(
+            "arkvory_read_cache_discards",
+            "Cached files dropped because they changed since their hash was checked (changed) or"
+            " failed the check again after a restart (corrupt); each is fetched again",
+            labels=["reason"],
+        )
+        for reason, count in cache.discards.items():
+            discards.add_metric([reason], count)
+        yield discards
+        yield CounterMetricFamily(
+            "arkvory_read_cache_evictions", "Cached files evicted (least recently used) to stay within the limit",
+            value=cache.evictions,
+        )
+        yield GaugeMetricFamily(
+            "arkvory_read_cache_bytes", "Bytes the read cache holds, fills in progress included", value=cache.held,
+        )
+        yield GaugeMetricFamily(
+            "arkvory_read_cache_limit_bytes", "The read cache's limit (ARKVORY_CACHE_MAX_BYTES)",
+            value=cache.max_bytes,
+        )
+        yield GaugeMetricFamily("arkvory_read_cache_files", "Files in the read cache", value=cache.files)
 
 
 class _HealthStatusCollector(Collector):

@@ -326,6 +326,28 @@ def _object_store(reader: _Reader) -> ObjectStoreSettings | None:
     )
 
 
+# The settings of the one storage a process uses; `arkvory admin migrate-storage` names two.
+STORAGE_VARIABLES = ("ARKVORY_STORAGE_URL", "ARKVORY_S3_ENDPOINT_URL", "ARKVORY_S3_REGION", "ARKVORY_CACHE_MAX_BYTES")
+
+
+def object_store_for(environ: Mapping[str, str], url: str, *, name: str = "--to") -> ObjectStoreSettings | None:
+    """The storage `url` names: None for `file:`; for `s3://BUCKET[/PREFIX]` its settings, with
+    the endpoint, region and AWS credentials of `environ`. For `arkvory admin migrate-storage`,
+    whose two sides cannot both be ARKVORY_STORAGE_URL. SettingsError listing every problem;
+    a bad `url` is named as `name`."""
+    if url == "file:":
+        return None
+    try:
+        parse_storage_url(url)
+    except ValueError as exc:
+        raise SettingsError([f"{name}: {exc}"]) from None
+    reader = _Reader({**environ, "ARKVORY_STORAGE_URL": url})
+    found = _object_store(reader)
+    if reader.problems:
+        raise SettingsError(reader.problems)
+    return found
+
+
 def parse_storage_url(url: str) -> tuple[str, str]:
     """`s3://BUCKET[/PREFIX]` -> (bucket, prefix without slashes at either end); ValueError
     saying what is expected (without the variable's name)."""

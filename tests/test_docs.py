@@ -395,7 +395,7 @@ def check_invocation(top, words: list[str]) -> str | None:
 
 # Commands the docs already describe whose code lands from another branch of the same release:
 # `admin migrate-storage` (issue 16 §6). Remove an entry once the command exists.
-PENDING_COMMANDS = [["admin", "migrate-storage"]]
+PENDING_COMMANDS: list[list[str]] = []  # commands documented before they land
 
 DOCUMENTS_WITH_COMMANDS = [README, DOCS / "client.md", DOCS / "operations.md", DOCS / "configuration.md", ROOT / "deploy" / "README.md"]
 

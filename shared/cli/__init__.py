@@ -1,7 +1,8 @@
 """The `arkvory` command (main.py: serve, dev, admin, and the subcommands that other modules
 register), the local cluster of `arkvory dev` (dev.py), the operator tools that work on the
 database directly (admin.py, and `admin init`, the writer's first start without a server) or run a task kind with every server stopped (offline.py: admin gc
-and scrub), and the local PostgreSQL for `arkvory dev` and the tests: localpg.py runs a server
+and scrub), the move of every blob to another storage (migrate_storage.py: admin
+migrate-storage), and the local PostgreSQL for `arkvory dev` and the tests: localpg.py runs a server
 from the binaries that postgres_binaries.py finds.
 
 May import: everything, arkvory.writer and arkvory.gateway included: the command assembles the

@@ -20,11 +20,12 @@ if TYPE_CHECKING:
 # command (`arkvory get`) starts without them (~40 % fewer instructions before its request).
 
 EXIT_USAGE = 2
-# Modules whose `register` adds their subcommands: the worker, the offline repair tools, and the
-# client's get/put/ls/stat/rm.
+# Modules whose `register` adds their subcommands: the worker, the offline repair tools, the
+# storage migration, and the client's get/put/ls/stat/rm.
 _COMMAND_MODULES = (
     "arkvory.writer.worker.commands",
     "arkvory.shared.cli.offline",
+    "arkvory.shared.cli.migrate_storage",
     "arkvory.shared.client.commands",
 )
 

@@ -18,6 +18,10 @@ How the bytes come from the store:
   the number of downloads. Later segments carry `If-Match` with the first one's ETag, so a body
   never joins two versions of an object.
 
+With a read cache (ARKVORY_CACHE_MAX_BYTES), a miss reads behind the digest's one fill instead
+(shared/storage/read_cache.py `CacheReader`, the same `fill`/`take` as `StoreSource`), through
+the same loop and buckets; a hit never comes here (transfer.py sends the cached file).
+
 Tokens are asked only for bytes already read (a slow store never holds tokens others could use),
 and buffers go to the socket as zero-copy memoryviews. Before every write, as in transfer.py's
 Payload: tokens from both buckets, the socket writable within the send timeout, the lease and
@@ -50,7 +54,7 @@ from arkvory.shared.http.protocol import ConnectionHandle
 from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError, StorageUnavailable
 
 from .serving import ServingProcess
-from .transfer import _LAST_BODY, UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone
+from .transfer import UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone
 
 log = logging.getLogger("arkvory.content")
 
@@ -247,10 +251,20 @@ async def stream_from_store(
     if not health.available:
         raise Unavailable(f"the storage {storage.location} does not answer now; retry shortly", retry_after=RETRY_AFTER_S)
     reads = runtime.metrics.storage_reads
-    source = StoreSource(
-        storage, response.artifact.sha256, start, length,
-        segment_cap=segment_cap_for(runtime), counted=lambda result: reads.labels(result=result).inc(),
-    )
+    sha256 = response.artifact.sha256
+
+    def from_store(first: int, count: int) -> StoreSource:
+        return StoreSource(
+            storage, sha256, first, count,
+            segment_cap=segment_cap_for(runtime), counted=lambda result: reads.labels(result=result).inc(),
+        )
+
+    cache = getattr(storage, "cache", None)
+    # A miss of the read cache reads behind the digest's one fill (shared/storage/read_cache.py);
+    # a blob it will not hold comes from the store directly.
+    source: Any = None if cache is None else cache.reader(sha256, response.artifact.size, start, length, from_store)
+    if source is None:
+        source = from_store(start, length)
     try:
         try:
             await source.fill()  # before any header: a failure is still an ordinary answer
@@ -274,14 +288,14 @@ async def stream_from_store(
                 return
             await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
             if await _send_body(response, source, handle, length):
-                await handle.cycle.send(_LAST_BODY)
+                handle.complete()  # the last body message's bookkeeping (transfer.py does the same)
         finally:
             runtime.transfers.discard(aborter)
     finally:
         await source.aclose()
 
 
-async def _send_body(response: BlobResponse, source: StoreSource, handle: ConnectionHandle, remaining: int) -> bool:
+async def _send_body(response: BlobResponse, source: Any, handle: ConnectionHandle, remaining: int) -> bool:
     """True when every byte was handed over; False when the connection is gone or was cut."""
     runtime = response.runtime
     bandwidth = runtime.bandwidth
@@ -326,7 +340,7 @@ async def _send_body(response: BlobResponse, source: StoreSource, handle: Connec
     return True
 
 
-async def _send_through_asgi(response: BlobResponse, source: StoreSource, remaining: int, send: Send) -> None:
+async def _send_through_asgi(response: BlobResponse, source: Any, remaining: int, send: Send) -> None:
     """Copying path through the ASGI `send` (no protocol handle: not our server)."""
     runtime = response.runtime
     bandwidth = runtime.bandwidth

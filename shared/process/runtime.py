@@ -144,6 +144,7 @@ class Runtime:
         await self.control.take_lock("writer")
         self.schema_version, self.storage = await prepare_writer_state(control, self.settings)
         self.storage_health.storage = self.storage
+        await self._attach_read_cache()
         await policy.save_or_check(control, self.settings.shared)
 
     async def _start_gateway(self, control: asyncpg.Connection) -> None:
@@ -173,7 +174,23 @@ class Runtime:
         await self.control.take_lock("maintenance")
         self.storage = await open_storage(control, self.settings, who="a gateway")
         self.storage_health.storage = self.storage
+        await self._attach_read_cache()
         await policy.check(control, self.settings.shared)
+
+    async def _attach_read_cache(self) -> None:
+        """With an object store and ARKVORY_CACHE_MAX_BYTES > 0: the local read cache in
+        ARKVORY_DATA_DIR/cache, rebuilt from the files there (shared/storage/read_cache.py)."""
+        storage = self.storage
+        if not self.settings.cache_max_bytes or storage is None or storage.kind != "s3":
+            return
+        from arkvory.shared.storage.read_cache import ReadCache
+
+        reads = self.metrics.storage_reads
+        storage.cache = await ReadCache.open(  # type: ignore[attr-defined]
+            self.settings.data_dir / "cache", self.settings.cache_max_bytes, storage,
+            counted=lambda result: reads.labels(result=result).inc(),
+        )
+        self.metrics.observe_read_cache(storage.cache)  # type: ignore[attr-defined]
 
     def _subscribe(self, control: ControlConnection) -> None:
         """What the control connection keeps honest in this process: the caches that a NOTIFY
@@ -349,6 +366,9 @@ class Runtime:
     # -- shutdown ---------------------------------------------------------------------------
 
     async def close(self) -> None:
+        cache = getattr(self.storage, "cache", None)
+        if cache is not None:
+            cache.close()  # its fills stop; what they left in cache/filling/ goes at the next start
         # After a failure the database may be unreachable: never wait on it.
         lost = self.failure is not None or (self.lease is not None and self.lease.lost.is_set())
         if self.lease is not None:

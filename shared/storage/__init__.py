@@ -6,7 +6,8 @@ interface.py is the interface every caller uses (reading, publishing, maintenanc
 its errors; directory.py is the directory backend (`file:`: the content-addressed layout in
 ARKVORY_DATA_DIR), s3.py the object-store backend (`s3://`; its requests in s3_client.py, loaded
 only when configured); opening.py opens the one the settings name and checks its identity;
-health.py keeps watch on whether it answers. local.py is the host's local state both share
+health.py keeps watch on whether it answers; read_cache.py is the local read cache of an
+object store's blobs (ARKVORY_CACHE_MAX_BYTES). local.py is the host's local state both share
 (upload files, free space); open_blobs.py keeps the descriptors the download path reuses,
 upload_files.py the upload files in use and their removal.
 

@@ -34,6 +34,7 @@ from arkvory.shared.settings import ObjectStoreSettings
 
 from .interface import BlobNotFound, BlobStat, ListedBlob, Offload, StorageRefused, StorageUnavailable
 from .local import LocalState
+from .read_cache import ReadCache
 from .s3_client import IDENTITY_KEY, READ_CHUNK, STORAGE_URL, ObjectStat, ObjectStore, RangeReader
 
 BLOBS = "blobs/sha256"
@@ -71,18 +72,23 @@ class ObjectStorage(LocalState):
         self.settings = settings
         self.location = settings.url
         self.store = store or ObjectStore(settings)
+        # The local read cache (read_cache.py), when ARKVORY_CACHE_MAX_BYTES asks for one: the
+        # serving process attaches it after opening (shared/process/runtime.py).
+        self.cache: ReadCache | None = None
 
     def __repr__(self) -> str:
         return f"ObjectStorage({self.location!r}, endpoint_url={self.settings.endpoint_url!r}, root={str(self.root)!r})"
 
     # -- reading --------------------------------------------------------------------------------
 
-    def acquire_file(self, sha256: str) -> None:
-        """No local copy (the read cache, when there is one, answers here first)."""
-        return None
+    def acquire_file(self, sha256: str) -> int | None:
+        """The read cache's checked copy, if it has one; else None (streamed from the store)."""
+        cache = self.cache
+        return None if cache is None else cache.acquire(sha256)
 
     def release_file(self, sha256: str, fd: int) -> None:
-        raise AssertionError("acquire_file never hands out a descriptor")
+        assert self.cache is not None, "acquire_file hands out descriptors of the cache only"
+        self.cache.release(sha256, fd)
 
     def open_range(
         self, sha256: str, start: int, length: int, *, chunk_size: int = READ_CHUNK, if_match: str | None = None

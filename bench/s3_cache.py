@@ -1,0 +1,242 @@
+"""Blobs on a local SeaweedFS (issue 16): the read cache and the store, side by side with the
+tools an operator would compare them with, in one run, printed with the CPU model.
+
+    .venv/bin/python bench/s3_cache.py [--size-mib 1024] [--runs 3] [--clients 1000]
+
+1. cold read   a 1 GiB artifact through a gateway with a cold read cache (the fill: one GET of
+               the store, readers behind it) and through a gateway without a cache (streamed
+               from the store), vs `curl --aws-sigv4` of the same object straight from SeaweedFS.
+               Goal: gateway ≥ 0.8 × curl. Each gateway run starts from an empty cache.
+2. hot read    the same artifact again from the cache (sendfile of the cached file) vs nginx
+               (sendfile) serving that very file. Goal: ≥ 0.8 × nginx, server CPU per GiB ≤ 2 ×.
+3. upload      a 1 GiB resumable upload (parts of 64 MiB, then `complete`, which publishes to the
+               store) vs obstore's own multipart upload (16 MiB parts, 4 at a time: what the
+               backend uses) of the same file. Goal: ≥ 0.7 ×. `complete` alone is shown beside.
+4. many        1,000 concurrent throttled downloads of a 1 MiB artifact from the store (no cache)
+               on one gateway: its peak RSS, errors. Goal: RSS < 200 MiB, 0 errors.
+
+Everything is unthrottled (the largest total the settings accept) except part 4. On 2 cores
+SeaweedFS, the gateway and curl share the CPUs: figures from such a host are lower bounds.
+No credential reaches a command line: curl reads them from a 0600 config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import pathlib
+import statistics
+import subprocess
+import time
+
+import obstore
+from obstore.store import S3Store
+
+from cluster import (
+    ADMIN_TOKEN,
+    MAX_RATE,
+    BenchCluster,
+    BenchError,
+    GiB,
+    MiB,
+    Nginx,
+    bench_main,
+    cpu_seconds,
+    create_repo,
+    machine,
+    memory_kib,
+    need_tool,
+    reader_tokens,
+    sha256_of,
+    table,
+    tree_cpu_seconds,
+    upload,
+    verdict,
+    warm_page_cache,
+)
+from many_downloads import raise_fd_limit
+from many_downloads import run as many_downloads
+from upload import make_file, part_hashes, resumable_upload
+
+from arkvory.shared.cli.seaweedfs import start_seaweedfs
+
+BUCKET, PREFIX = "bench", "inst"
+UPLOAD_PART = 64 * MiB
+
+
+def curl(argv: list[str], size: int, timeout: float = 600) -> float:
+    """Seconds of one curl download of `size` bytes to /dev/null."""
+    out = subprocess.run(
+        [need_tool("curl"), "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{time_total}", *argv],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    if out.returncode != 0:
+        raise BenchError(f"curl failed ({out.returncode}): {out.stderr.strip()}")
+    code, got, seconds = out.stdout.split()
+    if code not in ("200", "206") or int(got) != size:
+        raise BenchError(f"curl: HTTP {code}, {got} of {size} bytes")
+    return float(seconds)
+
+
+def gateway_get(process, path: str, size: int) -> tuple[float, float]:
+    """(MiB/s, server CPU s/GiB) of one download through `process`."""
+    before = cpu_seconds(process.proc.pid)
+    seconds = curl(["-H", f"Authorization: Bearer {ADMIN_TOKEN}", process.url + path], size)
+    return size / seconds / MiB, (cpu_seconds(process.proc.pid) - before) / (size / GiB)
+
+
+async def obstore_put(store_env: dict[str, str], path: pathlib.Path, key: str) -> float:
+    store = S3Store(
+        BUCKET, endpoint=store_env["ARKVORY_S3_ENDPOINT_URL"], region=store_env["ARKVORY_S3_REGION"],
+        access_key_id=store_env["AWS_ACCESS_KEY_ID"], secret_access_key=store_env["AWS_SECRET_ACCESS_KEY"],
+        virtual_hosted_style_request=False, unsigned_payload=True,
+        client_options={"allow_http": True, "timeout": datetime.timedelta(seconds=600)},
+    )
+    started = time.perf_counter()
+    await obstore.put_async(store, key, path, use_multipart=True, chunk_size=16 * MiB, max_concurrency=4)
+    return time.perf_counter() - started
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--share-mib", type=float, default=32.0, help="part 4: the gateway's share, MiB/s")
+    args = parser.parse_args()
+    size = args.size_mib * MiB
+    raise_fd_limit(args.clients * 2 + 512)
+    keys = reader_tokens(args.clients)
+    print(machine(), flush=True)
+
+    with BenchCluster(keys=keys) as bench:
+        weed = start_seaweedfs(bench.workdir / "seaweedfs")
+        try:
+            weed.create_bucket(BUCKET)
+            store_env = weed.environ(BUCKET, PREFIX)
+            curl_config = bench.workdir / "curl.conf"
+            curl_config.touch(mode=0o600)
+            curl_config.write_text(
+                f'user = "{store_env["AWS_ACCESS_KEY_ID"]}:{store_env["AWS_SECRET_ACCESS_KEY"]}"\n'
+                f'aws-sigv4 = "aws:amz:{store_env["ARKVORY_S3_REGION"]}:s3"\n'
+            )
+            shared = bench.shared(slots=4, total=MAX_RATE)
+            writer = bench.writer(shared, **store_env)
+            create_repo(writer, "bench")
+
+            # 3. upload: the resumable API (parts to local disk, complete publishes) vs obstore.
+            source = bench.workdir / "upload.bin"
+            make_file(source, size)
+            hashes = part_hashes(source, size, UPLOAD_PART)
+            whole = sha256_of(source)
+            warm_page_cache(source)
+            library_s = asyncio.run(obstore_put(store_env, source, f"{PREFIX}/reference/upload.bin"))
+            ours_s = resumable_upload(writer, source, size, UPLOAD_PART, hashes, whole)
+            source.unlink()
+
+            # One artifact per run: each is cold in the cache when its run reads it.
+            artifacts = [upload(writer, "bench", f"big{run}.bin", size) for run in range(args.runs)]
+
+            def object_url(artifact: dict) -> str:
+                digest = artifact["sha256"]
+                return (f"{store_env['ARKVORY_S3_ENDPOINT_URL']}/{BUCKET}/{PREFIX}/blobs/sha256/"
+                        f"{digest[:2]}/{digest[2:4]}/{digest}")
+
+            cached = bench.gateway(1, shared, ARKVORY_CACHE_MAX_BYTES=str(args.runs * size + GiB),
+                                   ARKVORY_DATA_DIR=str(bench.workdir / "gw1"), **store_env)
+            streaming = bench.gateway(2, shared, ARKVORY_DATA_DIR=str(bench.workdir / "gw2"), **store_env)
+            warm = upload(writer, "bench", "warm.bin", 64 * MiB)
+            curl(["-K", str(curl_config), object_url(warm)], 64 * MiB)  # connections, lazy set-up
+            gateway_get(streaming, warm["path"], 64 * MiB)
+            gateway_get(cached, warm["path"], 64 * MiB)
+
+            # 1. cold reads, alternating.
+            cold: dict[str, list[float]] = {"curl": [], "cache": [], "stream": []}
+            for artifact in artifacts:
+                cold["curl"].append(size / curl(["-K", str(curl_config), object_url(artifact)], size) / MiB)
+                cold["stream"].append(gateway_get(streaming, artifact["path"], size)[0])
+                cold["cache"].append(gateway_get(cached, artifact["path"], size)[0])
+            artifact, path = artifacts[-1], artifacts[-1]["path"]
+
+            # 2. hot reads: the cached file, through the gateway and through nginx.
+            cache_dir = pathlib.Path(cached.env["ARKVORY_DATA_DIR"]) / "cache"
+            cached_file = cache_dir / "blobs" / artifact["sha256"][:2] / artifact["sha256"]
+            warm_page_cache(cached_file)
+            nginx = Nginx(cache_dir, bench.workdir)
+            hot: dict[str, list[tuple[float, float]]] = {"cache": [], "nginx": []}
+            try:
+                nginx_url = f"{nginx.url}/{cached_file.relative_to(cache_dir)}"
+                curl([nginx_url], size)
+                for _ in range(args.runs):
+                    hot["cache"].append(gateway_get(cached, path, size))
+                    before = tree_cpu_seconds(nginx.pids())
+                    seconds = curl([nginx_url], size)
+                    hot["nginx"].append((size / seconds / MiB, (tree_cpu_seconds(nginx.pids()) - before) / (size / GiB)))
+            finally:
+                nginx.close()
+            cached.close()
+            streaming.close()
+
+            # 4. many throttled downloads from the store, no cache.
+            small = upload(writer, "bench", "one.bin", MiB)
+            share = int(args.share_mib * MiB)
+            many_shared = dict(shared)
+            many = bench.gateway(3, many_shared, ARKVORY_DATA_DIR=str(bench.workdir / "gw3"),
+                                 ARKVORY_DOWNLOAD_BYTES_PER_SECOND=str(share), ARKVORY_MAX_DOWNLOADS="256",
+                                 ARKVORY_DOWNLOAD_QUEUE_SIZE="1024", ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS="120000",
+                                 **store_env)
+            idle = memory_kib(many.proc.pid)["VmRSS"]
+            limit_s = args.clients * MiB / share * 1.5 + 30
+            answers, rss, _admission, elapsed, _sent, unfinished = asyncio.run(
+                many_downloads(many, small["path"], list(keys), MiB, limit_s)
+            )
+            peak = max([memory_kib(many.proc.pid)["VmHWM"], *(r for _, r in rss)])
+            errors = [a for a in answers if a.status != 200 or a.error or a.received != MiB]
+        finally:
+            weed.destroy()
+
+    c_curl, c_cache, c_stream = (median(cold[k]) for k in ("curl", "cache", "stream"))
+    h_rate, h_cpu = median([r for r, _ in hot["cache"]]), median([c for _, c in hot["cache"]])
+    n_rate, n_cpu = median([r for r, _ in hot["nginx"]]), median([c for _, c in hot["nginx"]])
+    print()
+    print(table(
+        [
+            ("cold: curl --aws-sigv4 straight from SeaweedFS", f"{c_curl:.0f} MiB/s", ""),
+            ("cold: gateway, read cache filling", f"{c_cache:.0f} MiB/s", f"{c_cache / c_curl:.2f} × curl"),
+            ("cold: gateway, no cache (streamed)", f"{c_stream:.0f} MiB/s", f"{c_stream / c_curl:.2f} × curl"),
+            ("hot: nginx sendfile of the cached file", f"{n_rate:.0f} MiB/s, {n_cpu:.3f} CPU s/GiB", ""),
+            ("hot: gateway, cache hit (sendfile)", f"{h_rate:.0f} MiB/s, {h_cpu:.3f} CPU s/GiB",
+             f"{h_rate / n_rate:.2f} × nginx, CPU {h_cpu / max(n_cpu, 1e-9):.2f} ×"),
+            ("upload: obstore multipart put", f"{size / library_s / MiB:.0f} MiB/s ({library_s:.1f} s)", ""),
+            ("upload: resumable API, parts + complete", f"{size / ours_s / MiB:.0f} MiB/s ({ours_s:.1f} s)",
+             f"{library_s / ours_s:.2f} × obstore"),
+            (f"many: {args.clients} throttled downloads from the store", f"peak RSS {peak / 1024:.0f} MiB"
+             f" (idle {idle / 1024:.0f}), {len(errors)} errors, {elapsed:.1f} s", ""),
+        ],
+        ("figure", "value", "ratio"),
+    ))
+    print()
+    print(table(
+        [
+            ("cold read (cache filling) / curl", f"{c_cache / c_curl:.2f}", "≥ 0.80", verdict(c_cache / c_curl >= 0.8)),
+            ("cold read (no cache) / curl", f"{c_stream / c_curl:.2f}", "≥ 0.80", verdict(c_stream / c_curl >= 0.8)),
+            ("hot read / nginx", f"{h_rate / n_rate:.2f}", "≥ 0.80", verdict(h_rate / n_rate >= 0.8)),
+            ("hot CPU per GiB / nginx", f"{h_cpu / max(n_cpu, 1e-9):.2f}", "≤ 2.00", verdict(h_cpu <= 2 * n_cpu)),
+            ("upload / obstore multipart", f"{library_s / ours_s:.2f}", "≥ 0.70", verdict(library_s / ours_s >= 0.7)),
+            ("1,000 throttled: peak RSS", f"{peak / 1024:.0f} MiB", "< 200 MiB", verdict(peak < 200 * 1024)),
+            ("1,000 throttled: errors", str(len(errors) + unfinished), "0", verdict(not errors and not unfinished)),
+        ],
+        ("figure", "measured", "goal", "result"),
+    ))
+    print(f"\n({args.runs} runs of {size // MiB} MiB each, medians; client: curl -o /dev/null; {machine()})")
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":
+    bench_main("s3_cache", 1800, main)

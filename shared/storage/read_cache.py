@@ -1,0 +1,459 @@
+"""The local read cache of object-store blobs (ARKVORY_CACHE_MAX_BYTES, SPEC §11): recently read
+blobs kept as files in `ARKVORY_DATA_DIR/cache/`, each SHA-256 checked before it is used, served
+zero-copy like a storage directory's files, evicted least recently used.
+
+- **A hit** (`acquire`): the file is opened and its size, mtime, ctime and inode compared with
+  what they were when its hash was checked; any difference (a write, a truncation, a copy put in
+  its place) drops it and the read is a miss, so a changed file is refetched, never served. The
+  descriptor goes to the sendfile path of shared/download/transfer.py.
+- **A miss** (`reader`): one fill per digest, however many readers want it at once (single
+  flight). The fill is one streaming GET of the whole object into `cache/filling/`, hashed as it
+  lands, renamed into `cache/blobs/` only once size and SHA-256 match. Every reader of the digest
+  streams behind it from the growing file (a `CacheReader`, read by shared/download/
+  object_transfer.py through the token buckets exactly as the store's own bytes are), but the
+  last byte of each response waits for the check: a fill whose bytes do not match cuts its
+  readers' connections, so no download of wrong bytes ever completes. The fill is the cache's
+  own task: a reader that leaves does not stop it.
+- **After a restart** the directory is the index (`open`): every file is taken in (least
+  recently filled first) but trusted only after its hash is checked again on its first read
+  (readers wait for that check, about a second per GiB): the process cannot know what happened
+  to the directory while it was down. A file that fails is refetched.
+- **The limit** holds for every file and every fill in progress: a fill reserves its blob's size
+  first, evicting idle files least recently used; a file being read or filled is never evicted.
+  When no room can be made, or the blob alone is larger than the limit, the read goes to the
+  store as without a cache (a bypass). An evicted or dropped file is first renamed away (so a new
+  fill of the digest cannot be hit by it) and then unlinked in a worker thread (freeing a large
+  file's blocks can take a while).
+
+If the local disk fails a fill (full, unwritable), its readers carry on from the store where they
+were (`fallback`); the store's own failures reach them as StorageError, as without a cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import logging
+import os
+import pathlib
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from .interface import BlobReader, StorageError, StorageUnavailable
+
+log = logging.getLogger("arkvory.storage")
+
+FILL_CHUNK = 1024 * 1024  # bytes per buffer asked of the store while filling
+READ_CHUNK = 1024 * 1024  # bytes per pread of a reader behind a fill
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+Fallback = Callable[[int, int], Any]  # (start, length) -> a source like object_transfer.StoreSource
+
+
+@dataclasses.dataclass(eq=False)
+class _Entry:
+    size: int
+    # (size, mtime_ns, ctime_ns, inode) when its hash was checked; None: not trusted yet
+    identity: tuple[int, int, int, int] | None = None
+    users: int = 0  # readers holding the file open: never evicted meanwhile
+
+
+class _Flight:
+    """One digest's fill (or re-check): what its readers may read so far, and its outcome."""
+
+    def __init__(self, sha256: str, size: int, path: str) -> None:
+        self.sha256 = sha256
+        self.size = size
+        self.path = path  # the file readers read behind the fill
+        self.available = 0  # bytes of `path` they may read before the check
+        self.done = False
+        self.error: BaseException | None = None
+        self._progress = asyncio.Event()
+
+    @property
+    def ok(self) -> bool:
+        return self.done and self.error is None
+
+    def advance(self, size: int) -> None:
+        self.available += size
+        self._wake()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.done, self.error = True, error
+        self._wake()
+
+    def _wake(self) -> None:
+        progress, self._progress = self._progress, asyncio.Event()
+        progress.set()
+
+    async def progressed(self) -> None:
+        await self._progress.wait()
+
+
+class ReadCache:
+    def __init__(self, directory: pathlib.Path, max_bytes: int, origin: Any,
+                 counted: Callable[[str], None] = lambda result: None) -> None:
+        """`origin`: the storage to fill from (its `open_range`); `counted(result)` is told
+        of every GET the cache sends it ("ok" or "failed")."""
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes: expected a positive size, got {max_bytes}")
+        self.directory = directory
+        self.blobs = directory / "blobs"
+        self.filling = directory / "filling"
+        self.max_bytes = max_bytes
+        self._origin = origin
+        self._counted = counted
+        self._index: collections.OrderedDict[str, _Entry] = collections.OrderedDict()  # LRU first
+        self._flights: dict[str, _Flight] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._lent: dict[int, _Entry] = {}  # descriptor -> the entry it was lent for
+        self._unlinker = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-unlink")
+        self.held = 0  # bytes of the files and the fills in progress
+        # What /health/metrics exports (shared/metrics.py `observe_read_cache`).
+        self.requests = {"hit": 0, "miss": 0, "bypass": 0}
+        self.fills = {"ok": 0, "failed": 0, "corrupt": 0}
+        self.discards = {"changed": 0, "corrupt": 0}
+        self.evictions = 0
+
+    # -- start-up --------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, directory: pathlib.Path, max_bytes: int, origin: Any,
+                   counted: Callable[[str], None] = lambda result: None) -> ReadCache:
+        """The cache in `directory`, rebuilt from the files there (off the event loop)."""
+        cache = cls(directory, max_bytes, origin, counted)
+        await asyncio.to_thread(cache._rebuild)
+        return cache
+
+    def _rebuild(self) -> None:
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self.filling.mkdir(parents=True, exist_ok=True)
+        for leftover in os.scandir(self.filling):  # fills a stop interrupted
+            os.unlink(leftover.path)
+        found = []
+        for top in os.scandir(self.blobs):
+            if not top.is_dir(follow_symlinks=False):
+                continue
+            for item in os.scandir(top.path):
+                name = item.name
+                if _SHA256.fullmatch(name) and name[:2] == top.name and item.is_file(follow_symlinks=False):
+                    stat = item.stat(follow_symlinks=False)
+                    found.append((stat.st_mtime_ns, name, stat.st_size))
+        for _, name, size in sorted(found):  # least recently filled first
+            self._index[name] = _Entry(size)
+            self.held += size
+        self._evict_for(0)
+        log.info("read cache %s: %d files, %d bytes (limit %d)", self.directory, len(self._index), self.held,
+                 self.max_bytes)
+
+    def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self._unlinker.shutdown(wait=False)
+
+    # -- hits ----------------------------------------------------------------------------------
+
+    def path_of(self, sha256: str) -> str:
+        return f"{self.blobs}/{sha256[:2]}/{sha256}"
+
+    def acquire(self, sha256: str) -> int | None:
+        """A descriptor of the checked file to send (give it back with `release`), or None: a
+        miss (not cached, not checked yet, or changed since it was checked)."""
+        entry = self._index.get(sha256)
+        if entry is None or entry.identity is None:
+            return None
+        try:
+            fd = os.open(self.path_of(sha256), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._drop(sha256, "changed")
+            return None
+        found = os.fstat(fd)
+        if (found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino) != entry.identity:
+            os.close(fd)
+            log.warning("read cache: %s changed since its hash was checked: dropped, it is fetched again", sha256)
+            self._drop(sha256, "changed")
+            return None
+        entry.users += 1
+        self._lent[fd] = entry
+        self._index.move_to_end(sha256)
+        self.requests["hit"] += 1
+        return fd
+
+    def release(self, sha256: str, fd: int) -> None:
+        entry = self._lent.pop(fd)
+        entry.users -= 1
+        os.close(fd)
+
+    # -- misses --------------------------------------------------------------------------------
+
+    def reader(self, sha256: str, size: int, start: int, length: int, fallback: Fallback) -> CacheReader | None:
+        """A source of bytes [start, start + length) behind the digest's fill (started now if
+        none runs); None when the blob is not to be cached (larger than the limit, or no room
+        now): read it from the store."""
+        flight = self._flights.get(sha256)
+        if flight is None:
+            entry = self._index.get(sha256)
+            if entry is not None and entry.identity is not None:
+                # Checked since the caller's `acquire` missed: read the file as it is.
+                flight = _Flight(sha256, entry.size, self.path_of(sha256))
+                flight.advance(entry.size)
+                flight.finish()
+                self._index.move_to_end(sha256)
+                self.requests["hit"] += 1
+                entry.users += 1
+                return CacheReader(self, flight, entry, start, length, fallback)
+            if entry is not None and entry.size != size:
+                self._drop(sha256, "corrupt")  # a file from before the restart, of another size
+                entry = None
+            recheck = entry is not None  # a file from before the restart: its hash first
+            if entry is None:
+                if not self._evict_for(size):
+                    self.requests["bypass"] += 1
+                    return None
+                entry = self._index[sha256] = _Entry(size)
+                self.held += size
+            flight = self._flights[sha256] = _Flight(sha256, size, self.path_of(sha256))
+            task = asyncio.get_running_loop().create_task(self._fly(flight, entry, recheck=recheck))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self.requests["miss"] += 1
+        entry = self._index[sha256]
+        entry.users += 1
+        return CacheReader(self, flight, entry, start, length, fallback)
+
+    async def _fly(self, flight: _Flight, entry: _Entry, *, recheck: bool) -> None:
+        sha256 = flight.sha256
+        try:
+            if recheck and await asyncio.to_thread(_file_matches, flight.path, sha256, flight.size):
+                self._trust(sha256, entry)
+                flight.advance(flight.size)
+                flight.finish()
+                return
+            if recheck:
+                log.warning("read cache: %s does not match its digest any more: fetched again", sha256)
+                self.discards["corrupt"] += 1
+            await self._fetch(flight)
+            self._trust(sha256, entry)
+            self.fills["ok"] += 1
+            flight.finish()
+        except BaseException as exc:
+            if self._index.get(sha256) is entry:
+                self._drop(sha256, None)
+            flight.finish(exc if isinstance(exc, Exception) else StorageUnavailable("the cache fill was stopped"))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if self._flights.get(sha256) is flight:
+                del self._flights[sha256]
+
+    async def _fetch(self, flight: _Flight) -> None:
+        """Stream the object into a new file of filling/, hashing it, and rename it into place
+        once it matches; raises StorageError (the store failed or sent other bytes) or OSError
+        (this disk failed)."""
+        sha256, size = flight.sha256, flight.size
+        temporary = f"{self.filling}/{sha256}.{uuid.uuid4().hex}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        flight.path, flight.available = temporary, 0
+        digest = hashlib.sha256()
+        try:
+            try:
+                reader: BlobReader = self._origin.open_range(sha256, 0, size, chunk_size=FILL_CHUNK)
+                async with reader:
+                    self._counted("ok")
+                    pending = asyncio.ensure_future(_next_buffer(reader))
+                    while True:
+                        buffer = await pending
+                        if buffer is None:
+                            break
+                        # Ask for the next buffer while this one is written and hashed.
+                        pending = asyncio.ensure_future(_next_buffer(reader))
+                        written = await asyncio.to_thread(_write_and_hash, fd, digest, buffer)
+                        flight.advance(written)
+            except StorageError:
+                self._counted("failed")
+                self.fills["failed"] += 1
+                raise
+            except OSError:
+                self.fills["failed"] += 1
+                raise
+            if flight.available != size or digest.hexdigest() != sha256:
+                self.fills["corrupt"] += 1
+                raise StorageUnavailable(
+                    f"the object store sent {flight.available} bytes for {sha256} that do not match its"
+                    " digest: not cached, not served",
+                )
+            final = self.path_of(sha256)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.replace(temporary, final)
+            flight.path = final  # readers that open it from now on (no await since the rename)
+        except BaseException:
+            with _suppressed():
+                os.unlink(temporary)
+            raise
+        finally:
+            os.close(fd)
+
+    def _trust(self, sha256: str, entry: _Entry) -> None:
+        found = os.stat(self.path_of(sha256))
+        entry.identity = (found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino)
+
+    # -- the limit -----------------------------------------------------------------------------
+
+    def _evict_for(self, size: int) -> bool:
+        """Make room for `size` more bytes by evicting idle files, least recently used first;
+        False when that cannot be done (nothing evicted then beyond what was idle anyway)."""
+        if size > self.max_bytes:
+            return False
+        for sha256, entry in list(self._index.items()):
+            if self.held + size <= self.max_bytes:
+                break
+            if entry.users or sha256 in self._flights:
+                continue
+            self._drop(sha256, None)
+            self.evictions += 1
+        return self.held + size <= self.max_bytes
+
+    def _drop(self, sha256: str, reason: str | None) -> None:
+        """Forget a file and remove it: renamed away at once, unlinked in the background."""
+        entry = self._index.pop(sha256, None)
+        if entry is not None:
+            self.held -= entry.size
+        if reason is not None:
+            self.discards[reason] += 1
+        doomed = f"{self.filling}/dropped-{uuid.uuid4().hex}"
+        try:
+            os.rename(self.path_of(sha256), doomed)
+        except FileNotFoundError:
+            return
+        try:
+            self._unlinker.submit(_unlink_quietly, doomed)
+        except RuntimeError:  # closed: the process is stopping
+            _unlink_quietly(doomed)
+
+    @property
+    def files(self) -> int:
+        return len(self._index)
+
+
+class CacheReader:
+    """Bytes [start, start + length) of a blob behind its fill, as object_transfer.StoreSource
+    hands them out (`fill`, `take`, `buffered`, `aclose`). The range's last byte is handed out
+    only once the fill's hash matched."""
+
+    def __init__(self, cache: ReadCache, flight: _Flight, entry: _Entry, start: int, length: int,
+                 fallback: Fallback) -> None:
+        self._cache = cache
+        self._flight = flight
+        self._entry = entry
+        self._offset = start
+        self._end = start + length
+        self._fallback_factory = fallback
+        self._fallback: Any = None
+        self._fd: int | None = None
+        self._view = memoryview(b"")
+        self.buffered = 0
+
+    async def fill(self) -> None:
+        flight = self._flight
+        while not self.buffered:
+            if self._fallback is not None:
+                await self._fallback.fill()
+                self.buffered = self._fallback.buffered
+                return
+            if flight.done and flight.error is not None:  # what it wrote is not to be read
+                if isinstance(flight.error, StorageError):
+                    raise flight.error
+                # This disk failed the fill (full, unwritable): the rest comes from the store.
+                log.warning("read cache: the fill of %s failed (%s): reading from the store", flight.sha256, flight.error)
+                self._fallback = self._fallback_factory(self._offset, self._end - self._offset)
+                continue
+            limit = self._end if flight.ok else min(self._end - 1, flight.available)
+            if self._offset < limit:
+                self._read(min(limit - self._offset, READ_CHUNK))
+                return
+            await flight.progressed()
+
+    def _read(self, size: int) -> None:
+        if self._fd is None:
+            try:
+                self._fd = os.open(self._flight.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # dropped (changed on disk) before this reader opened it
+                raise StorageUnavailable(f"the read cache's file of {self._flight.sha256} is gone") from None
+        data = os.pread(self._fd, size, self._offset)  # from the page cache the fill just wrote
+        if len(data) != size:
+            raise StorageUnavailable(f"the read cache's file of {self._flight.sha256} ended early")
+        self._offset += size
+        self._view = memoryview(data)
+        self.buffered = size
+
+    def take(self, most: int) -> memoryview:
+        if self._fallback is not None:
+            piece = self._fallback.take(most)
+            self.buffered = self._fallback.buffered
+            return piece
+        head = self._view[:most]
+        self._view = self._view[len(head):]
+        self.buffered -= len(head)
+        return head
+
+    async def aclose(self) -> None:
+        self._view = memoryview(b"")
+        self.buffered = 0
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._entry is not None:
+            self._entry.users -= 1
+            self._entry = None
+        if self._fallback is not None:
+            await self._fallback.aclose()
+
+
+async def _next_buffer(reader: Any) -> Any:
+    try:
+        return await reader.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def _write_and_hash(fd: int, digest: Any, buffer: Any) -> int:
+    view = memoryview(buffer).cast("B")
+    digest.update(view)
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+    return len(view)
+
+
+def _file_matches(path: str, sha256: str, size: int) -> bool:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb", buffering=0) as file:
+            if os.fstat(file.fileno()).st_size != size:
+                return False
+            buffer = bytearray(READ_CHUNK)
+            while count := file.readinto(buffer):
+                digest.update(memoryview(buffer)[:count])
+    except FileNotFoundError:
+        return False
+    return digest.hexdigest() == sha256
+
+
+def _unlink_quietly(path: str) -> None:
+    with _suppressed():
+        os.unlink(path)
+
+
+class _suppressed:
+    """`contextlib.suppress(FileNotFoundError)`, without the import on the download path."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> bool:
+        return kind is not None and issubclass(kind, FileNotFoundError)

@@ -1,0 +1,201 @@
+"""The read cache (shared/storage/read_cache.py) on real files, filled from a real directory
+backend as its origin: one fill per digest however many read at once, the hash checked before a
+byte of a wrong fill completes a response, the limit held (never evicting a file being read), a
+changed file dropped and refetched, and the directory as the index after a restart, re-checked.
+The same on a real SeaweedFS through real processes: tests/test_s3_cache.py."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+
+from arkvory.shared.storage import StorageUnavailable
+from arkvory.shared.storage.directory import Storage
+from arkvory.shared.storage.read_cache import ReadCache
+
+pytestmark = pytest.mark.timeout(30)
+
+KiB = 1024
+
+
+class Origin(Storage):
+    """The directory backend, counting the ranges the cache opens on it."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.blobs.mkdir(parents=True)
+        self.opened = 0
+
+    def put(self, data: bytes, under: str | None = None) -> str:
+        sha256 = under or hashlib.sha256(data).hexdigest()
+        path = self.blob_path(sha256)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return sha256
+
+    def open_range(self, sha256, start, length, **options):
+        self.opened += 1
+        return super().open_range(sha256, start, length, **options)
+
+
+def no_fallback(start, length):
+    raise AssertionError("the cache fell back to the store")
+
+
+async def read_all(cache: ReadCache, sha256: str, size: int, start: int = 0, length: int | None = None) -> bytes:
+    """What a download would send: a hit's file, or the bytes behind the fill."""
+    length = size - start if length is None else length
+    fd = cache.acquire(sha256)
+    if fd is not None:
+        try:
+            return os.pread(fd, length, start)
+        finally:
+            cache.release(sha256, fd)
+    reader = cache.reader(sha256, size, start, length, no_fallback)
+    assert reader is not None, "bypassed"
+    out = bytearray()
+    try:
+        while len(out) < length:
+            await reader.fill()
+            out += reader.take(reader.buffered)
+    finally:
+        await reader.aclose()
+    return bytes(out)
+
+
+@pytest.fixture
+def origin(tmp_path):
+    return Origin(tmp_path / "origin")
+
+
+def test_fifty_readers_of_a_cold_blob_make_one_fill_and_then_it_is_a_hit(origin, tmp_path):
+    data = os.urandom(3 * 1024 * KiB + 5)
+    sha256 = origin.put(data)
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 10 * 1024 * KiB, origin)
+        ranges = [(0, len(data))] * 45 + [(7, 100), (1024 * KiB - 1, 3), (len(data) - 1, 1), (0, 1), (5, 2 * 1024 * KiB)]
+        bodies = await asyncio.gather(*(read_all(cache, sha256, len(data), s, n) for s, n in ranges))
+        assert [b == data[s:s + n] for b, (s, n) in zip(bodies, ranges)] == [True] * 50
+        assert origin.opened == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        assert cache.requests["miss"] == 50
+        assert await read_all(cache, sha256, len(data)) == data
+        assert cache.requests["hit"] == 1 and origin.opened == 1
+        assert cache.held == len(data) and os.listdir(cache.filling) == []
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_a_fill_that_does_not_match_its_digest_never_completes_a_read_and_is_not_kept(origin, tmp_path):
+    data = os.urandom(300 * KiB)
+    sha256 = hashlib.sha256(data).hexdigest()
+    origin.put(os.urandom(len(data)), under=sha256)  # the store holds other bytes under the digest
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 1024 * KiB, origin)
+        reader = cache.reader(sha256, len(data), 0, len(data), no_fallback)
+        got = 0
+        with pytest.raises(StorageUnavailable, match="do not match its digest"):
+            while True:
+                await reader.fill()
+                got += len(reader.take(reader.buffered))
+        await reader.aclose()
+        assert got < len(data)  # the last byte waited for the check, and never came
+        assert cache.fills["corrupt"] == 1 and cache.held == 0 and cache.acquire(sha256) is None
+        await asyncio.sleep(0.05)  # the background unlinks
+        assert os.listdir(cache.filling) == []
+        origin.put(data)  # repaired: the next read fills afresh
+        assert await read_all(cache, sha256, len(data)) == data
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_stays(origin, tmp_path):
+    blobs = [os.urandom(100 * KiB) for _ in range(5)]
+    digests = [origin.put(b) for b in blobs]
+    size = 100 * KiB
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 3 * size, origin)
+        for sha256, data in zip(digests[:3], blobs[:3]):
+            assert await read_all(cache, sha256, size) == data
+        held = cache.acquire(digests[0])  # being read (sendfile)...
+        assert held is not None
+        for sha256, data in zip(digests[1:3], blobs[1:3]):
+            assert await read_all(cache, sha256, size) == data  # ... and then the least recent
+        assert await read_all(cache, digests[3], size) == blobs[3]  # evicts 1, not 0
+        assert cache.evictions == 1 and cache.held == 3 * size
+        assert cache.acquire(digests[1]) is None
+        assert os.pread(held, 10, 0) == blobs[0][:10]
+        cache.release(digests[0], held)
+        assert await read_all(cache, digests[4], size) == blobs[4]  # now 0 can go
+        assert cache.evictions == 2 and cache.held <= 3 * size
+        assert cache.acquire(digests[0]) is None
+        await asyncio.sleep(0.05)
+        on_disk = sum(e.stat().st_size for top in os.scandir(cache.blobs) for e in os.scandir(top.path))
+        assert on_disk == cache.held == 3 * size
+        # Larger than the whole limit: not cached, read from the store.
+        assert cache.reader(digests[0], 3 * size + 1, 0, 10, no_fallback) is None
+        assert cache.requests["bypass"] == 1
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_a_changed_file_is_dropped_and_fetched_again(origin, tmp_path):
+    data = os.urandom(200 * KiB)
+    sha256 = origin.put(data)
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 1024 * KiB, origin)
+        assert await read_all(cache, sha256, len(data)) == data
+        with open(cache.path_of(sha256), "r+b") as file:  # bit rot, or a person
+            file.seek(1000)
+            file.write(b"\0" * 10)
+        assert cache.acquire(sha256) is None and cache.discards["changed"] == 1
+        assert await read_all(cache, sha256, len(data)) == data
+        assert origin.opened == 2
+        os.truncate(cache.path_of(sha256), 10)
+        assert await read_all(cache, sha256, len(data)) == data
+        assert origin.opened == 3 and cache.discards["changed"] == 2
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_after_a_restart_files_are_rechecked_before_use_and_a_corrupt_one_is_fetched_again(origin, tmp_path):
+    good, bad = os.urandom(150 * KiB), os.urandom(120 * KiB)
+    good_sha, bad_sha = origin.put(good), origin.put(bad)
+
+    async def fill():
+        cache = await ReadCache.open(tmp_path / "cache", 1024 * KiB, origin)
+        for sha256, data in ((good_sha, good), (bad_sha, bad)):
+            assert await read_all(cache, sha256, len(data)) == data
+        cache.close()
+
+    asyncio.run(fill())
+    assert origin.opened == 2
+    with open(tmp_path / "cache" / "blobs" / bad_sha[:2] / bad_sha, "r+b") as file:
+        file.write(b"rot")
+    (tmp_path / "cache" / "filling" / "leftover").write_bytes(b"x")  # a fill a crash cut
+
+    async def restarted():
+        cache = await ReadCache.open(tmp_path / "cache", 1024 * KiB, origin)
+        assert cache.files == 2 and cache.held == len(good) + len(bad)
+        assert os.listdir(cache.filling) == []
+        assert cache.acquire(good_sha) is None  # not trusted before its hash is checked again
+        assert await read_all(cache, good_sha, len(good)) == good
+        assert origin.opened == 2  # the check, not the store
+        assert await read_all(cache, bad_sha, len(bad)) == bad
+        assert origin.opened == 3 and cache.discards["corrupt"] == 1
+        fd = cache.acquire(good_sha)
+        assert fd is not None
+        cache.release(good_sha, fd)
+        cache.close()
+
+    asyncio.run(restarted())
