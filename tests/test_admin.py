@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import time
 import tomllib
 
@@ -29,6 +33,22 @@ def test_new_key_prints_a_token_once_and_a_matching_stanza(cluster):
     ring = KeyRing.from_entries(tomllib.loads(result.stdout)["key"])
     principal = ring.lookup(token)
     assert principal is not None and principal.may_read("anything")
+
+
+def test_a_reader_that_goes_away_stops_the_command_quietly(cluster):
+    """`arkvory admin status | head`: the pipe closes before the output is written; the command
+    exits as a C tool killed by SIGPIPE would, without a traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "arkvory.shared.cli.main", "admin", "status"],
+            env=cluster.base_env(), stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 128 + signal.SIGPIPE, result.stderr
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
 
 
 def test_new_key_refuses_a_bad_scope(cluster):

@@ -7,6 +7,7 @@ import functools
 import importlib
 import os
 import secrets
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -282,9 +283,21 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a C tool killed by SIGPIPE reports (`| head`)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    sys.exit(args.func(args))
+    try:
+        status = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`arkvory admin status | head`): stop quietly, as `cat` would.
+        # Python would flush stdout again at exit and print a traceback: point it at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(EXIT_BROKEN_PIPE)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
