@@ -166,6 +166,15 @@ def dev_environment(directory: str) -> dict[str, str]:
     return variables
 
 
+def tool_environment(dev: str | None) -> dict[str, str]:
+    """What an admin tool runs with: this environment, and with `--dev [DIR]` the variables of
+    the `arkvory dev` running there over it (DevRefused when none runs)."""
+    environ = dict(os.environ)
+    if dev is not None:
+        environ.update(dev_environment(dev))
+    return environ
+
+
 # --- checks before anything starts ----------------------------------------------------------
 
 

@@ -71,15 +71,13 @@ def _command(args: argparse.Namespace) -> int:
     from arkvory.shared.errors import StartupError
     from arkvory.shared.settings import STORAGE_VARIABLES, Settings, SettingsError, format_problems
 
-    environ = dict(os.environ)
-    if args.dev is not None:
-        from .dev import dev_environment
+    from .dev import tool_environment
 
-        try:
-            environ.update(dev_environment(args.dev))
-        except StartupError as exc:
-            print(f"arkvory: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+    try:
+        environ = tool_environment(args.dev)
+    except StartupError as exc:
+        print(f"arkvory: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     # Both sides are named below; the settings of the process's one storage are not read.
     base = {k: v for k, v in environ.items() if k not in STORAGE_VARIABLES}
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 EXIT_USAGE = 2
@@ -58,15 +57,13 @@ def _runner(kind_name: str):
 
         from .main import _settings_or_exit
 
-        environ = dict(os.environ)
-        if args.dev is not None:
-            from .dev import dev_environment
+        from .dev import tool_environment
 
-            try:
-                environ.update(dev_environment(args.dev))
-            except StartupError as exc:
-                print(f"arkvory: {exc}", file=sys.stderr)
-                return EXIT_USAGE
+        try:
+            environ = tool_environment(args.dev)
+        except StartupError as exc:
+            print(f"arkvory: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         settings = _settings_or_exit(environ)
         kind = KINDS[kind_name]
         try:
