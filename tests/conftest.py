@@ -127,7 +127,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     left = []
     for root, _dirs, files in os.walk(basetemp):
         left += [os.path.join(root, name) for name in files]
-    left = [path for path in left if path != str(basetemp / ".lock")]  # pytest's own
+    # pytest's own: its lock, and the `<name>current` links to numbered directories it made
+    # (a passing test's directory is deleted, its link left dangling).
+    left = [
+        path for path in left
+        if path != str(basetemp / ".lock") and not (os.path.islink(path) and not os.path.exists(path))
+    ]
     homes = pathlib.Path(tempfile.gettempdir()) / "arkvory-postgres" / "homes"
     if homes.is_dir():
         for home in homes.iterdir():
