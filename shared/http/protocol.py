@@ -169,8 +169,14 @@ class ConnectionHandle:
         parts += (header_block, extra)
         if not cycle.keep_alive:
             parts.append(b"connection: close\r\n")
-        parts += (b"\r\n", body)
-        self.transport.write(b"".join(parts))
+        parts.append(b"\r\n")
+        head = b"".join(parts)
+        if body:
+            # One writev, no copy: joining the body into the head copied it, 65 k of the 373 k
+            # instructions (callgrind) of an authorized 64 KiB GET (issue 14 §3).
+            self.transport.writelines((head, body))
+        else:
+            self.transport.write(head)
 
     def complete(self) -> None:
         """End a response begun with `start` whose bytes are all written: what uvicorn's last
