@@ -251,14 +251,12 @@ class ContentDispatch:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in _READ and scope["path"].endswith("/content"):
-            for route in routes:
-                match, child = route.matches(scope)
-                if match is Match.FULL:
-                    scope.update(child)
-                    scope["app"] = self.app
-                    scope["route"] = route
-                    await self._call(route, scope, receive, send)
-                    return
+            route = _matched_route(scope)
+            if route is not None:
+                scope["app"] = self.app
+                scope["route"] = route
+                await self._call(route, scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
     async def _call(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
@@ -280,6 +278,38 @@ class ContentDispatch:
                 raise
             response = await handler(Request(scope, receive), exc)
             await response(scope, receive, send)
+
+
+# Paths of content requests matched so far, with their route and path parameters: matching
+# is a pure function of the path, and Starlette's (a regex, two convertors, three dicts) costs
+# more than a dict lookup on every download. Bounded in entries and in path length.
+_MATCHES_KEPT = 4096
+_MATCHED_PATH_MAX = 512
+_matches: dict[tuple[str, str], tuple[Route, dict[str, Any]]] = {}
+
+
+def _matched_route(scope: Scope) -> Route | None:
+    """The content route that fully matches `scope` (GET or HEAD), with its endpoint and path
+    parameters put into the scope as Starlette's `Route.matches` would; None for no match."""
+    key = (scope.get("root_path", ""), scope["path"])
+    found = _matches.get(key)
+    if found is None:
+        for route in routes:
+            match, child = route.matches(scope)
+            if match is Match.FULL:
+                break
+        else:
+            return None
+        # Only what the path itself gave (the scope's own parameters are added per request).
+        found = (route, {name: child["path_params"][name] for name in route.param_convertors})
+        if len(key[1]) <= _MATCHED_PATH_MAX:
+            if len(_matches) >= _MATCHES_KEPT:
+                _matches.clear()
+            _matches[key] = found
+    route, params = found
+    scope["endpoint"] = route.endpoint
+    scope["path_params"] = {**scope.get("path_params", {}), **params}
+    return route
 
 
 class _StartTracking:
