@@ -267,12 +267,11 @@ class BandwidthScheduler:
 
     # -- granting --------------------------------------------------------------------------
 
-    async def grant(self, principal_id: str, want: int) -> int:
-        """Wait for and return n bytes, 1 ≤ n ≤ min(want, quantum), that passed both buckets.
-
-        Without any rate there is no bucket and no quantum: all of `want` is granted at once, so
-        an unthrottled transfer can move large chunks.
-        """
+    def grant_now(self, principal_id: str, want: int) -> int:
+        """`grant` when it need not wait: the n bytes it would return, taken now; 0 when the
+        caller has to wait (nobody may be overtaken, or a bucket is short): then `await grant`,
+        which queues it. A plain call where a coroutine per chunk, small downloads included,
+        costs more than the check (issue 14 §3)."""
         if self._closed is not None:
             raise self._closed.with_traceback(None)
         if want < 1:
@@ -312,11 +311,22 @@ class BandwidthScheduler:
                 self._granted_bytes += size
                 return size
 
-        if principal is None:
-            principal = self._principals.get(principal_id)
-            if principal is None:
-                principal = self._principals[principal_id] = _Principal(None)
-        return await self._wait(principal, size, now)
+        return 0
+
+    async def grant(self, principal_id: str, want: int) -> int:
+        """Wait for and return n bytes, 1 ≤ n ≤ min(want, quantum), that passed both buckets.
+
+        Without any rate there is no bucket and no quantum: all of `want` is granted at once, so
+        an unthrottled transfer can move large chunks.
+        """
+        granted = self.grant_now(principal_id, want)
+        if granted:
+            return granted
+        size = want if want < self._quantum else self._quantum
+        principal = self._principals.get(principal_id)
+        if principal is None:  # with a per-principal rate, grant_now made it (with its bucket)
+            principal = self._principals[principal_id] = _Principal(None)
+        return await self._wait(principal, size, _ns(self._clock()))
 
     async def _wait(self, principal: _Principal, size: int, now: int) -> int:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -195,7 +195,8 @@ class BlobResponse:
             runtime.transfers.add(aborter)
             try:
                 timeout = runtime.settings.send_timeout_s
-                if not await handle.writable(timeout):
+                # Awaited only when the transport is paused (a coroutine costs more than the check).
+                if handle.cycle.flow.write_paused and not await handle.writable(timeout):
                     self._send_timed_out(handle)
                     return
                 head = self.header_block
@@ -311,8 +312,9 @@ class Payload:
         """A small body (≤ SENDFILE_MIN_BYTES, one grant) with its head in one write: the
         common download of small artifacts, kept to one grant, one read and one write."""
         runtime, handle = self.runtime, self.handle
+        bandwidth, principal_id = runtime.bandwidth, self.response.principal.id
         try:
-            granted = await runtime.bandwidth.grant(self.response.principal.id, length)
+            granted = bandwidth.grant_now(principal_id, length) or await bandwidth.grant(principal_id, length)
         except LeaseLost:
             self._cut_for_lease()
             return False
@@ -346,8 +348,9 @@ class Payload:
         # `granted`: passed the buckets, not yet handed over (a partial sendfile keeps the rest)
         while remaining:
             if not granted:
+                want = min(remaining, chunk)
                 try:
-                    granted = await bandwidth.grant(principal_id, min(remaining, chunk))
+                    granted = bandwidth.grant_now(principal_id, want) or await bandwidth.grant(principal_id, want)
                 except LeaseLost:
                     self._cut_for_lease()  # usually done already by the registry's abort_all
                     return False
@@ -389,7 +392,7 @@ class Payload:
         """Every byte is handed over: wait (within the send timeout) for the transport to pass
         it on, as uvicorn's last body message would."""
         handle = self.handle
-        if not await handle.writable(self.runtime.settings.send_timeout_s):
+        if handle.cycle.flow.write_paused and not await handle.writable(self.runtime.settings.send_timeout_s):
             self.response._send_timed_out(handle)
             return False
         if handle.lost:
