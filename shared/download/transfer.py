@@ -53,6 +53,9 @@ UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per wri
 SENDFILE_MIN_BYTES = 64 * 1024
 # When the socket is full, this much is copied into the transport to learn when it drains.
 COPY_PIECE_BYTES = 16 * 1024
+# The last body message of a response streamed through uvicorn's `send` (object_transfer.py
+# imports it: the merge of issue 16 kept that import after issue 14 had removed it here).
+_LAST_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 class BlobResponse:
