@@ -285,6 +285,16 @@ class BandwidthScheduler:
         if now >= self._next_sweep:
             self._sweep(now)
         process = self._process
+        if self._per_principal_rate is None:
+            # Only the process bucket (not unlimited, so it exists): the common shared mode.
+            if self._ring:
+                return 0  # others wait for it: nobody is overtaken
+            process._refill(now)
+            if not process._can(size):
+                return 0
+            process._take(size)
+            self._granted_bytes += size
+            return size
         principal = None
         if self._per_principal_rate is not None:
             principal = self._principals.get(principal_id)
