@@ -133,7 +133,12 @@ class BlobResponse:
             # Pinned from the lookup on (in memory; shared/cluster/pins.py writes it while we queue),
             # so that the blob can be opened once the pin is visible to cleanup.
             with runtime.pins.hold(self.artifact.sha256):
-                async with runtime.admission.admit(self.principal.id):
+                # A place, as `async with admission.admit(...)` takes it, without a coroutine
+                # when one is free (the usual case of a small download).
+                admission, principal_id = runtime.admission, self.principal.id
+                if not admission.try_enter(principal_id):
+                    await admission.enter(principal_id)
+                try:
                     if not runtime.may_serve:
                         raise Unavailable("this process cannot serve now")
                     plan: Any = self
@@ -156,6 +161,8 @@ class BlobResponse:
                     else:
                         with runtime.pins.hold(plan.artifact.sha256):
                             await plan._stream(scope, send, handle)
+                finally:
+                    admission.leave(principal_id)
         except AdmissionRejected as exc:
             runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
             busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)
