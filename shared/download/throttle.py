@@ -295,16 +295,14 @@ class BandwidthScheduler:
             process._take(size)
             self._granted_bytes += size
             return size
-        principal = None
-        if self._per_principal_rate is not None:
-            principal = self._principals.get(principal_id)
-            if principal is None:
-                bucket = TokenBucket(self._per_principal_rate, self._per_principal_burst, self._clock)
-                principal = self._principals[principal_id] = _Principal(bucket)
+        principal = self._principals.get(principal_id)
+        if principal is None:
+            bucket = TokenBucket(self._per_principal_rate, self._per_principal_burst, self._clock)
+            principal = self._principals[principal_id] = _Principal(bucket)
 
         # Fast path: nobody is queued ahead of us for the tokens we need.
-        if (principal is None or not principal.waiters) and (process is None or not self._ring):
-            bucket = principal.bucket if principal is not None else None
+        if not principal.waiters and (process is None or not self._ring):
+            bucket = principal.bucket
             if bucket is not None:
                 bucket._refill(now)
                 ready = bucket._can(size)
