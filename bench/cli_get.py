@@ -12,6 +12,13 @@ starting with the next one, so none always follows the same other. The CLI runs 
 measured runs (as a user's installed copy, it then has its modules' bytecode).
 
     .venv/bin/python bench/cli_get.py [--sizes-mib 512 1024] [--runs 5] [--durable]
+        [--reference-cli OTHER/.venv/bin/arkvory] [--without-sha-extensions]
+
+`--reference-cli` adds another tree's `arkvory` to the alternation (before/after in one run).
+`--without-sha-extensions` runs every `arkvory get` with OpenSSL's SHA extensions (SHA-NI) masked
+(`OPENSSL_ia32cap`), as on a CPU without them, where hashlib's SHA-256 runs ~3× slower: the
+CLI's SHA-256 check is then the slowest stage of its pipeline (the library row, in this
+process, keeps them).
 """
 
 from __future__ import annotations
@@ -64,11 +71,16 @@ def curl_get(url: str, out: str, size: int, durable: bool) -> float:
     return seconds
 
 
-def cli_get(base_url: str, artifact: dict, out: str, durable: bool) -> float:
-    argv = [str(ROOT / ".venv" / "bin" / "arkvory"), "get", "bench", artifact["id"], "-q", "-o", out]
+# OpenSSL's capability mask with the SHA extensions bit (word 2, bit 29) cleared.
+WITHOUT_SHA_EXTENSIONS = {"OPENSSL_ia32cap": ":~0x20000000"}
+CLI_ENV: dict[str, str] = {}
+
+
+def cli_get(base_url: str, artifact: dict, out: str, durable: bool, cli: str | None = None) -> float:
+    argv = [cli or str(ROOT / ".venv" / "bin" / "arkvory"), "get", "bench", artifact["id"], "-q", "-o", out]
     if durable:
         argv.append("--fsync")
-    env = {**os.environ, "ARKVORY_URL": base_url, "ARKVORY_TOKEN": ADMIN_TOKEN}
+    env = {**os.environ, "ARKVORY_URL": base_url, "ARKVORY_TOKEN": ADMIN_TOKEN, **CLI_ENV}
     # A user's installed package has its bytecode (pip compiles a wheel's modules); a sandbox
     # that sets PYTHONDONTWRITEBYTECODE would make every run compile ~30 modules (~20 ms).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -117,7 +129,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--durable", action="store_true", help="also get --fsync vs curl + sync")
     parser.add_argument("--no-library", action="store_true", help="skip the in-process Client.download row")
+    parser.add_argument("--reference-cli", help="another tree's `arkvory` command, run alternately with this one")
+    parser.add_argument(
+        "--without-sha-extensions", action="store_true", help="run the CLI with OpenSSL's SHA extensions masked"
+    )
     args = parser.parse_args()
+    if args.without_sha_extensions:
+        CLI_ENV.update(WITHOUT_SHA_EXTENSIONS)
     rows: list[tuple] = []
     with BenchCluster() as bench:
         writer = bench.writer()  # standalone: no shared rate
@@ -130,10 +148,17 @@ def main() -> int:
             url = writer.url + artifact["path"]
             cli_get(writer.url, artifact, out, False)  # warm-up: bytecode written, caches filled
             os.unlink(out)
+            if args.reference_cli:
+                cli_get(writer.url, artifact, out, False, args.reference_cli)
+                os.unlink(out)
             variants: dict[str, Callable[[], float]] = {
                 "curl -o FILE": lambda: curl_get(url, out, size, False),
                 "arkvory get -q -o FILE": lambda: cli_get(writer.url, artifact, out, False),
             }
+            if args.reference_cli:
+                variants["reference arkvory get -q -o FILE"] = lambda: cli_get(
+                    writer.url, artifact, out, False, args.reference_cli
+                )
             if not args.no_library:
                 variants["Client.download (in process)"] = lambda: library_get(writer.url, artifact, out)
             if args.durable:
@@ -147,7 +172,7 @@ def main() -> int:
                 baseline = synced if "sync" in name or "fsync" in name else curl
                 ratio = baseline / median
                 goal = ""
-                if name == "arkvory get -q -o FILE":
+                if name in ("arkvory get -q -o FILE", "reference arkvory get -q -o FILE"):
                     goal = f"{ratio:.2f} (≥ {GOAL:.2f})"
                 elif "curl" not in name:
                     goal = f"{ratio:.2f} (information)"
@@ -158,7 +183,9 @@ def main() -> int:
                 ))
     print()
     print(table(rows, ("what", "s (median)", "range", "each run", "MiB/s", "× curl (goal)", "result")))
-    print(f"\n({args.runs} alternating runs per size, standalone writer; {machine()})")
+    masked = ", CLI without SHA extensions" if args.without_sha_extensions else ""
+    load = os.getloadavg()
+    print(f"\n({args.runs} alternating runs per size, standalone writer{masked}; load average {load[0]:.2f}; {machine()})")
     return 0
 
 

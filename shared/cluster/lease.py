@@ -123,6 +123,8 @@ class SlotLease:
         self.holder_id = uuid.uuid4()
         self.generation: int | None = None
         self.lost = threading.Event()
+        # `lost.is_set()` as a plain attribute: `trusted` is read several times per download.
+        self._lost = False
         self.lost_reason: str | None = None
         self._trusted_until = 0.0
         self._renewing = True
@@ -140,13 +142,13 @@ class SlotLease:
     # -- trust, read on every request and every grant (any thread) ------------------------
 
     def trust_remaining(self) -> float:
-        if self.lost.is_set():
+        if self._lost:
             return 0.0
         return max(0.0, self._trusted_until - self.clock())
 
     @property
     def trusted(self) -> bool:
-        return not self.lost.is_set() and self.clock() < self._trusted_until
+        return not self._lost and self.clock() < self._trusted_until
 
     # -- the serving loop's side ------------------------------------------------------------
 
@@ -376,6 +378,7 @@ class SlotLease:
             if self.lost.is_set():
                 return
             self.lost_reason = reason
+            self._lost = True
             self.lost.set()
         self.report.lost()
         log.error("slot %d lease LOST: %s", self.slot, reason)

@@ -30,7 +30,6 @@ to `supervision.DATABASE` (one line per outage), not logged per attempt.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -64,7 +63,9 @@ class ReadPins:
     def __init__(self, slot: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.slot = slot
         self.clock = clock
-        self._counts: collections.Counter[str] = collections.Counter()
+        # Transfers holding each digest: a plain dict (Counter's __missing__ and __delitem__ are
+        # Python calls, two per download).
+        self._counts: dict[str, int] = {}
         # Digests whose last transfer ended, with when: still written for LINGER_S.
         self._released: dict[str, float] = {}
         self._changed = asyncio.Event()
@@ -206,7 +207,7 @@ class _Hold:
 
     def __init__(
         self,
-        counts: collections.Counter[str],
+        counts: dict[str, int],
         changed: asyncio.Event,
         released: dict[str, float],
         clock: Callable[[], float],
@@ -220,8 +221,8 @@ class _Hold:
 
     def __enter__(self) -> None:
         counts, sha256 = self.counts, self.sha256
-        counts[sha256] += 1
-        if counts[sha256] == 1 and sha256 not in self.released:
+        held = counts[sha256] = counts.get(sha256, 0) + 1
+        if held == 1 and sha256 not in self.released:
             self.changed.set()
 
     def __exit__(self, *exc_info: object) -> None:

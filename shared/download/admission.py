@@ -139,7 +139,10 @@ class Admission:
         """`async with admission.admit(principal_id):` holds one place while the body runs."""
         return _Place(self, principal_id)
 
-    async def _enter(self, principal_id: str) -> None:
+    def try_enter(self, principal_id: str) -> bool:
+        """Take a place now if one is free: True, and `leave` gives it back; False when the
+        caller has to wait for one (`enter`). AdmissionRejected while draining. The hot path's
+        form of `admit` (a download of a small artifact takes no coroutine for its place)."""
         if self._draining:
             self._rejected += 1
             raise AdmissionRejected("draining")
@@ -148,6 +151,18 @@ class Admission:
         # never overtakes anyone who could have gone first.
         if self._active < self._capacity and held < self._per_principal_capacity:
             self._occupy(principal_id, held)
+            return True
+        return False
+
+    async def enter(self, principal_id: str) -> None:
+        """Wait for a place (after `try_enter` said none was free); `leave` gives it back."""
+        await self._enter(principal_id)
+
+    def leave(self, principal_id: str) -> None:
+        self._leave(principal_id)
+
+    async def _enter(self, principal_id: str) -> None:
+        if self.try_enter(principal_id):
             return
         if len(self._waiters) >= self._waiting_capacity:
             self._rejected += 1

@@ -20,7 +20,7 @@ from starlette.types import Message, Receive, Scope, Send
 from arkvory.shared.auth.credentials import resolve
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import InvalidInput, Unavailable
-from arkvory.shared.http.edge import EXCEPTION_HANDLERS, ambiguous_credentials, send_error
+from arkvory.shared.http.edge import EXCEPTION_HANDLERS, send_error
 from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle, encode_header_block
 from arkvory.shared.http.ranges import not_modified, requested_range
 
@@ -80,29 +80,35 @@ def _headers_of(artifact: Artifact, public: bool) -> _Headers:
     return found
 
 
+# The request headers a content answer depends on, and where _Ask keeps them.
+_ASKED = {b"authorization": 0, b"range": 1, b"if-range": 2, b"if-none-match": 3}
+_ASK_KEY = "arkvory.content_ask"
+
+
 class _Ask:
     """What a content request says, read in one pass over its headers (this path runs once per
-    download, small ones included, so it skips building a Starlette `Request`)."""
+    download, small ones included, so it skips building a Starlette `Request`); the fast path
+    (ContentDispatch) reads it once for its own check and hands it to the endpoint."""
 
-    __slots__ = ("method", "repo", "authorization", "range", "if_range", "if_none_match")
+    __slots__ = ("method", "repo", "authorization", "authorizations", "range", "if_range", "if_none_match")
 
     def __init__(self, scope: Scope) -> None:
         self.method = scope["method"]
         self.repo = scope["path_params"]["repo"]
-        authorization = range_ = if_range = if_none_match = None
+        found: list[bytes | None] = [None, None, None, None]
+        authorizations = 0
         for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"range":
-                range_ = value.decode("latin-1")
-            elif name == b"if-range":
-                if_range = value.decode("latin-1")
-            elif name == b"if-none-match":
-                if_none_match = value.decode("latin-1")
-        self.authorization = authorization
-        self.range = range_
-        self.if_range = if_range
-        self.if_none_match = if_none_match
+            slot = _ASKED.get(name)
+            if slot is not None:
+                found[slot] = value  # the last one, as before; two Authorization are refused
+                if not slot:
+                    authorizations += 1
+        self.authorizations = authorizations
+        authorization, range_, if_range, if_none_match = found
+        self.authorization = None if authorization is None else authorization.decode("latin-1")
+        self.range = None if range_ is None else range_.decode("latin-1")
+        self.if_range = None if if_range is None else if_range.decode("latin-1")
+        self.if_none_match = None if if_none_match is None else if_none_match.decode("latin-1")
 
 
 class _ContentEndpoint:
@@ -115,7 +121,7 @@ class _ContentEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime: ServingProcess = scope["app"].state.runtime
         key = self.key_of(scope)  # a malformed id or parameter is 400 whoever asks
-        ask = _Ask(scope)
+        ask = scope.pop(_ASK_KEY, None) or _Ask(scope)
         principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
         if not runtime.may_serve:
             raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
@@ -251,20 +257,20 @@ class ContentDispatch:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in _READ and scope["path"].endswith("/content"):
-            for route in routes:
-                match, child = route.matches(scope)
-                if match is Match.FULL:
-                    scope.update(child)
-                    scope["app"] = self.app
-                    scope["route"] = route
-                    await self._call(route, scope, receive, send)
-                    return
+            route = _matched_route(scope)
+            if route is not None:
+                scope["app"] = self.app
+                scope["route"] = route
+                await self._call(route, scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
     async def _call(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
-        if ambiguous_credentials(scope):
+        ask = _Ask(scope)
+        if ask.authorizations > 1:  # as edge.ambiguous_credentials, in the same pass
             await send_error(scope, send, InvalidInput("send at most one Authorization header"))
             return
+        scope[_ASK_KEY] = ask
         if not self.runtime.may_serve:
             await send_error(scope, send, Unavailable(f"this process cannot serve: {self.runtime.status}"))
             return
@@ -280,6 +286,38 @@ class ContentDispatch:
                 raise
             response = await handler(Request(scope, receive), exc)
             await response(scope, receive, send)
+
+
+# Paths of content requests matched so far, with their route and path parameters: matching
+# is a pure function of the path, and Starlette's (a regex, two convertors, three dicts) costs
+# more than a dict lookup on every download. Bounded in entries and in path length.
+_MATCHES_KEPT = 4096
+_MATCHED_PATH_MAX = 512
+_matches: dict[tuple[str, str], tuple[Route, dict[str, Any]]] = {}
+
+
+def _matched_route(scope: Scope) -> Route | None:
+    """The content route that fully matches `scope` (GET or HEAD), with its endpoint and path
+    parameters put into the scope as Starlette's `Route.matches` would; None for no match."""
+    key = (scope.get("root_path", ""), scope["path"])
+    found = _matches.get(key)
+    if found is None:
+        for route in routes:
+            match, child = route.matches(scope)
+            if match is Match.FULL:
+                break
+        else:
+            return None
+        # Only what the path itself gave (the scope's own parameters are added per request).
+        found = (route, {name: child["path_params"][name] for name in route.param_convertors})
+        if len(key[1]) <= _MATCHED_PATH_MAX:
+            if len(_matches) >= _MATCHES_KEPT:
+                _matches.clear()
+            _matches[key] = found
+    route, params = found
+    scope["endpoint"] = route.endpoint
+    scope["path_params"] = {**scope.get("path_params", {}), **params}
+    return route
 
 
 class _StartTracking:

@@ -267,12 +267,11 @@ class BandwidthScheduler:
 
     # -- granting --------------------------------------------------------------------------
 
-    async def grant(self, principal_id: str, want: int) -> int:
-        """Wait for and return n bytes, 1 ≤ n ≤ min(want, quantum), that passed both buckets.
-
-        Without any rate there is no bucket and no quantum: all of `want` is granted at once, so
-        an unthrottled transfer can move large chunks.
-        """
+    def grant_now(self, principal_id: str, want: int) -> int:
+        """`grant` when it need not wait: the n bytes it would return, taken now; 0 when the
+        caller has to wait (nobody may be overtaken, or a bucket is short): then `await grant`,
+        which queues it. A plain call where a coroutine per chunk, small downloads included,
+        costs more than the check (issue 14 §3)."""
         if self._closed is not None:
             raise self._closed.with_traceback(None)
         if want < 1:
@@ -286,16 +285,24 @@ class BandwidthScheduler:
         if now >= self._next_sweep:
             self._sweep(now)
         process = self._process
-        principal = None
-        if self._per_principal_rate is not None:
-            principal = self._principals.get(principal_id)
-            if principal is None:
-                bucket = TokenBucket(self._per_principal_rate, self._per_principal_burst, self._clock)
-                principal = self._principals[principal_id] = _Principal(bucket)
+        if self._per_principal_rate is None:
+            # Only the process bucket (not unlimited, so it exists): the common shared mode.
+            if self._ring:
+                return 0  # others wait for it: nobody is overtaken
+            process._refill(now)
+            if not process._can(size):
+                return 0
+            process._take(size)
+            self._granted_bytes += size
+            return size
+        principal = self._principals.get(principal_id)
+        if principal is None:
+            bucket = TokenBucket(self._per_principal_rate, self._per_principal_burst, self._clock)
+            principal = self._principals[principal_id] = _Principal(bucket)
 
         # Fast path: nobody is queued ahead of us for the tokens we need.
-        if (principal is None or not principal.waiters) and (process is None or not self._ring):
-            bucket = principal.bucket if principal is not None else None
+        if not principal.waiters and (process is None or not self._ring):
+            bucket = principal.bucket
             if bucket is not None:
                 bucket._refill(now)
                 ready = bucket._can(size)
@@ -312,11 +319,22 @@ class BandwidthScheduler:
                 self._granted_bytes += size
                 return size
 
-        if principal is None:
-            principal = self._principals.get(principal_id)
-            if principal is None:
-                principal = self._principals[principal_id] = _Principal(None)
-        return await self._wait(principal, size, now)
+        return 0
+
+    async def grant(self, principal_id: str, want: int) -> int:
+        """Wait for and return n bytes, 1 ≤ n ≤ min(want, quantum), that passed both buckets.
+
+        Without any rate there is no bucket and no quantum: all of `want` is granted at once, so
+        an unthrottled transfer can move large chunks.
+        """
+        granted = self.grant_now(principal_id, want)
+        if granted:
+            return granted
+        size = want if want < self._quantum else self._quantum
+        principal = self._principals.get(principal_id)
+        if principal is None:  # with a per-principal rate, grant_now made it (with its bucket)
+            principal = self._principals[principal_id] = _Principal(None)
+        return await self._wait(principal, size, _ns(self._clock()))
 
     async def _wait(self, principal: _Principal, size: int, now: int) -> int:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()

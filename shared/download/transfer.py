@@ -53,6 +53,9 @@ UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per wri
 SENDFILE_MIN_BYTES = 64 * 1024
 # When the socket is full, this much is copied into the transport to learn when it drains.
 COPY_PIECE_BYTES = 16 * 1024
+# The last body message of a response streamed through uvicorn's `send` (object_transfer.py
+# imports it: the merge of issue 16 kept that import after issue 14 had removed it here).
+_LAST_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 class BlobResponse:
@@ -130,7 +133,12 @@ class BlobResponse:
             # Pinned from the lookup on (in memory; shared/cluster/pins.py writes it while we queue),
             # so that the blob can be opened once the pin is visible to cleanup.
             with runtime.pins.hold(self.artifact.sha256):
-                async with runtime.admission.admit(self.principal.id):
+                # A place, as `async with admission.admit(...)` takes it, without a coroutine
+                # when one is free (the usual case of a small download).
+                admission, principal_id = runtime.admission, self.principal.id
+                if not admission.try_enter(principal_id):
+                    await admission.enter(principal_id)
+                try:
                     if not runtime.may_serve:
                         raise Unavailable("this process cannot serve now")
                     plan: Any = self
@@ -153,6 +161,8 @@ class BlobResponse:
                     else:
                         with runtime.pins.hold(plan.artifact.sha256):
                             await plan._stream(scope, send, handle)
+                finally:
+                    admission.leave(principal_id)
         except AdmissionRejected as exc:
             runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
             busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)
@@ -195,7 +205,8 @@ class BlobResponse:
             runtime.transfers.add(aborter)
             try:
                 timeout = runtime.settings.send_timeout_s
-                if not await handle.writable(timeout):
+                # Awaited only when the transport is paused (a coroutine costs more than the check).
+                if handle.cycle.flow.write_paused and not await handle.writable(timeout):
                     self._send_timed_out(handle)
                     return
                 head = self.header_block
@@ -311,8 +322,9 @@ class Payload:
         """A small body (≤ SENDFILE_MIN_BYTES, one grant) with its head in one write: the
         common download of small artifacts, kept to one grant, one read and one write."""
         runtime, handle = self.runtime, self.handle
+        bandwidth, principal_id = runtime.bandwidth, self.response.principal.id
         try:
-            granted = await runtime.bandwidth.grant(self.response.principal.id, length)
+            granted = bandwidth.grant_now(principal_id, length) or await bandwidth.grant(principal_id, length)
         except LeaseLost:
             self._cut_for_lease()
             return False
@@ -346,8 +358,9 @@ class Payload:
         # `granted`: passed the buckets, not yet handed over (a partial sendfile keeps the rest)
         while remaining:
             if not granted:
+                want = min(remaining, chunk)
                 try:
-                    granted = await bandwidth.grant(principal_id, min(remaining, chunk))
+                    granted = bandwidth.grant_now(principal_id, want) or await bandwidth.grant(principal_id, want)
                 except LeaseLost:
                     self._cut_for_lease()  # usually done already by the registry's abort_all
                     return False
@@ -389,7 +402,7 @@ class Payload:
         """Every byte is handed over: wait (within the send timeout) for the transport to pass
         it on, as uvicorn's last body message would."""
         handle = self.handle
-        if not await handle.writable(self.runtime.settings.send_timeout_s):
+        if handle.cycle.flow.write_paused and not await handle.writable(self.runtime.settings.send_timeout_s):
             self.response._send_timed_out(handle)
             return False
         if handle.lost:

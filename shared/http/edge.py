@@ -7,7 +7,6 @@ must cost a function call, not a task and a queue.
 from __future__ import annotations
 
 import json
-from typing import Any
 import logging
 import re
 import time
@@ -199,8 +198,8 @@ def ambiguous_credentials(scope: Scope) -> bool:
 class RequestContext:
     """Gives each request an id, echoes it in `X-Request-Id`, and counts it in the metrics.
 
-    The labelled metric children are cached: a prometheus `labels()` lookup takes a lock and
-    builds a key on every call, and this runs for every request, small downloads included.
+    The counts go to the process's RequestCounts (shared/metrics.py) in one call: this runs
+    for every request, small downloads included.
     """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
@@ -209,8 +208,7 @@ class RequestContext:
         # Unique per process start and cheap: a random prefix and a counter (ids are not secrets).
         prefix = secrets.token_hex(6)
         self._ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
-        self._counted: dict[tuple[str, str, int], Any] = {}
-        self._timed: dict[tuple[str, str], Any] = {}
+        self._requests = metrics.requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -245,18 +243,10 @@ class RequestContext:
         template = getattr(route, "path", None) or "unmatched"
         method = scope["method"]
         # Bounded: methods are parsed tokens, templates are the app's routes, statuses < 1000;
-        # an unknown method is counted under one label so a client cannot grow the cache.
+        # an unknown method is counted under one label so a client cannot grow the counts.
         if method not in _KNOWN_METHODS:
             method = "OTHER"
-        key = (method, template, status)
-        counter = self._counted.get(key)
-        if counter is None:
-            counter = self._counted[key] = self.metrics.http_requests.labels(method, template, str(status))
-        counter.inc()
-        timed = self._timed.get(key[:2])
-        if timed is None:
-            timed = self._timed[key[:2]] = self.metrics.http_duration.labels(method, template)
-        timed.observe(seconds)
+        self._requests.observe(method, template, status, seconds)
 
 
 class RequestIds:

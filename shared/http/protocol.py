@@ -78,6 +78,10 @@ def encode_header_block(headers: tuple[tuple[bytes, bytes], ...] | list[tuple[by
     return b"".join(lines)
 
 
+# uvicorn's default response headers (date, server) as last seen, and their encoding.
+_encoded_defaults: list = [None, b""]
+
+
 class ConnectionHandle:
     """One request's view of its connection: write payload, sendfile, wait to be writable, abort.
 
@@ -163,14 +167,24 @@ class ConnectionHandle:
         cycle.chunked_encoding = False
         cycle.expected_content_length = content_length - len(body)
         self.status = status
-        parts = [STATUS_LINE[status]]
-        for name, value in cycle.default_headers:
-            parts += (name, b": ", value, b"\r\n")
-        parts += (header_block, extra)
-        if not cycle.keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts += (b"\r\n", body)
-        self.transport.write(b"".join(parts))
+        defaults = cycle.default_headers
+        if _encoded_defaults[0] is not defaults:
+            # uvicorn replaces the list once a second (its date): encoded once per list.
+            _encoded_defaults[:] = defaults, b"".join(b"%s: %s\r\n" % pair for pair in defaults)
+        head = b"".join((
+            STATUS_LINE[status],
+            _encoded_defaults[1],
+            header_block,
+            extra,
+            b"" if cycle.keep_alive else b"connection: close\r\n",
+            b"\r\n",
+        ))
+        if body:
+            # One writev, no copy: joining the body into the head copied it, 65 k of the 373 k
+            # instructions (callgrind) of an authorized 64 KiB GET (issue 14 §3).
+            self.transport.writelines((head, body))
+        else:
+            self.transport.write(head)
 
     def complete(self) -> None:
         """End a response begun with `start` whose bytes are all written: what uvicorn's last
