@@ -301,11 +301,12 @@ class ReadCache:
         (`arrived`), then hashed and written in a worker thread while the next one is fetched."""
         sha256, size = flight.sha256, flight.size
         temporary = f"{self.filling}/{sha256}.{uuid.uuid4().hex}"
-        file = _FillFile(temporary, size)
         flight.path, flight.available = temporary, 0
         digest = hashlib.sha256()
+        file = None
         try:
             try:
+                file = _FillFile(temporary, size)
                 reader: BlobReader = self._origin.open_range(sha256, 0, size, chunk_size=FILL_CHUNK)
                 async with reader:
                     self._counted("ok")
@@ -344,7 +345,8 @@ class ReadCache:
                 os.unlink(temporary)
             raise
         finally:
-            file.close()
+            if file is not None:
+                file.close()
 
     def _trust(self, sha256: str, entry: _Entry) -> None:
         found = os.stat(self.path_of(sha256))
