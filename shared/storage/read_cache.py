@@ -62,6 +62,7 @@ WINDOW = 8 * 1024 * 1024
 # A fill writes the file with O_DIRECT, STAGE bytes at a time (page cache writes cost this host
 # 0.4-1.8 CPU s/GiB of reclaim and copying, direct ones ~0.04).
 STAGE = 8 * 1024 * 1024
+WRITES_AHEAD = 4  # buffers of a fill waiting for its thread (hash, stage, write) at most
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 Fallback = Callable[[int, int], Any]  # (start, length) -> a source like object_transfer.StoreSource
@@ -298,31 +299,39 @@ class ReadCache:
         """Stream the object into a new file of filling/, hashing it, and rename it into place
         once it matches; raises StorageError (the store failed or sent other bytes) or OSError
         (this disk failed). Each buffer from the store is offered to the readers at once
-        (`arrived`), then hashed and written in a worker thread while the next one is fetched."""
+        (`arrived`), then hashed and written in the fill's own thread while the next ones
+        arrive (the fill never waits for the disk unless WRITES_AHEAD buffers do)."""
         sha256, size = flight.sha256, flight.size
         temporary = f"{self.filling}/{sha256}.{uuid.uuid4().hex}"
         flight.path, flight.available = temporary, 0
         digest = hashlib.sha256()
         file = None
+        loop = asyncio.get_running_loop()
+        writer = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-fill")  # this fill's, in order
         try:
             try:
                 file = _FillFile(temporary, size)
                 reader: BlobReader = self._origin.open_range(sha256, 0, size, chunk_size=FILL_CHUNK)
                 async with reader:
                     self._counted("ok")
-                    pending = asyncio.ensure_future(_next_buffer(reader))
-                    while True:
-                        buffer = await pending
-                        if buffer is None:
-                            break
-                        # Ask for the next buffer while this one is written and hashed.
-                        pending = asyncio.ensure_future(_next_buffer(reader))
-                        view = memoryview(buffer).cast("B")
-                        if flight.received + len(view) > size:
-                            break  # more than the blob's size: the check below refuses it
-                        flight.arrived(view)
-                        flight.advance(await asyncio.to_thread(file.write, view, digest))
-                    flight.advance(await asyncio.to_thread(file.finish))
+                    writes: collections.deque[asyncio.Future] = collections.deque()
+                    try:
+                        async for buffer in reader:
+                            view = memoryview(buffer).cast("B")
+                            if flight.received + len(view) > size:
+                                break  # more than the blob's size: the check below refuses it
+                            flight.arrived(view)
+                            # Hashed and written in the fill's own thread, in order, while the
+                            # next buffers arrive; at most WRITES_AHEAD wait (the disk is slow).
+                            writes.append(loop.run_in_executor(writer, file.write, view, digest))
+                            while len(writes) >= WRITES_AHEAD or (writes and writes[0].done()):
+                                flight.advance(await writes.popleft())
+                        writes.append(loop.run_in_executor(writer, file.finish))
+                        while writes:
+                            flight.advance(await writes.popleft())
+                    finally:
+                        for pending in writes:  # after a failure: the thread finishes them
+                            pending.add_done_callback(_retrieved)
             except StorageError:
                 self._counted("failed")
                 self.fills["failed"] += 1
@@ -346,7 +355,9 @@ class ReadCache:
             raise
         finally:
             if file is not None:
-                file.close()
+                # In the fill's thread, after what it was given: never under a write.
+                writer.submit(file.close)
+            writer.shutdown(wait=False)
 
     def _trust(self, sha256: str, entry: _Entry) -> None:
         found = os.stat(self.path_of(sha256))
@@ -472,11 +483,9 @@ class CacheReader:
             await self._fallback.aclose()
 
 
-async def _next_buffer(reader: Any) -> Any:
-    try:
-        return await reader.__anext__()
-    except StopAsyncIteration:
-        return None
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # a write behind a failed fill: its error is not news
 
 
 class _FillFile:
