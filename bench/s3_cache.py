@@ -182,11 +182,15 @@ def main() -> int:
                     whole = sha256_of(source)
                     warm_page_cache(source)
                     uploads["obstore"].append(asyncio.run(obstore_put(store_env, source, f"{PREFIX}/reference/{whole}")))
+                    writer_cpu, store_cpu = cpu_seconds(writer.proc.pid), tree_cpu_seconds([weed.pid])
                     ours_s, complete_s = timed_resumable_upload(writer, source, size, UPLOAD_PART, hashes, whole)
+                    writer_cpu = cpu_seconds(writer.proc.pid) - writer_cpu
+                    store_cpu = tree_cpu_seconds([weed.pid]) - store_cpu
                     uploads["ours"].append(ours_s)
                     uploads["complete"].append(complete_s)
                     print(f"upload round {run}: obstore {uploads['obstore'][-1]:.1f} s, ours {ours_s:.1f} s"
-                          f" (complete {complete_s:.1f} s)", flush=True)
+                          f" (complete {complete_s:.1f} s; CPU s: writer {writer_cpu:.1f}, store {store_cpu:.1f})",
+                          flush=True)
                 source.unlink()
 
             cold: dict[str, list[float]] = {"curl": [], "cache": [], "stream": []}
