@@ -96,9 +96,10 @@ class ActiveUploads:
         if prefix is None:
             if index != 0 or len(self.prefixes) >= self.MAX_PREFIXES:
                 return  # a prefix starts with part 0 received in this process
+            # Only an object store publishes early (the directory backend links the file).
             publishing = sum(1 for p in self.prefixes.values() if p.publish_to is not None)
-            early = storage if getattr(storage, "open_publication", None) and publishing < self.MAX_PUBLICATIONS else None
-            prefix = self.prefixes[session["id"]] = PrefixHash(early, session["sha256"])
+            early = hasattr(storage, "open_publication") and publishing < self.MAX_PUBLICATIONS
+            prefix = self.prefixes[session["id"]] = PrefixHash(storage if early else None, session["sha256"])
         prefix.recorded.add(index)
         if prefix.task is None or prefix.task.done():
             prefix.task = asyncio.ensure_future(_advance(prefix, session, path))
