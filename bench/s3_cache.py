@@ -2,6 +2,10 @@
 tools an operator would compare them with, in one run, printed with the CPU model.
 
     .venv/bin/python bench/s3_cache.py [--size-mib 1024] [--runs 3] [--clients 1000]
+                                       [--parts cold hot upload many]
+
+To compare two versions of the code, run it with `PYTHONPATH=DIR` (DIR/arkvory a checkout of
+the other version: every Arkvory process then runs that code), alternating with the tree's own.
 
 1. cold read   a 1 GiB artifact through a gateway with a cold read cache (the fill: one GET of
                the store, readers behind it) and through a gateway without a cache (streamed
@@ -11,7 +15,9 @@ tools an operator would compare them with, in one run, printed with the CPU mode
                (sendfile) serving that very file. Goal: ≥ 0.8 × nginx, server CPU per GiB ≤ 2 ×.
 3. upload      a 1 GiB resumable upload (parts of 64 MiB, then `complete`, which publishes to the
                store) vs obstore's own multipart upload (16 MiB parts, 4 at a time: what the
-               backend uses) of the same file. Goal: ≥ 0.7 ×. `complete` alone is shown beside.
+               backend uses) of the same file, alternating, `--runs` rounds, each of a file
+               with other bytes (a new blob for the store each time). Goal: ≥ 0.7 ×.
+               `complete` alone is shown beside.
 4. many        1,000 concurrent throttled downloads of a 1 MiB artifact from the store (no cache)
                on one gateway: its peak RSS, errors. Goal: RSS < 200 MiB, 0 errors.
 
@@ -30,6 +36,7 @@ import pathlib
 import statistics
 import subprocess
 import time
+import uuid
 
 import obstore
 from obstore.store import S3Store
@@ -42,6 +49,7 @@ from cluster import (
     GiB,
     MiB,
     Nginx,
+    admin,
     bench_main,
     cpu_seconds,
     create_repo,
@@ -58,7 +66,7 @@ from cluster import (
 )
 from many_downloads import raise_fd_limit
 from many_downloads import run as many_downloads
-from upload import make_file, part_hashes, resumable_upload
+from upload import make_file, part_hashes
 
 from arkvory.shared.cli.seaweedfs import start_seaweedfs
 
@@ -99,6 +107,33 @@ async def obstore_put(store_env: dict[str, str], path: pathlib.Path, key: str) -
     return time.perf_counter() - started
 
 
+def timed_resumable_upload(writer, path: pathlib.Path, size: int, part: int, hashes: list[str],
+                           whole: str) -> tuple[float, float]:
+    """(whole seconds, seconds of `complete` alone) of one resumable upload: the session with
+    its declared SHA-256, the parts one after another, then complete (bench/upload.py's shape)."""
+    started = time.perf_counter()
+    base = "/api/v1/repositories/bench/uploads"
+    with admin(writer) as client:
+        answer = client.post(base, json={"name": f"up-{whole[:12]}.bin", "size": size, "sha256": whole,
+                                         "partSize": part}, headers={"Idempotency-Key": uuid.uuid4().hex})
+        if answer.status_code != 201:
+            raise BenchError(f"create: {answer.status_code} {answer.text}")
+        session = answer.json()
+        with open(path, "rb") as file:
+            for index, digest in enumerate(hashes):
+                file.seek(index * part)
+                answer = client.put(f"{base}/{session['id']}/parts/{index}", content=file.read(part),
+                                    headers={"X-Content-SHA256": digest})
+                if answer.status_code != 200:
+                    raise BenchError(f"part {index}: {answer.status_code} {answer.text}")
+        completing = time.perf_counter()
+        answer = client.post(f"{base}/{session['id']}/complete")
+    if answer.status_code != 201 or answer.json()["sha256"] != whole:
+        raise BenchError(f"complete: {answer.status_code} {answer.text}")
+    ended = time.perf_counter()
+    return ended - started, ended - completing
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -109,7 +144,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--share-mib", type=float, default=32.0, help="part 4: the gateway's share, MiB/s")
+    parser.add_argument("--parts", nargs="+", choices=("cold", "hot", "upload", "many"),
+                        default=["cold", "hot", "upload", "many"], help="which measurements (hot needs cold)")
     args = parser.parse_args()
+    if "hot" in args.parts and "cold" not in args.parts:
+        parser.error("--parts: hot reads the file the cold reads cached; add cold")
     size = args.size_mib * MiB
     raise_fd_limit(args.clients * 2 + 512)
     keys = reader_tokens(args.clients)
@@ -130,111 +169,160 @@ def main() -> int:
             writer = bench.writer(shared, **store_env)
             create_repo(writer, "bench")
 
-            # 3. upload: the resumable API (parts to local disk, complete publishes) vs obstore.
-            source = bench.workdir / "upload.bin"
-            make_file(source, size)
-            hashes = part_hashes(source, size, UPLOAD_PART)
-            whole = sha256_of(source)
-            warm_page_cache(source)
-            library_s = asyncio.run(obstore_put(store_env, source, f"{PREFIX}/reference/upload.bin"))
-            ours_s = resumable_upload(writer, source, size, UPLOAD_PART, hashes, whole)
-            source.unlink()
+            # 3. upload: the resumable API (parts to local disk, complete publishes) vs obstore,
+            # alternating; each round's file differs in its first bytes (a new blob each time).
+            uploads: dict[str, list[float]] = {"obstore": [], "ours": [], "complete": []}
+            if "upload" in args.parts:
+                source = bench.workdir / "upload.bin"
+                make_file(source, size)
+                for run in range(args.runs):
+                    with open(source, "r+b") as file:
+                        file.write(f"round {run} of {time.time()}".encode().ljust(64))
+                    hashes = part_hashes(source, size, UPLOAD_PART)
+                    whole = sha256_of(source)
+                    warm_page_cache(source)
+                    uploads["obstore"].append(asyncio.run(obstore_put(store_env, source, f"{PREFIX}/reference/{whole}")))
+                    writer_cpu, store_cpu = cpu_seconds(writer.proc.pid), tree_cpu_seconds([weed.pid])
+                    ours_s, complete_s = timed_resumable_upload(writer, source, size, UPLOAD_PART, hashes, whole)
+                    writer_cpu = cpu_seconds(writer.proc.pid) - writer_cpu
+                    store_cpu = tree_cpu_seconds([weed.pid]) - store_cpu
+                    uploads["ours"].append(ours_s)
+                    uploads["complete"].append(complete_s)
+                    print(f"upload round {run}: obstore {uploads['obstore'][-1]:.1f} s, ours {ours_s:.1f} s"
+                          f" (complete {complete_s:.1f} s; CPU s: writer {writer_cpu:.1f}, store {store_cpu:.1f})",
+                          flush=True)
+                source.unlink()
 
-            # One artifact per run: each is cold in the cache when its run reads it.
-            artifacts = [upload(writer, "bench", f"big{run}.bin", size) for run in range(args.runs)]
-
-            def object_url(artifact: dict) -> str:
-                digest = artifact["sha256"]
-                return (f"{store_env['ARKVORY_S3_ENDPOINT_URL']}/{BUCKET}/{PREFIX}/blobs/sha256/"
-                        f"{digest[:2]}/{digest[2:4]}/{digest}")
-
-            cached = bench.gateway(1, shared, ARKVORY_CACHE_MAX_BYTES=str(args.runs * size + GiB),
-                                   ARKVORY_DATA_DIR=str(bench.workdir / "gw1"), **store_env)
-            streaming = bench.gateway(2, shared, ARKVORY_DATA_DIR=str(bench.workdir / "gw2"), **store_env)
-            warm = upload(writer, "bench", "warm.bin", 64 * MiB)
-            curl(["-K", str(curl_config), object_url(warm)], 64 * MiB)  # connections, lazy set-up
-            gateway_get(streaming, warm["path"], 64 * MiB)
-            gateway_get(cached, warm["path"], 64 * MiB)
-
-            # 1. cold reads, alternating.
             cold: dict[str, list[float]] = {"curl": [], "cache": [], "stream": []}
-            for artifact in artifacts:
-                cold["curl"].append(size / curl(["-K", str(curl_config), object_url(artifact)], size) / MiB)
-                cold["stream"].append(gateway_get(streaming, artifact["path"], size)[0])
-                cold["cache"].append(gateway_get(cached, artifact["path"], size)[0])
-            artifact, path = artifacts[-1], artifacts[-1]["path"]
-
-            # 2. hot reads: the cached file, through the gateway and through nginx.
-            cache_dir = pathlib.Path(cached.env["ARKVORY_DATA_DIR"]) / "cache"
-            cached_file = cache_dir / "blobs" / artifact["sha256"][:2] / artifact["sha256"]
-            warm_page_cache(cached_file)
-            nginx = Nginx(cache_dir, bench.workdir)
             hot: dict[str, list[tuple[float, float]]] = {"cache": [], "nginx": []}
-            try:
-                nginx_url = f"{nginx.url}/{cached_file.relative_to(cache_dir)}"
-                curl([nginx_url], size)
-                for _ in range(args.runs):
-                    hot["cache"].append(gateway_get(cached, path, size))
-                    before = tree_cpu_seconds(nginx.pids())
-                    seconds = curl([nginx_url], size)
-                    hot["nginx"].append((size / seconds / MiB, (tree_cpu_seconds(nginx.pids()) - before) / (size / GiB)))
-            finally:
-                nginx.close()
-            cached.close()
-            streaming.close()
-
-            # 4. many throttled downloads from the store, no cache.
-            small = upload(writer, "bench", "one.bin", MiB)
-            share = int(args.share_mib * MiB)
-            many_shared = dict(shared)
-            many = bench.gateway(3, many_shared, ARKVORY_DATA_DIR=str(bench.workdir / "gw3"),
-                                 ARKVORY_DOWNLOAD_BYTES_PER_SECOND=str(share), ARKVORY_MAX_DOWNLOADS="256",
-                                 ARKVORY_DOWNLOAD_QUEUE_SIZE="1024", ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS="120000",
-                                 **store_env)
-            idle = memory_kib(many.proc.pid)["VmRSS"]
-            limit_s = args.clients * MiB / share * 1.5 + 30
-            answers, rss, _admission, elapsed, _sent, unfinished = asyncio.run(
-                many_downloads(many, small["path"], list(keys), MiB, limit_s)
-            )
-            peak = max([memory_kib(many.proc.pid)["VmHWM"], *(r for _, r in rss)])
-            errors = [a for a in answers if a.status != 200 or a.error or a.received != MiB]
+            if "cold" in args.parts:
+                measure_reads(bench, args, shared, store_env, writer, curl_config, size, cold, hot)
+            peak = idle = elapsed = 0.0
+            errors: list = []
+            unfinished = 0
+            if "many" in args.parts:
+                peak, idle, elapsed, errors, unfinished = measure_many(bench, args, shared, store_env, writer, keys)
         finally:
             weed.destroy()
+        return report(args, size, cold, hot, uploads, peak, idle, elapsed, errors, unfinished)
 
-    c_curl, c_cache, c_stream = (median(cold[k]) for k in ("curl", "cache", "stream"))
-    h_rate, h_cpu = median([r for r, _ in hot["cache"]]), median([c for _, c in hot["cache"]])
-    n_rate, n_cpu = median([r for r, _ in hot["nginx"]]), median([c for _, c in hot["nginx"]])
+
+def measure_reads(bench, args, shared, store_env, writer, curl_config, size, cold, hot) -> None:
+    """Parts 1 and 2: cold reads alternating with curl, then hot reads alternating with nginx."""
+    # One artifact per run: each is cold in the cache when its run reads it.
+    artifacts = [upload(writer, "bench", f"big{run}.bin", size) for run in range(args.runs)]
+
+    def object_url(artifact: dict) -> str:
+        digest = artifact["sha256"]
+        return (f"{store_env['ARKVORY_S3_ENDPOINT_URL']}/{BUCKET}/{PREFIX}/blobs/sha256/"
+                f"{digest[:2]}/{digest[2:4]}/{digest}")
+
+    cached = bench.gateway(1, shared, ARKVORY_CACHE_MAX_BYTES=str(args.runs * size + GiB),
+                           ARKVORY_DATA_DIR=str(bench.workdir / "gw1"), **store_env)
+    streaming = bench.gateway(2, shared, ARKVORY_DATA_DIR=str(bench.workdir / "gw2"), **store_env)
+    warm = upload(writer, "bench", "warm.bin", 64 * MiB)
+    curl(["-K", str(curl_config), object_url(warm)], 64 * MiB)  # connections, lazy set-up
+    gateway_get(streaming, warm["path"], 64 * MiB)
+    gateway_get(cached, warm["path"], 64 * MiB)
+
+    # 1. cold reads, alternating.
+    for artifact in artifacts:
+        cold["curl"].append(size / curl(["-K", str(curl_config), object_url(artifact)], size) / MiB)
+        cold["stream"].append(gateway_get(streaming, artifact["path"], size)[0])
+        cold["cache"].append(gateway_get(cached, artifact["path"], size)[0])
+    artifact, path = artifacts[-1], artifacts[-1]["path"]
+
+    # 2. hot reads: the cached file, through the gateway and through nginx.
+    cache_dir = pathlib.Path(cached.env["ARKVORY_DATA_DIR"]) / "cache"
+    cached_file = cache_dir / "blobs" / artifact["sha256"][:2] / artifact["sha256"]
+    if "hot" not in args.parts:
+        cached.close()
+        streaming.close()
+        return
+    warm_page_cache(cached_file)
+    nginx = Nginx(cache_dir, bench.workdir)
+    try:
+        nginx_url = f"{nginx.url}/{cached_file.relative_to(cache_dir)}"
+        curl([nginx_url], size)
+        for _ in range(args.runs):
+            hot["cache"].append(gateway_get(cached, path, size))
+            before = tree_cpu_seconds(nginx.pids())
+            seconds = curl([nginx_url], size)
+            hot["nginx"].append((size / seconds / MiB, (tree_cpu_seconds(nginx.pids()) - before) / (size / GiB)))
+    finally:
+        nginx.close()
+    cached.close()
+    streaming.close()
+
+
+def measure_many(bench, args, shared, store_env, writer, keys):
+    """Part 4: many throttled downloads from the store, no cache, on one gateway."""
+    small = upload(writer, "bench", "one.bin", MiB)
+    share = int(args.share_mib * MiB)
+    many_shared = dict(shared)
+    many = bench.gateway(3, many_shared, ARKVORY_DATA_DIR=str(bench.workdir / "gw3"),
+                         ARKVORY_DOWNLOAD_BYTES_PER_SECOND=str(share), ARKVORY_MAX_DOWNLOADS="256",
+                         ARKVORY_DOWNLOAD_QUEUE_SIZE="1024", ARKVORY_DOWNLOAD_QUEUE_TIMEOUT_MS="120000",
+                         **store_env)
+    idle = memory_kib(many.proc.pid)["VmRSS"]
+    limit_s = args.clients * MiB / share * 1.5 + 30
+    answers, rss, _admission, elapsed, _sent, unfinished = asyncio.run(
+        many_downloads(many, small["path"], list(keys), MiB, limit_s)
+    )
+    peak = max([memory_kib(many.proc.pid)["VmHWM"], *(r for _, r in rss)])
+    errors = [a for a in answers if a.status != 200 or a.error or a.received != MiB]
+    return peak, idle, elapsed, errors, unfinished
+
+
+def report(args, size, cold, hot, uploads, peak, idle, elapsed, errors, unfinished) -> int:
     print()
-    print(table(
-        [
+    rows, verdicts = [], []
+    if cold["curl"]:
+        c_curl, c_cache, c_stream = (median(cold[k]) for k in ("curl", "cache", "stream"))
+        rows += [
             ("cold: curl --aws-sigv4 straight from SeaweedFS", f"{c_curl:.0f} MiB/s", ""),
             ("cold: gateway, read cache filling", f"{c_cache:.0f} MiB/s", f"{c_cache / c_curl:.2f} × curl"),
             ("cold: gateway, no cache (streamed)", f"{c_stream:.0f} MiB/s", f"{c_stream / c_curl:.2f} × curl"),
+        ]
+        verdicts += [
+            ("cold read (cache filling) / curl", f"{c_cache / c_curl:.2f}", "≥ 0.80", verdict(c_cache / c_curl >= 0.8)),
+            ("cold read (no cache) / curl", f"{c_stream / c_curl:.2f}", "≥ 0.80", verdict(c_stream / c_curl >= 0.8)),
+        ]
+        print("cold rounds (MiB/s): " + "; ".join(
+            f"curl {a:.0f} cache {b:.0f} stream {c:.0f}" for a, b, c in zip(cold["curl"], cold["cache"], cold["stream"])))
+    if hot["cache"]:
+        h_rate, h_cpu = median([r for r, _ in hot["cache"]]), median([c for _, c in hot["cache"]])
+        n_rate, n_cpu = median([r for r, _ in hot["nginx"]]), median([c for _, c in hot["nginx"]])
+        rows += [
             ("hot: nginx sendfile of the cached file", f"{n_rate:.0f} MiB/s, {n_cpu:.3f} CPU s/GiB", ""),
             ("hot: gateway, cache hit (sendfile)", f"{h_rate:.0f} MiB/s, {h_cpu:.3f} CPU s/GiB",
              f"{h_rate / n_rate:.2f} × nginx, CPU {h_cpu / max(n_cpu, 1e-9):.2f} ×"),
-            ("upload: obstore multipart put", f"{size / library_s / MiB:.0f} MiB/s ({library_s:.1f} s)", ""),
-            ("upload: resumable API, parts + complete", f"{size / ours_s / MiB:.0f} MiB/s ({ours_s:.1f} s)",
-             f"{library_s / ours_s:.2f} × obstore"),
-            (f"many: {args.clients} throttled downloads from the store", f"peak RSS {peak / 1024:.0f} MiB"
-             f" (idle {idle / 1024:.0f}), {len(errors)} errors, {elapsed:.1f} s", ""),
-        ],
-        ("figure", "value", "ratio"),
-    ))
-    print()
-    print(table(
-        [
-            ("cold read (cache filling) / curl", f"{c_cache / c_curl:.2f}", "≥ 0.80", verdict(c_cache / c_curl >= 0.8)),
-            ("cold read (no cache) / curl", f"{c_stream / c_curl:.2f}", "≥ 0.80", verdict(c_stream / c_curl >= 0.8)),
+        ]
+        verdicts += [
             ("hot read / nginx", f"{h_rate / n_rate:.2f}", "≥ 0.80", verdict(h_rate / n_rate >= 0.8)),
             ("hot CPU per GiB / nginx", f"{h_cpu / max(n_cpu, 1e-9):.2f}", "≤ 2.00", verdict(h_cpu <= 2 * n_cpu)),
-            ("upload / obstore multipart", f"{library_s / ours_s:.2f}", "≥ 0.70", verdict(library_s / ours_s >= 0.7)),
+        ]
+    if uploads["ours"]:
+        library_s, ours_s, complete_s = (median(uploads[k]) for k in ("obstore", "ours", "complete"))
+        rows += [
+            ("upload: obstore multipart put", f"{size / library_s / MiB:.0f} MiB/s ({library_s:.1f} s)", ""),
+            ("upload: resumable API, parts + complete", f"{size / ours_s / MiB:.0f} MiB/s ({ours_s:.1f} s,"
+             f" complete {complete_s:.1f} s)", f"{library_s / ours_s:.2f} × obstore"),
+        ]
+        verdicts.append(
+            ("upload / obstore multipart", f"{library_s / ours_s:.2f}", "≥ 0.70", verdict(library_s / ours_s >= 0.7)))
+    if "many" in args.parts:
+        rows.append((f"many: {args.clients} throttled downloads from the store", f"peak RSS {peak / 1024:.0f} MiB"
+                     f" (idle {idle / 1024:.0f}), {len(errors)} errors, {elapsed:.1f} s", ""))
+        verdicts += [
             ("1,000 throttled: peak RSS", f"{peak / 1024:.0f} MiB", "< 200 MiB", verdict(peak < 200 * 1024)),
             ("1,000 throttled: errors", str(len(errors) + unfinished), "0", verdict(not errors and not unfinished)),
-        ],
-        ("figure", "measured", "goal", "result"),
-    ))
-    print(f"\n({args.runs} runs of {size // MiB} MiB each, medians; client: curl -o /dev/null; {machine()})")
+        ]
+    print(table(rows, ("figure", "value", "ratio")))
+    print()
+    print(table(verdicts, ("figure", "measured", "goal", "result")))
+    print(f"\n({args.runs} runs of {size // MiB} MiB each, medians; client: curl -o /dev/null; {machine()};"
+          f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
     return 0 if not errors else 1
 
 

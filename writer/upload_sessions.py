@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import os
 import threading
 import uuid
+from typing import Any
 
 import asyncpg
 
 from arkvory.shared.db import pooled
 from arkvory.shared.errors import Conflict
-from arkvory.shared.storage import BlobStorage, fsync_directory, is_out_of_space, out_of_space
+from arkvory.shared.storage import BlobStorage, StorageError, fsync_directory, is_out_of_space, out_of_space
 from arkvory.shared.storage.upload_files import remove_upload_sessions, sweep_upload_sessions
 
+
+log = logging.getLogger("arkvory.uploads")
 
 MiB = 1024 * 1024
 MIN_PART = 1 * MiB
@@ -33,6 +37,7 @@ MAX_PART = 64 * MiB
 DEFAULT_PART = 8 * MiB
 MAX_PARTS = 10_000  # bounds a session's rows and its JSON; with 64 MiB parts: 625 GiB
 HASH_READ = 8 * MiB
+PUBLISH_READ = 8 * MiB  # bytes read, hashed and sent to a publication at a time
 
 
 class PrefixHash:
@@ -40,37 +45,69 @@ class PrefixHash:
     recorded, so `complete` hashes only what is left (usually nothing) instead of the whole
     file after the last part. Recorded parts never change on disk, so hashing them early is
     the same as hashing them at the end. In memory only: after a restart `complete` hashes
-    from the start."""
+    from the start.
 
-    def __init__(self) -> None:
+    On an object store, for a session that declared its SHA-256, the same pass sends each
+    hashed piece to a `publication` (shared/storage/s3_client.py `Publication`): a multipart
+    upload to the blob's key, fed while the upload still arrives, which `complete` makes
+    visible only after the whole digest is checked (uploads.py `_publish`). The digest then
+    covers exactly the bytes sent. A store that fails drops the publication (`complete`
+    publishes from the file as before)."""
+
+    def __init__(self, storage: BlobStorage | None = None, sha256: str | None = None) -> None:
         self.digest = hashlib.sha256()
         self.next_index = 0
         self.recorded: set[int] = set()
         self.task: asyncio.Task | None = None
+        # Where to publish while hashing: (storage, declared sha256) until opened, then the
+        # publication; None when there is none (or no more).
+        self.publish_to: tuple[Any, str] | None = (storage, sha256) if storage is not None and sha256 else None
+        self.publication: Any = None
+
+    def drop_publication(self) -> None:
+        publication, self.publication, self.publish_to = self.publication, None, None
+        if publication is not None:
+            publication.abandon()
+
+    def whole_publication(self, sha256: str, size: int) -> Any:
+        """The publication, taken, if it holds all `size` bytes of the blob `sha256`; else None."""
+        publication = self.publication
+        if publication is None or publication.sha256 != sha256 or publication.sent != size or publication.abandoned:
+            return None
+        self.publication = self.publish_to = None
+        return publication
 
 
 class ActiveUploads:
     """Parts being received, completions running and prefix hashes, per session (this process only)."""
 
     MAX_PREFIXES = 64  # a bound on memory; a session without one is hashed at complete
+    # Publications fed at once (each holds up to ~5 × 16 MiB in obstore's buffers); a session
+    # beyond them publishes at complete.
+    MAX_PUBLICATIONS = 4
 
     def __init__(self) -> None:
         self.parts: dict[uuid.UUID, set[int]] = {}
         self.completing: dict[uuid.UUID, asyncio.Task] = {}
         self.prefixes: dict[uuid.UUID, PrefixHash] = {}
 
-    def part_recorded(self, session: asyncpg.Record, index: int, path: str) -> None:
+    def part_recorded(self, session: asyncpg.Record, index: int, path: str, storage: BlobStorage | None = None) -> None:
         prefix = self.prefixes.get(session["id"])
         if prefix is None:
             if index != 0 or len(self.prefixes) >= self.MAX_PREFIXES:
                 return  # a prefix starts with part 0 received in this process
-            prefix = self.prefixes[session["id"]] = PrefixHash()
+            # Only an object store publishes early (the directory backend links the file).
+            publishing = sum(1 for p in self.prefixes.values() if p.publish_to is not None)
+            early = hasattr(storage, "open_publication") and publishing < self.MAX_PUBLICATIONS
+            prefix = self.prefixes[session["id"]] = PrefixHash(storage if early else None, session["sha256"])
         prefix.recorded.add(index)
         if prefix.task is None or prefix.task.done():
             prefix.task = asyncio.ensure_future(_advance(prefix, session, path))
 
     def forget(self, session_id: uuid.UUID) -> None:
-        self.prefixes.pop(session_id, None)
+        prefix = self.prefixes.pop(session_id, None)
+        if prefix is not None:
+            prefix.drop_publication()
 
     def claim(self, session: uuid.UUID, indexes: range) -> None:
         busy = self.parts.setdefault(session, set())
@@ -93,12 +130,58 @@ async def _advance(prefix: PrefixHash, session: asyncpg.Record, path: str) -> No
     while prefix.next_index in prefix.recorded:
         offset, size = part_span(session, prefix.next_index)
         try:
-            await asyncio.to_thread(hash_range, path, offset, size, prefix.digest)
+            if prefix.publish_to is not None:
+                await _hash_and_publish(prefix, session, path, offset, size)
+            else:
+                await asyncio.to_thread(hash_range, path, offset, size, prefix.digest)
         except OSError:
             prefix.next_index = -1  # the file is gone (deleted, expired): complete will say so
+            prefix.drop_publication()
             return
         prefix.recorded.discard(prefix.next_index)
         prefix.next_index += 1
+
+
+async def _hash_and_publish(prefix: PrefixHash, session: asyncpg.Record, path: str, offset: int, size: int) -> None:
+    """Hash [offset, offset + size) of the file into the prefix and send the same bytes to its
+    publication (opened at the first part); the rest is only hashed once it fails."""
+    if prefix.publication is None:
+        storage, sha256 = prefix.publish_to  # type: ignore[misc]
+        try:
+            prefix.publication = await storage.open_publication(sha256, session["size"])
+        except StorageError as exc:
+            log.warning("upload %s: not publishing while receiving (%s)", session["id"], exc.message)
+            prefix.publication = None
+        if prefix.publication is None:  # the store has the blob already, or cannot be reached
+            prefix.publish_to = None
+            await asyncio.to_thread(hash_range, path, offset, size, prefix.digest)
+            return
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        end = offset + size
+        while offset < end:
+            piece = await asyncio.to_thread(_read_and_hash, fd, offset, min(PUBLISH_READ, end - offset), prefix.digest)
+            offset += len(piece)
+            publication = prefix.publication
+            if publication is None:
+                continue  # dropped meanwhile (forgotten, or the store failed): hashing only
+            try:
+                await publication.write(piece)
+            except StorageError as exc:
+                log.warning("upload %s: publishing while receiving failed (%s); complete publishes from the file",
+                            session["id"], exc.message)
+                prefix.drop_publication()
+    finally:
+        os.close(fd)
+
+
+def _read_and_hash(fd: int, offset: int, size: int, digest) -> bytes:
+    """Worker thread: `size` bytes of the file at `offset`, fed into `digest`."""
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise OSError(f"an upload file is shorter than {offset + size} bytes")
+    digest.update(data)
+    return data
 
 
 def part_count(size: int, part_size: int) -> int:

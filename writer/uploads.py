@@ -48,6 +48,7 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import Repository, parse_uuid
 from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
 from arkvory.shared.http.media_types import upload_media_type
+from arkvory.shared.storage import StorageError
 from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
 from .artifacts import artifact_json, check_artifact_name, place_claimed_blob, stage_blob
@@ -438,7 +439,7 @@ async def _receive_regions(
                 session["id"], region.index, region.size, region.digest.hexdigest(),
                 float(runtime.settings.upload_expiry_s), timeout=POOLED_QUERY_TIMEOUT_S,
             )
-        active_uploads(request).part_recorded(session, region.index, path)
+        active_uploads(request).part_recorded(session, region.index, path, storage)
 
     try:
         receiver = BatchedReceiver(fd, regions, storage=storage, reserve=0, check_room=False, whole=whole)
@@ -536,8 +537,10 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
             " delete this upload and start again"
         )
     # An object store receives the bytes now, before the transaction (a 503 if it fails: the
-    # session stays open and a repeated `complete` stages again).
-    await stage_blob(storage, path, sha256, session["size"])
+    # session stays open and a repeated `complete` stages again). Sent already while the parts
+    # arrived (upload_sessions.py `PrefixHash`): only made visible now that the digest matched.
+    if not await _complete_publication(request, session_id, sha256, session["size"]):
+        await stage_blob(storage, path, sha256, session["size"])
     async with pooled(pool) as conn, conn.transaction():
         status = await conn.fetchval(
             "SELECT status FROM arkvory_uploads WHERE id = $1 FOR UPDATE", session_id,
@@ -568,6 +571,22 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
         )
     await remove_own_file(path)
     return row
+
+
+async def _complete_publication(request: Request, session_id: uuid.UUID, sha256: str, size: int) -> bool:
+    """Make the object sent while the parts arrived visible, if it holds every byte of this
+    verified blob; False when there is none (or it failed: the caller publishes from the file)."""
+    prefix = active_uploads(request).prefixes.get(session_id)
+    publication = None if prefix is None else prefix.whole_publication(sha256, size)
+    if publication is None:
+        return False
+    try:
+        await publication.complete()
+    except StorageError as exc:
+        log.warning("upload %s: completing the publication sent while receiving failed (%s);"
+                    " publishing from the file", session_id, exc.message)
+        return False
+    return True
 
 
 # -- expiry ------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from arkvory.shared.settings import ObjectStoreSettings
 from .interface import BlobNotFound, BlobStat, ListedBlob, Offload, StorageRefused, StorageUnavailable
 from .local import LocalState
 from .read_cache import ReadCache
-from .s3_client import IDENTITY_KEY, READ_CHUNK, STORAGE_URL, ObjectStat, ObjectStore, RangeReader
+from .s3_client import IDENTITY_KEY, READ_CHUNK, STORAGE_URL, ObjectStat, ObjectStore, Publication, RangeReader
 
 BLOBS = "blobs/sha256"
 QUARANTINE = "quarantine/sha256"
@@ -106,6 +106,14 @@ class ObjectStorage(LocalState):
 
     async def stage(self, source: str | os.PathLike, sha256: str, size: int) -> None:
         await self.store.publish(source, blob_key(sha256), sha256)
+
+    async def open_publication(self, sha256: str, size: int) -> Publication | None:
+        """A multipart upload of the blob fed while its upload still arrives (s3_client.py
+        `Publication`: visible only at its `complete`); None when the store has it already
+        (replacing it would change its ETag under downloads that read it with If-Match)."""
+        if await self.stat(sha256) is not None:
+            return None
+        return self.store.open_publication(blob_key(sha256), sha256, size)
 
     async def publish(self, source: str | os.PathLike, sha256: str, size: int, *, link: bool = False) -> bool:
         found = await self.stat(sha256)

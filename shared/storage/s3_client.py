@@ -5,7 +5,8 @@ the requests Arkvory makes of a bucket, with obstore's errors translated into th
 - `ObjectStore`: `check`, `stat`, `open_range` (a cancellable reader of zero-copy buffers),
   `publish` (multipart upload straight to the final key: S3 makes an object visible only when
   CompleteMultipartUpload succeeds, so nothing partial is ever visible; the SHA-256 rides along
-  as user metadata `x-amz-meta-sha256`, so an existing object is verified by one HEAD), `copy`,
+  as user metadata `x-amz-meta-sha256`, so an existing object is verified by one HEAD),
+  `open_publication` (the same upload fed while the bytes still arrive: `Publication`), `copy`,
   `delete`, `list` (pages, resumable after a key), `read_identity` / `write_identity`.
 - Settings come from shared/settings.py (`ObjectStoreSettings`): ARKVORY_STORAGE_URL,
   ARKVORY_S3_ENDPOINT_URL, ARKVORY_S3_REGION and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
@@ -249,6 +250,13 @@ class ObjectStore:
             )
         return stored
 
+    def open_publication(self, key: str, sha256: str, size: int) -> Publication:
+        """A multipart upload to `key` that the caller feeds in order (`write`) while the bytes
+        are still arriving, made visible only by `complete`; see `Publication`."""
+        if not _SHA256.fullmatch(sha256):
+            raise ValueError(f"sha256: expected 64 lowercase hex digits, got {sha256!r}")
+        return Publication(self, key, sha256, size)
+
     async def delete(self, key: str) -> None:
         """Delete `key`; an absent key is fine (S3 answers 204 either way)."""
         full = self._full(key)
@@ -413,6 +421,78 @@ def _stat_of(key: str, meta: Mapping[str, Any], attributes: Mapping[str, str]) -
         key=key, size=meta["size"], etag=meta.get("e_tag"), last_modified=meta.get("last_modified"),
         sha256=sha if sha and _SHA256.fullmatch(sha) else None,
     )
+
+
+# --- publishing while an upload arrives -------------------------------------------------------
+
+
+class Publication:
+    """The bytes of a blob sent to the store as they arrive (the writer's upload parts, each
+    once it is on disk, in order), as one multipart upload straight to the final key with the
+    SHA-256 the upload declared as metadata. Nothing is visible before `complete`, which the
+    caller calls only once the whole file's digest is checked and matches; `abandon` (or simply
+    dropping it) leaves an incomplete multipart upload, invisible, which the bucket's
+    AbortIncompleteMultipartUpload rule removes (obstore cannot abort one). Memory: obstore's
+    buffer of PART_SIZE plus PUT_CONCURRENCY parts in flight; `write` waits while they are.
+    """
+
+    def __init__(self, store: ObjectStore, key: str, sha256: str, size: int) -> None:
+        self._store = store
+        self.key = key
+        self.sha256 = sha256
+        self.size = size
+        self.sent = 0
+        self._full = store._full(key)
+        self._writer: Any = obstore.open_writer_async(
+            store._store, self._full,
+            attributes={"Content-Type": "application/octet-stream", SHA256_ATTRIBUTE: sha256},
+            buffer_size=PART_SIZE, max_concurrency=PUT_CONCURRENCY,
+        )
+
+    async def write(self, buffer: Any) -> None:
+        """Send the next bytes (in order); a store that fails raises a StorageError, after
+        which this publication is abandoned."""
+        writer = self._writer
+        if writer is None:
+            raise Unavailable(f"object store: the publication of {self._full} was abandoned", setting=ENDPOINT_URL)
+        size = len(memoryview(buffer))
+        if self.sent + size > self.size:
+            raise ValueError(f"buffer: {self.sent + size} bytes is more than the blob's {self.size}")
+        try:
+            await writer.write(buffer)
+        except Exception as exc:
+            self._writer = None
+            raise self._store._error(exc, "publish", self._full) from None
+        self.sent += size
+
+    async def complete(self) -> ObjectStat:
+        """Make the object visible (CompleteMultipartUpload, or one PUT when it is small) and
+        read it back: size and SHA-256 must be the blob's."""
+        writer, self._writer = self._writer, None
+        if writer is None or self.sent != self.size:
+            raise Unavailable(
+                f"object store: the publication of {self._full} is not whole ({self.sent} of {self.size} bytes)",
+                setting=ENDPOINT_URL,
+            )
+        try:
+            await writer.close()
+        except Exception as exc:
+            raise self._store._error(exc, "publish", self._full) from None
+        stored = await self._store.stat(self.key)
+        if stored.size != self.size or stored.sha256 != self.sha256:
+            raise Unavailable(
+                f"object store: {self._full} reads back as {stored.size} bytes with sha256"
+                f" {stored.sha256}, not the {self.size} bytes published (a concurrent writer?)",
+                setting=STORAGE_URL,
+            )
+        return stored
+
+    def abandon(self) -> None:
+        self._writer = None  # dropped unclosed: nothing becomes visible
+
+    @property
+    def abandoned(self) -> bool:
+        return self._writer is None
 
 
 # --- reading a range --------------------------------------------------------------------------
