@@ -13,8 +13,9 @@ How the suite runs, and what a new test follows:
   other grouping: `pytest.mark.xdist_group("name")`. `-n 0` runs in one process.
 - **Tiers.** The README's command runs the default tier, which still proves the real timings
   (the 10 s reservation, 2 s renewal, 8 s trust, 15 s restart wait) with real processes.
-  `@pytest.mark.soak` marks the long soak cases: skipped by default, run by `.ci/run`
-  (`pytest -m soak`). `@pytest.mark.slow` only says a test takes seconds of real time.
+  `@pytest.mark.soak` marks the long cases (a fuzz loop, fault scenarios and the real browser
+  that take 10 s or more each, which kept the default tier above 10 minutes): skipped by
+  default, run by `.ci/run` (`pytest -m soak`). `@pytest.mark.slow` only says a test takes seconds of real time.
 - **Waiting.** Never a fixed sleep for something to happen: wait for the condition with a
   bound (`harness.eventually`, `ArkvoryProcess.wait_ready`, `worker_harness.wait_for`), so a
   loaded machine costs time, not a failure. A sleep is right only for "nothing happens during

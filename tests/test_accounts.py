@@ -104,6 +104,7 @@ def test_a_failed_login_does_not_reveal_whether_the_account_exists(writer):
     assert statistics.median(unknown) > 0.5 * statistics.median(known), (known, unknown)
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_login_attempts_are_limited_per_account_and_per_address(writer):
     make_account(writer, "alice")
     make_account(writer, "bob")

@@ -114,6 +114,7 @@ def test_per_principal_share(cluster):
     assert f"arkvory_download_payload_bytes_total {float(3 * len(data))}" in metrics
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_lease_loss_cuts_the_download_and_a_range_request_elsewhere_resumes(cluster, db_proxy):
     shared = cluster.shared_env(slots=2, total=2 * 128 * KiB)
     writer = cluster.writer(shared).wait_ready()
@@ -229,6 +230,7 @@ def test_client_that_leaves_the_queue_is_counted_as_cancelled(cluster):
 
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_a_streaming_transfer_pins_its_blob_until_it_ends(cluster):
     shared = cluster.shared_env(slots=2, total=2 * 128 * KiB)
     writer = cluster.writer(shared).wait_ready()

@@ -108,6 +108,7 @@ def haproxy_front(tmp_path):
         process.wait(10)
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_a_gateway_killed_mid_download_behind_haproxy_costs_only_the_missing_bytes(cluster, haproxy_front):
     # 1 MiB/s for each of the three processes: a 5 MiB download takes about five seconds.
     shared = cluster.shared_env(slots=3, total=3 * MiB)

@@ -159,6 +159,7 @@ class Walk:
         assert [int(mark) for mark in order] == sorted(int(mark) for mark in order), (name, order)
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
     shared = cluster.shared_env(slots=3)
     writer = cluster.writer(shared).wait_ready()

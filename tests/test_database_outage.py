@@ -31,6 +31,7 @@ def wait_until(check, timeout: float, every: float = 0.1):
     return result
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_a_database_outage_logs_one_line_down_and_one_back_per_process_and_no_traceback(cluster, db_proxy):
     via_proxy = db_proxy.url_for(cluster.database_url)
     shared = cluster.shared_env(slots=2)

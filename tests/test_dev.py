@@ -233,6 +233,7 @@ def test_a_rate_too_low_for_the_processes_is_one_line_before_anything_starts(tmp
     assert not (tmp_path / "state").exists() and took < 10
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_the_environment_sets_the_rate_a_flag_wins_and_one_ctrl_c_is_one_planned_stop(tmp_path):
     """An exported rate is used, not overridden; `--rate` wins over it and replaces the saved
     policy; Ctrl-C (SIGINT to the whole foreground process group) stops everything once."""

@@ -371,6 +371,7 @@ def test_the_dashboard_is_valid_and_every_panel_reads_exported_metrics(live):
 # -- the metrics added for the alerts -------------------------------------------------------------
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 @pytest.mark.slow  # waits out real lease and pin timings
 def test_live_leases_equal_the_running_processes_and_the_policy_slots(live):
     writer, gateway = scrape(live.writer.url), scrape(live.gateway.url)
@@ -449,6 +450,7 @@ def test_worker_active_is_one_on_the_active_worker_and_zero_on_a_standby(cluster
                    "the writer seeing no worker holds the lock", timeout=15)
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 @pytest.mark.slow  # waits out real lease and pin timings
 def test_read_pins_age_database_errors_and_unavailable_follow_a_stalled_database(cluster, db_proxy):
     """A standalone writer (no lease to lose, so it stays up) cut off from its database."""

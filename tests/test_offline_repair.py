@@ -23,6 +23,7 @@ def blob_path(data_dir: pathlib.Path, sha256: str) -> pathlib.Path:
     return data_dir / "blobs" / "sha256" / sha256[:2] / sha256[2:4] / sha256
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_gc_refuses_while_servers_are_up_and_names_them_then_runs_when_all_are_down(cluster):
     shared = cluster.shared_env(slots=3)
     writer = cluster.writer(shared).wait_ready()

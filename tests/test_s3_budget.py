@@ -44,6 +44,7 @@ def run_parallel(jobs) -> list:
     return results
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_the_total_budget_holds_across_writer_and_gateways_on_the_object_store(s3_cluster):
     loopback_aliases_or_skip(*GATEWAY_HOSTS)
     total = 3 * 256 * KiB  # each of 3 processes: 256 KiB/s, burst 25.6 KiB
@@ -73,6 +74,7 @@ def test_the_total_budget_holds_across_writer_and_gateways_on_the_object_store(s
         assert float(line.split()[1]) == len(data)
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_per_principal_share_across_hosts_on_the_object_store(s3_cluster):
     loopback_aliases_or_skip(GATEWAY_HOSTS[0])
     shared = s3_cluster.shared_env(

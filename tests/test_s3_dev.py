@@ -33,6 +33,7 @@ def weed_processes_in(state) -> list[str]:
     return found
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_dev_on_seaweedfs_serves_through_the_gateway_and_keeps_its_storage(tmp_path):
     weed_or_skip()
     state = tmp_path / "state"

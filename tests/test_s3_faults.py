@@ -50,6 +50,7 @@ def wait_until(check, what: str, timeout: float = 30.0):
     raise AssertionError(f"not {what} after {timeout} s")
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_the_store_killed_mid_download_cuts_it_and_serving_resumes_without_a_restart(s3_cluster, seaweedfs):
     loopback_aliases_or_skip(GATEWAY_HOSTS[0])
     shared = s3_cluster.shared_env(slots=2, total=2 * 256 * KiB)

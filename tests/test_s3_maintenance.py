@@ -52,6 +52,7 @@ def upload(client: httpx.Client, data: bytes, name: str) -> dict:
     return made.json()
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_cleanup_keeps_a_deleted_blob_while_a_download_reads_it_then_reclaims_it(s3_cluster):
     loopback_aliases_or_skip(GATEWAY_HOSTS[0])
     shared = s3_cluster.shared_env(slots=2, total=2 * 128 * KiB)

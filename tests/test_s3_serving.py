@@ -15,7 +15,7 @@ import uuid
 import httpx
 import pytest
 
-from .harness import ADMIN_TOKEN, run_arkvory
+from .harness import run_arkvory
 from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip, s3_bucket, s3_cluster, seaweedfs  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]

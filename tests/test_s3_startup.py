@@ -62,6 +62,7 @@ def test_a_missing_bucket_or_a_silent_store_stop_the_writer_in_one_line(s3_clust
     )
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_the_writer_creates_the_identity_once_and_other_processes_only_check_it(s3_cluster):
     shared = s3_cluster.shared_env(slots=2)
     writer = s3_cluster.writer(shared).wait_ready()

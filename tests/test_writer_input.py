@@ -428,6 +428,7 @@ def test_one_principal_holds_at_most_its_share_of_the_upload_places(cluster):
         assert answer.status_code == 201, answer.text
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_an_upload_below_the_minimum_rate_is_cut_after_its_grace_and_frees_its_place(cluster):
     """Issue 13 item 11: one byte every 0.5 s never trips the receive timeout (2 s) but is far
     below ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND: once the grace (the receive timeout here, being
