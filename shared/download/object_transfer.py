@@ -48,16 +48,14 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
 from starlette.types import Send
 
-from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import Busy, ContentUnavailable, LeaseLost, NotFound, TransferAborted, Unavailable
+from arkvory.shared.errors import ContentUnavailable, LeaseLost, TransferAborted, Unavailable
 from arkvory.shared.http.protocol import ConnectionHandle
 from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError, StorageUnavailable
 
 from .serving import ServingProcess
-from .transfer import UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone
+from .transfer import UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone, require_artifact
 
 log = logging.getLogger("arkvory.content")
 
@@ -418,19 +416,7 @@ async def _missing_object(response: BlobResponse) -> None:
     (transfer.py `_open_after_missing`), the database decides: the artifact is gone (404) or its
     content is missing or quarantined (503 content_unavailable); never a 500."""
     runtime, artifact = response.runtime, response.artifact
-    assert runtime.pool is not None
-    try:
-        async with pooled(runtime.pool) as conn:
-            exists = await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1)",
-                artifact.id, timeout=POOLED_QUERY_TIMEOUT_S,
-            )
-    except TimeoutError:
-        raise Busy("no database connection became free in time") from None
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-        raise Unavailable("the database cannot be reached now") from None
-    if not exists:
-        raise NotFound(f"artifact {artifact.id} was deleted")
+    await require_artifact(runtime, artifact.id)
     runtime.metrics.short_reads.inc()
     log.error("blob %s of artifact %s is missing from the object store", artifact.sha256, artifact.id)
     raise ContentUnavailable("the artifact's stored content is missing or quarantined; re-uploading it restores it")

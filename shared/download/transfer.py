@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -234,19 +235,8 @@ class BlobResponse:
         it does, one more open (an upload of the same bytes may have placed the file again),
         and then 503 content_unavailable (missing or quarantined on disk), never a 500."""
         runtime, artifact = self.runtime, self.artifact
-        assert runtime.pool is not None and runtime.storage is not None
-        try:
-            async with pooled(runtime.pool) as conn:
-                exists = await conn.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1)",
-                    artifact.id, timeout=POOLED_QUERY_TIMEOUT_S,
-                )
-        except TimeoutError:
-            raise Busy("no database connection became free in time") from None
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            raise Unavailable("the database cannot be reached now") from None
-        if not exists:
-            raise NotFound(f"artifact {artifact.id} was deleted")
+        assert runtime.storage is not None
+        await require_artifact(runtime, artifact.id)
         try:
             return runtime.storage.acquire_file(artifact.sha256)
         except FileNotFoundError:
@@ -468,3 +458,22 @@ async def _watch_disconnect(receive: Receive, guard: _CancelOnDisconnect) -> Non
 
 async def _no_receive() -> dict:
     return {"type": "http.disconnect"}
+
+
+async def require_artifact(runtime: ServingProcess, artifact_id: uuid.UUID) -> None:
+    """After a blob was found missing: ask the database, not the cache, whether its artifact
+    still exists. Gone → 404 (deleted while we looked); a database that does not answer →
+    503 busy/unavailable; else the caller decides what missing content means."""
+    assert runtime.pool is not None
+    try:
+        async with pooled(runtime.pool) as conn:
+            exists = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1)",
+                artifact_id, timeout=POOLED_QUERY_TIMEOUT_S,
+            )
+    except TimeoutError:
+        raise Busy("no database connection became free in time") from None
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        raise Unavailable("the database cannot be reached now") from None
+    if not exists:
+        raise NotFound(f"artifact {artifact_id} was deleted")
