@@ -12,26 +12,15 @@ import pytest
 
 from arkvory.shared.cluster.pins import LINGER_S
 
+from .budget_measure import KiB, assert_principal_shares, make_repo, run_parallel, timed_download
 from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch as query, eventually
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
-KiB = 1024
 
 
-def make_repo(writer, name: str, data: bytes) -> str:
-    with writer.client() as client:
-        assert client.post("/api/v1/repositories", json={"name": name}).status_code == 201
-        answer = client.post(f"/api/v1/repositories/{name}/artifacts", params={"name": "f.bin"}, content=data)
-        assert answer.status_code == 201, answer.text
-        return f"/api/v1/repositories/{name}/artifacts/{answer.json()['id']}/content"
 
 
-def timed_download(url: str, token: str, results: list, headers: dict | None = None) -> None:
-    started = time.monotonic()
-    with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {token}", **(headers or {})}) as client:
-        answer = client.get(url)
-    results.append((answer.status_code, answer.content, time.monotonic() - started))
 
 
 def admission_of(process) -> dict:
@@ -44,14 +33,6 @@ def wait_admission(process, what: str, **wanted: int) -> None:
     eventually(lambda: all(admission_of(process)[k] == v for k, v in wanted.items()), what)
 
 
-def run_parallel(jobs) -> list:
-    results: list = []
-    threads = [threading.Thread(target=timed_download, args=(*job, results)) for job in jobs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(90)
-    return results
 
 
 def test_budget_does_not_multiply_with_processes(cluster):
@@ -91,22 +72,7 @@ def test_per_principal_share(cluster):
 
     # The admin principal runs two downloads (sharing 128 KiB/s); the reader runs one.
     url = gateway.url + path
-    results: dict[str, list] = {"admin": [], "reader": []}
-    threads = [
-        threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, results["admin"])),
-        threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, results["admin"])),
-        threading.Thread(target=timed_download, args=(url, READER_TOKEN, results["reader"])),
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    burst = 128 * KiB // 10
-    admin_seconds = max(s for _, _, s in results["admin"])
-    reader_seconds = results["reader"][0][2]
-    assert all(status == 200 and body == data for status, body, _ in results["admin"] + results["reader"])
-    assert admin_seconds >= (2 * len(data) - burst) / (128 * KiB) * 0.97  # ~3.9 s
-    assert reader_seconds <= (len(data) / (128 * KiB)) * 1.5  # ~2 s: not slowed by the admin
+    assert_principal_shares(url, data, 128 * KiB)  # ~3.9 s for the admin, ~2 s for the reader
     with gateway.client() as client:
         metrics = client.get("/health/metrics").text
     waited = next(line for line in metrics.splitlines() if line.startswith("arkvory_download_token_wait_seconds_total"))

@@ -5,43 +5,22 @@ share is not slowed down by the segments the downloads read from the store."""
 
 from __future__ import annotations
 
-import threading
 import time
 
-import httpx
 import pytest
 
-from .harness import ADMIN_TOKEN, READER_TOKEN
+from .budget_measure import KiB, assert_principal_shares, make_repo, run_parallel
+from .harness import ADMIN_TOKEN
 from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip, s3_bucket, s3_cluster, seaweedfs  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
-KiB = 1024
 
 
-def make_repo(writer, name: str, data: bytes) -> str:
-    with writer.client() as client:
-        assert client.post("/api/v1/repositories", json={"name": name}).status_code == 201
-        answer = client.post(f"/api/v1/repositories/{name}/artifacts", params={"name": "f.bin"}, content=data)
-        assert answer.status_code == 201, answer.text
-        return f"/api/v1/repositories/{name}/artifacts/{answer.json()['id']}/content"
 
 
-def timed_download(url: str, token: str, results: list) -> None:
-    started = time.monotonic()
-    with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {token}"}) as client:
-        answer = client.get(url)
-    results.append((answer.status_code, answer.content, time.monotonic() - started))
 
 
-def run_parallel(jobs) -> list:
-    results: list = []
-    threads = [threading.Thread(target=timed_download, args=(*job, results)) for job in jobs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(90)
-    return results
 
 
 @pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
@@ -85,19 +64,4 @@ def test_per_principal_share_across_hosts_on_the_object_store(s3_cluster):
     path = make_repo(writer, "shares", data)
     gateway = s3_cluster.gateway(1, shared, host=GATEWAY_HOSTS[0]).wait_ready()
     url = gateway.url + path
-    results: dict[str, list] = {"admin": [], "reader": []}
-    threads = [
-        threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, results["admin"])),
-        threading.Thread(target=timed_download, args=(url, ADMIN_TOKEN, results["admin"])),
-        threading.Thread(target=timed_download, args=(url, READER_TOKEN, results["reader"])),
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    burst = 128 * KiB // 10
-    admin_seconds = max(s for _, _, s in results["admin"])
-    reader_seconds = results["reader"][0][2]
-    assert all(status == 200 and body == data for status, body, _ in results["admin"] + results["reader"])
-    assert admin_seconds >= (2 * len(data) - burst) / (128 * KiB) * 0.97  # ~3.9 s
-    assert reader_seconds <= (len(data) / (128 * KiB)) * 1.5  # ~2 s: not slowed by the admin
+    assert_principal_shares(url, data, 128 * KiB)  # ~3.9 s for the admin, ~2 s for the reader
