@@ -21,7 +21,8 @@ import uuid
 import pytest
 
 from arkvory.shared.client.cli_config import ConfigError, config_path, resolve_connection
-from arkvory.shared.client.commands import CommandUsageError, parse_package, safe_file_name
+from arkvory.shared.client.cli_parsing import CommandUsageError
+from arkvory.shared.client.commands import parse_package, safe_file_name
 
 from .harness import ADMIN_TOKEN, READER_TOKEN, ROOT, Cluster, free_port
 from .tools import require_tool

@@ -1,5 +1,5 @@
 """Where the client commands find their server and token: `--url`, `ARKVORY_URL`, `ARKVORY_TOKEN`,
-or a profile of the config file. A token is never a command-line option: other users can read
+or a profile of the config file; and the library Client they make of it (`client_for`). A token is never a command-line option: other users can read
 every process's arguments.
 
 Order, first that has a value wins (what is typed beats what is exported beats what is filed):
@@ -22,6 +22,7 @@ A file holding a token must be readable by its owner only (like ssh's keys), or 
 
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
 import re
@@ -174,3 +175,23 @@ def _parse_urls(values: Sequence[Any], where: str) -> tuple[str, ...]:
             raise ConfigError(f"{where}: a server URL takes no query or fragment, got {text!r}")
         urls.append(text.rstrip("/"))
     return tuple(urls)
+
+
+def client_for(args: argparse.Namespace):
+    """The library's Client for a command run: its URLs and token (as above), its retries."""
+    from . import Client
+
+    connection = args.connection = resolve_connection(args.url, args.profile, os.environ)
+    return Client(list(connection.urls), connection.token, retry=retry_policy(args))
+
+
+def retry_policy(args: argparse.Namespace):
+    """The library's retries, bounded by `--retries` and `--retry-time` where given."""
+    from . import RetryPolicy
+
+    limits: dict[str, Any] = {}
+    if args.retries is not None:
+        limits["max_attempts"] = args.retries + 1
+    if args.retry_time is not None:
+        limits["max_total_seconds"] = args.retry_time
+    return RetryPolicy(**limits)

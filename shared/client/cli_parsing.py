@@ -16,3 +16,10 @@ class SubcommandParser(argparse.ArgumentParser):
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
+
+
+class CommandUsageError(ValueError):
+    """Arguments that parse but do not make sense together (exit 2, reported like any error)."""
+
+    exit_code = 2
+    code = "usage"

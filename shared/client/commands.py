@@ -14,7 +14,9 @@ import pathlib
 import uuid
 from typing import Any
 
+from .cli_config import client_for
 from .cli_output import EXIT_AUTH, EXIT_CODES_HELP, Output, failure_from, human_size
+from .cli_parsing import CommandUsageError
 
 CONNECTION_HELP = """\
 server and token:
@@ -31,13 +33,6 @@ NO_TOKEN_HINT = "no token was given: run `arkvory login ACCOUNT`, or set ARKVORY
 
 # The longest file name most filesystems take, in bytes.
 MAX_FILE_NAME_BYTES = 255
-
-
-class CommandUsageError(ValueError):
-    """Arguments that parse but do not make sense together (exit 2, reported like any error)."""
-
-    exit_code = 2
-    code = "usage"
 
 
 def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAction) -> None:
@@ -163,26 +158,6 @@ def _runner(handler):
             return output.failure(failure)
 
     return run
-
-
-def client_for(args: argparse.Namespace):
-    """The library's Client for a command run: its URLs and token (cli_config.py), its retries."""
-    from . import Client
-    from .cli_config import resolve_connection
-
-    connection = args.connection = resolve_connection(args.url, args.profile, os.environ)
-    return Client(list(connection.urls), connection.token, retry=retry_policy(args))
-
-
-def retry_policy(args: argparse.Namespace):
-    from . import RetryPolicy
-
-    limits: dict[str, Any] = {}
-    if args.retries is not None:
-        limits["max_attempts"] = args.retries + 1
-    if args.retry_time is not None:
-        limits["max_total_seconds"] = args.retry_time
-    return RetryPolicy(**limits)
 
 
 def _bar(args: argparse.Namespace, description: str):

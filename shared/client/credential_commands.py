@@ -88,7 +88,7 @@ def parse_lifetime(text: str) -> int:
 
 def read_password(prompt: str) -> str:
     """The password: asked for on a terminal (no echo), else the first line of standard input."""
-    from .commands import CommandUsageError
+    from .cli_parsing import CommandUsageError
 
     if sys.stdin.isatty():
         import getpass
@@ -108,7 +108,7 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
     from . import Client
     from .cli_config import config_path, resolve_connection
     from .cli_config_store import store_profile
-    from .commands import retry_policy
+    from .cli_config import retry_policy
     from .errors import ClientError
 
     # Only the URLs: the token, if any, is what this replaces.
@@ -165,7 +165,7 @@ def _token_id(token: str | None) -> str | None:
 
 
 def cmd_token_create(args: argparse.Namespace, output: Output) -> int:
-    from .commands import client_for
+    from .cli_config import client_for
 
     password = read_password("your password: ") if args.password else None
     with client_for(args) as client:
@@ -186,7 +186,7 @@ def cmd_token_create(args: argparse.Namespace, output: Output) -> int:
 
 
 def cmd_token_list(args: argparse.Namespace, output: Output) -> int:
-    from .commands import client_for
+    from .cli_config import client_for
 
     with client_for(args) as client:
         tokens = client.list_tokens()
@@ -204,7 +204,8 @@ def cmd_token_list(args: argparse.Namespace, output: Output) -> int:
 
 
 def cmd_token_revoke(args: argparse.Namespace, output: Output) -> int:
-    from .commands import CommandUsageError, client_for
+    from .cli_config import client_for
+    from .cli_parsing import CommandUsageError
 
     try:
         token_id = str(uuid.UUID(args.token_id))
