@@ -137,6 +137,20 @@ def by_asset(path: str) -> ContentKey:
     )
 
 
+def find_content_now(
+    cache: CatalogCache, repo_name: str, principal: Principal, key: ContentKey
+) -> tuple[Repository, Artifact] | None:
+    """`find_content` from the cache alone: the repository (permission checked) and the
+    artifact, or None when the database must be asked. A plain call: the content routes run it
+    for every download, small ones included, and await the query only on a miss."""
+    check_repository_name(repo_name)
+    found = cache.get((repo_name, key))
+    if found is None:
+        return None
+    repo, artifact = found
+    return _readable(repo, repo_name, principal), artifact
+
+
 async def find_content(
     pool: asyncpg.Pool,
     repo_name: str,
@@ -146,15 +160,12 @@ async def find_content(
 ) -> tuple[Repository, Artifact]:
     """The repository (permission checked on every call) and the artifact: from the cache, or
     in one query, since this runs for every download, small ones included."""
-    check_repository_name(repo_name)
-    cache_key = (repo_name, key)
-    found = cache.get(cache_key)
+    found = find_content_now(cache, repo_name, principal, key)
     if found is not None:
-        repo, artifact = found
-        return _readable(repo, repo_name, principal), artifact
+        return found
     generation = cache.generation
     repo, artifact = await _lookup_content(pool, repo_name, principal, key)
-    cache.put(cache_key, (repo, artifact), generation)
+    cache.put((repo_name, key), (repo, artifact), generation)
     return repo, artifact
 
 

@@ -17,14 +17,24 @@ from starlette.requests import Request
 from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
-from arkvory.shared.auth.credentials import resolve
+from arkvory.shared.auth.credentials import resolve, resolve_now
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import InvalidInput, Unavailable
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, send_error
 from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle, encode_header_block
 from arkvory.shared.http.ranges import not_modified, requested_range
 
-from .catalog import Artifact, ContentKey, by_artifact_id, by_asset, by_package, find_content, parse_uuid
+from .catalog import (
+    Artifact,
+    ContentKey,
+    Repository,
+    by_artifact_id,
+    by_asset,
+    by_package,
+    find_content,
+    find_content_now,
+    parse_uuid,
+)
 from .serving import ServingProcess
 from .transfer import BlobResponse
 
@@ -113,7 +123,11 @@ class _Ask:
 
 class _ContentEndpoint:
     """A content route as a plain ASGI app: Starlette's router calls it directly (no request
-    wrapper); errors propagate to the app's exception handlers like any route's."""
+    wrapper); errors propagate to the app's exception handlers like any route's.
+
+    Who asks and what they ask for come from memory when this process knows them (a plain
+    call each); only what must ask the database is awaited, so that a small download is one
+    coroutine here and one in its BlobResponse."""
 
     def __init__(self, key_of: Callable[[Scope], ContentKey]) -> None:
         self.key_of = key_of
@@ -122,10 +136,19 @@ class _ContentEndpoint:
         runtime: ServingProcess = scope["app"].state.runtime
         key = self.key_of(scope)  # a malformed id or parameter is 400 whoever asks
         ask = scope.pop(_ASK_KEY, None) or _Ask(scope)
-        principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
-        if not runtime.may_serve:
-            raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
-        response = await _plan(runtime, ask, principal, key)
+        principal = resolve_now(runtime.keys, runtime.credentials, ask.authorization)
+        if principal is None:  # a database credential this process does not remember (yet)
+            principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
+            # Asked again after waiting for the database (the dispatch or the serving gate
+            # asked just before this call, in the same step, when nothing waited).
+            if not runtime.may_serve:
+                raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
+        generation = runtime.catalog.generation
+        found = find_content_now(runtime.catalog, ask.repo, principal, key)
+        if found is None:
+            assert runtime.pool is not None
+            found = await find_content(runtime.pool, ask.repo, principal, key, runtime.catalog)
+        response = _answer(runtime, ask, principal, key, found, generation)
         await response(scope, receive, send)
 
 
@@ -144,12 +167,25 @@ class _Plain:
 
 
 async def _plan(runtime: ServingProcess, ask: _Ask, principal: Principal, key: ContentKey) -> Any:
-    """Look the content up (permission checked) and decide the answer; no byte is sent here."""
+    """Look the content up (permission checked) and decide the answer; no byte is sent here.
+    (A transfer calls it again when the catalog changed while it waited for its place.)"""
     assert runtime.pool is not None
     generation = runtime.catalog.generation
-    repo, artifact = await find_content(
-        runtime.pool, ask.repo, principal, key, runtime.catalog
-    )
+    found = await find_content(runtime.pool, ask.repo, principal, key, runtime.catalog)
+    return _answer(runtime, ask, principal, key, found, generation)
+
+
+def _answer(
+    runtime: ServingProcess,
+    ask: _Ask,
+    principal: Principal,
+    key: ContentKey,
+    found: tuple[Repository, Artifact],
+    generation: int,
+) -> Any:
+    """The answer to `ask` for the content found (the catalog at `generation`): a 304, or a
+    BlobResponse for the whole body or one range of it."""
+    repo, artifact = found
     encoded = _headers_of(artifact, repo.public)
     etag = encoded.etag
     if not_modified(ask.if_none_match, etag):
@@ -256,16 +292,15 @@ class ContentDispatch:
         self._handlers = dict(EXCEPTION_HANDLERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = None
         if scope["type"] == "http" and scope["method"] in _READ and scope["path"].endswith("/content"):
             route = _matched_route(scope)
-            if route is not None:
-                scope["app"] = self.app
-                scope["route"] = route
-                await self._call(route, scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    async def _call(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        scope["app"] = self.app
+        scope["route"] = route
+        # One coroutine for the dispatch (this one) and one for the endpoint.
         ask = _Ask(scope)
         if ask.authorizations > 1:  # as edge.ambiguous_credentials, in the same pass
             await send_error(scope, send, InvalidInput("send at most one Authorization header"))
