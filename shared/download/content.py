@@ -77,11 +77,13 @@ class _Headers:
 
 
 _HEADERS_CACHED = 4096
-_headers_cache: dict[tuple[Artifact, bool], _Headers] = {}
+_headers_cache: dict[tuple[str, str, str, int, bool], _Headers] = {}
 
 
 def _headers_of(artifact: Artifact, public: bool) -> _Headers:
-    key = (artifact, public)
+    # Keyed by what the headers are made of (hashing the Artifact ran two Python `__hash__`
+    # calls, its own and its id's, per download).
+    key = (artifact.sha256, artifact.name, artifact.media_type, artifact.size, public)
     found = _headers_cache.get(key)
     if found is None:
         if len(_headers_cache) >= _HEADERS_CACHED:

@@ -102,13 +102,15 @@ class BlobResponse:
         # The transfer runs in this task and is cancelled if the client leaves while it waits
         # for a place, its pin, tokens or the socket: the guard is armed before the first wait.
         guard = _CancelOnDisconnect(handle, receive)
+        pins, sha256 = runtime.pins, self.artifact.sha256
         try:
             try:
                 # Pinned from the lookup on (in memory; shared/cluster/pins.py writes it while we
                 # queue), so that the blob can be opened once the pin is visible to cleanup.
-                with runtime.pins.hold(self.artifact.sha256):
-                    # A place, as `async with admission.admit(...)` takes it, without a coroutine
-                    # when one is free (the usual case of a small download).
+                # (`pins.hold` and `admission.admit` as plain calls: no context manager per download.)
+                pins.take(sha256)
+                try:
+                    # A place, taken without a coroutine when one is free (the usual case).
                     admission, principal_id = runtime.admission, self.principal.id
                     if not admission.try_enter(principal_id):
                         guard.arm()
@@ -122,6 +124,8 @@ class BlobResponse:
                             await self._stream_replanned(scope, send, handle, guard)
                     finally:
                         admission.leave(principal_id)
+                finally:
+                    pins.give_back(sha256)
             except AdmissionRejected as exc:
                 runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
                 busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)

@@ -206,8 +206,8 @@ class RequestContext:
         self.app = app
         self.metrics = metrics
         # Unique per process start and cheap: a random prefix and a counter (ids are not secrets).
-        prefix = secrets.token_hex(6)
-        self._ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
+        self._prefix = secrets.token_hex(6) + "-"
+        self._numbers = itertools.count(1)
         self._requests = metrics.requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -215,7 +215,10 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         offered = _header(scope, b"x-request-id")
-        rid = offered if offered and _CLIENT_REQUEST_ID.match(offered) else next(self._ids)
+        if offered and _CLIENT_REQUEST_ID.match(offered):
+            rid = offered
+        else:
+            rid = self._prefix + format(next(self._numbers), "x")
         scope[REQUEST_ID_KEY] = rid
         started = time.perf_counter()
         status = 500
@@ -236,17 +239,14 @@ class RequestContext:
         finally:
             if handle is not None and handle.status:
                 status = handle.status
-            self._observe(scope, status, time.perf_counter() - started)
-
-    def _observe(self, scope: Scope, status: int, seconds: float) -> None:
-        route = scope.get("route")
-        template = getattr(route, "path", None) or "unmatched"
-        method = scope["method"]
-        # Bounded: methods are parsed tokens, templates are the app's routes, statuses < 1000;
-        # an unknown method is counted under one label so a client cannot grow the counts.
-        if method not in _KNOWN_METHODS:
-            method = "OTHER"
-        self._requests.observe(method, template, status, seconds)
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope["method"]
+            # Bounded: methods are parsed tokens, templates are the app's routes, statuses <
+            # 1000; an unknown method is counted under one label so a client cannot grow them.
+            if method not in _KNOWN_METHODS:
+                method = "OTHER"
+            self._requests.observe(method, template, status, time.perf_counter() - started)
 
 
 class RequestIds:
