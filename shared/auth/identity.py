@@ -172,9 +172,10 @@ def bearer_token(authorization: str | None) -> str | None:
     if authorization is None:
         return None
     scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if not token or scheme.lower() != "bearer":
         raise Unauthorized("expected 'Authorization: Bearer <token>'")
-    return token.strip()
+    return token
 
 
 def authenticate(keys: KeyRing, authorization: str | None) -> Principal:

@@ -118,6 +118,9 @@ class _Ask:
         self.authorizations = authorizations
         authorization, range_, if_range, if_none_match = found
         self.authorization = None if authorization is None else authorization.decode("latin-1")
+        if range_ is None and if_range is None and if_none_match is None:  # the usual GET
+            self.range = self.if_range = self.if_none_match = None
+            return
         self.range = None if range_ is None else range_.decode("latin-1")
         self.if_range = None if if_range is None else if_range.decode("latin-1")
         self.if_none_match = None if if_none_match is None else if_none_match.decode("latin-1")
@@ -138,20 +141,26 @@ class _ContentEndpoint:
         runtime: ServingProcess = scope["app"].state.runtime
         key = self.key_of(scope)  # a malformed id or parameter is 400 whoever asks
         ask = scope.pop(_ASK_KEY, None) or _Ask(scope)
+        # May this process serve? The dispatch (or the serving gate) asked just before this
+        # call; it is asked again after every wait for the database, and once more after a
+        # wait for a place (BlobResponse); the payload gate at the write has the last word.
         principal = resolve_now(runtime.keys, runtime.credentials, ask.authorization)
         if principal is None:  # a database credential this process does not remember (yet)
             principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
-            # Asked again after waiting for the database (the dispatch or the serving gate
-            # asked just before this call, in the same step, when nothing waited).
-            if not runtime.may_serve:
-                raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
+            _still_serving(runtime)
         generation = runtime.catalog.generation
         found = find_content_now(runtime.catalog, ask.repo, principal, key)
         if found is None:
             assert runtime.pool is not None
             found = await find_content(runtime.pool, ask.repo, principal, key, runtime.catalog)
+            _still_serving(runtime)
         response = _answer(runtime, ask, principal, key, found, generation)
         await response(scope, receive, send)
+
+
+def _still_serving(runtime: ServingProcess) -> None:
+    if not runtime.may_serve:
+        raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
 
 
 class _Plain:
@@ -190,11 +199,13 @@ def _answer(
     repo, artifact = found
     encoded = _headers_of(artifact, repo.public)
     etag = encoded.etag
-    if not_modified(ask.if_none_match, etag):
+    if ask.if_none_match is not None and not_modified(ask.if_none_match, etag):
         return _Plain(304, encoded.common)
     is_get = ask.method == "GET"
     # Range is defined for GET only (RFC 9110 §14.2): HEAD answers as GET without Range would.
-    byte_range = requested_range(ask.range, ask.if_range, etag, artifact.size) if is_get else None
+    byte_range = None
+    if is_get and ask.range is not None:
+        byte_range = requested_range(ask.range, ask.if_range, etag, artifact.size)
     block = None
     if byte_range is None:
         status, headers, length, block = 200, encoded.full, artifact.size, encoded.full_block

@@ -112,11 +112,14 @@ class BlobResponse:
                 try:
                     # A place, taken without a coroutine when one is free (the usual case).
                     admission, principal_id = runtime.admission, self.principal.id
-                    if not admission.try_enter(principal_id):
+                    waited = not admission.try_enter(principal_id)
+                    if waited:
                         guard.arm()
                         await admission.enter(principal_id)
                     try:
-                        if not runtime.may_serve:
+                        # Whether this process may serve was asked when the request arrived and
+                        # after every wait for the database (content.py): again if this waited.
+                        if waited and not runtime.may_serve:
                             raise Unavailable("this process cannot serve now")
                         if self.replan is None or runtime.catalog.generation == self.generation:
                             await self._stream(scope, send, handle, guard)
@@ -155,6 +158,8 @@ class BlobResponse:
             plan = await self.replan()
         except ApiError as exc:
             plan = error_response(scope, exc)
+        if not runtime.may_serve:  # asked again after the wait for the database
+            raise Unavailable("this process cannot serve now")
         if not isinstance(plan, BlobResponse):
             await plan(scope, _no_receive, send)
         elif not plan.send_body:
@@ -206,7 +211,7 @@ class BlobResponse:
             if head is None:
                 head = encode_header_block(self.raw_headers)
             request_id = scope.get(REQUEST_ID_KEY)
-            extra = b"x-request-id: %s\r\n" % request_id.encode() if request_id else b""
+            extra = b"x-request-id: " + request_id.encode() + b"\r\n" if request_id else b""
             if length <= SENDFILE_MIN_BYTES:
                 done = self._send_at_once(handle, fd, head, extra, start, length)
                 if done is None:  # it has to wait (tokens, the socket): the general path

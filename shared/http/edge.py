@@ -218,27 +218,17 @@ class RequestContext:
         if offered and _CLIENT_REQUEST_ID.match(offered):
             rid = offered
         else:
-            rid = self._prefix + format(next(self._numbers), "x")
+            rid = self._prefix + "%x" % next(self._numbers)
         scope[REQUEST_ID_KEY] = rid
         started = time.perf_counter()
-        status = 500
-        header = (b"x-request-id", rid.encode())
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", []), header]
-            await send(message)
-
+        send_with_id = _SendWithId(send, rid)
         # The content routes write their head through the connection handle (protocol.py),
         # past `send`: it records their status.
         handle = scope.get("extensions", {}).get(HANDLE_KEY)
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            if handle is not None and handle.status:
-                status = handle.status
+            status = handle.status if handle is not None and handle.status else send_with_id.status
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             method = scope["method"]
@@ -247,6 +237,24 @@ class RequestContext:
             if method not in _KNOWN_METHODS:
                 method = "OTHER"
             self._requests.observe(method, template, status, time.perf_counter() - started)
+
+
+class _SendWithId:
+    """`send` that adds `X-Request-Id` to the response head and remembers its status (an
+    object, not a closure: cheaper to make, and made for every request)."""
+
+    __slots__ = ("send", "request_id", "status")
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self.send = send
+        self.request_id = request_id
+        self.status = 500  # until a head is sent: an exception that escapes is a 500
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            message["headers"] = [*message.get("headers", []), (b"x-request-id", self.request_id.encode())]
+        await self.send(message)
 
 
 class RequestIds:
