@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from uvicorn.server import ServerState
 
 from arkvory.shared.cluster.transfers import Transfers
-from arkvory.shared.download.transfer import Payload
+from arkvory.shared.download.payload import Payload
 from arkvory.shared.download.throttle import BandwidthScheduler
 from arkvory.shared.http.protocol import HANDLE_KEY, PayloadRefused, encode_header_block, protocol_for
 from arkvory.shared.metrics import Metrics
