@@ -85,9 +85,9 @@ def token_digest(token: str) -> str:
 
 def memo_key(token: str) -> bytes:
     """What a process remembers a token by (the key ring's `remembered`, the credential cache):
-    its BLAKE2b digest, never the token itself. It costs a third of a SHA-256 through OpenSSL
-    (no per-call set-up: CPython's own code; ~3.4 k instructions against ~8 k without SHA
-    extensions), and it is as safe to keep: a 512-bit digest of a high-entropy token can be
+    its BLAKE2b digest, never the token itself. It costs less than half a SHA-256 through
+    OpenSSL (no per-call set-up: CPython's own code; ~3.4 k instructions against ~8 k without
+    SHA extensions), and it is as safe to keep: a 512-bit digest of a high-entropy token can be
     neither reversed nor matched by another token, so a hit names the same token."""
     return hashlib.blake2b(token.encode()).digest()
 

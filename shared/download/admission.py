@@ -159,7 +159,6 @@ class Admission:
         """Wait for a place (after `try_enter` said none was free); `leave` gives it back."""
         await self._enter(principal_id)
 
-
     async def _enter(self, principal_id: str) -> None:
         if self.try_enter(principal_id):
             return

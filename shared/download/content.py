@@ -132,7 +132,7 @@ class _ContentEndpoint:
 
     Who asks and what they ask for come from memory when this process knows them (a plain
     call each); only what must ask the database is awaited, so that a small download is one
-    coroutine here and one in its BlobResponse."""
+    coroutine here and two in its BlobResponse."""
 
     def __init__(self, key_of: Callable[[Scope], ContentKey]) -> None:
         self.key_of = key_of

@@ -240,8 +240,8 @@ class RequestContext:
 
 
 class _SendWithId:
-    """`send` that adds `X-Request-Id` to the response head and remembers its status (an
-    object, not a closure: cheaper to make, and made for every request)."""
+    """`send` that adds `X-Request-Id` to the response head and remembers its status, for the
+    metrics (made for every request; the header is built only if a head goes through it)."""
 
     __slots__ = ("send", "request_id", "status")
 

@@ -307,7 +307,8 @@ class ArkvoryHttpProtocol(JsonRefusalsProtocol):
     # The gate every payload write passes (the process's `payload_allowed`: lease trusted, read
     # pins written, no failed loop), and the lease's own deadline, its independent audit.
     payload_gate: Callable[[], bool] = staticmethod(lambda: True)
-    may_send_payload: Callable[[], bool] = staticmethod(lambda: True)
+    # (True while trusted: a bool, or the lease's seconds of trust left, 0.0 once over.)
+    may_send_payload: Callable[[], object] = staticmethod(lambda: True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
