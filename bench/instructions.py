@@ -10,7 +10,7 @@ copies and sendfile are not in them): that is the Python and C work of our stack
 a host with slower per-call Python pays more for. The bare uvicorn app of small_requests.py is
 counted the same way as the reference.
 
-    .venv/bin/python bench/instructions.py [--requests 2000] [--stream-mib 256]
+    .venv/bin/python bench/instructions.py [--requests 2000] [--stream-mib 256] [--keep-profiles DIR]
 
 Under valgrind everything runs ~50× slower; the lease's renewals still fit in their windows
 (the gateway has its own dedicated connection and the renewal timeouts are seconds).
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -51,7 +52,9 @@ from tests.harness import free_port
 class Counted:
     """A process under callgrind, collection switched on and off from outside."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], out_dir, name: str) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], out_dir, name: str, keep=None) -> None:
+        self.keep = keep  # a directory that keeps each dump (for callgrind_annotate), or None
+        self.name = name
         self.valgrind = shutil.which("valgrind")
         if self.valgrind is None:
             raise BenchError("valgrind is not installed: apt-get install valgrind")
@@ -65,7 +68,7 @@ class Counted:
     def _control(self, *args: str) -> None:
         subprocess.run(["callgrind_control", *args, str(self.proc.pid)], check=True, capture_output=True)
 
-    def count(self, work) -> int:
+    def count(self, work, label: str = "") -> int:
         """Instructions executed (all threads) while `work()` runs."""
         before = set(self.out.parent.glob(self.out.name + ".*"))
         self._control("-z")
@@ -77,6 +80,8 @@ class Counted:
             self._control("-i", "off")
         for path in set(self.out.parent.glob(self.out.name + ".*")) - before:
             found = re.search(r"^totals: (\d+)", path.read_text(errors="replace"), re.M)
+            if self.keep is not None:
+                shutil.copyfile(path, self.keep / f"callgrind.{self.name}{label}.out")
             path.unlink()
             if found:
                 return int(found.group(1))
@@ -110,6 +115,10 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--stream-mib", type=int, default=256)
     parser.add_argument("--no-bare", action="store_true", help="skip the bare uvicorn app")
+    parser.add_argument(
+        "--keep-profiles", type=pathlib.Path, metavar="DIR",
+        help="keep each callgrind dump in DIR (read with callgrind_annotate)",
+    )
     args = parser.parse_args()
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     rows: list[tuple] = []
@@ -125,7 +134,10 @@ def main() -> int:
             ARKVORY_PORT=str(free_port()), **shared, **OPEN_ADMISSION,
         )
         port = int(env["ARKVORY_PORT"])
-        gateway = Counted([sys.executable, "-m", "arkvory.shared.cli.main", "serve"], env, bench.workdir, "gateway")
+        gateway = Counted(
+            [sys.executable, "-m", "arkvory.shared.cli.main", "serve"], env, bench.workdir, "gateway",
+            args.keep_profiles,
+        )
         try:
             deadline = time.monotonic() + 300
             while True:
@@ -140,11 +152,11 @@ def main() -> int:
                     time.sleep(1)
             keep_alive_gets(port, small["path"], auth, 50, small["size"])  # warm-up
             per_request = gateway.count(
-                lambda: keep_alive_gets(port, small["path"], auth, args.requests, small["size"])
+                lambda: keep_alive_gets(port, small["path"], auth, args.requests, small["size"]), ".small"
             ) / args.requests
             rows.append(("gateway: one authorized 64 KiB GET (keep-alive)", f"{per_request:,.0f}", "per request"))
             per_mib = gateway.count(
-                lambda: keep_alive_gets(port, big["path"], auth, 1, big["size"])
+                lambda: keep_alive_gets(port, big["path"], auth, 1, big["size"]), ".stream"
             ) / args.stream_mib
             rows.append((f"gateway: one {args.stream_mib} MiB stream (sendfile)", f"{per_mib:,.0f}", "per MiB"))
         finally:
@@ -155,13 +167,13 @@ def main() -> int:
                 [sys.executable, "-m", "uvicorn", "--app-dir", str(ROOT / "bench"), "bare_app:app",
                  "--host", "127.0.0.1", "--port", str(bare_port), "--no-access-log", "--log-level", "warning"],
                 {**os.environ, "BARE_APP_FILE": str(blob_file(bench.data_dir, small["sha256"]))},
-                bench.workdir, "bare",
+                bench.workdir, "bare", args.keep_profiles,
             )
             try:
                 _wait_listening(bare_port, bare.proc)
                 keep_alive_gets(bare_port, "/", {}, 50, small["size"])
                 bare_per_request = bare.count(
-                    lambda: keep_alive_gets(bare_port, "/", {}, args.requests, small["size"])
+                    lambda: keep_alive_gets(bare_port, "/", {}, args.requests, small["size"]), ".small"
                 ) / args.requests
                 rows.append(("bare uvicorn app: one 64 KiB GET (keep-alive)", f"{bare_per_request:,.0f}", "per request"))
                 rows.append(("gateway / bare app, per request", f"{per_request / max(bare_per_request, 1):.2f}", "ratio"))

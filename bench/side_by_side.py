@@ -159,6 +159,15 @@ def main() -> int:
         ))
     print()
     print(table(rows, ("server", "req/s (median)", "range", "CPU µs/req (median)", "× bare app, per round: median (range)")))
+    if "gateway (reference)" in rates:
+        # The before/after figure itself: both gateways measured in the same round.
+        pairs = [mine / theirs for mine, theirs in zip(rates["gateway (this tree)"], rates["gateway (reference)"])]
+        cpu_pairs = [mine / theirs for mine, theirs in zip(cpu["gateway (this tree)"], cpu["gateway (reference)"])]
+        print(
+            f"\nthis tree / reference, per round: req/s {statistics.median(pairs):.2f} "
+            f"({min(pairs):.2f}–{max(pairs):.2f}), CPU per request {statistics.median(cpu_pairs):.2f} "
+            f"({min(cpu_pairs):.2f}–{max(cpu_pairs):.2f})"
+        )
     print(f"\ngoal ≥ {GOAL} × the bare app on every host; aim here ≥ {AIM}")
     print(
         f"({args.rounds} alternating rounds of wrk -t{args.threads} -c{args.connections} -d{args.seconds}s, "

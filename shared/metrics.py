@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left as _bisect_left
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -135,19 +135,22 @@ class RequestCounts(Collector):
     BOUNDS = tuple(Histogram.DEFAULT_BUCKETS)  # ends with +Inf
 
     def __init__(self) -> None:
-        self._counts: dict[tuple[str, str, int], int] = {}
-        self._durations: dict[tuple[str, str], list] = {}  # [sum, count per bucket...]
+        # route -> method -> [sum of seconds, count per bucket..., {status: count}]: plain
+        # string and int keys (a tuple key is built and hashed on every request).
+        self._routes: dict[str, dict[str, list]] = {}
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
-        key = (method, route, status)
-        counts = self._counts
-        counts[key] = counts.get(key, 0) + 1
-        timed = self._durations.get(key[:2])
+        methods = self._routes.get(route)
+        if methods is None:
+            methods = self._routes[route] = {}
+        timed = methods.get(method)
         if timed is None:
-            timed = self._durations[key[:2]] = [0.0] + [0] * len(self.BOUNDS)
+            timed = methods[method] = [0.0, *[0] * len(self.BOUNDS), {}]
         timed[0] += seconds
         # The first bucket whose upper bound is ≥ the value (`le` is inclusive).
-        timed[1 + bisect.bisect_left(self.BOUNDS, seconds)] += 1
+        timed[1 + _bisect_left(self.BOUNDS, seconds)] += 1
+        statuses = timed[-1]
+        statuses[status] = statuses.get(status, 0) + 1
 
     def collect(self):
         requests = CounterMetricFamily(
@@ -155,21 +158,22 @@ class RequestCounts(Collector):
             "HTTP requests by method, route template and status",
             labels=["method", "route", "status"],
         )
-        for (method, route, status), count in list(self._counts.items()):
-            requests.add_metric([method, route, str(status)], count)
-        yield requests
         durations = HistogramMetricFamily(
             "arkvory_http_request_duration_seconds",
             "Time to answer an HTTP request (until the last body byte was handed over)",
             labels=["method", "route"],
         )
         bounds = [floatToGoString(bound) for bound in self.BOUNDS]
-        for (method, route), timed in list(self._durations.items()):
-            cumulative, buckets = 0, []
-            for bound, count in zip(bounds, timed[1:]):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            durations.add_metric([method, route], buckets, timed[0])
+        for route, methods in list(self._routes.items()):
+            for method, timed in list(methods.items()):
+                for status, count in list(timed[-1].items()):
+                    requests.add_metric([method, route, str(status)], count)
+                cumulative, buckets = 0, []
+                for bound, count in zip(bounds, timed[1:-1]):
+                    cumulative += count
+                    buckets.append((bound, cumulative))
+                durations.add_metric([method, route], buckets, timed[0])
+        yield requests
         yield durations
 
 

@@ -80,6 +80,30 @@ def test_per_principal_share(cluster):
     assert f"arkvory_download_payload_bytes_total {float(3 * len(data))}" in metrics
 
 
+def test_small_downloads_written_at_once_still_pass_the_process_bucket(cluster):
+    """A body smaller than one grant goes out with its head in one write when its tokens are
+    there at once, and waits for them in the general path otherwise: either way every byte is
+    granted, and no interval gets more than rate × Δt + burst."""
+    rate = 64 * KiB  # the gateway's share: a burst of 6,553 B, above the 4 KiB body
+    shared = cluster.shared_env(slots=2, total=2 * rate)
+    writer = cluster.writer(shared).wait_ready()
+    data = bytes(range(256)) * 16  # 4 KiB
+    path = make_repo(writer, "small", data)
+    gateway = cluster.gateway(1, shared).wait_ready()
+    count = 24  # 96 KiB: ~1.4 s at 64 KiB/s
+    started = time.monotonic()
+    with gateway.client(ADMIN_TOKEN) as client:  # one keep-alive connection
+        for _ in range(count):
+            answer = client.get(path)
+            assert answer.status_code == 200 and answer.content == data
+    seconds = time.monotonic() - started
+    assert seconds >= (count * len(data) - rate // 10) / rate * 0.97, seconds
+    with gateway.client() as client:
+        metrics = client.get("/health/metrics").text
+    assert f"arkvory_download_payload_bytes_total {float(count * len(data))}" in metrics
+    assert f"arkvory_download_granted_bytes_total {float(count * len(data))}" in metrics
+
+
 @pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_lease_loss_cuts_the_download_and_a_range_request_elsewhere_resumes(cluster, db_proxy):
     shared = cluster.shared_env(slots=2, total=2 * 128 * KiB)

@@ -143,3 +143,25 @@ def test_last_used_is_recorded_in_batches_also_by_a_gateway(setup, database_url)
         listed = admin.get("/api/v1/keys")
     item = [i for i in listed.json()["items"] if i["id"] == ids["managed key"]][0]
     assert item["lastUsedAt"] is not None and "token" not in item
+
+
+def test_remembered_credentials_end_on_the_next_download_when_revoked_or_expired(setup):
+    """A gateway answers small downloads from credentials it remembers (by a digest of the
+    token): a revocation ends that on the very next request of an open keep-alive connection,
+    and so does the credential's own expiry, for which no notification comes."""
+    writer, gateway, path, tokens, ids = setup
+    with writer.client(tokens["session"]) as client:
+        short = client.post("/api/v1/tokens", json={"access": "read", "expiresInSeconds": 3})
+    assert short.status_code == 201, short.text
+    expires = time.monotonic() + 3
+    with gateway.client(tokens["managed key"]) as revoked, gateway.client(short.json()["token"]) as expiring:
+        for _ in range(5):  # one connection each, remembered after the first request
+            for client in (revoked, expiring):
+                answer = client.get(path)
+                assert answer.status_code == 200 and answer.content == b"private bytes"
+        _revoke(writer, "managed key", tokens, ids)
+        assert get(writer, tokens["managed key"], path).status_code == 401
+        assert revoked.get(path).status_code == 401
+        assert expiring.get(path).status_code == 200  # a revocation ends only its own credential
+        time.sleep(max(0.0, expires - time.monotonic()) + 0.3)
+        assert expiring.get(path).status_code == 401

@@ -505,3 +505,49 @@ def test_a_chunk_the_gate_admits_after_the_lease_ended_is_counted_each_time_and_
     trusted = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: True, payload_gate=lambda: True)
     assert ArkvoryHttpProtocol.admit_payload(trusted) is True
     assert trusted.stats.late_payload_chunks == 0
+
+
+def test_the_audit_takes_the_lease_s_seconds_of_trust_left_as_its_verdict():
+    """protocol_for hands the lease's own `trust_remaining` to the audit: 0.0 (trust over) is
+    an untrusted lease, any time left a trusted one."""
+    over = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: 0.0, payload_gate=lambda: True)
+    assert ArkvoryHttpProtocol.admit_payload(over) is True
+    assert over.stats.late_payload_chunks == 1
+    left = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: 0.001, payload_gate=lambda: True)
+    assert ArkvoryHttpProtocol.admit_payload(left) is True
+    assert left.stats.late_payload_chunks == 0
+
+
+def test_request_counts_export_what_prometheus_client_s_own_metrics_would():
+    """RequestCounts keeps plain per-route records; its exposition is prometheus_client's
+    Counter and Histogram for the same observations (without their `_created` series)."""
+    from prometheus_client import Counter, Histogram
+
+    from arkvory.shared.metrics import RequestCounts
+
+    observations = [
+        ("GET", "/api/v1/repositories/{repo}/artifacts/{artifact_id}/content", 200, 0.0004),
+        ("GET", "/api/v1/repositories/{repo}/artifacts/{artifact_id}/content", 200, 0.005),
+        ("GET", "/api/v1/repositories/{repo}/artifacts/{artifact_id}/content", 404, 0.3),
+        ("HEAD", "/api/v1/repositories/{repo}/artifacts/{artifact_id}/content", 200, 12.0),
+        ("GET", "unmatched", 404, 0.0001),
+        ("POST", "/api/v1/repositories", 201, 0.07),
+    ]
+    ours = CollectorRegistry()
+    counts = RequestCounts()
+    ours.register(counts)
+    theirs = CollectorRegistry()
+    requests = Counter("arkvory_http_requests", "HTTP requests by method, route template and status",
+                       ["method", "route", "status"], registry=theirs)
+    durations = Histogram("arkvory_http_request_duration_seconds",
+                          "Time to answer an HTTP request (until the last body byte was handed over)",
+                          ["method", "route"], registry=theirs)
+    for method, route, status, seconds in observations:
+        counts.observe(method, route, status, seconds)
+        requests.labels(method, route, str(status)).inc()
+        durations.labels(method, route).observe(seconds)
+
+    def lines(registry) -> set[str]:
+        return {line for line in generate_latest(registry).decode().splitlines() if "_created" not in line}
+
+    assert lines(ours) == lines(theirs)

@@ -140,3 +140,32 @@ def test_a_cached_descriptor_of_a_removed_blob_is_closed_off_the_event_loop(clus
         assert time.monotonic() < deadline, "the gateway kept the replaced file open"
         time.sleep(0.05)
     assert log.read_text() == "", "closed on the gateway's event loop: " + log.read_text()
+
+
+def test_idle_blobs_are_looked_for_at_most_every_tenth_of_the_idle_bound(tmp_path):
+    """The idle sweep runs on an acquire at most every idle_s / 10 (not on every acquire, a
+    Python loop per download): an idle blob is closed within 1.1 × idle_s of its last use."""
+    for name in "abc":
+        (tmp_path / name).write_bytes(b"x")
+    now = [0.0]
+    closed: list[int] = []
+    blobs = OpenBlobs(
+        lambda sha: str(tmp_path / sha), capacity=8, idle_s=10.0, clock=lambda: now[0], close=closed.append
+    )
+
+    def use(sha256: str, at: float) -> int:
+        now[0] = at
+        fd = blobs.acquire(sha256)
+        blobs.release(sha256, fd)
+        return fd
+
+    a = use("a", 0.0)  # sweeps (nothing idle); the next sweep is due at 1.0
+    b = use("b", 0.5)
+    use("c", 10.4)  # due: "a" (idle 10.4 s) is closed, "b" (9.9 s) kept; next due at 11.44
+    assert closed == [a]
+    use("c", 10.6)  # "b" is idle 10.1 s now, but no sweep is due: kept until the next one
+    assert closed == [a]
+    use("c", 11.5)
+    assert closed == [a, b] and len(blobs) == 1
+    for fd in closed:
+        os.close(fd)

@@ -20,7 +20,8 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from uvicorn.server import ServerState
 
-from arkvory.shared.download.transfer import Payload
+from arkvory.shared.cluster.transfers import Transfers
+from arkvory.shared.download.payload import Payload
 from arkvory.shared.download.throttle import BandwidthScheduler
 from arkvory.shared.http.protocol import HANDLE_KEY, PayloadRefused, encode_header_block, protocol_for
 from arkvory.shared.metrics import Metrics
@@ -56,6 +57,7 @@ def _runtime(time: FakeTime, lease: ClockedLease, bandwidth=None):
         settings=types.SimpleNamespace(receive_timeout_s=5, send_timeout_s=5),
         payload_allowed=lambda: lease.trust_remaining() > 0,
         bandwidth=bandwidth or BandwidthScheduler(None, None),
+        transfers=Transfers(),  # a Payload registers itself there while it sends
     )
 
 

@@ -6,7 +6,8 @@ managed service keys `arkvory_<uuid>.<secret>`. Only the SHA-256 of a token is s
 indexed lookup by that digest finds the credential, its account and the account's permissions.
 
 Revocation must take effect on the next request on every process, so resolved credentials are
-remembered only under the same rule as the catalog cache: while this process LISTENs on
+remembered (by the token's `identity.memo_key`, a BLAKE2b digest: a hit then costs no SHA-256)
+only under the same rule as the catalog cache: while this process LISTENs on
 `arkvory_credentials` (migration 0004 notifies on every revocation, expiry change, disabled
 account and permission change), flushed on every notification and on every reconnect, and
 nothing is remembered *or answered* from memory while the listener is down. Expiry is checked
@@ -36,7 +37,7 @@ from arkvory.shared.cluster.notified_cache import NotifiedCache
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Unauthorized
 
-from .identity import ANONYMOUS, KeyRing, Principal, bearer_token
+from .identity import ANONYMOUS, KeyRing, Principal, bearer_token, memo_key
 
 log = logging.getLogger("arkvory.credentials")
 
@@ -131,7 +132,8 @@ class _Entry:
 
 
 class CredentialCache(NotifiedCache):
-    """Resolved database credentials, trusted only while the NOTIFY listener is up."""
+    """Resolved database credentials by the token's `memo_key`, trusted only while the NOTIFY
+    listener is up."""
 
     channel = CHANNEL
     max_entries = MAX_ENTRIES
@@ -141,17 +143,17 @@ class CredentialCache(NotifiedCache):
         self._clock = clock
         self._used: set[uuid.UUID] = set()
 
-    def get(self, digest: bytes) -> Principal | None:
-        entry = self._lookup(digest)
+    def get(self, known: bytes) -> Principal | None:
+        entry = self._lookup(known)
         if entry is None or entry.expires_at <= self._clock():
             self.misses += 1
             return None
         self.hits += 1
         return entry.principal
 
-    def put(self, digest: bytes, principal: Principal, expires_at: float, generation: int) -> None:
+    def put(self, known: bytes, principal: Principal, expires_at: float, generation: int) -> None:
         # An answer read before a change notified (generation moved on) may be stale: not kept.
-        self._store(digest, _Entry(principal, expires_at), generation)
+        self._store(known, _Entry(principal, expires_at), generation)
 
     def note_used(self, credential_id: uuid.UUID) -> None:
         if len(self._used) < MAX_PENDING_LAST_USED:
@@ -184,6 +186,38 @@ def token_of(authorization: str | None, session_cookie: str | None = None) -> st
     return token
 
 
+def resolve_now(
+    keys: KeyRing,
+    cache: CredentialCache,
+    authorization: str | None,
+    session_cookie: str | None = None,
+) -> Principal | None:
+    """`resolve` without the database: the principal when this process knows it (no
+    credentials, a keys-file key, a database credential it remembers), None when the database
+    must be asked (`resolve` does). Every request path runs this; the content routes call it
+    directly, so a small download takes no coroutine to learn who asks."""
+    token = token_of(authorization, session_cookie)
+    if token is None:
+        return ANONYMOUS
+    known = memo_key(token)
+    principal = keys.remembered(known)
+    if principal is not None:
+        return principal
+    # Asked before the key ring's SHA-256: an entry here was stored only after the (immutable)
+    # key ring had said no to this very token, so the order changes no answer.
+    principal = cache.get(known)
+    if principal is None:
+        principal = keys.lookup(token, known)
+        if principal is not None:
+            return principal
+        if not DATABASE_TOKEN.fullmatch(token):
+            raise Unauthorized("the token is not valid")
+        return None
+    assert principal.credential_id is not None
+    cache.note_used(principal.credential_id)
+    return principal
+
+
 async def resolve(
     keys: KeyRing,
     cache: CredentialCache,
@@ -193,25 +227,22 @@ async def resolve(
 ) -> Principal:
     """The principal behind the request on any process; ANONYMOUS without credentials.
     An unknown, revoked or expired token is 401, whatever its kind."""
-    token = token_of(authorization, session_cookie)
-    if token is None:
-        return ANONYMOUS
-    principal = keys.lookup(token)
+    principal = resolve_now(keys, cache, authorization, session_cookie)
     if principal is not None:
         return principal
-    if not DATABASE_TOKEN.fullmatch(token):
+    return await _resolve_from_database(cache, pool, token_of(authorization, session_cookie))
+
+
+async def _resolve_from_database(cache: CredentialCache, pool: asyncpg.Pool | None, token: str | None) -> Principal:
+    """A database token (its shape checked) that this process does not remember."""
+    assert pool is not None and token is not None
+    generation = cache.generation
+    async with pooled(pool) as conn:
+        row = await conn.fetchrow(_LOOKUP, digest_of(token), timeout=POOLED_QUERY_TIMEOUT_S)
+    if row is None:
         raise Unauthorized("the token is not valid")
-    assert pool is not None
-    digest = digest_of(token)
-    principal = cache.get(digest)
-    if principal is None:
-        generation = cache.generation
-        async with pooled(pool) as conn:
-            row = await conn.fetchrow(_LOOKUP, digest, timeout=POOLED_QUERY_TIMEOUT_S)
-        if row is None:
-            raise Unauthorized("the token is not valid")
-        principal = principal_from_row(row)
-        cache.put(digest, principal, row["expires_at"].timestamp(), generation)
+    principal = principal_from_row(row)
+    cache.put(memo_key(token), principal, row["expires_at"].timestamp(), generation)
     assert principal.credential_id is not None
     cache.note_used(principal.credential_id)
     return principal

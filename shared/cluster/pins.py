@@ -78,11 +78,25 @@ class ReadPins:
         self._written_until: float | None = None
 
     def hold(self, sha256: str) -> _Hold:
-        """Pin `sha256` for the duration of a `with` block (one transfer).
+        """Pin `sha256` for the duration of a `with` block (one transfer)."""
+        return _Hold(self, sha256)
 
-        A plain context-manager class, not a generator: this runs once per download, small
-        ones included, and `contextlib.contextmanager` costs several times more per use."""
-        return _Hold(self._counts, self._changed, self._released, self.clock, sha256)
+    def take(self, sha256: str) -> None:
+        """Pin `sha256` until the matching `give_back`: `hold` as two plain calls, for the
+        per-download path (a small download then builds no context manager)."""
+        counts = self._counts
+        held = counts[sha256] = counts.get(sha256, 0) + 1
+        if held == 1 and sha256 not in self._released:
+            self._changed.set()
+
+    def give_back(self, sha256: str) -> None:
+        counts = self._counts
+        left = counts[sha256] - 1
+        if left <= 0:
+            del counts[sha256]
+            self._released[sha256] = self.clock()
+        else:
+            counts[sha256] = left
 
     @property
     def digests(self) -> list[str]:
@@ -203,33 +217,14 @@ class ReadPins:
 
 
 class _Hold:
-    __slots__ = ("counts", "changed", "released", "clock", "sha256")
+    __slots__ = ("pins", "sha256")
 
-    def __init__(
-        self,
-        counts: dict[str, int],
-        changed: asyncio.Event,
-        released: dict[str, float],
-        clock: Callable[[], float],
-        sha256: str,
-    ) -> None:
-        self.counts = counts
-        self.changed = changed
-        self.released = released
-        self.clock = clock
+    def __init__(self, pins: ReadPins, sha256: str) -> None:
+        self.pins = pins
         self.sha256 = sha256
 
     def __enter__(self) -> None:
-        counts, sha256 = self.counts, self.sha256
-        held = counts[sha256] = counts.get(sha256, 0) + 1
-        if held == 1 and sha256 not in self.released:
-            self.changed.set()
+        self.pins.take(self.sha256)
 
     def __exit__(self, *exc_info: object) -> None:
-        counts, sha256 = self.counts, self.sha256
-        left = counts[sha256] - 1
-        if left <= 0:
-            del counts[sha256]
-            self.released[sha256] = self.clock()
-        else:
-            counts[sha256] = left
+        self.pins.give_back(self.sha256)

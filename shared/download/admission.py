@@ -150,16 +150,14 @@ class Admission:
         # No waiter can be eligible at this point (every change re-admits), so entering directly
         # never overtakes anyone who could have gone first.
         if self._active < self._capacity and held < self._per_principal_capacity:
-            self._occupy(principal_id, held)
+            self._active += 1  # as _occupy, without the call (this runs on every download)
+            self._active_by_principal[principal_id] = held + 1
             return True
         return False
 
     async def enter(self, principal_id: str) -> None:
         """Wait for a place (after `try_enter` said none was free); `leave` gives it back."""
         await self._enter(principal_id)
-
-    def leave(self, principal_id: str) -> None:
-        self._leave(principal_id)
 
     async def _enter(self, principal_id: str) -> None:
         if self.try_enter(principal_id):
@@ -204,6 +202,8 @@ class Admission:
                 if not future.done():
                     future.set_result(None)
             self._idle.clear()
+
+    leave = _leave  # give back a place taken with try_enter or enter
 
     def _admit_waiters(self) -> None:
         admitted = []

@@ -95,11 +95,15 @@ async def repository_for_read(
 
 @dataclasses.dataclass(frozen=True)
 class ContentKey:
-    """How a content route names its artifact: the join that finds it, and its arguments."""
+    """How a content route names its artifact: the join that finds it, and its arguments.
+    `identity` names it in the catalog cache: strings only, whose hashes Python computes in C
+    and keeps (hashing the key itself ran two Python `__hash__` calls, its own and the UUID's,
+    on every download)."""
 
     join: str
     args: tuple
     description: str
+    identity: tuple[str, ...]
 
 
 def by_artifact_id(artifact_id: uuid.UUID) -> ContentKey:
@@ -107,6 +111,7 @@ def by_artifact_id(artifact_id: uuid.UUID) -> ContentKey:
         "LEFT JOIN arkvory_artifacts a ON a.repository_id = r.id AND a.id = $2",
         (artifact_id,),
         f"artifact {artifact_id}",
+        ("artifact", str(artifact_id)),
     )
 
 
@@ -120,6 +125,7 @@ def by_package(group: str, name: str, version: str) -> ContentKey:
         " LEFT JOIN arkvory_artifacts a ON a.id = p.artifact_id",
         (group, name, version),
         f"package {group}/{name}/{version}",
+        ("package", group, name, version),
     )
 
 
@@ -134,7 +140,22 @@ def by_asset(path: str) -> ContentKey:
         " LEFT JOIN arkvory_artifacts a ON a.id = s.artifact_id",
         (path,),
         f"asset {path!r}",
+        ("asset", path),
     )
+
+
+def find_content_now(
+    cache: CatalogCache, repo_name: str, principal: Principal, key: ContentKey
+) -> tuple[Repository, Artifact] | None:
+    """`find_content` from the cache alone: the repository (permission checked) and the
+    artifact, or None when the database must be asked. A plain call: the content routes run it
+    for every download, small ones included, and await the query only on a miss."""
+    check_repository_name(repo_name)
+    found = cache.get((repo_name, key.identity))
+    if found is None:
+        return None
+    repo, artifact = found
+    return _readable(repo, repo_name, principal), artifact
 
 
 async def find_content(
@@ -146,15 +167,12 @@ async def find_content(
 ) -> tuple[Repository, Artifact]:
     """The repository (permission checked on every call) and the artifact: from the cache, or
     in one query, since this runs for every download, small ones included."""
-    check_repository_name(repo_name)
-    cache_key = (repo_name, key)
-    found = cache.get(cache_key)
+    found = find_content_now(cache, repo_name, principal, key)
     if found is not None:
-        repo, artifact = found
-        return _readable(repo, repo_name, principal), artifact
+        return found
     generation = cache.generation
     repo, artifact = await _lookup_content(pool, repo_name, principal, key)
-    cache.put(cache_key, (repo, artifact), generation)
+    cache.put((repo_name, key.identity), (repo, artifact), generation)
     return repo, artifact
 
 

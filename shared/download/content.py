@@ -17,14 +17,24 @@ from starlette.requests import Request
 from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
-from arkvory.shared.auth.credentials import resolve
+from arkvory.shared.auth.credentials import resolve, resolve_now
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import InvalidInput, Unavailable
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, send_error
 from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle, encode_header_block
 from arkvory.shared.http.ranges import not_modified, requested_range
 
-from .catalog import Artifact, ContentKey, by_artifact_id, by_asset, by_package, find_content, parse_uuid
+from .catalog import (
+    Artifact,
+    ContentKey,
+    Repository,
+    by_artifact_id,
+    by_asset,
+    by_package,
+    find_content,
+    find_content_now,
+    parse_uuid,
+)
 from .serving import ServingProcess
 from .transfer import BlobResponse
 
@@ -67,11 +77,13 @@ class _Headers:
 
 
 _HEADERS_CACHED = 4096
-_headers_cache: dict[tuple[Artifact, bool], _Headers] = {}
+_headers_cache: dict[tuple[str, str, str, int, bool], _Headers] = {}
 
 
 def _headers_of(artifact: Artifact, public: bool) -> _Headers:
-    key = (artifact, public)
+    # Keyed by what the headers are made of (hashing the Artifact ran two Python `__hash__`
+    # calls, its own and its id's, per download).
+    key = (artifact.sha256, artifact.name, artifact.media_type, artifact.size, public)
     found = _headers_cache.get(key)
     if found is None:
         if len(_headers_cache) >= _HEADERS_CACHED:
@@ -106,6 +118,9 @@ class _Ask:
         self.authorizations = authorizations
         authorization, range_, if_range, if_none_match = found
         self.authorization = None if authorization is None else authorization.decode("latin-1")
+        if range_ is None and if_range is None and if_none_match is None:  # the usual GET
+            self.range = self.if_range = self.if_none_match = None
+            return
         self.range = None if range_ is None else range_.decode("latin-1")
         self.if_range = None if if_range is None else if_range.decode("latin-1")
         self.if_none_match = None if if_none_match is None else if_none_match.decode("latin-1")
@@ -113,7 +128,11 @@ class _Ask:
 
 class _ContentEndpoint:
     """A content route as a plain ASGI app: Starlette's router calls it directly (no request
-    wrapper); errors propagate to the app's exception handlers like any route's."""
+    wrapper); errors propagate to the app's exception handlers like any route's.
+
+    Who asks and what they ask for come from memory when this process knows them (a plain
+    call each); only what must ask the database is awaited, so that a small download is one
+    coroutine here and two in its BlobResponse."""
 
     def __init__(self, key_of: Callable[[Scope], ContentKey]) -> None:
         self.key_of = key_of
@@ -122,11 +141,26 @@ class _ContentEndpoint:
         runtime: ServingProcess = scope["app"].state.runtime
         key = self.key_of(scope)  # a malformed id or parameter is 400 whoever asks
         ask = scope.pop(_ASK_KEY, None) or _Ask(scope)
-        principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
-        if not runtime.may_serve:
-            raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
-        response = await _plan(runtime, ask, principal, key)
+        # May this process serve? The dispatch (or the serving gate) asked just before this
+        # call; it is asked again after every wait for the database, and once more after a
+        # wait for a place (BlobResponse); the payload gate at the write has the last word.
+        principal = resolve_now(runtime.keys, runtime.credentials, ask.authorization)
+        if principal is None:  # a database credential this process does not remember (yet)
+            principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
+            _still_serving(runtime)
+        generation = runtime.catalog.generation
+        found = find_content_now(runtime.catalog, ask.repo, principal, key)
+        if found is None:
+            assert runtime.pool is not None
+            found = await find_content(runtime.pool, ask.repo, principal, key, runtime.catalog)
+            _still_serving(runtime)
+        response = _answer(runtime, ask, principal, key, found, generation)
         await response(scope, receive, send)
+
+
+def _still_serving(runtime: ServingProcess) -> None:
+    if not runtime.may_serve:
+        raise Unavailable("this process cannot serve now (lease lost, schema too new or starting)")
 
 
 class _Plain:
@@ -144,19 +178,34 @@ class _Plain:
 
 
 async def _plan(runtime: ServingProcess, ask: _Ask, principal: Principal, key: ContentKey) -> Any:
-    """Look the content up (permission checked) and decide the answer; no byte is sent here."""
+    """Look the content up (permission checked) and decide the answer; no byte is sent here.
+    (A transfer calls it again when the catalog changed while it waited for its place.)"""
     assert runtime.pool is not None
     generation = runtime.catalog.generation
-    repo, artifact = await find_content(
-        runtime.pool, ask.repo, principal, key, runtime.catalog
-    )
+    found = await find_content(runtime.pool, ask.repo, principal, key, runtime.catalog)
+    return _answer(runtime, ask, principal, key, found, generation)
+
+
+def _answer(
+    runtime: ServingProcess,
+    ask: _Ask,
+    principal: Principal,
+    key: ContentKey,
+    found: tuple[Repository, Artifact],
+    generation: int,
+) -> Any:
+    """The answer to `ask` for the content found (the catalog at `generation`): a 304, or a
+    BlobResponse for the whole body or one range of it."""
+    repo, artifact = found
     encoded = _headers_of(artifact, repo.public)
     etag = encoded.etag
-    if not_modified(ask.if_none_match, etag):
+    if ask.if_none_match is not None and not_modified(ask.if_none_match, etag):
         return _Plain(304, encoded.common)
     is_get = ask.method == "GET"
     # Range is defined for GET only (RFC 9110 §14.2): HEAD answers as GET without Range would.
-    byte_range = requested_range(ask.range, ask.if_range, etag, artifact.size) if is_get else None
+    byte_range = None
+    if is_get and ask.range is not None:
+        byte_range = requested_range(ask.range, ask.if_range, etag, artifact.size)
     block = None
     if byte_range is None:
         status, headers, length, block = 200, encoded.full, artifact.size, encoded.full_block
@@ -256,16 +305,15 @@ class ContentDispatch:
         self._handlers = dict(EXCEPTION_HANDLERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = None
         if scope["type"] == "http" and scope["method"] in _READ and scope["path"].endswith("/content"):
             route = _matched_route(scope)
-            if route is not None:
-                scope["app"] = self.app
-                scope["route"] = route
-                await self._call(route, scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    async def _call(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        scope["app"] = self.app
+        scope["route"] = route
+        # One coroutine for the dispatch (this one) and one for the endpoint.
         ask = _Ask(scope)
         if ask.authorizations > 1:  # as edge.ambiguous_credentials, in the same pass
             await send_error(scope, send, InvalidInput("send at most one Authorization header"))

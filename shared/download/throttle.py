@@ -135,6 +135,16 @@ class TokenBucket:
     def _take(self, size: int) -> None:
         self._credit -= size * _NS
 
+    def _take_if_there(self, size: int, now: int) -> bool:
+        """`_refill`, `_can` and `_take` in two calls instead of four (grant_now's, when the
+        process bucket is the only one)."""
+        self._refill(now)
+        needed = size * _NS
+        if self._credit < needed:
+            return False
+        self._credit -= needed
+        return True
+
     def _give_back(self, size: int, taken_at: int, now: int) -> None:
         """Return tokens taken at `taken_at` for a caller that never used them.
 
@@ -287,12 +297,8 @@ class BandwidthScheduler:
         process = self._process
         if self._per_principal_rate is None:
             # Only the process bucket (not unlimited, so it exists): the common shared mode.
-            if self._ring:
-                return 0  # others wait for it: nobody is overtaken
-            process._refill(now)
-            if not process._can(size):
-                return 0
-            process._take(size)
+            if self._ring or not process._take_if_there(size, now):
+                return 0  # others wait for it (nobody is overtaken), or too few tokens now
             self._granted_bytes += size
             return size
         principal = self._principals.get(principal_id)

@@ -1,5 +1,6 @@
 """The streaming of one download's blob bytes through admission and the token buckets (SPEC §4),
-for the content routes (content.py), which decide what to send.
+for the content routes (content.py), which decide what to send; the body itself is written by
+payload.py (a small one in one synchronous step here, `BlobResponse._send_at_once`).
 
 Reads use `os.pread` on the event loop: blobs are read sequentially from the page cache, where a
 64 KiB read costs microseconds, far less than a thread hop per chunk.
@@ -40,6 +41,13 @@ from arkvory.shared.http.ranges import ByteRange
 
 from .admission import AdmissionRejected
 from .catalog import Artifact
+from .payload import (  # (UNTHROTTLED_CHUNK and _client_gone are object_transfer.py's too)
+    SENDFILE_MIN_BYTES,
+    UNTHROTTLED_CHUNK,
+    Payload,
+    _client_gone,
+    _cut_for_lease,
+)
 from .serving import ServingProcess
 
 log = logging.getLogger("arkvory.content")
@@ -49,11 +57,6 @@ _REJECTION_MESSAGES = {
     "timed_out": "no download place became free in time",
     "draining": "this process is shutting down",
 }
-UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per write
-# Below this a body is copied: headers and body then leave in one go, which beats a sendfile.
-SENDFILE_MIN_BYTES = 64 * 1024
-# When the socket is full, this much is copied into the transport to learn when it drains.
-COPY_PIECE_BYTES = 16 * 1024
 # The last body message of a response streamed through uvicorn's `send` (object_transfer.py
 # imports it: the merge of issue 16 kept that import after issue 14 had removed it here).
 _LAST_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
@@ -97,82 +100,83 @@ class BlobResponse:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": b""})
             return
+        runtime = self.runtime
         handle: ConnectionHandle | None = scope.get("extensions", {}).get(HANDLE_KEY)
         # The transfer runs in this task and is cancelled if the client leaves while it waits
-        # for a place, for tokens or for the socket. The protocol's handle says when the
-        # connection is lost; without one (another server), a watcher task reads `receive`.
-        guard = _CancelOnDisconnect(asyncio.current_task())
-        watcher = None
-        if handle is not None:
-            handle.on_lost(guard.client_left)
-        else:
-            watcher = asyncio.create_task(_watch_disconnect(receive, guard))
+        # for a place, its pin, tokens or the socket: the guard is armed before the first wait.
+        guard = _CancelOnDisconnect(handle, receive)
+        pins, sha256 = runtime.pins, self.artifact.sha256
         try:
-            guard.armed = True
             try:
-                await self._admitted_transfer(scope, send, handle)
-            finally:
-                guard.armed = False
+                # Pinned from the lookup on (in memory; shared/cluster/pins.py writes it while we
+                # queue), so that the blob can be opened once the pin is visible to cleanup.
+                # (`pins.hold` and `admission.admit` as plain calls: no context manager per download.)
+                pins.take(sha256)
+                try:
+                    # A place, taken without a coroutine when one is free (the usual case).
+                    admission, principal_id = runtime.admission, self.principal.id
+                    waited = not admission.try_enter(principal_id)
+                    if waited:
+                        guard.arm()
+                        await admission.enter(principal_id)
+                    try:
+                        # Whether this process may serve was asked when the request arrived and
+                        # after every wait for the database (content.py): again if this waited.
+                        if waited and not runtime.may_serve:
+                            raise Unavailable("this process cannot serve now")
+                        if self.replan is None or runtime.catalog.generation == self.generation:
+                            await self._stream(scope, send, handle, guard)
+                        else:
+                            await self._stream_replanned(scope, send, handle, guard)
+                    finally:
+                        admission.leave(principal_id)
+                finally:
+                    pins.give_back(sha256)
+            except AdmissionRejected as exc:
+                runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
+                busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)
+                await error_response(scope, busy)(scope, _no_receive, send)
+            except (Unavailable, Busy, NotFound, ContentUnavailable) as exc:
+                # Raised before the response started (opening the blob): an ordinary answer.
+                await error_response(scope, exc)(scope, _no_receive, send)
         except asyncio.CancelledError:
-            if guard.fired and guard.task.uncancel() == 0:
+            if guard.fired and guard.task is not None and guard.task.uncancel() == 0:
                 # The client left while waiting or receiving; once payload flowed, an abort.
                 if handle is not None and handle.cycle.response_started:
-                    _client_gone(self.runtime, handle, "it closed the connection")
+                    _client_gone(runtime, handle, "it closed the connection")
                 return
             raise  # cancelled from outside (too)
         finally:
-            if handle is not None:
-                handle.on_lost(None)
-            if watcher is not None:
-                watcher.cancel()
+            guard.disarm()
 
-    async def _admitted_transfer(
-        self, scope: Scope, send: Send, handle: ConnectionHandle | None
+    async def _stream_replanned(
+        self, scope: Scope, send: Send, handle: ConnectionHandle | None, guard: _CancelOnDisconnect
     ) -> None:
+        """The catalog changed while the transfer waited for its place (a repository may have
+        become private, an asset may point elsewhere): no header is out yet, so look the content
+        up again (permission included) and answer afresh."""
         runtime = self.runtime
+        guard.arm()
         try:
-            # Pinned from the lookup on (in memory; shared/cluster/pins.py writes it while we queue),
-            # so that the blob can be opened once the pin is visible to cleanup.
-            with runtime.pins.hold(self.artifact.sha256):
-                # A place, as `async with admission.admit(...)` takes it, without a coroutine
-                # when one is free (the usual case of a small download).
-                admission, principal_id = runtime.admission, self.principal.id
-                if not admission.try_enter(principal_id):
-                    await admission.enter(principal_id)
-                try:
-                    if not runtime.may_serve:
-                        raise Unavailable("this process cannot serve now")
-                    plan: Any = self
-                    if self.replan is not None and runtime.catalog.generation != self.generation:
-                        # The catalog changed while we waited: a repository may have become private,
-                        # an asset may point elsewhere. No header is out yet, so answer afresh.
-                        try:
-                            plan = await self.replan()
-                        except ApiError as exc:
-                            plan = error_response(scope, exc)
-                    if not isinstance(plan, BlobResponse):
-                        await plan(scope, _no_receive, send)
-                        return
-                    if not plan.send_body:
-                        await send({"type": "http.response.start", "status": plan.status_code, "headers": plan.raw_headers})
-                        await send({"type": "http.response.body", "body": b""})
-                        return
-                    if plan.artifact.sha256 == self.artifact.sha256:
-                        await plan._stream(scope, send, handle)
-                    else:
-                        with runtime.pins.hold(plan.artifact.sha256):
-                            await plan._stream(scope, send, handle)
-                finally:
-                    admission.leave(principal_id)
-        except AdmissionRejected as exc:
-            runtime.metrics.admission_failures.labels(reason=exc.reason).inc()
-            busy = Busy(_REJECTION_MESSAGES.get(exc.reason, exc.reason), retry_after=exc.retry_after)
-            await error_response(scope, busy)(scope, _no_receive, send)
-        except (Unavailable, Busy, NotFound, ContentUnavailable) as exc:
-            # Raised before the response started (opening the blob): an ordinary answer.
-            await error_response(scope, exc)(scope, _no_receive, send)
+            plan = await self.replan()
+        except ApiError as exc:
+            plan = error_response(scope, exc)
+        if not runtime.may_serve:  # asked again after the wait for the database
+            raise Unavailable("this process cannot serve now")
+        if not isinstance(plan, BlobResponse):
+            await plan(scope, _no_receive, send)
+        elif not plan.send_body:
+            await send({"type": "http.response.start", "status": plan.status_code, "headers": plan.raw_headers})
+            await send({"type": "http.response.body", "body": b""})
+        elif plan.artifact.sha256 == self.artifact.sha256:
+            await plan._stream(scope, send, handle, guard)
+        else:
+            with runtime.pins.hold(plan.artifact.sha256):
+                await plan._stream(scope, send, handle, guard)
 
-    async def _stream(self, scope: Scope, send: Send, handle: ConnectionHandle | None) -> None:
+    async def _stream(
+        self, scope: Scope, send: Send, handle: ConnectionHandle | None, guard: _CancelOnDisconnect
+    ) -> None:
         runtime = self.runtime
         artifact = self.artifact
         start, length = (0, artifact.size) if self.byte_range is None else (
@@ -182,6 +186,7 @@ class BlobResponse:
         storage = runtime.storage
         assert storage is not None
         if not runtime.pins.is_visible(artifact.sha256):
+            guard.arm()
             try:
                 await runtime.pins.until_visible(artifact.sha256)
             except TimeoutError:
@@ -189,44 +194,76 @@ class BlobResponse:
         try:
             fd = storage.acquire_file(artifact.sha256)
         except FileNotFoundError:
+            guard.arm()
             fd = await self._open_after_missing()
         if fd is None:  # not a local file (an object store): streamed in segments from there
             from .object_transfer import stream_from_store
 
+            guard.arm()
             await stream_from_store(self, send, handle, start, length)
             return
         try:
             if length > SENDFILE_MIN_BYTES:  # a hint for read-ahead; one read needs none
                 os.posix_fadvise(fd, start, length, os.POSIX_FADV_SEQUENTIAL)
             if handle is None:
+                guard.arm()
                 await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
                 await self._send_through_asgi(fd, start, length, send)
                 return
-            aborter = _aborter(runtime, handle)
-            runtime.transfers.add(aborter)
-            try:
-                timeout = runtime.settings.send_timeout_s
-                # Awaited only when the transport is paused (a coroutine costs more than the check).
-                if handle.cycle.flow.write_paused and not await handle.writable(timeout):
-                    self._send_timed_out(handle)
-                    return
-                head = self.header_block
-                if head is None:
-                    head = encode_header_block(self.raw_headers)
-                request_id = scope.get(REQUEST_ID_KEY)
-                extra = b"x-request-id: %s\r\n" % request_id.encode() if request_id else b""
-                payload = Payload(runtime, self, handle, fd)
-                if length <= SENDFILE_MIN_BYTES:
-                    done = await payload.send_whole(head, extra, start, length)
-                else:
-                    handle.start(self.status_code, head, length, extra)
-                    done = await payload.send(start, length)
-                if done:
-                    handle.complete()
-            finally:
-                runtime.transfers.discard(aborter)
+            head = self.header_block
+            if head is None:
+                head = encode_header_block(self.raw_headers)
+            request_id = scope.get(REQUEST_ID_KEY)
+            extra = b"x-request-id: " + request_id.encode() + b"\r\n" if request_id else b""
+            if length <= SENDFILE_MIN_BYTES:
+                done = self._send_at_once(handle, fd, head, extra, start, length)
+                if done is None:  # it has to wait (tokens, the socket): the general path
+                    guard.arm()
+                    done = await Payload(runtime, self, handle, fd).send(
+                        start, length, head=(self.status_code, head, length, extra)
+                    )
+                elif done and (handle.cycle.flow.write_paused or handle.lost):
+                    guard.arm()
+                    done = await Payload(runtime, self, handle, fd).flushed()
+            else:
+                guard.arm()
+                done = await Payload(runtime, self, handle, fd).send(
+                    start, length, head=(self.status_code, head, length, extra)
+                )
+            if done:
+                handle.complete()
         finally:
             storage.release_file(artifact.sha256, fd)
+
+    def _send_at_once(
+        self, handle: ConnectionHandle, fd: int, head: bytes, extra: bytes, offset: int, length: int
+    ) -> bool | None:
+        """A small body (≤ SENDFILE_MIN_BYTES) with its head in one write, when nothing has to
+        wait: the socket takes more and the buckets hold all its tokens now. True when it was
+        handed over, False when it was cut (the payload gate said no at the write); None when
+        it has to wait, with nothing taken or written: then `Payload.send`, the general path,
+        does it. The checks are the general path's own calls (`grant_now`, the gate inside
+        `ConnectionHandle.start`); only the coroutine, the Payload and the registration that
+        waiting needs are skipped (issue 14 §3)."""
+        bandwidth = self.runtime.bandwidth
+        if handle.cycle.flow.write_paused or handle.lost or length > bandwidth.quantum_bytes:
+            return None  # (a grant never exceeds the quantum: the general path takes turns)
+        try:
+            if not bandwidth.grant_now(self.principal.id, length):
+                return None
+        except LeaseLost:
+            _cut_for_lease(self.runtime, handle)
+            return False
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise self._short_read()
+        try:
+            handle.start(self.status_code, head, length, extra, data)
+        except PayloadRefused:
+            _cut_for_lease(self.runtime, handle)
+            return False
+        self.runtime.metrics.payload_bytes.inc(length)
+        return True
 
     async def _open_after_missing(self) -> int:
         """The blob was not there although our pin was visible: cleanup removed it before it
@@ -286,140 +323,8 @@ class BlobResponse:
             runtime.metrics.payload_bytes.inc(size)
 
 
-class Payload:
-    """The body of one download, written straight to its connection.
-
-    Before every write: tokens from both buckets and the socket able to take more within the
-    send timeout; at the write itself, in the same synchronous step, the payload gate
-    (`ConnectionHandle.write`/`sendfile` raise PayloadRefused when trust is over, and the
-    transfer is cut and counted as an abort `lease_lost`). On plain TCP the bytes go with
-    `os.sendfile` from the page cache to the socket (uvloop has no `loop.sendfile`); when the
-    socket is full, one copied piece is handed to the transport, whose flow control then says
-    when it has left. With the transport's write-buffer limits at zero "writable" means
-    "nothing queued", so a sendfile never overtakes queued bytes. TLS, and small bodies, take
-    the copying path.
-    """
-
-    __slots__ = ("runtime", "response", "handle", "fd")
-
-    def __init__(self, runtime: ServingProcess, response: BlobResponse, handle: ConnectionHandle, fd: int) -> None:
-        self.runtime = runtime
-        self.response = response
-        self.handle = handle
-        self.fd = fd
-
-    async def send_whole(self, header_block: bytes, extra: bytes, offset: int, length: int) -> bool:
-        """A small body (≤ SENDFILE_MIN_BYTES, one grant) with its head in one write: the
-        common download of small artifacts, kept to one grant, one read and one write."""
-        runtime, handle = self.runtime, self.handle
-        bandwidth, principal_id = runtime.bandwidth, self.response.principal.id
-        try:
-            granted = bandwidth.grant_now(principal_id, length) or await bandwidth.grant(principal_id, length)
-        except LeaseLost:
-            self._cut_for_lease()
-            return False
-        if granted < length:  # a burst below the body's size: the head first, then the loop
-            handle.start(self.response.status_code, header_block, length, extra)
-            return await self.send(offset, length, granted)
-        data = os.pread(self.fd, length, offset)
-        if len(data) != length:
-            raise self.response._short_read()
-        try:
-            handle.start(self.response.status_code, header_block, length, extra, data)
-        except PayloadRefused:
-            self._cut_for_lease()
-            return False
-        runtime.metrics.payload_bytes.inc(length)
-        return await self._flushed()
-
-    async def send(self, offset: int, remaining: int, granted: int = 0) -> bool:
-        """True when every byte was handed over; False when the connection is gone or was cut.
-        `granted`: bytes that already passed the buckets."""
-        runtime, handle, fd = self.runtime, self.handle, self.fd
-        bandwidth = runtime.bandwidth
-        principal_id = self.response.principal.id
-        timeout = runtime.settings.send_timeout_s
-        payload = runtime.metrics.payload_bytes
-        chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else bandwidth.quantum_bytes
-        zero_copy = handle.can_sendfile and remaining > SENDFILE_MIN_BYTES
-        if zero_copy:
-            handle.transport.set_write_buffer_limits(high=0, low=0)
-        flow = handle.cycle.flow
-        # `granted`: passed the buckets, not yet handed over (a partial sendfile keeps the rest)
-        while remaining:
-            if not granted:
-                want = min(remaining, chunk)
-                try:
-                    granted = bandwidth.grant_now(principal_id, want) or await bandwidth.grant(principal_id, want)
-                except LeaseLost:
-                    self._cut_for_lease()  # usually done already by the registry's abort_all
-                    return False
-            # Asked only when the transport is paused: a coroutine per chunk costs more than
-            # the check (the Python work per MiB is what a slower host pays for twice).
-            if flow.write_paused and not await handle.writable(timeout):
-                self.response._send_timed_out(handle)
-                return False
-            if handle.lost:
-                _client_gone(runtime, handle, "it closed the connection")
-                return False
-            sent = 0
-            try:
-                if zero_copy and not handle.buffered:
-                    try:
-                        sent = handle.sendfile(fd, offset, granted)
-                    except EOFError:
-                        raise self.response._short_read() from None
-                    except ConnectionError as exc:  # broken pipe, reset
-                        _client_gone(runtime, handle, f"{exc.__class__.__name__}: {exc}")
-                        return False
-                if not sent:
-                    size = granted if not zero_copy else min(granted, COPY_PIECE_BYTES)
-                    data = os.pread(fd, size, offset)
-                    if len(data) != size:
-                        raise self.response._short_read()
-                    handle.write(data)
-                    sent = size
-            except PayloadRefused:
-                self._cut_for_lease()
-                return False
-            offset += sent
-            remaining -= sent
-            granted -= sent
-            payload.inc(sent)
-        return await self._flushed()
-
-    async def _flushed(self) -> bool:
-        """Every byte is handed over: wait (within the send timeout) for the transport to pass
-        it on, as uvicorn's last body message would."""
-        handle = self.handle
-        if handle.cycle.flow.write_paused and not await handle.writable(self.runtime.settings.send_timeout_s):
-            self.response._send_timed_out(handle)
-            return False
-        if handle.lost:
-            _client_gone(self.runtime, handle, "it closed the connection")
-            return False
-        return True
-
-    def _cut_for_lease(self) -> None:
-        if not self.handle.lost:
-            self.runtime.metrics.transfer_aborts.labels(direction="download", reason="lease_lost").inc()
-            self.handle.abort()
-
-
 def _payload_may_flow(runtime: ServingProcess) -> bool:
     return runtime.payload_allowed()
-
-
-def _client_gone(runtime: ServingProcess, handle: ConnectionHandle, why: str) -> None:
-    """The client left in the middle of its download (a reset, a broken pipe, a close): an
-    abort like the server's own cuts, counted once per transfer, and not an error of ours, so
-    it is logged at debug only."""
-    handle.cycle.disconnected = True  # uvicorn then reports no unfinished response
-    if handle.cut:
-        return  # the server had cut it already (and counted why)
-    handle.cut = True
-    runtime.metrics.transfer_aborts.labels(direction="download", reason="client_gone").inc()
-    log.debug("download aborted: the client left (%s)", why)
 
 
 def _aborter(runtime: ServingProcess, handle: ConnectionHandle) -> Callable[[str], None]:
@@ -431,20 +336,50 @@ def _aborter(runtime: ServingProcess, handle: ConnectionHandle) -> Callable[[str
 
 
 class _CancelOnDisconnect:
-    """Cancels the request's task when the client leaves, but only while the transfer runs
-    (`armed`): a cancellation must never land after the transfer has returned."""
+    """Cancels the request's task when the client leaves while the transfer waits (a place, its
+    pin, tokens, the socket), never after the transfer has returned.
 
-    __slots__ = ("task", "armed", "fired")
+    Armed (`arm`) before the transfer's first wait, not at its start: the client's leaving is
+    seen only between awaits, so a transfer that never waits (a small download) needs no
+    task, no callback and no watcher. The protocol's handle says when the connection is
+    lost; without one (another server), a watcher task reads `receive`."""
 
-    def __init__(self, task: asyncio.Task | None) -> None:
-        assert task is not None
-        self.task = task
+    __slots__ = ("handle", "receive", "task", "armed", "fired", "watcher")
+
+    def __init__(self, handle: ConnectionHandle | None, receive: Receive) -> None:
+        self.handle = handle
+        self.receive = receive
+        self.task: asyncio.Task | None = None
         self.armed = False
         self.fired = False
+        self.watcher: asyncio.Task | None = None
+
+    def arm(self) -> None:
+        """Call before every await that may wait (a no-op after the first)."""
+        if self.armed:
+            return
+        self.task = asyncio.current_task()
+        assert self.task is not None
+        self.armed = True
+        handle = self.handle
+        if handle is None:
+            self.watcher = asyncio.create_task(_watch_disconnect(self.receive, self))
+        else:
+            handle.on_lost(self.client_left)
+
+    def disarm(self) -> None:
+        if not self.armed:
+            return
+        self.armed = False
+        if self.handle is not None:
+            self.handle.on_lost(None)
+        if self.watcher is not None:
+            self.watcher.cancel()
 
     def client_left(self) -> None:
         if self.armed and not self.fired:
             self.fired = True
+            assert self.task is not None
             self.task.cancel()
 
 

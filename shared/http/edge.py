@@ -206,8 +206,8 @@ class RequestContext:
         self.app = app
         self.metrics = metrics
         # Unique per process start and cheap: a random prefix and a counter (ids are not secrets).
-        prefix = secrets.token_hex(6)
-        self._ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
+        self._prefix = secrets.token_hex(6) + "-"
+        self._numbers = itertools.count(1)
         self._requests = metrics.requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -215,38 +215,46 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         offered = _header(scope, b"x-request-id")
-        rid = offered if offered and _CLIENT_REQUEST_ID.match(offered) else next(self._ids)
+        if offered and _CLIENT_REQUEST_ID.match(offered):
+            rid = offered
+        else:
+            rid = self._prefix + "%x" % next(self._numbers)
         scope[REQUEST_ID_KEY] = rid
         started = time.perf_counter()
-        status = 500
-        header = (b"x-request-id", rid.encode())
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", []), header]
-            await send(message)
-
+        send_with_id = _SendWithId(send, rid)
         # The content routes write their head through the connection handle (protocol.py),
         # past `send`: it records their status.
         handle = scope.get("extensions", {}).get(HANDLE_KEY)
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            if handle is not None and handle.status:
-                status = handle.status
-            self._observe(scope, status, time.perf_counter() - started)
+            status = handle.status if handle is not None and handle.status else send_with_id.status
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope["method"]
+            # Bounded: methods are parsed tokens, templates are the app's routes, statuses <
+            # 1000; an unknown method is counted under one label so a client cannot grow them.
+            if method not in _KNOWN_METHODS:
+                method = "OTHER"
+            self._requests.observe(method, template, status, time.perf_counter() - started)
 
-    def _observe(self, scope: Scope, status: int, seconds: float) -> None:
-        route = scope.get("route")
-        template = getattr(route, "path", None) or "unmatched"
-        method = scope["method"]
-        # Bounded: methods are parsed tokens, templates are the app's routes, statuses < 1000;
-        # an unknown method is counted under one label so a client cannot grow the counts.
-        if method not in _KNOWN_METHODS:
-            method = "OTHER"
-        self._requests.observe(method, template, status, seconds)
+
+class _SendWithId:
+    """`send` that adds `X-Request-Id` to the response head and remembers its status, for the
+    metrics (made for every request; the header is built only if a head goes through it)."""
+
+    __slots__ = ("send", "request_id", "status")
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self.send = send
+        self.request_id = request_id
+        self.status = 500  # until a head is sent: an exception that escapes is a 500
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            message["headers"] = [*message.get("headers", []), (b"x-request-id", self.request_id.encode())]
+        await self.send(message)
 
 
 class RequestIds:

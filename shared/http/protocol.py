@@ -90,7 +90,7 @@ class ConnectionHandle:
     message completes the response through uvicorn as usual.
     """
 
-    __slots__ = ("transport", "cycle", "cut", "status", "_on_lost", "_socket_fd", "_admit", "_stats")
+    __slots__ = ("transport", "cycle", "cut", "status", "_on_lost", "_protocol")
 
     def __init__(self, protocol: ArkvoryHttpProtocol, cycle: RequestResponseCycle) -> None:
         self.transport = protocol.transport
@@ -100,9 +100,7 @@ class ConnectionHandle:
         self.cut = False
         self.status = 0  # of a head written with `start` (uvicorn's send does not record it)
         self._on_lost: Callable[[], None] | None = None
-        self._admit = protocol.admit_payload
-        self._socket_fd = protocol.socket_fd
-        self._stats = protocol.stats
+        self._protocol = protocol  # its payload gate, socket and stats
 
     @property
     def lost(self) -> bool:
@@ -111,7 +109,7 @@ class ConnectionHandle:
     @property
     def can_sendfile(self) -> bool:
         """Plain TCP only: TLS must encrypt in user space, so it takes the copying path."""
-        return self._socket_fd >= 0
+        return self._protocol.socket_fd >= 0
 
     def on_lost(self, callback: Callable[[], None] | None) -> None:
         """Call `callback` once when the connection goes away (replaces a watcher task)."""
@@ -160,7 +158,7 @@ class ConnectionHandle:
         if body:
             if len(body) > content_length:
                 raise RuntimeError("Response content longer than Content-Length")
-            if not self._admit():
+            if not self._protocol.admit_payload():
                 raise PayloadRefused()
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
@@ -208,7 +206,7 @@ class ConnectionHandle:
         cycle = self.cycle
         if size > cycle.expected_content_length:
             raise RuntimeError("Response content longer than Content-Length")
-        if not self._admit():
+        if not self._protocol.admit_payload():
             raise PayloadRefused()
         cycle.expected_content_length -= size
         self.transport.write(data)
@@ -222,10 +220,10 @@ class ConnectionHandle:
         cycle = self.cycle
         if count > cycle.expected_content_length:
             raise RuntimeError("Response content longer than Content-Length")
-        if not self._admit():
+        if not self._protocol.admit_payload():
             raise PayloadRefused()
         try:
-            sent = os.sendfile(self._socket_fd, fd, offset, count)
+            sent = os.sendfile(self._protocol.socket_fd, fd, offset, count)
         except (BlockingIOError, InterruptedError):
             return 0
         except ConnectionError:  # EPIPE or ECONNRESET: the client reset or closed its end
@@ -235,8 +233,9 @@ class ConnectionHandle:
         if not sent:
             raise EOFError(f"the file ends before offset {offset} + {count}")
         cycle.expected_content_length -= sent
-        if self._stats is not None:
-            self._stats.sendfile_bytes += sent
+        stats = self._protocol.stats
+        if stats is not None:
+            stats.sendfile_bytes += sent
         return sent
 
     def abort(self) -> None:
@@ -308,7 +307,8 @@ class ArkvoryHttpProtocol(JsonRefusalsProtocol):
     # The gate every payload write passes (the process's `payload_allowed`: lease trusted, read
     # pins written, no failed loop), and the lease's own deadline, its independent audit.
     payload_gate: Callable[[], bool] = staticmethod(lambda: True)
-    may_send_payload: Callable[[], bool] = staticmethod(lambda: True)
+    # (True while trusted: a bool, or the lease's seconds of trust left, 0.0 once over.)
+    may_send_payload: Callable[[], object] = staticmethod(lambda: True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -363,7 +363,8 @@ class ArkvoryHttpProtocol(JsonRefusalsProtocol):
 
     def on_headers_complete(self) -> None:
         self._reading_head = False
-        self._cancel_head_timer()
+        if self._head_timer is not None:
+            self._cancel_head_timer()
         previous = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
@@ -575,10 +576,6 @@ def protocol_for(runtime) -> type[ArkvoryHttpProtocol]:
     runtime.registry.register(stats)
     lease = runtime.lease
 
-    def may_send_payload() -> bool:
-        # The lease's own deadline, not the serving code's gate: this is the audit of that gate.
-        return lease.trust_remaining() > 0
-
     return type(
         "ArkvoryHttpProtocol",
         (ArkvoryHttpProtocol,),
@@ -586,7 +583,9 @@ def protocol_for(runtime) -> type[ArkvoryHttpProtocol]:
             "head_timeout_s": float(runtime.settings.receive_timeout_s),
             "stats": stats,
             "payload_gate": staticmethod(runtime.payload_allowed),
-            "may_send_payload": staticmethod(may_send_payload if lease is not None else _always),
+            # The lease's own deadline, not the serving code's gate: the audit of that gate.
+            # (Its seconds of trust left, 0.0 once over: true while trusted.)
+            "may_send_payload": staticmethod(lease.trust_remaining if lease is not None else _always),
         },
     )
 

@@ -4,9 +4,10 @@ Opening a blob resolves four directories, a noticeable share of a small download
 content-addressed and immutable, so a descriptor kept open serves the right bytes for as long as
 it is open, even if the file is unlinked meanwhile (a transfer starts only after the catalog
 lookup found its artifact, and holds a read pin while it streams). At most `capacity` blobs are
-kept, and none longer than `idle_s` after its last use (checked on every acquire), so a blob that
-cleanup deleted does not keep its disk space for long; one still in use when it is pushed out is
-closed by its last user.
+kept, and none much longer than `idle_s` after its last use (idle ones are looked for on an
+acquire, at most every `idle_s` / 10: not on every one, which cost each small download a
+Python loop), so a blob that cleanup deleted does not keep its disk space for long; one still
+in use when it is pushed out is closed by its last user.
 
 A blob the verify task quarantines (writer/maintenance/quarantine.py) is moved away while a
 descriptor of it may sit here: the quarantine notifies channel `arkvory_blobs` with the digest,
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import math
 import os
 import time
 import weakref
@@ -74,13 +76,16 @@ class OpenBlobs:
         # sha256 -> [fd, users, last used], least recently used first
         self._open: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._evicted: dict[int, list] = {}  # pushed out while in use, by fd
+        self._next_sweep = -math.inf  # when idle descriptors are looked for next
         _live.add(self)
 
     def acquire(self, sha256: str) -> int:
         """An open descriptor of the blob (FileNotFoundError when it is missing); give it back
         with `release`."""
         now = self._clock()
-        self._close_idle(now)
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.idle_s / 10
+            self._close_idle(now)
         entry = self._open.get(sha256)
         if entry is None:
             entry = self._open[sha256] = [os.open(self._path_of(sha256), os.O_RDONLY), 0, now]
