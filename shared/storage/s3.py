@@ -25,7 +25,7 @@ import os
 import pathlib
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 
@@ -36,6 +36,8 @@ from .interface import BlobNotFound, BlobStat, ListedBlob, Offload, StorageRefus
 from .local import LocalState
 from .read_cache import ReadCache
 from .s3_client import IDENTITY_KEY, READ_CHUNK, STORAGE_URL, ObjectStat, ObjectStore, Publication, RangeReader
+from .s3_pipe import SUPPORTED as SPLICE_SUPPORTED
+from .s3_pipe import PipedRange
 
 BLOBS = "blobs/sha256"
 QUARANTINE = "quarantine/sha256"
@@ -94,6 +96,16 @@ class ObjectStorage(LocalState):
         self, sha256: str, start: int, length: int, *, chunk_size: int = READ_CHUNK, if_match: str | None = None
     ) -> RangeReader:
         return self.store.open_range(blob_key(sha256), start, length, chunk_size=chunk_size, if_match=if_match)
+
+    def open_piped_range(
+        self, sha256: str, start: int, length: int, *, counted: Callable[[str], None] = lambda result: None
+    ) -> PipedRange | None:
+        """Bytes [start, start + length) arriving in a pipe, for a reader that splices them to
+        its client (s3_pipe.py); None when the store is reached over TLS (or not on Linux):
+        `open_range` then."""
+        if not (SPLICE_SUPPORTED and self.store.plain_http):
+            return None
+        return PipedRange(self.store, blob_key(sha256), start, length, counted=counted)
 
     async def stat(self, sha256: str) -> BlobStat | None:
         try:
