@@ -10,7 +10,7 @@ How the bytes come from the store:
   Segments would cost a request's latency every few MiB and a copy of every byte (measured:
   0.6× curl in segments, 0.8× streamed, for a 1 GiB cold read on 2 cores).
   From a plain-http store to a plain-TCP client that stream is **spliced** instead: the store's
-  answer arrives in a pipe on a connection of its own (shared/storage/s3_pipe.py `PipedRange`)
+  answer arrives in a pipe on a connection of its own (shared/storage/s3_direct.py `DirectRange`)
   and goes to the client with splice(2) (`ConnectionHandle.splice`), never entering user space:
   ~0.25 CPU s/GiB instead of ~0.6 (docs/performance.md, issue 16). When the client's socket is
   full, one small copied piece goes through the transport to learn when it drains, as the
@@ -301,7 +301,7 @@ async def stream_from_store(
     source: Any = None if cache is None else cache.reader(sha256, response.artifact.size, start, length, from_store)
     piped = False
     if source is None and _may_splice(runtime, handle, length):
-        source = storage.open_piped_range(sha256, start, length, counted=counted)  # type: ignore[attr-defined]
+        source = storage.open_direct_range(sha256, start, length, counted=counted)  # type: ignore[attr-defined]
         if source is not None:  # None: a store reached over TLS
             piped = True
             _open_streams().add(source)  # counts among the streaming GETs (STREAMS_AT_ONCE)
@@ -340,10 +340,10 @@ async def stream_from_store(
 
 def _may_splice(runtime: ServingProcess, handle: ConnectionHandle | None, length: int) -> bool:
     """A streamed (not segmented) body of SPLICE_MIN_BYTES or more, to a plain-TCP client, from
-    a storage that can hand its bytes over in a pipe (an object store's `open_piped_range`)."""
+    a storage that can hand its bytes over in a pipe (an object store's `open_direct_range`)."""
     return (
         handle is not None and handle.can_sendfile and length >= SPLICE_MIN_BYTES
-        and hasattr(runtime.storage, "open_piped_range") and segment_cap_for(runtime) is None
+        and hasattr(runtime.storage, "open_direct_range") and segment_cap_for(runtime) is None
     )
 
 

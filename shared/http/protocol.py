@@ -242,7 +242,7 @@ class ConnectionHandle:
 
     def splice(self, pipe_fd: int, count: int) -> int:
         """Move up to `count` bytes from the pipe `pipe_fd` to the socket without copying them
-        (an object store's bytes: shared/storage/s3_pipe.py); as `sendfile`, returns how many the
+        (an object store's bytes: shared/storage/s3_direct.py); as `sendfile`, returns how many the
         socket took (0 when it is full), raises a ConnectionError when the client is gone and
         PayloadRefused, with nothing moved, when the payload gate is closed. Only with nothing
         buffered in the transport, and only with at least `count` bytes in the pipe."""

@@ -36,8 +36,8 @@ from .interface import BlobNotFound, BlobStat, ListedBlob, Offload, StorageRefus
 from .local import LocalState
 from .read_cache import ReadCache
 from .s3_client import IDENTITY_KEY, READ_CHUNK, STORAGE_URL, ObjectStat, ObjectStore, Publication, RangeReader
-from .s3_pipe import SUPPORTED as SPLICE_SUPPORTED
-from .s3_pipe import PipedRange
+from .s3_direct import SUPPORTED as DIRECT_SUPPORTED
+from .s3_direct import DirectRange
 
 BLOBS = "blobs/sha256"
 QUARANTINE = "quarantine/sha256"
@@ -97,15 +97,16 @@ class ObjectStorage(LocalState):
     ) -> RangeReader:
         return self.store.open_range(blob_key(sha256), start, length, chunk_size=chunk_size, if_match=if_match)
 
-    def open_piped_range(
+    def open_direct_range(
         self, sha256: str, start: int, length: int, *, counted: Callable[[str], None] = lambda result: None
-    ) -> PipedRange | None:
-        """Bytes [start, start + length) arriving in a pipe, for a reader that splices them to
-        its client (s3_pipe.py); None when the store is reached over TLS (or not on Linux):
+    ) -> DirectRange | None:
+        """Bytes [start, start + length) on a connection of our own (s3_direct.py): into a pipe
+        for a download that splices them to its client, or into the read cache's buffers. None
+        when the store is reached over TLS or through an HTTP proxy (or not on Linux):
         `open_range` then."""
-        if not (SPLICE_SUPPORTED and self.store.plain_http):
+        if not (DIRECT_SUPPORTED and self.store.direct_reads):
             return None
-        return PipedRange(self.store, blob_key(sha256), start, length, counted=counted)
+        return DirectRange(self.store, blob_key(sha256), start, length, counted=counted)
 
     async def stat(self, sha256: str) -> BlobStat | None:
         try:

@@ -3,7 +3,7 @@ the requests Arkvory makes of a bucket, with obstore's errors translated into th
 (interface.py), one line naming the setting to look at and never a secret.
 
 - `ObjectStore`: `check`, `stat`, `open_range` (a cancellable reader of zero-copy buffers),
-  `presign_get` (a SigV4 query-signed GET URL for s3_pipe.py, which reads a plain-http store's
+  `presign_get` (a SigV4 query-signed GET URL for s3_direct.py, which reads a plain-http store's
   bytes into a pipe; the URL carries a signature and is never logged or shown),
   `publish` (multipart upload straight to the final key: S3 makes an object visible only when
   CompleteMultipartUpload succeeds, so nothing partial is ever visible; the SHA-256 rides along
@@ -28,6 +28,8 @@ import datetime
 import os
 import pathlib
 import re
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -119,10 +121,11 @@ class ObjectStore:
     ) -> None:
         self.settings = settings
         self._prefix = settings.prefix + "/" if settings.prefix else ""
-        # What s3_pipe.py's own connections keep to, as obstore's do.
+        # What s3_direct.py's own connections keep to, as obstore's do.
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_retries = max_retries
+        self._direct = self._direct_possible()
         retry = {
             "max_retries": max_retries,
             "retry_timeout": datetime.timedelta(seconds=max(connect_timeout * 2, 5.0)),
@@ -214,14 +217,24 @@ class ObjectStore:
         return RangeReader(self, key, start, length, chunk_size=chunk_size, if_match=if_match)
 
     @property
-    def plain_http(self) -> bool:
-        """An endpoint reached without TLS (a store beside us): its bytes can be spliced."""
+    def direct_reads(self) -> bool:
+        """An endpoint reached without TLS and without an HTTP proxy (a store beside us): its
+        bytes can be read on a connection of our own (s3_direct.py)."""
+        return self._direct
+
+    def _direct_possible(self) -> bool:
         endpoint = self.settings.endpoint_url
-        return endpoint is not None and endpoint.startswith("http://")
+        if endpoint is None or not endpoint.startswith("http://"):
+            return False
+        # obstore's HTTP client honours HTTP_PROXY/ALL_PROXY (and NO_PROXY): so do we, by
+        # leaving such a store to it.
+        proxies = urllib.request.getproxies_environment()
+        host = urllib.parse.urlsplit(endpoint).hostname or ""
+        return not (("http" in proxies or "all" in proxies) and not urllib.request.proxy_bypass_environment(host, proxies))
 
     async def presign_get(self, key: str) -> str:
         """A GET URL of `key` signed in its query (SigV4, valid PRESIGN_S), for a request sent
-        on a connection of our own (s3_pipe.py). It is a credential for that object while it
+        on a connection of our own (s3_direct.py). It is a credential for that object while it
         lives: never log it, never put it in an error."""
         full = self._full(key)
         try:
@@ -407,7 +420,7 @@ def classify(
 def classify_answer(
     status: int, body: bytes, *, action: str, what: str, settings: ObjectStoreSettings
 ) -> ObjectStoreError:
-    """An error answer the store sent on a connection of our own (s3_pipe.py): its status and
+    """An error answer the store sent on a connection of our own (s3_direct.py): its status and
     the S3 error code in the start of its body, translated as `classify` translates obstore's."""
     code_match = _S3_CODE.search(body[:4096].decode("utf-8", "replace"))
     return _translated(

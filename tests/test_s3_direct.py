@@ -1,26 +1,34 @@
-"""Downloads spliced from a plain-http object store to the client (shared/storage/s3_pipe.py,
-shared/download/object_transfer.py), on a real SeaweedFS with real processes: byte-exact with
-Range and If-Range, every byte still granted by the token buckets, and a store that dies in the
-middle cuts the transfer (counted), never a short or padded body. The path is told apart by
-`arkvory_download_splice_bytes_total`; an https store keeps obstore's stream."""
+"""Reading a plain-http object store on connections of our own (shared/storage/s3_direct.py), on a
+real SeaweedFS. Downloads spliced to the client (shared/download/object_transfer.py), with real
+processes: byte-exact with Range and If-Range, every byte still granted by the token buckets, a
+store that dies in the middle cuts the transfer (counted), never a short or padded body; the path
+is told apart by `arkvory_download_splice_bytes_total`; an https store keeps obstore's stream; an
+answer's head is bounded. The read cache's fill received into reused buffers (read_cache.py):
+byte-exact, and a connection cut mid-fill fails its readers and keeps nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import hashlib
+import os
 import threading
 import time
+import urllib.parse
 
 import httpx
 import pytest
 
 from arkvory.shared.storage import StorageUnavailable
-from arkvory.shared.storage.s3 import ObjectStorage
-from arkvory.shared.storage.s3_pipe import MAX_HEAD_BYTES, PipedRange
+from arkvory.shared.storage.cache_files import ChunkPool
+from arkvory.shared.storage.read_cache import ReadCache
+from arkvory.shared.storage.s3 import ObjectStorage, blob_key
+from arkvory.shared.storage.s3_client import ObjectStore
+from arkvory.shared.storage.s3_direct import MAX_HEAD_BYTES, DirectRange
 
 from .harness import ADMIN_TOKEN
 from .s3cluster import s3_bucket, s3_cluster, seaweedfs  # noqa: F401  (pytest fixtures)
+from .tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -127,16 +135,25 @@ def test_the_store_killed_mid_splice_cuts_the_download_and_counts_it(s3_cluster,
     assert refused.status_code == 503 and refused.json()["code"] == "unavailable"
 
 
-def test_an_https_store_keeps_the_stream_and_a_store_s_answer_is_bounded(s3_cluster, tmp_path):
+def test_an_https_or_proxied_store_keeps_the_stream_and_a_store_s_answer_is_bounded(
+    s3_cluster, tmp_path, monkeypatch
+):
     settings = s3_cluster.settings().object_store
     assert settings is not None and settings.endpoint_url.startswith("http://")
     sha256 = "ab" * 32
     plain = ObjectStorage(tmp_path, settings)
-    assert isinstance(plain.open_piped_range(sha256, 0, MiB), PipedRange)
+    assert isinstance(plain.open_direct_range(sha256, 0, MiB), DirectRange)
     secure = ObjectStorage(tmp_path, dataclasses.replace(
         settings, endpoint_url=settings.endpoint_url.replace("http://", "https://")
     ))
-    assert secure.open_piped_range(sha256, 0, MiB) is None
+    assert secure.open_direct_range(sha256, 0, MiB) is None
+    # obstore's client goes through an HTTP proxy the environment names: so the store is left to it.
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    assert ObjectStorage(tmp_path, settings).open_direct_range(sha256, 0, MiB) is None
+    monkeypatch.setenv("NO_PROXY", urllib.parse.urlsplit(settings.endpoint_url).hostname)
+    assert ObjectStorage(tmp_path, settings).open_direct_range(sha256, 0, MiB) is not None
+    monkeypatch.delenv("HTTP_PROXY")
+    monkeypatch.delenv("NO_PROXY")
 
     async def endless_head() -> str:
         """A 'store' whose answer's head never ends: refused after MAX_HEAD_BYTES."""
@@ -154,7 +171,7 @@ def test_an_https_store_keeps_the_stream_and_a_store_s_answer_is_bounded(s3_clus
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         hostile = ObjectStorage(tmp_path, dataclasses.replace(settings, endpoint_url=f"http://127.0.0.1:{port}"))
-        piped = hostile.open_piped_range(sha256, 0, MiB)
+        piped = hostile.open_direct_range(sha256, 0, MiB)
         assert piped is not None
         try:
             await piped.fill()
@@ -166,3 +183,104 @@ def test_an_https_store_keeps_the_stream_and_a_store_s_answer_is_bounded(s3_clus
         return "no error"
 
     assert f"exceeds {MAX_HEAD_BYTES} bytes" in asyncio.run(asyncio.wait_for(endless_head(), 30))
+
+
+# --- the read cache's fill received on a connection of its own ---------------------------------
+
+
+class CountingStorage(ObjectStorage):
+    """The object-store backend against the test's bucket, counting the direct ranges it opens."""
+
+    def __init__(self, root, settings, store) -> None:
+        super().__init__(root, settings, store)
+        self.direct = 0
+
+    def open_direct_range(self, sha256, start, length, **options):
+        self.direct += 1
+        return super().open_direct_range(sha256, start, length, **options)
+
+
+def storage_for(s3_cluster, root, endpoint: str | None = None) -> CountingStorage:
+    settings = s3_cluster.settings().object_store
+    assert settings is not None
+    if endpoint is not None:
+        settings = dataclasses.replace(settings, endpoint_url=endpoint)
+    return CountingStorage(root, settings, ObjectStore(settings, connect_timeout=2.0, read_timeout=5.0))
+
+
+async def read_through(cache: ReadCache, sha256: str, size: int) -> bytes:
+    reader = cache.reader(sha256, size, 0, size, lambda start, length: pytest.fail("fell back"))
+    assert reader is not None
+    out = bytearray()
+    try:
+        while len(out) < size:
+            await reader.fill()
+            out += reader.take(reader.buffered)
+    finally:
+        await reader.aclose()
+    return bytes(out)
+
+
+def test_a_chunk_is_reused_only_once_nothing_refers_to_it():
+    pool = ChunkPool(64 * KiB)
+    first = pool.take()
+    address = first[:1]
+    second = pool.take()  # the first is in use: a new one
+    assert len(pool) == 2
+    del first
+    assert len(pool.take()) == 64 * KiB and len(pool) == 3  # a slice of the first still lives
+    del address, second
+    pool.take()
+    assert len(pool) == 3  # one of them again
+
+
+def test_a_cache_fill_from_a_plain_http_store_is_received_on_its_own_connection(s3_cluster, tmp_path):
+    size = 21 * MiB + 77  # whole chunks, then a tail that is not a whole block
+    data = pattern(size)
+    sha256 = hashlib.sha256(data).hexdigest()
+    s3_cluster.put_object(blob_key(sha256), data)
+    storage = storage_for(s3_cluster, tmp_path)
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 64 * MiB, storage)
+        bodies = await asyncio.gather(*(read_through(cache, sha256, size) for _ in range(3)))
+        await cache.drained()
+        assert all(body == data for body in bodies)
+        assert storage.direct == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        fd = cache.acquire(sha256)
+        assert fd is not None and os.pread(fd, 100, size - 100) == data[-100:]
+        cache.release(sha256, fd)
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_a_cache_fill_cut_mid_way_fails_its_readers_and_keeps_nothing(s3_cluster, tmp_path):
+    size = 96 * MiB
+    data = pattern(size)
+    sha256 = hashlib.sha256(data).hexdigest()
+    s3_cluster.put_object(blob_key(sha256), data)
+    endpoint = urllib.parse.urlsplit(s3_cluster.settings().object_store.endpoint_url)
+    with TcpProxy(endpoint.hostname, endpoint.port) as proxy:
+        storage = storage_for(s3_cluster, tmp_path, f"http://127.0.0.1:{proxy.port}")
+
+        async def run():
+            cache = await ReadCache.open(tmp_path / "cache", 128 * MiB, storage)
+            reader = cache.reader(sha256, size, 0, size, lambda start, length: pytest.fail("fell back"))
+            got = bytearray()
+            with pytest.raises(StorageUnavailable):
+                while len(got) < size:
+                    await reader.fill()
+                    got += reader.take(reader.buffered)
+                    if len(got) >= 8 * MiB and not proxy_cut:
+                        proxy_cut.append(await asyncio.to_thread(proxy.cut))
+            await reader.aclose()
+            await cache.drained()
+            assert 8 * MiB <= len(got) < size and bytes(got) == data[:len(got)]
+            assert storage.direct == 1 and cache.fills["failed"] == 1 and cache.held == 0 and cache.acquire(sha256) is None
+            await asyncio.sleep(0.05)  # the background unlinks
+            assert os.listdir(cache.filling) == []
+            cache.close()
+
+        proxy_cut: list = []
+        asyncio.run(asyncio.wait_for(run(), 60))

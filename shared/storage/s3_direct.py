@@ -1,14 +1,18 @@
-"""A range of an object read from a plain-http store into a pipe, so that the download path can
-`splice` it to its client (shared/download/object_transfer.py): the body never enters user space.
+"""A range of an object read from a plain-http store on a connection of our own, the body either
+moved into a pipe for the download path to `splice` to its client (shared/download/
+object_transfer.py: it never enters user space), or received straight into the read cache's
+buffers (shared/storage/read_cache.py: one copy, one system call per buffer).
 
 obstore's stream hands Python a buffer per MiB that the gateway then writes to its client: two
 copies of every byte and ~0.6 CPU s/GiB on the event loop's host; moving socket → pipe → socket
-with splice(2) costs ~0.25 (docs/performance.md, issue 16). So for an endpoint without TLS
-(`ARKVORY_S3_ENDPOINT_URL=http://...`, a store beside the gateways), `PipedRange` asks obstore
-for a SigV4 presigned GET URL (no signing of ours), sends that GET on a connection of its own,
-reads and checks the answer's head with httptools (bounded in size and time), then moves the body
-into a pipe as the reader asks (`fill`), each step bounded by the store's read timeout. TLS
-endpoints keep obstore's stream (the bytes must be decrypted in user space anyway).
+with splice(2) costs ~0.25, and a cache fill received with `recv(MSG_WAITALL)` into reused,
+page-aligned buffers that O_DIRECT writes as they are ~0.3 instead of ~0.65 (docs/performance.md,
+issue 16). So for an endpoint without TLS (`ARKVORY_S3_ENDPOINT_URL=http://...`, a store beside
+the gateways), `DirectRange` asks obstore for a SigV4 presigned GET URL (no signing of ours),
+sends that GET on a connection of its own, reads and checks the answer's head with httptools
+(bounded in size and time), then hands out the body as its reader asks (`fill` into the pipe on
+the event loop, or `receive_into` in a worker thread), each step bounded by the store's read
+timeout. TLS endpoints keep obstore's stream (the bytes must be decrypted in user space anyway).
 
 It speaks only the little HTTP it needs: one request per connection (`Connection: close`, so
 nothing is reused half-read), an answer with a Content-Length (206, or 200 for a whole object),
@@ -24,6 +28,7 @@ import fcntl
 import os
 import re
 import socket
+import struct
 import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -70,11 +75,13 @@ class _Head:
         self.early_body += body
 
 
-class PipedRange:
-    """Bytes [start, start + length) of one object in a pipe: `fill` puts at least one byte in
-    it (opening the GET the first time), the reader moves them out of `pipe_fd` with splice and
-    says how many (`consumed`), or copies a few (`read`). Like s3_client.py's `RangeReader`, it
-    never ends short (StorageUnavailable instead); `aclose` cuts the connection.
+class DirectRange:
+    """Bytes [start, start + length) of one object on a connection of our own, used one of two
+    ways. In a pipe: `fill` puts at least one byte in it (opening the GET the first time), the
+    reader moves them out of `pipe_fd` with splice and says how many (`consumed`), or copies a
+    few (`read`). Into buffers: `open`, then `receive_into` in a worker thread, one call at a
+    time. Like s3_client.py's `RangeReader`, it never ends short (StorageUnavailable instead);
+    `aclose` cuts the connection.
 
     `counted(result)` is told of the GET ("ok" once the store answered with the bytes, "failed"
     when it did not).
@@ -92,12 +99,14 @@ class PipedRange:
         self._sock: socket.socket | None = None
         self._pipe: tuple[int, int] | None = None  # (read end, write end)
         self._capacity = 0
-        self._arrived = 0  # bytes of the body put in the pipe (or on their way through it)
+        self._arrived = 0  # bytes of the body put in the pipe, or received into buffers
         self.buffered = 0  # bytes in the pipe, not yet consumed
+        self._early = b""  # body bytes that came with the head, for `receive_into`
+        self._blocking = False
         self._closed = False
 
     def __repr__(self) -> str:  # never the URL: it carries a signature
-        return f"PipedRange({self.key!r}, {self.start}, {self.length})"
+        return f"DirectRange({self.key!r}, {self.start}, {self.length})"
 
     @property
     def pipe_fd(self) -> int:
@@ -106,13 +115,55 @@ class PipedRange:
 
     # -- the reader's side -------------------------------------------------------------------------
 
+    async def open(self) -> None:
+        """Send the GET and check the answer's head (StorageError before any byte)."""
+        if self._sock is None:
+            await self._open(into_pipe=False)
+
+    def receive_into(self, view: memoryview) -> int:
+        """Fill `view` with the next bytes of the range (fewer only at its end; 0 after it), in
+        one blocking receive: for a worker thread, after `open`. StorageUnavailable when the
+        store stops sending for its read timeout or closes before the end."""
+        if self._closed or self._sock is None:
+            raise StorageUnavailable(f"object store: the read of {self.key} was closed")
+        want = min(len(view), self.length - self._arrived)
+        got = 0
+        if self._early:
+            got = min(want, len(self._early))
+            view[:got] = self._early[:got]
+            self._early = self._early[got:]
+        sock = self._sock
+        if not self._blocking:
+            # The kernel's own receive timeout bounds each wait: a blocking MSG_WAITALL receive
+            # fills the whole buffer in one system call.
+            seconds = self._store.read_timeout
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                            struct.pack("ll", int(seconds), int(seconds % 1 * 1_000_000)))
+            sock.settimeout(None)
+            self._blocking = True
+        while got < want:
+            try:
+                count = sock.recv_into(view[got:want], 0, socket.MSG_WAITALL)
+            except BlockingIOError:  # SO_RCVTIMEO: nothing for the read timeout
+                raise self._error(TimeoutError(), "finish reading") from None
+            except OSError as exc:
+                raise self._error(exc, "finish reading") from None
+            if not count:
+                raise StorageUnavailable(
+                    f"object store: the read of {self._full} ended after {self._arrived + got} of"
+                    f" {self.length} bytes", setting="ARKVORY_S3_ENDPOINT_URL",
+                )
+            got += count
+        self._arrived += got
+        return got
+
     async def fill(self) -> None:
         """Have at least one byte in the pipe; StorageError when the store fails (BlobNotFound
         when the object is not there), before or after the first byte."""
         if self._closed:
             raise StorageUnavailable(f"object store: the read of {self.key} was closed")
         if self._sock is None:
-            await self._open()
+            await self._open(into_pipe=True)
         while not self.buffered:
             await self._splice_in()
 
@@ -127,12 +178,30 @@ class PipedRange:
         return data
 
     async def aclose(self) -> None:
-        """Cut the transfer: the connection is closed (never reused half-read), the pipe too."""
+        """Cut the transfer: the connection is closed (never reused half-read), the pipe too.
+        Not while a `receive_into` runs: `interrupt` it, then `close` in its thread."""
+        sock = self._sock
+        if sock is not None and not self._blocking:
+            asyncio.get_running_loop().remove_reader(sock.fileno())
+        self.close()
+
+    def interrupt(self) -> None:
+        """Cut the connection under a `receive_into` in progress (any thread): it returns."""
+        self._closed = True
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # not connected any more
+
+    def close(self) -> None:
+        """Close the connection and the pipe; in the receiving thread after `interrupt`, so that
+        a receive never meets a descriptor number used again for something else."""
         self._closed = True
         self.buffered = 0
         sock, self._sock = self._sock, None
         if sock is not None:
-            asyncio.get_running_loop().remove_reader(sock.fileno())
             sock.close()
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
@@ -192,14 +261,14 @@ class PipedRange:
             exc = TimeoutError("timed out")  # asyncio.timeout's says nothing
         return classify(exc, action=action, what=self._full, settings=self._store.settings)
 
-    async def _open(self) -> None:
+    async def _open(self, *, into_pipe: bool) -> None:
         """Send the GET and check the answer's head; retried (RETRY_BACKOFF_S, at most the
         store's `max_retries` more attempts) when the store cannot be reached or answers 5xx,
         as obstore retries its own requests: nothing of the body has come yet."""
         attempts = 1 + min(self._store.max_retries, len(RETRY_BACKOFF_S))
         for attempt in range(attempts):
             try:
-                await self._attempt()
+                await self._attempt(into_pipe)
                 self._counted("ok")
                 return
             except (_RetryableAnswer, OSError) as exc:  # OSError: TimeoutError too
@@ -219,7 +288,7 @@ class PipedRange:
         if sock is not None:
             sock.close()
 
-    async def _attempt(self) -> None:
+    async def _attempt(self, into_pipe: bool) -> None:
         url = urllib.parse.urlsplit(await self._store.presign_get(self.key))
         sock = await self._connect(url.hostname or "", url.port or 80)
         self._sock = sock
@@ -233,6 +302,9 @@ class PipedRange:
             await loop.sock_sendall(sock, request)
         head, status = await self._read_head(sock)
         self._check_answer(head, status)
+        if not into_pipe:
+            self._early = bytes(head.early_body[:self.length])
+            return
         if self._pipe is None:
             self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             try:
