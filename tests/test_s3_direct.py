@@ -239,6 +239,8 @@ def test_a_cache_fill_from_a_plain_http_store_is_received_on_its_own_connection(
     data = pattern(size)
     sha256 = hashlib.sha256(data).hexdigest()
     s3_cluster.put_object(blob_key(sha256), data)
+    empty = hashlib.sha256(b"").hexdigest()
+    s3_cluster.put_object(blob_key(empty), b"")
     storage = storage_for(s3_cluster, tmp_path)
 
     async def run():
@@ -250,6 +252,12 @@ def test_a_cache_fill_from_a_plain_http_store_is_received_on_its_own_connection(
         fd = cache.acquire(sha256)
         assert fd is not None and os.pread(fd, 100, size - 100) == data[-100:]
         cache.release(sha256, fd)
+        # An empty blob has nothing to receive: the store's stream, as before.
+        await (cache.reader(empty, 0, 0, 0, lambda start, length: pytest.fail("fell back"))).aclose()
+        await cache.drained()
+        fd = cache.acquire(empty)
+        assert cache.fills["ok"] == 2 and fd is not None and os.fstat(fd).st_size == 0
+        cache.release(empty, fd)
         cache.close()
 
     asyncio.run(run())

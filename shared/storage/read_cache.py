@@ -323,7 +323,7 @@ class ReadCache:
                 hashing = loop.create_task(_hash_behind(flight, temporary))
                 hashing.add_done_callback(_retrieved)  # awaited only if the fill gets all the bytes
                 direct = getattr(self._origin, "open_direct_range", None)
-                ranged = None if direct is None else direct(sha256, 0, size)
+                ranged = None if direct is None or not size else direct(sha256, 0, size)
                 buffers = self._streamed(sha256, size) if ranged is None else self._received(ranged)
                 writes: collections.deque[asyncio.Future] = collections.deque()
                 try:
