@@ -33,6 +33,7 @@ import asyncio
 import datetime
 import os
 import pathlib
+import resource
 import statistics
 import subprocess
 import time
@@ -55,6 +56,7 @@ from cluster import (
     create_repo,
     machine,
     memory_kib,
+    metrics,
     need_tool,
     reader_tokens,
     sha256_of,
@@ -75,23 +77,37 @@ UPLOAD_PART = 64 * MiB
 
 
 def curl(argv: list[str], size: int, timeout: float = 600) -> float:
-    """Seconds of one curl download of `size` bytes to /dev/null."""
+    """Seconds of one curl download of `size` bytes to /dev/null (its CPU seconds: `curl_cpu`)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(
         [need_tool("curl"), "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{time_total}", *argv],
         capture_output=True, text=True, timeout=timeout,
     )
     if out.returncode != 0:
         raise BenchError(f"curl failed ({out.returncode}): {out.stderr.strip()}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    curl_cpu[0] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     code, got, seconds = out.stdout.split()
     if code not in ("200", "206") or int(got) != size:
         raise BenchError(f"curl: HTTP {code}, {got} of {size} bytes")
     return float(seconds)
 
 
-def gateway_get(process, path: str, size: int) -> tuple[float, float]:
-    """(MiB/s, server CPU s/GiB) of one download through `process`."""
+curl_cpu = [0.0]  # CPU seconds of the last curl
+
+
+FILLS = 'arkvory_read_cache_fills_total{result="ok"}'
+
+
+def gateway_get(process, path: str, size: int, *, fills: bool = False) -> tuple[float, float]:
+    """(MiB/s, server CPU s/GiB) of one download through `process`. With `fills` (a cold read
+    through a read cache), the CPU counts until the fill ends: its hash may trail the download."""
     before = cpu_seconds(process.proc.pid)
+    filled = metrics(process).get(FILLS, 0.0) if fills else 0.0
     seconds = curl(["-H", f"Authorization: Bearer {ADMIN_TOKEN}", process.url + path], size)
+    deadline = time.monotonic() + 60
+    while fills and metrics(process).get(FILLS, 0.0) <= filled and time.monotonic() < deadline:
+        time.sleep(0.05)
     return size / seconds / MiB, (cpu_seconds(process.proc.pid) - before) / (size / GiB)
 
 
@@ -196,7 +212,7 @@ def main() -> int:
             cold: dict[str, list[float]] = {"curl": [], "cache": [], "stream": []}
             hot: dict[str, list[tuple[float, float]]] = {"cache": [], "nginx": []}
             if "cold" in args.parts:
-                measure_reads(bench, args, shared, store_env, writer, curl_config, size, cold, hot)
+                measure_reads(bench, args, shared, store_env, writer, curl_config, size, cold, hot, weed.pid)
             peak = idle = elapsed = 0.0
             errors: list = []
             unfinished = 0
@@ -207,7 +223,10 @@ def main() -> int:
         return report(args, size, cold, hot, uploads, peak, idle, elapsed, errors, unfinished)
 
 
-def measure_reads(bench, args, shared, store_env, writer, curl_config, size, cold, hot) -> None:
+cold_cpu: dict[str, list[list[float]]] = {"curl": [], "cache": [], "stream": []}  # per round: gateway, store, curl
+
+
+def measure_reads(bench, args, shared, store_env, writer, curl_config, size, cold, hot, weed_pid) -> None:
     """Parts 1 and 2: cold reads alternating with curl, then hot reads alternating with nginx."""
     # One artifact per run: each is cold in the cache when its run reads it.
     artifacts = [upload(writer, "bench", f"big{run}.bin", size) for run in range(args.runs)]
@@ -225,11 +244,27 @@ def measure_reads(bench, args, shared, store_env, writer, curl_config, size, col
     gateway_get(streaming, warm["path"], 64 * MiB)
     gateway_get(cached, warm["path"], 64 * MiB)
 
-    # 1. cold reads, alternating.
+    # 1. cold reads, alternating; the CPU seconds per GiB of the gateway, SeaweedFS and curl.
+    gib = size / GiB
+
+    def timed(read):
+        store = tree_cpu_seconds([weed_pid])
+        rate, gateway_cpu = read()
+        return rate, gateway_cpu, (tree_cpu_seconds([weed_pid]) - store) / gib, curl_cpu[0] / gib
+
     for artifact in artifacts:
-        cold["curl"].append(size / curl(["-K", str(curl_config), object_url(artifact)], size) / MiB)
-        cold["stream"].append(gateway_get(streaming, artifact["path"], size)[0])
-        cold["cache"].append(gateway_get(cached, artifact["path"], size)[0])
+        for name, read in (
+            ("curl", lambda: (size / curl(["-K", str(curl_config), object_url(artifact)], size) / MiB, 0.0)),
+            ("stream", lambda: gateway_get(streaming, artifact["path"], size)),
+            ("cache", lambda: gateway_get(cached, artifact["path"], size, fills=True)),
+        ):
+            rate, *cpu = timed(read)
+            cold[name].append(rate)
+            cold_cpu[name].append(cpu)
+        print(f"cold round {len(cold['curl'])}: " + "; ".join(
+            f"{name} {cold[name][-1]:.0f} MiB/s (CPU s/GiB: gateway {g:.2f}, store {w:.2f}, curl {c:.2f})"
+            for name in ("curl", "stream", "cache") for g, w, c in [cold_cpu[name][-1]]
+        ) + f"; load {os.getloadavg()[0]:.2f}", flush=True)
     artifact, path = artifacts[-1], artifacts[-1]["path"]
 
     # 2. hot reads: the cached file, through the gateway and through nginx.
@@ -290,6 +325,11 @@ def report(args, size, cold, hot, uploads, peak, idle, elapsed, errors, unfinish
         ]
         print("cold rounds (MiB/s): " + "; ".join(
             f"curl {a:.0f} cache {b:.0f} stream {c:.0f}" for a, b, c in zip(cold["curl"], cold["cache"], cold["stream"])))
+        for name in ("stream", "cache"):
+            ratios = [r / c for r, c in zip(cold[name], cold["curl"])]
+            print(f"cold {name} / curl per round: " + ", ".join(f"{r:.2f}" for r in ratios)
+                  + f"; median {median(ratios):.2f}; gateway CPU s/GiB median"
+                  f" {median([g for g, _, _ in cold_cpu[name]]):.2f}")
     if hot["cache"]:
         h_rate, h_cpu = median([r for r, _ in hot["cache"]]), median([c for _, c in hot["cache"]])
         n_rate, n_cpu = median([r for r, _ in hot["nginx"]]), median([c for _, c in hot["nginx"]])

@@ -1,8 +1,10 @@
 """The read cache (shared/storage/read_cache.py) on real files, filled from a real directory
-backend as its origin: one fill per digest however many read at once, the hash checked before a
-byte of a wrong fill completes a response, the limit held (never evicting a file being read), a
-changed file dropped and refetched, and the directory as the index after a restart, re-checked.
-The same on a real SeaweedFS through real processes: tests/test_s3_cache.py."""
+backend as its origin: one fill per digest however many read at once, a wrong fill never kept and
+no response that read its file completed (those sent from the store's own buffers complete, as
+without a cache), the hash trailing the fill from memory or from the file, the limit held (never
+evicting a file being read), a changed file dropped and refetched, and the directory as the index
+after a restart, re-checked. The same on a real SeaweedFS through real processes:
+tests/test_s3_cache.py."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import pytest
 
 from arkvory.shared.storage import StorageUnavailable
 from arkvory.shared.storage.directory import Storage
-from arkvory.shared.storage.read_cache import ReadCache
+from arkvory.shared.storage.cache_files import DirectReader
+from arkvory.shared.storage.read_cache import FILL_CHUNK, ReadCache, _Flight, _hash_behind
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -22,12 +25,16 @@ KiB = 1024
 
 
 class Origin(Storage):
-    """The directory backend, counting the ranges the cache opens on it."""
+    """The directory backend, counting the ranges the cache opens on it; with `pause_before`, a
+    range stops before that buffer (`paused` is set) until `resume` is set."""
 
     def __init__(self, root):
         super().__init__(root)
         self.blobs.mkdir(parents=True)
         self.opened = 0
+        self.pause_before: int | None = None
+        self.paused = asyncio.Event()
+        self.resume = asyncio.Event()
 
     def put(self, data: bytes, under: str | None = None) -> str:
         sha256 = under or hashlib.sha256(data).hexdigest()
@@ -38,15 +45,48 @@ class Origin(Storage):
 
     def open_range(self, sha256, start, length, **options):
         self.opened += 1
-        return super().open_range(sha256, start, length, **options)
+        reader = super().open_range(sha256, start, length, **options)
+        return reader if self.pause_before is None else PausingRange(reader, self)
+
+
+class PausingRange:
+    """The directory backend's range (a BlobReader) that stops before buffer `pause_before`."""
+
+    def __init__(self, inner, origin: Origin) -> None:
+        self.inner = inner
+        self.origin = origin
+        self.handed = 0
+
+    async def __aenter__(self):
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info):
+        await self.inner.__aexit__(*exc_info)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.handed == self.origin.pause_before:
+            self.origin.paused.set()
+            await self.origin.resume.wait()
+        self.handed += 1
+        return await self.inner.__anext__()
+
+    async def aclose(self):
+        await self.inner.aclose()
 
 
 def no_fallback(start, length):
     raise AssertionError("the cache fell back to the store")
 
 
-async def read_all(cache: ReadCache, sha256: str, size: int, start: int = 0, length: int | None = None) -> bytes:
-    """What a download would send: a hit's file, or the bytes behind the fill."""
+async def read_all(
+    cache: ReadCache, sha256: str, size: int, start: int = 0, length: int | None = None, *, settle: bool = True
+) -> bytes:
+    """What a download would send: a hit's file, or the bytes behind the fill; then, `settle`,
+    wait for the fill to end (a reader may finish before the fill's hash is checked)."""
     length = size - start if length is None else length
     fd = cache.acquire(sha256)
     if fd is not None:
@@ -63,6 +103,8 @@ async def read_all(cache: ReadCache, sha256: str, size: int, start: int = 0, len
             out += reader.take(reader.buffered)
     finally:
         await reader.aclose()
+    if settle:
+        await cache.drained()
     return bytes(out)
 
 
@@ -90,29 +132,84 @@ def test_fifty_readers_of_a_cold_blob_make_one_fill_and_then_it_is_a_hit(origin,
     asyncio.run(run())
 
 
-def test_a_fill_that_does_not_match_its_digest_never_completes_a_read_and_is_not_kept(origin, tmp_path):
-    data = os.urandom(300 * KiB)
+def test_a_wrong_fill_is_not_kept_and_no_read_of_its_file_completes(origin, tmp_path):
+    """The store sends other bytes than the digest's. A reader that streams along with the fill
+    gets them from the store's own buffers and completes, as it would without a cache (and
+    without waiting for the hash); a reader that read the fill's file never gets its last byte:
+    it is cut when the hash does not match. Nothing is kept, the next read fills afresh."""
+    size = 7 * FILL_CHUNK  # the fill's buffers: the origin stops before the last one
+    data = os.urandom(size)
     sha256 = hashlib.sha256(data).hexdigest()
-    origin.put(os.urandom(len(data)), under=sha256)  # the store holds other bytes under the digest
+    stored = os.urandom(size)
+    origin.put(stored, under=sha256)
+    origin.pause_before = 6
 
     async def run():
-        cache = await ReadCache.open(tmp_path / "cache", 1024 * KiB, origin)
-        reader = cache.reader(sha256, len(data), 0, len(data), no_fallback)
-        got = 0
-        with pytest.raises(StorageUnavailable, match="do not match its digest"):
+        cache = await ReadCache.open(tmp_path / "cache", 64 * 1024 * KiB, origin)
+        along = asyncio.create_task(read_all(cache, sha256, size, settle=False))
+        await origin.paused.wait()
+        # Six buffers in, at least the first two written and out of the window (WINDOW): the
+        # first MiB now comes from the file.
+        behind = cache.reader(sha256, size, 0, 1024 * KiB, no_fallback)
+        got = bytearray()
+
+        async def read_behind():
             while True:
-                await reader.fill()
-                got += len(reader.take(reader.buffered))
-        await reader.aclose()
-        assert got < len(data)  # the last byte waited for the check, and never came
+                await behind.fill()
+                got.extend(behind.take(behind.buffered))
+
+        reading = asyncio.create_task(read_behind())
+        await asyncio.sleep(0.3)
+        assert len(got) == 1024 * KiB - 1 and not reading.done()  # its last byte waits for the hash
+        origin.resume.set()
+        with pytest.raises(StorageUnavailable, match="do not match its digest"):
+            await reading
+        await behind.aclose()
+        assert bytes(got) == stored[:len(got)]
+        assert await along == stored  # as the store sent them: a download without a cache
+        await cache.drained()
         assert cache.fills["corrupt"] == 1 and cache.held == 0 and cache.acquire(sha256) is None
         await asyncio.sleep(0.05)  # the background unlinks
         assert os.listdir(cache.filling) == []
+        origin.pause_before = None
         origin.put(data)  # repaired: the next read fills afresh
-        assert await read_all(cache, sha256, len(data)) == data
+        assert await read_all(cache, sha256, size) == data
+        await cache.drained()
+        assert cache.fills["ok"] == 1 and cache.acquire(sha256) is not None
         cache.close()
 
     asyncio.run(run())
+
+
+def test_the_hash_behind_a_fill_reads_back_from_the_file_what_the_window_no_longer_holds(tmp_path):
+    """The fill's hash trails it: from the fill's buffers while they are in memory, from the
+    file (direct reads, any alignment) once it has fallen behind them."""
+    size = 21 * 1024 * KiB + 123
+    data = os.urandom(size)
+    path = tmp_path / "filling"
+    path.write_bytes(data)
+    flight = _Flight(hashlib.sha256(data).hexdigest(), size, str(path))
+    start, end = 5 * 1024 * KiB + 7, 9 * 1024 * KiB + 13
+    flight.received = start
+    flight.arrived(memoryview(data)[start:end])  # only these bytes are still in memory
+    flight.received = size
+    flight.advance(size)
+    assert flight.in_memory(start, 1) is not None and flight.in_memory(0, 1) is None
+
+    async def run():
+        return await _hash_behind(flight, str(path))
+
+    assert asyncio.run(run()) == flight.sha256
+    for first, last in ((0, size), (4095, 4097), (size - 5, size), (3, 8 * 1024 * KiB + 9)):
+        digest = hashlib.sha256()
+        reader = DirectReader(str(path))
+        try:
+            done = first
+            while done < last:
+                done += reader.hash_range(digest, done, last)
+        finally:
+            reader.close()
+        assert digest.hexdigest() == hashlib.sha256(data[first:last]).hexdigest()
 
 
 def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_stays(origin, tmp_path):

@@ -9,6 +9,13 @@ How the bytes come from the store:
   written to the connection as it is, with the connection's flow control as the only pace.
   Segments would cost a request's latency every few MiB and a copy of every byte (measured:
   0.6× curl in segments, 0.8× streamed, for a 1 GiB cold read on 2 cores).
+  From a plain-http store to a plain-TCP client that stream is **spliced** instead: the store's
+  answer arrives in a pipe on a connection of its own (shared/storage/s3_direct.py `DirectRange`)
+  and goes to the client with splice(2) (`ConnectionHandle.splice`), never entering user space:
+  ~0.25 CPU s/GiB instead of ~0.6 (docs/performance.md, issue 16). When the client's socket is
+  full, one small copied piece goes through the transport to learn when it drains, as the
+  sendfile path does (transfer.py `Payload`). Bodies under SPLICE_MIN_BYTES keep obstore's
+  pooled connections (a connection of their own would cost more than the copies it saves).
 - **Throttled**: bounded segments, each one range GET read whole before its first byte is sent
   (its connection goes straight back to the pool), the next one fetched once half of the current
   one is sent (a transfer never waits on the store between segments). A transfer's first segment
@@ -55,7 +62,7 @@ from arkvory.shared.http.protocol import ConnectionHandle
 from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError, StorageUnavailable
 
 from .serving import ServingProcess
-from .transfer import UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone, require_artifact
+from .transfer import COPY_PIECE_BYTES, UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone, require_artifact
 
 log = logging.getLogger("arkvory.content")
 
@@ -69,6 +76,7 @@ MIN_SEGMENT = 64 * KiB
 MAX_SEGMENT = 8 * MiB
 FETCHES_AT_ONCE = 32  # segment GETs in flight per process: bounds their buffers and connections
 RETRY_AFTER_S = 2
+SPLICE_MIN_BYTES = 4 * MiB  # smaller streamed bodies keep obstore's pooled connections
 
 
 class StoreSource:
@@ -281,16 +289,22 @@ async def stream_from_store(
     reads = runtime.metrics.storage_reads
     sha256 = response.artifact.sha256
 
+    def counted(result: str) -> None:
+        reads.labels(result=result).inc()
+
     def from_store(first: int, count: int) -> StoreSource:
-        return StoreSource(
-            storage, sha256, first, count,
-            segment_cap=segment_cap_for(runtime), counted=lambda result: reads.labels(result=result).inc(),
-        )
+        return StoreSource(storage, sha256, first, count, segment_cap=segment_cap_for(runtime), counted=counted)
 
     cache = getattr(storage, "cache", None)
     # A miss of the read cache reads behind the digest's one fill (shared/storage/read_cache.py);
     # a blob it will not hold comes from the store directly.
     source: Any = None if cache is None else cache.reader(sha256, response.artifact.size, start, length, from_store)
+    piped = False
+    if source is None and _may_splice(runtime, handle, length):
+        source = storage.open_direct_range(sha256, start, length, counted=counted)  # type: ignore[attr-defined]
+        if source is not None:  # None: a store reached over TLS
+            piped = True
+            _open_streams().add(source)  # counts among the streaming GETs (STREAMS_AT_ONCE)
     if source is None:
         source = from_store(start, length)
     try:
@@ -315,22 +329,39 @@ async def stream_from_store(
                 response._send_timed_out(handle)
                 return
             await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
-            if await _send_body(response, source, handle, length):
+            if await _send_body(response, source, handle, length, piped=piped):
                 handle.complete()  # the last body message's bookkeeping (transfer.py does the same)
         finally:
             runtime.transfers.discard(aborter)
     finally:
+        _open_streams().discard(source)
         await source.aclose()
 
 
-async def _send_body(response: BlobResponse, source: Any, handle: ConnectionHandle, remaining: int) -> bool:
-    """True when every byte was handed over; False when the connection is gone or was cut."""
+def _may_splice(runtime: ServingProcess, handle: ConnectionHandle | None, length: int) -> bool:
+    """A streamed (not segmented) body of SPLICE_MIN_BYTES or more, to a plain-TCP client, from
+    a storage that can hand its bytes over in a pipe (an object store's `open_direct_range`)."""
+    return (
+        handle is not None and handle.can_sendfile and length >= SPLICE_MIN_BYTES
+        and hasattr(runtime.storage, "open_direct_range") and segment_cap_for(runtime) is None
+    )
+
+
+async def _send_body(
+    response: BlobResponse, source: Any, handle: ConnectionHandle, remaining: int, *, piped: bool = False
+) -> bool:
+    """True when every byte was handed over; False when the connection is gone or was cut.
+    `source` hands out buffers (`take`), or, `piped`, holds its bytes in a pipe (a
+    `storage.PipedReader`: spliced to the client)."""
     runtime = response.runtime
     bandwidth = runtime.bandwidth
     principal_id = response.principal.id
     timeout = runtime.settings.send_timeout_s
     payload = runtime.metrics.payload_bytes
     chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else bandwidth.quantum_bytes
+    if piped:
+        # "Writable" then means "nothing queued": a splice must never overtake queued bytes.
+        handle.transport.set_write_buffer_limits(high=0, low=0)
     while remaining:
         if not source.buffered:
             try:
@@ -353,9 +384,23 @@ async def _send_body(response: BlobResponse, source: Any, handle: ConnectionHand
             if not runtime.payload_allowed():
                 _cut_for_lease(runtime, handle)
                 return False
-            piece = source.take(granted)
-            handle.write(piece)  # type: ignore[arg-type]  (a memoryview: uvloop keeps it, no copy)
-            size = len(piece)
+            if piped:
+                size = 0
+                if not handle.buffered:
+                    try:
+                        size = handle.splice(source.pipe_fd, granted)
+                    except ConnectionError as exc:  # broken pipe, reset
+                        _client_gone(runtime, handle, f"{exc.__class__.__name__}: {exc}")
+                        return False
+                    source.consumed(size)
+                if not size:  # the socket is full: a copied piece tells when it has drained
+                    piece = source.read(min(granted, COPY_PIECE_BYTES))
+                    handle.write(piece)
+                    size = len(piece)
+            else:
+                piece = source.take(granted)
+                handle.write(piece)  # type: ignore[arg-type]  (a memoryview: uvloop keeps it, no copy)
+                size = len(piece)
             granted -= size
             remaining -= size
             payload.inc(size)

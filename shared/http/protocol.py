@@ -57,6 +57,7 @@ MAX_HEAD_BYTES = 64 * 1024
 LINGER_S = 2.0
 LINGER_MAX_BYTES = 1024 * 1024
 HANDLE_KEY = "arkvory.connection"
+_SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 
 
 class PayloadRefused(Exception):
@@ -236,6 +237,30 @@ class ConnectionHandle:
         stats = self._protocol.stats
         if stats is not None:
             stats.sendfile_bytes += sent
+        return sent
+
+    def splice(self, pipe_fd: int, count: int) -> int:
+        """Move up to `count` bytes from the pipe `pipe_fd` to the socket without copying them
+        (an object store's bytes: shared/storage/s3_direct.py); as `sendfile`, returns how many the
+        socket took (0 when it is full), raises a ConnectionError when the client is gone and
+        PayloadRefused, with nothing moved, when the payload gate is closed. Only with nothing
+        buffered in the transport, and only with at least `count` bytes in the pipe."""
+        cycle = self.cycle
+        if count > cycle.expected_content_length:
+            raise RuntimeError("Response content longer than Content-Length")
+        if not self._admit():
+            raise PayloadRefused()
+        try:
+            sent = os.splice(pipe_fd, self._socket_fd, count, flags=_SPLICE_FLAGS)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except ConnectionError:
+            self.cycle.disconnected = True
+            self.transport.abort()
+            raise
+        cycle.expected_content_length -= sent
+        if self._stats is not None:
+            self._stats.splice_bytes += sent
         return sent
 
     def abort(self) -> None:
@@ -547,6 +572,7 @@ class HeadStats(Collector):
         self.timed_out = 0
         self.late_payload_chunks = 0
         self.sendfile_bytes = 0
+        self.splice_bytes = 0
 
     def collect(self):
         refused = CounterMetricFamily(
@@ -567,6 +593,12 @@ class HeadStats(Collector):
             "arkvory_download_sendfile_bytes",
             "Payload bytes sent with sendfile (zero-copy; plain TCP only, TLS copies)",
             value=self.sendfile_bytes,
+        )
+        yield CounterMetricFamily(
+            "arkvory_download_splice_bytes",
+            "Payload bytes an object store sent that went to the client with splice (zero-copy;"
+            " plain-http stores and plain TCP clients only)",
+            value=self.splice_bytes,
         )
 
 

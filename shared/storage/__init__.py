@@ -5,7 +5,9 @@
 interface.py is the interface every caller uses (reading, publishing, maintenance, identity) and
 its errors; directory.py is the directory backend (`file:`: the content-addressed layout in
 ARKVORY_DATA_DIR), s3.py the object-store backend (`s3://`; its requests in s3_client.py, loaded
-only when configured); opening.py opens the one the settings name and checks its identity;
+only when configured, and s3_direct.py, which reads a plain-http store on connections of its
+own);
+opening.py opens the one the settings name and checks its identity;
 health.py keeps watch on whether it answers; read_cache.py is the local read cache of an
 object store's blobs (ARKVORY_CACHE_MAX_BYTES). local.py is the host's local state both share
 (upload files, free space); open_blobs.py keeps the descriptors the download path reuses,
@@ -23,6 +25,7 @@ from .interface import (
     BlobStat,
     BlobStorage,
     ListedBlob,
+    PipedReader,
     StorageError,
     StorageRefused,
     StorageUnavailable,
@@ -39,6 +42,7 @@ __all__ = [
     "BlobStorage",
     "ListedBlob",
     "LocalState",
+    "PipedReader",
     "Storage",
     "StorageError",
     "StorageHealth",

@@ -12,7 +12,11 @@
 Who calls what:
 - the content path (shared/download/transfer.py) asks `acquire_file` first: a descriptor is sent
   with sendfile (the directory; later the read cache of an object store), None means "stream it":
-  shared/download/object_transfer.py reads `open_range` segments through the token buckets;
+  shared/download/object_transfer.py reads `open_range` segments through the token buckets, or,
+  for a fast stream to a plain-TCP client, asks the object store's `open_direct_range` (a
+  `PipedReader`, s3_direct.py: the bytes arrive in a pipe and are spliced to the client; only
+  `ObjectStorage` has it, and it answers None for a store reached over TLS or a proxy; the read
+  cache's fill receives the same into its own buffers);
 - uploads (writer/artifacts.py, writer/uploads.py) `stage` a verified file, then `publish` it
   inside the transaction that holds the digest's claim (writer/maintenance/blob_locks.py);
 - cleanup lists and deletes (writer/maintenance/cleanup.py), verify re-hashes through
@@ -100,6 +104,25 @@ class BlobReader(Protocol):
     def __aiter__(self) -> BlobReader: ...
 
     async def __anext__(self) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+class PipedReader(Protocol):
+    """Bytes of one blob arriving in a pipe (s3_direct.py `DirectRange`): `fill` puts at least one
+    byte in `pipe_fd` (StorageError as for a BlobReader, never ending short); the reader moves
+    them out with splice and says how many (`consumed`), or copies a few (`read`)."""
+
+    buffered: int
+
+    @property
+    def pipe_fd(self) -> int: ...
+
+    async def fill(self) -> None: ...
+
+    def consumed(self, count: int) -> None: ...
+
+    def read(self, most: int) -> bytes: ...
 
     async def aclose(self) -> None: ...
 

@@ -7,15 +7,20 @@ zero-copy like a storage directory's files, evicted least recently used.
   its place) drops it and the read is a miss, so a changed file is refetched, never served. The
   descriptor goes to the sendfile path of shared/download/transfer.py.
 - **A miss** (`reader`): one fill per digest, however many readers want it at once (single
-  flight). The fill is one streaming GET of the whole object into `cache/filling/`, hashed as it
-  lands (in a worker thread beside the one that writes it, with O_DIRECT where the filesystem
-  allows), renamed into `cache/blobs/` only once size and SHA-256 match. Every reader of the
-  digest streams behind it: the fill's latest buffers (WINDOW) straight from memory, older bytes
-  from the growing file (a `CacheReader`, read by shared/download/
-  object_transfer.py through the token buckets exactly as the store's own bytes are), but the
-  last byte of each response waits for the check: a fill whose bytes do not match cuts its
-  readers' connections, so no download of wrong bytes ever completes. The fill is the cache's
-  own task: a reader that leaves does not stop it.
+  flight). The fill is one streaming GET of the whole object into `cache/filling/` (from a
+  plain-http store on a connection of its own, received into reused page-aligned buffers,
+  s3_direct.py; else obstore's stream), written with O_DIRECT in a worker thread
+  (cache_files.py), renamed into `cache/blobs/` only once size and SHA-256 match. The hash trails
+  the fill in a thread of its own at a lower priority (`_hash_behind`: from the fill's buffers
+  while they are in memory, else reading the file back), so on a host short of CPU the downloads
+  along with the fill come first and the fill completes right after. Every reader of the digest
+  streams behind it (a `CacheReader`, read by shared/download/object_transfer.py through the
+  token buckets exactly as the store's own bytes are): the fill's latest buffers (WINDOW) straight
+  from memory, older bytes from the growing file. A response that read any byte of the file gets
+  its last byte only once the hash matched (the file is not used before its check: a fill whose
+  bytes do not match cuts those readers' connections); one sent wholly from the store's buffers
+  completes as it would without a cache, which checks nothing either (clients check the
+  Repr-Digest). The fill is the cache's own task: a reader that leaves does not stop it.
 - **After a restart** the directory is the index (`open`): every file is taken in (least
   recently filled first) but trusted only after its hash is checked again on its first read
   (readers wait for that check, about a second per GiB): the process cannot know what happened
@@ -36,21 +41,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
-import errno
-import fcntl
+import functools
 import hashlib
 import logging
-import mmap
 import os
 import pathlib
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from .cache_files import ChunkPool, DirectReader, FillFile, file_matches, lower_priority
 from .interface import BlobReader, StorageError, StorageUnavailable
-from .local import is_out_of_space
 
 log = logging.getLogger("arkvory.storage")
 
@@ -59,10 +63,8 @@ READ_CHUNK = 1024 * 1024  # bytes per pread of a reader behind a fill
 # The fill's last buffers from the store stay in memory for the readers close behind it (they
 # send them as they are: no read of the file, no wait for the disk), at least this much.
 WINDOW = 8 * 1024 * 1024
-# A fill writes the file with O_DIRECT, STAGE bytes at a time (page cache writes cost this host
-# 0.4-1.8 CPU s/GiB of reclaim and copying, direct ones ~0.04).
-STAGE = 8 * 1024 * 1024
-WRITES_AHEAD = 4  # buffers of a fill waiting for its thread (hash, stage, write) at most
+WRITES_AHEAD = 4  # buffers of a fill waiting for its writing thread at most
+HASH_PIECE = 4 * 1024 * 1024  # bytes per hashing step from memory
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 Fallback = Callable[[int, int], Any]  # (start, length) -> a source like object_transfer.StoreSource
@@ -195,6 +197,11 @@ class ReadCache:
         log.info("read cache %s: %d files, %d bytes (limit %d)", self.directory, len(self._index), self.held,
                  self.max_bytes)
 
+    async def drained(self) -> None:
+        """Wait until no fill runs (a download may end before its fill's hash is checked)."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
     def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
@@ -273,7 +280,7 @@ class ReadCache:
     async def _fly(self, flight: _Flight, entry: _Entry, *, recheck: bool) -> None:
         sha256 = flight.sha256
         try:
-            if recheck and await asyncio.to_thread(_file_matches, flight.path, sha256, flight.size):
+            if recheck and await asyncio.to_thread(file_matches, flight.path, sha256, flight.size):
                 self._trust(sha256, entry)
                 flight.advance(flight.size)
                 flight.finish()
@@ -296,51 +303,48 @@ class ReadCache:
                 del self._flights[sha256]
 
     async def _fetch(self, flight: _Flight) -> None:
-        """Stream the object into a new file of filling/, hashing it, and rename it into place
-        once it matches; raises StorageError (the store failed or sent other bytes) or OSError
+        """Stream the object into a new file of filling/ and rename it into place once its
+        SHA-256 matches; raises StorageError (the store failed or sent other bytes) or OSError
         (this disk failed). Each buffer from the store is offered to the readers at once
-        (`arrived`), then hashed and written in the fill's own two threads while the next ones
-        arrive (the fill never waits for the disk or the hash unless WRITES_AHEAD buffers do)."""
+        (`arrived`), then written in the fill's thread while the next ones arrive (the fill never
+        waits for the disk unless WRITES_AHEAD buffers do). The hash trails behind in a thread of
+        its own at a lower priority (`_hash_behind`): the fill never waits for it while bytes
+        arrive, only before the rename."""
         sha256, size = flight.sha256, flight.size
         temporary = f"{self.filling}/{sha256}.{uuid.uuid4().hex}"
         flight.path, flight.available = temporary, 0
-        digest = hashlib.sha256()
         file = None
         loop = asyncio.get_running_loop()
-        # This fill's two threads (each runs its work in order): the disk and SHA-256 each take
-        # a core's second per GiB or so here, side by side rather than one after the other.
         writer = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-fill")
-        hasher = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-hash")
+        hashing: asyncio.Task | None = None
         try:
             try:
-                file = _FillFile(temporary, size)
-                reader: BlobReader = self._origin.open_range(sha256, 0, size, chunk_size=FILL_CHUNK)
-                async with reader:
-                    self._counted("ok")
-                    writes: collections.deque[asyncio.Future] = collections.deque()
-                    hashes: collections.deque[asyncio.Future] = collections.deque()
-                    try:
-                        async for buffer in reader:
-                            view = memoryview(buffer).cast("B")
+                file = FillFile(temporary, size)
+                hashing = loop.create_task(_hash_behind(flight, temporary))
+                hashing.add_done_callback(_retrieved)  # awaited only if the fill gets all the bytes
+                direct = getattr(self._origin, "open_direct_range", None)
+                ranged = None if direct is None or not size else direct(sha256, 0, size)
+                buffers = self._streamed(sha256, size) if ranged is None else self._received(ranged)
+                writes: collections.deque[asyncio.Future] = collections.deque()
+                try:
+                    async with contextlib.aclosing(buffers):
+                        async for view in buffers:
                             if flight.received + len(view) > size:
                                 break  # more than the blob's size: the check below refuses it
                             flight.arrived(view)
-                            # Hashed in one of the fill's threads and written in the other, each
-                            # in order, while the next buffers arrive; at most WRITES_AHEAD wait.
-                            hashes.append(loop.run_in_executor(hasher, digest.update, view))
-                            writes.append(loop.run_in_executor(writer, file.write, view))
+                            writes.append(loop.run_in_executor(
+                                writer, functools.partial(file.write, view, aligned=ranged is not None)
+                            ))
                             while len(writes) >= WRITES_AHEAD or (writes and writes[0].done()):
                                 flight.advance(await writes.popleft())
-                            while len(hashes) >= WRITES_AHEAD or (hashes and hashes[0].done()):
-                                await hashes.popleft()
-                        writes.append(loop.run_in_executor(writer, file.finish))
-                        while writes:
-                            flight.advance(await writes.popleft())
-                        while hashes:
-                            await hashes.popleft()
-                    finally:
-                        for pending in (*writes, *hashes):  # after a failure: the threads finish them
-                            pending.add_done_callback(_retrieved)
+                    writes.append(loop.run_in_executor(writer, file.finish))
+                    while writes:
+                        flight.advance(await writes.popleft())
+                finally:
+                    for pending in writes:  # after a failure: the thread finishes them
+                        pending.add_done_callback(_retrieved)
+                whole = flight.received == size and flight.available == size
+                digest = await hashing if whole else None
             except StorageError:
                 self._counted("failed")
                 self.fills["failed"] += 1
@@ -348,7 +352,7 @@ class ReadCache:
             except OSError:
                 self.fills["failed"] += 1
                 raise
-            if flight.received != size or flight.available != size or digest.hexdigest() != sha256:
+            if digest != sha256:
                 self.fills["corrupt"] += 1
                 raise StorageUnavailable(
                     f"the object store sent {flight.received} bytes for {sha256} that do not match its"
@@ -359,15 +363,47 @@ class ReadCache:
             os.replace(temporary, final)
             flight.path = final  # readers that open it from now on (no await since the rename)
         except BaseException:
-            with _suppressed():
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
             raise
         finally:
+            if hashing is not None:
+                hashing.cancel()  # its thread finishes the step it is in, then stops
             if file is not None:
                 # In the fill's thread, after what it was given: never under a write.
                 writer.submit(file.close)
             writer.shutdown(wait=False)
-            hasher.shutdown(wait=False)
+
+    async def _streamed(self, sha256: str, size: int) -> AsyncIterator[memoryview]:
+        """The object's bytes as the origin's reader hands them out (obstore's buffers, or a
+        directory's reads)."""
+        reader: BlobReader = self._origin.open_range(sha256, 0, size, chunk_size=FILL_CHUNK)
+        async with reader:
+            self._counted("ok")
+            async for buffer in reader:
+                yield memoryview(buffer).cast("B")
+
+    async def _received(self, ranged: Any) -> AsyncIterator[memoryview]:
+        """The object's bytes received on a connection of the cache's own (s3_direct.py) into
+        reused page-aligned buffers (ChunkPool), FILL_CHUNK per system call, in a thread: one copy
+        and no staging before the direct write (~0.3 CPU s/GiB less than obstore's buffers)."""
+        await ranged.open()
+        self._counted("ok")
+        loop = asyncio.get_running_loop()
+        receiver = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-receive")
+        pool = ChunkPool(FILL_CHUNK)
+        left = ranged.length
+        try:
+            while left:
+                view = pool.take()[:min(FILL_CHUNK, left)]
+                got = await loop.run_in_executor(receiver, ranged.receive_into, view)
+                left -= got
+                yield view[:got]
+                del view
+        finally:
+            ranged.interrupt()  # a receive still running returns, then it closes in its thread
+            receiver.submit(ranged.close)
+            receiver.shutdown(wait=False)
 
     def _trust(self, sha256: str, entry: _Entry) -> None:
         found = os.stat(self.path_of(sha256))
@@ -411,10 +447,41 @@ class ReadCache:
         return len(self._index)
 
 
+async def _hash_behind(flight: _Flight, path: str) -> str:
+    """The SHA-256 of the fill's bytes, computed in order in a thread of its own at a lower
+    priority (cache_files.lower_priority) while the fill goes on: from the fill's buffers while
+    the window still holds them, from the file (read back with O_DIRECT, only what is written)
+    once the hash has fallen behind the window, as it does on a host with no core to spare.
+    Waits for bytes as they come; the fill cancels it if it fails."""
+    loop = asyncio.get_running_loop()
+    hasher = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-hash", initializer=lower_priority)
+    digest = hashlib.sha256()
+    hashed = 0
+    file: DirectReader | None = None
+    try:
+        while hashed < flight.size:
+            view = flight.in_memory(hashed, HASH_PIECE)
+            if view is not None:
+                await loop.run_in_executor(hasher, digest.update, view)
+                hashed += len(view)
+            elif hashed < flight.available:
+                if file is None:
+                    file = await loop.run_in_executor(hasher, DirectReader, path)
+                hashed += await loop.run_in_executor(hasher, file.hash_range, digest, hashed, flight.available)
+            else:
+                await flight.progressed()
+        return digest.hexdigest()
+    finally:
+        if file is not None:
+            hasher.submit(file.close)  # after the step in progress: never under a read
+        hasher.shutdown(wait=False)
+
+
 class CacheReader:
     """Bytes [start, start + length) of a blob behind its fill, as object_transfer.StoreSource
-    hands them out (`fill`, `take`, `buffered`, `aclose`). The range's last byte is handed out
-    only once the fill's hash matched."""
+    hands them out (`fill`, `take`, `buffered`, `aclose`). A range that read any byte from the
+    fill's file gets its last byte only once the fill's hash matched; one sent wholly from the
+    store's own buffers (the fill's window) does not wait, as without a cache."""
 
     def __init__(self, cache: ReadCache, flight: _Flight, entry: _Entry, start: int, length: int,
                  fallback: Fallback) -> None:
@@ -426,6 +493,7 @@ class CacheReader:
         self._fallback_factory = fallback
         self._fallback: Any = None
         self._fd: int | None = None
+        self._from_file = False  # some of the bytes came from the file, not the store's buffers
         self._view = memoryview(b"")
         self.buffered = 0
 
@@ -443,17 +511,24 @@ class CacheReader:
                 log.warning("read cache: the fill of %s failed (%s): reading from the store", flight.sha256, flight.error)
                 self._fallback = self._fallback_factory(self._offset, self._end - self._offset)
                 continue
-            limit = self._end if flight.ok else min(self._end - 1, max(flight.available, flight.received))
-            if self._offset < limit:
-                view = flight.in_memory(self._offset, min(limit - self._offset, READ_CHUNK))
+            if flight.ok:
+                in_file = from_store = self._end
+            else:
+                # The file's last byte for this response waits for the hash (the file is not
+                # used before its check); bytes sent as they came from the store need not,
+                # exactly as without a cache, unless this reader has read the file already.
+                in_file = min(self._end - 1, flight.available)
+                from_store = min(self._end - 1 if self._from_file else self._end, flight.received)
+            if self._offset < from_store:
+                view = flight.in_memory(self._offset, min(from_store - self._offset, READ_CHUNK))
                 if view is not None:  # just arrived from the store: sent as it is
                     self._offset += len(view)
                     self._view = view
                     self.buffered = len(view)
                     return
-                if self._offset < flight.available:
-                    self._read(min(limit, flight.available) - self._offset)
-                    return
+            if self._offset < in_file:
+                self._read(in_file - self._offset)
+                return
             await flight.progressed()
 
     def _read(self, size: int) -> None:
@@ -463,6 +538,7 @@ class CacheReader:
             except FileNotFoundError:  # dropped (changed on disk) before this reader opened it
                 raise StorageUnavailable(f"the read cache's file of {self._flight.sha256} is gone") from None
         size = min(size, READ_CHUNK)
+        self._from_file = True
         data = os.pread(self._fd, size, self._offset)
         if len(data) != size:
             raise StorageUnavailable(f"the read cache's file of {self._flight.sha256} ended early")
@@ -498,96 +574,6 @@ def _retrieved(future: asyncio.Future) -> None:
         future.exception()  # a write behind a failed fill: its error is not news
 
 
-class _FillFile:
-    """A fill's file, written in worker threads: O_DIRECT from a page-aligned staging buffer
-    where the filesystem allows it (the tail, not a whole block, is written buffered), else
-    ordinary writes. Space for the whole blob is allocated first."""
-
-    def __init__(self, path: str, size: int) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        direct = getattr(os, "O_DIRECT", 0)
-        try:
-            self.fd = os.open(path, flags | direct, 0o600)
-            self.direct = bool(direct)
-        except OSError:  # a filesystem without O_DIRECT (tmpfs)
-            self.fd = os.open(path, flags, 0o600)
-            self.direct = False
-        try:
-            os.posix_fallocate(self.fd, 0, size) if size else None
-        except OSError as exc:
-            if is_out_of_space(exc):
-                os.close(self.fd)
-                raise
-        self._stage = mmap.mmap(-1, STAGE)  # page-aligned, as O_DIRECT wants
-        self._staged = 0
-        self._view = memoryview(self._stage)
-
-    def write(self, view: memoryview) -> int:
-        """Stage `view`; returns how many bytes reached the file."""
-        written = 0
-        taken = 0
-        while taken < len(view):
-            room = STAGE - self._staged
-            piece = min(room, len(view) - taken)
-            self._view[self._staged:self._staged + piece] = view[taken:taken + piece]
-            self._staged += piece
-            taken += piece
-            if self._staged == STAGE:
-                written += self._flush()
-        return written
-
-    def finish(self) -> int:
-        """Write what is staged (a partial block: not direct); returns how many bytes."""
-        if self.direct and self._staged % mmap.PAGESIZE:
-            self._buffered()
-        return self._flush()
-
-    def _flush(self) -> int:
-        staged, done = self._staged, 0
-        while done < staged:
-            try:
-                done += os.write(self.fd, self._view[done:staged])
-            except OSError as exc:
-                if not self.direct or exc.errno != errno.EINVAL:
-                    raise
-                self._buffered()  # the filesystem refuses direct writes after all
-        self._staged = 0
-        return staged
-
-    def _buffered(self) -> None:
-        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-        self.direct = False
-
-    def close(self) -> None:
-        self._view.release()
-        self._stage.close()
-        os.close(self.fd)
-
-
-def _file_matches(path: str, sha256: str, size: int) -> bool:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb", buffering=0) as file:
-            if os.fstat(file.fileno()).st_size != size:
-                return False
-            buffer = bytearray(READ_CHUNK)
-            while count := file.readinto(buffer):
-                digest.update(memoryview(buffer)[:count])
-    except FileNotFoundError:
-        return False
-    return digest.hexdigest() == sha256
-
-
 def _unlink_quietly(path: str) -> None:
-    with _suppressed():
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-
-
-class _suppressed:
-    """`contextlib.suppress(FileNotFoundError)`, without the import on the download path."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, value: Any, traceback: Any) -> bool:
-        return kind is not None and issubclass(kind, FileNotFoundError)

@@ -25,7 +25,7 @@ import os
 import pathlib
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 
@@ -36,6 +36,8 @@ from .interface import BlobNotFound, BlobStat, ListedBlob, Offload, StorageRefus
 from .local import LocalState
 from .read_cache import ReadCache
 from .s3_client import IDENTITY_KEY, READ_CHUNK, STORAGE_URL, ObjectStat, ObjectStore, Publication, RangeReader
+from .s3_direct import SUPPORTED as DIRECT_SUPPORTED
+from .s3_direct import DirectRange
 
 BLOBS = "blobs/sha256"
 QUARANTINE = "quarantine/sha256"
@@ -94,6 +96,17 @@ class ObjectStorage(LocalState):
         self, sha256: str, start: int, length: int, *, chunk_size: int = READ_CHUNK, if_match: str | None = None
     ) -> RangeReader:
         return self.store.open_range(blob_key(sha256), start, length, chunk_size=chunk_size, if_match=if_match)
+
+    def open_direct_range(
+        self, sha256: str, start: int, length: int, *, counted: Callable[[str], None] = lambda result: None
+    ) -> DirectRange | None:
+        """Bytes [start, start + length) on a connection of our own (s3_direct.py): into a pipe
+        for a download that splices them to its client, or into the read cache's buffers. None
+        when the store is reached over TLS or through an HTTP proxy (or not on Linux):
+        `open_range` then."""
+        if not (DIRECT_SUPPORTED and self.store.direct_reads):
+            return None
+        return DirectRange(self.store, blob_key(sha256), start, length, counted=counted)
 
     async def stat(self, sha256: str) -> BlobStat | None:
         try:

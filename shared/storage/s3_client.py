@@ -3,6 +3,8 @@ the requests Arkvory makes of a bucket, with obstore's errors translated into th
 (interface.py), one line naming the setting to look at and never a secret.
 
 - `ObjectStore`: `check`, `stat`, `open_range` (a cancellable reader of zero-copy buffers),
+  `presign_get` (a SigV4 query-signed GET URL for s3_direct.py, which reads a plain-http store's
+  bytes into a pipe; the URL carries a signature and is never logged or shown),
   `publish` (multipart upload straight to the final key: S3 makes an object visible only when
   CompleteMultipartUpload succeeds, so nothing partial is ever visible; the SHA-256 rides along
   as user metadata `x-amz-meta-sha256`, so an existing object is verified by one HEAD),
@@ -26,6 +28,8 @@ import datetime
 import os
 import pathlib
 import re
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -51,6 +55,9 @@ from .interface import BlobNotFound, StorageError, StorageRefused, StorageUnavai
 IDENTITY_KEY = "arkvory-storage-id"
 SHA256_ATTRIBUTE = "sha256"  # stored as x-amz-meta-sha256
 READ_CHUNK = 1024 * 1024  # bytes per buffer handed to Python: ~1,000 calls per GiB
+# A presigned GET is sent at once (S3 checks the expiry when the request arrives, not while its
+# body flows): a short life leaves little to replay should the URL ever leak.
+PRESIGN_S = 60
 PART_SIZE = 16 * 1024 * 1024
 PUT_CONCURRENCY = 4
 LIST_PAGE = 1000
@@ -114,6 +121,11 @@ class ObjectStore:
     ) -> None:
         self.settings = settings
         self._prefix = settings.prefix + "/" if settings.prefix else ""
+        # What s3_direct.py's own connections keep to, as obstore's do.
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_retries = max_retries
+        self._direct = self._direct_possible()
         retry = {
             "max_retries": max_retries,
             "retry_timeout": datetime.timedelta(seconds=max(connect_timeout * 2, 5.0)),
@@ -203,6 +215,34 @@ class ObjectStore:
         if start < 0 or length < 0:
             raise ValueError(f"range: expected start >= 0 and length >= 0, got {start}, {length}")
         return RangeReader(self, key, start, length, chunk_size=chunk_size, if_match=if_match)
+
+    @property
+    def direct_reads(self) -> bool:
+        """An endpoint reached without TLS and without an HTTP proxy (a store beside us): its
+        bytes can be read on a connection of our own (s3_direct.py)."""
+        return self._direct
+
+    def _direct_possible(self) -> bool:
+        endpoint = self.settings.endpoint_url
+        if endpoint is None or not endpoint.startswith("http://"):
+            return False
+        # obstore's HTTP client honours HTTP_PROXY/ALL_PROXY (and NO_PROXY): so do we, by
+        # leaving such a store to it.
+        proxies = urllib.request.getproxies_environment()
+        host = urllib.parse.urlsplit(endpoint).hostname or ""
+        return not (("http" in proxies or "all" in proxies) and not urllib.request.proxy_bypass_environment(host, proxies))
+
+    async def presign_get(self, key: str) -> str:
+        """A GET URL of `key` signed in its query (SigV4, valid PRESIGN_S), for a request sent
+        on a connection of our own (s3_direct.py). It is a credential for that object while it
+        lives: never log it, never put it in an error."""
+        full = self._full(key)
+        try:
+            return await obstore.sign_async(
+                self._stream_store, "GET", full, datetime.timedelta(seconds=PRESIGN_S)
+            )
+        except Exception as exc:
+            raise self._error(exc, "sign a read of", full) from None
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -368,30 +408,51 @@ def classify(
     code = code_match.group(1) if code_match else None
     status_match = _STATUS.search(text)
     status = int(status_match.group(1)) if status_match else None
+    return _translated(
+        code, status, action=action, what=what, settings=settings,
+        denied=isinstance(exc, (PermissionDeniedError, UnauthenticatedError)),
+        missing=isinstance(exc, (NotFoundError, FileNotFoundError)),
+        changed=isinstance(exc, PreconditionError),
+        cause=lambda: _cause(exc, text, status),
+    )
+
+
+def classify_answer(
+    status: int, body: bytes, *, action: str, what: str, settings: ObjectStoreSettings
+) -> ObjectStoreError:
+    """An error answer the store sent on a connection of our own (s3_direct.py): its status and
+    the S3 error code in the start of its body, translated as `classify` translates obstore's."""
+    code_match = _S3_CODE.search(body[:4096].decode("utf-8", "replace"))
+    return _translated(
+        code_match.group(1) if code_match else None, status, action=action, what=what,
+        settings=settings, cause=lambda: f"HTTP {status}",
+    )
+
+
+def _translated(
+    code: str | None, status: int | None, *, action: str, what: str, settings: ObjectStoreSettings,
+    denied: bool = False, missing: bool = False, changed: bool = False, cause: Any,
+) -> ObjectStoreError:
     endpoint = settings.endpoint_url or "AWS S3"
     if code == "NoSuchBucket":
         return Refused(
             f"{STORAGE_URL}: the bucket {settings.bucket!r} does not exist at {endpoint}"
             f" (check {STORAGE_URL} and {ENDPOINT_URL})", setting=STORAGE_URL,
         )
-    if (
-        isinstance(exc, (PermissionDeniedError, UnauthenticatedError))
-        or code in _CREDENTIAL_CODES
-        or status in (401, 403)
-    ):
+    if denied or code in _CREDENTIAL_CODES or status in (401, 403):
         detail = f" ({code})" if code else ""
         return Refused(
             f"{ACCESS_KEY}: the object store at {endpoint} refused our credentials for"
             f" {settings.url}{detail}; check {ACCESS_KEY} and {SECRET_KEY}",
             setting=ACCESS_KEY,
         )
-    if isinstance(exc, (NotFoundError, FileNotFoundError)) or code == "NoSuchKey" or status == 404:
+    if missing or code == "NoSuchKey" or status == 404:
         return NotFound(f"object store: no object {what} in {settings.url}", setting=STORAGE_URL)
-    if isinstance(exc, PreconditionError) or status == 412:
+    if changed or status == 412:
         return NotFound(f"object store: {what} changed since it was opened", setting=STORAGE_URL)
     return Unavailable(
         f"{ENDPOINT_URL}: the object store at {endpoint} could not {action} {what}"
-        f" ({_cause(exc, text, status)})", setting=ENDPOINT_URL,
+        f" ({cause()})", setting=ENDPOINT_URL,
     )
 
 

@@ -1,0 +1,294 @@
+"""Reading a plain-http object store on connections of our own (shared/storage/s3_direct.py), on a
+real SeaweedFS. Downloads spliced to the client (shared/download/object_transfer.py), with real
+processes: byte-exact with Range and If-Range, every byte still granted by the token buckets, a
+store that dies in the middle cuts the transfer (counted), never a short or padded body; the path
+is told apart by `arkvory_download_splice_bytes_total`; an https store keeps obstore's stream; an
+answer's head is bounded. The read cache's fill received into reused buffers (read_cache.py):
+byte-exact, and a connection cut mid-fill fails its readers and keeps nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import os
+import threading
+import time
+import urllib.parse
+
+import httpx
+import pytest
+
+from arkvory.shared.storage import StorageUnavailable
+from arkvory.shared.storage.cache_files import ChunkPool
+from arkvory.shared.storage.read_cache import ReadCache
+from arkvory.shared.storage.s3 import ObjectStorage, blob_key
+from arkvory.shared.storage.s3_client import ObjectStore
+from arkvory.shared.storage.s3_direct import MAX_HEAD_BYTES, DirectRange
+
+from .harness import ADMIN_TOKEN
+from .s3cluster import s3_bucket, s3_cluster, seaweedfs  # noqa: F401  (pytest fixtures)
+from .tcpproxy import TcpProxy
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+KiB, MiB = 1024, 1024 * 1024
+REPO = "builds"
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+STREAMING = 256 * MiB  # a share of object_transfer.STREAM_SHARE: one streamed (spliced) GET
+
+
+def metric(process, name: str) -> float:
+    with process.client() as client:
+        text = client.get("/health/metrics").text
+    for line in text.splitlines():
+        if line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def pattern(size: int) -> bytes:
+    """`size` bytes that differ from MiB to MiB (a misplaced MiB shows), cheap to make."""
+    block = bytes(range(256)) * 4096
+    return b"".join(i.to_bytes(8, "big") + block[8:] for i in range(-(-size // MiB)))[:size]
+
+
+def upload(process, data: bytes, name: str = "big.bin") -> str:
+    with process.client(timeout=120) as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code in (201, 409)
+        made = client.post(f"/api/v1/repositories/{REPO}/artifacts", params={"name": name}, content=data)
+    assert made.status_code == 201, made.text
+    return f"/api/v1/repositories/{REPO}/artifacts/{made.json()['id']}/content"
+
+
+def test_spliced_downloads_are_byte_exact_with_ranges_and_every_byte_is_granted(s3_cluster):
+    rate = STREAMING  # the writer's share of the total (no gateway runs: nobody else uses it)
+    writer = s3_cluster.writer(s3_cluster.shared_env(slots=2, total=2 * rate)).wait_ready()
+    size = 128 * MiB + 4321
+    data = pattern(size)
+    path = upload(writer, data)
+
+    # The whole blob, timed: the buckets hold it to the share (unmetered it takes a third of it).
+    digest = hashlib.sha256()
+    started = time.monotonic()
+    with httpx.stream("GET", writer.url + path, headers=AUTH, timeout=60) as answer:
+        assert answer.status_code == 200
+        etag = answer.headers["ETag"]
+        for chunk in answer.iter_bytes():
+            digest.update(chunk)
+    elapsed = time.monotonic() - started
+    assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
+    floor = (size - min(rate // 10, MiB)) / rate
+    assert elapsed >= floor * 0.97, f"{size} B at {rate} B/s must take >= {floor:.2f} s, took {elapsed:.2f} s"
+
+    resume_at = size - 9 * MiB - 5
+    ranges = ((MiB + 3, 17 * MiB), (0, 4 * MiB), (size - 6 * MiB - 1, size - 1))
+    with writer.client(timeout=60) as client:
+        for first, last in ranges:
+            part = client.get(path, headers={"Range": f"bytes={first}-{last}"})
+            assert part.status_code == 206 and part.headers["Content-Range"] == f"bytes {first}-{last}/{size}"
+            assert part.content == data[first:last + 1]
+        resumed = client.get(path, headers={"Range": f"bytes={resume_at}-", "If-Range": etag})
+        assert resumed.status_code == 206 and resumed.content == data[resume_at:]
+        changed = client.get(path, headers={"Range": f"bytes={resume_at}-", "If-Range": '"sha256:other"'})
+        assert changed.status_code == 200 and changed.headers["Content-Length"] == str(size)
+        assert hashlib.sha256(changed.content).hexdigest() == digest.hexdigest()
+    sent = 2 * size + sum(last + 1 - first for first, last in ranges) + size - resume_at
+    assert metric(writer, "arkvory_download_payload_bytes_total") == sent
+    # All by splice, but for the few pieces copied when the client's socket was full.
+    assert 0.9 * sent <= metric(writer, "arkvory_download_splice_bytes_total") <= sent
+    assert metric(writer, 'arkvory_storage_read_requests_total{result="ok"}') == 6
+
+
+def test_the_store_killed_mid_splice_cuts_the_download_and_counts_it(s3_cluster, seaweedfs):
+    writer = s3_cluster.writer().wait_ready()
+    data = pattern(64 * MiB)
+    path = upload(writer, data)
+    received = bytearray()
+    outcome: dict[str, object] = {}
+    reading = threading.Event()
+
+    def download() -> None:
+        try:
+            with httpx.stream("GET", writer.url + path, headers=AUTH, timeout=30) as answer:
+                assert answer.status_code == 200
+                for chunk in answer.iter_bytes():
+                    received.extend(chunk)
+                    if len(received) >= MiB:
+                        reading.set()
+                        time.sleep(0.002 if seaweedfs.running else 0)  # slow: the store holds the rest
+            outcome["result"] = "complete"
+        except httpx.HTTPError as exc:
+            outcome["result"] = exc
+
+    thread = threading.Thread(target=download)
+    thread.start()
+    assert reading.wait(30)
+    seaweedfs.kill()
+    thread.join(60)
+    assert isinstance(outcome.get("result"), httpx.HTTPError), outcome  # cut, not completed short
+    assert 0 < len(received) < len(data) and bytes(received) == data[:len(received)]
+    assert metric(writer, 'arkvory_transfer_aborts_total{direction="download",reason="storage_unavailable"}') == 1
+    assert metric(writer, "arkvory_download_splice_bytes_total") > 0
+    with writer.client() as client:
+        refused = client.get(path)
+    assert refused.status_code == 503 and refused.json()["code"] == "unavailable"
+
+
+def test_an_https_or_proxied_store_keeps_the_stream_and_a_store_s_answer_is_bounded(
+    s3_cluster, tmp_path, monkeypatch
+):
+    settings = s3_cluster.settings().object_store
+    assert settings is not None and settings.endpoint_url.startswith("http://")
+    sha256 = "ab" * 32
+    plain = ObjectStorage(tmp_path, settings)
+    assert isinstance(plain.open_direct_range(sha256, 0, MiB), DirectRange)
+    secure = ObjectStorage(tmp_path, dataclasses.replace(
+        settings, endpoint_url=settings.endpoint_url.replace("http://", "https://")
+    ))
+    assert secure.open_direct_range(sha256, 0, MiB) is None
+    # obstore's client goes through an HTTP proxy the environment names: so the store is left to it.
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    assert ObjectStorage(tmp_path, settings).open_direct_range(sha256, 0, MiB) is None
+    monkeypatch.setenv("NO_PROXY", urllib.parse.urlsplit(settings.endpoint_url).hostname)
+    assert ObjectStorage(tmp_path, settings).open_direct_range(sha256, 0, MiB) is not None
+    monkeypatch.delenv("HTTP_PROXY")
+    monkeypatch.delenv("NO_PROXY")
+
+    async def endless_head() -> str:
+        """A 'store' whose answer's head never ends: refused after MAX_HEAD_BYTES."""
+        async def answer(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 206 Partial Content\r\n")
+            try:
+                for _ in range(MAX_HEAD_BYTES // 16 + 10):
+                    writer.write(b"x-filler: 12345\r\n")
+                    await writer.drain()
+            except ConnectionError:
+                pass
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        hostile = ObjectStorage(tmp_path, dataclasses.replace(settings, endpoint_url=f"http://127.0.0.1:{port}"))
+        piped = hostile.open_direct_range(sha256, 0, MiB)
+        assert piped is not None
+        try:
+            await piped.fill()
+        except StorageUnavailable as exc:
+            return exc.message
+        finally:
+            await piped.aclose()
+            server.close()
+        return "no error"
+
+    assert f"exceeds {MAX_HEAD_BYTES} bytes" in asyncio.run(asyncio.wait_for(endless_head(), 30))
+
+
+# --- the read cache's fill received on a connection of its own ---------------------------------
+
+
+class CountingStorage(ObjectStorage):
+    """The object-store backend against the test's bucket, counting the direct ranges it opens."""
+
+    def __init__(self, root, settings, store) -> None:
+        super().__init__(root, settings, store)
+        self.direct = 0
+
+    def open_direct_range(self, sha256, start, length, **options):
+        self.direct += 1
+        return super().open_direct_range(sha256, start, length, **options)
+
+
+def storage_for(s3_cluster, root, endpoint: str | None = None) -> CountingStorage:
+    settings = s3_cluster.settings().object_store
+    assert settings is not None
+    if endpoint is not None:
+        settings = dataclasses.replace(settings, endpoint_url=endpoint)
+    return CountingStorage(root, settings, ObjectStore(settings, connect_timeout=2.0, read_timeout=5.0))
+
+
+async def read_through(cache: ReadCache, sha256: str, size: int) -> bytes:
+    reader = cache.reader(sha256, size, 0, size, lambda start, length: pytest.fail("fell back"))
+    assert reader is not None
+    out = bytearray()
+    try:
+        while len(out) < size:
+            await reader.fill()
+            out += reader.take(reader.buffered)
+    finally:
+        await reader.aclose()
+    return bytes(out)
+
+
+def test_a_chunk_is_reused_only_once_nothing_refers_to_it():
+    pool = ChunkPool(64 * KiB)
+    first = pool.take()
+    address = first[:1]
+    second = pool.take()  # the first is in use: a new one
+    assert len(pool) == 2
+    del first
+    assert len(pool.take()) == 64 * KiB and len(pool) == 3  # a slice of the first still lives
+    del address, second
+    pool.take()
+    assert len(pool) == 3  # one of them again
+
+
+def test_a_cache_fill_from_a_plain_http_store_is_received_on_its_own_connection(s3_cluster, tmp_path):
+    size = 21 * MiB + 77  # whole chunks, then a tail that is not a whole block
+    data = pattern(size)
+    sha256 = hashlib.sha256(data).hexdigest()
+    s3_cluster.put_object(blob_key(sha256), data)
+    empty = hashlib.sha256(b"").hexdigest()
+    s3_cluster.put_object(blob_key(empty), b"")
+    storage = storage_for(s3_cluster, tmp_path)
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 64 * MiB, storage)
+        bodies = await asyncio.gather(*(read_through(cache, sha256, size) for _ in range(3)))
+        await cache.drained()
+        assert all(body == data for body in bodies)
+        assert storage.direct == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        fd = cache.acquire(sha256)
+        assert fd is not None and os.pread(fd, 100, size - 100) == data[-100:]
+        cache.release(sha256, fd)
+        # An empty blob has nothing to receive: the store's stream, as before.
+        await (cache.reader(empty, 0, 0, 0, lambda start, length: pytest.fail("fell back"))).aclose()
+        await cache.drained()
+        fd = cache.acquire(empty)
+        assert cache.fills["ok"] == 2 and fd is not None and os.fstat(fd).st_size == 0
+        cache.release(empty, fd)
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_a_cache_fill_cut_mid_way_fails_its_readers_and_keeps_nothing(s3_cluster, tmp_path):
+    size = 96 * MiB
+    data = pattern(size)
+    sha256 = hashlib.sha256(data).hexdigest()
+    s3_cluster.put_object(blob_key(sha256), data)
+    endpoint = urllib.parse.urlsplit(s3_cluster.settings().object_store.endpoint_url)
+    with TcpProxy(endpoint.hostname, endpoint.port) as proxy:
+        storage = storage_for(s3_cluster, tmp_path, f"http://127.0.0.1:{proxy.port}")
+
+        async def run():
+            cache = await ReadCache.open(tmp_path / "cache", 128 * MiB, storage)
+            reader = cache.reader(sha256, size, 0, size, lambda start, length: pytest.fail("fell back"))
+            got = bytearray()
+            with pytest.raises(StorageUnavailable):
+                while len(got) < size:
+                    await reader.fill()
+                    got += reader.take(reader.buffered)
+                    if len(got) >= 8 * MiB and not proxy_cut:
+                        proxy_cut.append(await asyncio.to_thread(proxy.cut))
+            await reader.aclose()
+            await cache.drained()
+            assert 8 * MiB <= len(got) < size and bytes(got) == data[:len(got)]
+            assert storage.direct == 1 and cache.fills["failed"] == 1 and cache.held == 0 and cache.acquire(sha256) is None
+            await asyncio.sleep(0.05)  # the background unlinks
+            assert os.listdir(cache.filling) == []
+            cache.close()
+
+        proxy_cut: list = []
+        asyncio.run(asyncio.wait_for(run(), 60))
