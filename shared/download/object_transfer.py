@@ -62,7 +62,8 @@ from arkvory.shared.http.protocol import ConnectionHandle
 from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError, StorageUnavailable
 
 from .serving import ServingProcess
-from .transfer import COPY_PIECE_BYTES, UNTHROTTLED_CHUNK, BlobResponse, _aborter, _client_gone, require_artifact
+from .payload import COPY_PIECE_BYTES, UNTHROTTLED_CHUNK, _client_gone
+from .transfer import BlobResponse, _aborter, require_artifact
 
 log = logging.getLogger("arkvory.content")
 

@@ -248,10 +248,10 @@ class ConnectionHandle:
         cycle = self.cycle
         if count > cycle.expected_content_length:
             raise RuntimeError("Response content longer than Content-Length")
-        if not self._admit():
+        if not self._protocol.admit_payload():
             raise PayloadRefused()
         try:
-            sent = os.splice(pipe_fd, self._socket_fd, count, flags=_SPLICE_FLAGS)
+            sent = os.splice(pipe_fd, self._protocol.socket_fd, count, flags=_SPLICE_FLAGS)
         except (BlockingIOError, InterruptedError):
             return 0
         except ConnectionError:
@@ -259,8 +259,9 @@ class ConnectionHandle:
             self.transport.abort()
             raise
         cycle.expected_content_length -= sent
-        if self._stats is not None:
-            self._stats.splice_bytes += sent
+        stats = self._protocol.stats
+        if stats is not None:
+            stats.splice_bytes += sent
         return sent
 
     def abort(self) -> None:
