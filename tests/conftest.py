@@ -52,7 +52,7 @@ import pytest
 
 from arkvory.shared.cli.localpg import remove_orphaned_homes, start_local_postgres
 
-from .harness import Cluster
+from .harness import Cluster, db_execute
 from .tcpproxy import TcpProxy
 
 
@@ -81,8 +81,14 @@ def module_tmp_path(request, tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture
-def database_url(postgres) -> str:
-    return postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
+def database_url(postgres):
+    """A fresh database, dropped after the test (after its processes, which depend on it): ~8 MB
+    copied per test add up to gigabytes of a worker's server data otherwise, written to disk
+    during the run and deleted at its end."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    yield postgres.create_database(name)
+    # FORCE ends the sessions of a process a test left running or stopped (SIGSTOP).
+    db_execute(postgres.url, f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
