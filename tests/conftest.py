@@ -80,9 +80,8 @@ def module_tmp_path(request, tmp_path_factory) -> pathlib.Path:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def database_url(postgres):
-    """A fresh database, dropped after the test (after its processes, which depend on it): ~8 MB
+def _fresh_database(postgres):
+    """A new database, dropped after its user (after its processes, which depend on it): ~8 MB
     copied per test add up to gigabytes of a worker's server data otherwise, written to disk
     during the run and deleted at its end."""
     name = f"t_{uuid.uuid4().hex[:16]}"
@@ -92,8 +91,29 @@ def database_url(postgres):
 
 
 @pytest.fixture
+def database_url(postgres):
+    yield from _fresh_database(postgres)
+
+
+@pytest.fixture
 def cluster(database_url, tmp_path):
     group = Cluster(database_url, tmp_path)
+    yield group
+    group.close()
+
+
+@pytest.fixture(scope="module")
+def module_database_url(postgres, module_tmp_path):
+    yield from _fresh_database(postgres)
+
+
+@pytest.fixture(scope="module")
+def module_cluster(module_database_url, module_tmp_path):
+    """One database and storage for a module's tests (on one worker, as it uses module_tmp_path):
+    processes started here are shared, so a test using them changes nothing another test looks
+    at (its own repository names, no counts over the whole database); a test that needs a
+    fresh installation takes `cluster`."""
+    group = Cluster(module_database_url, module_tmp_path)
     yield group
     group.close()
 
