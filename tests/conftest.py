@@ -26,6 +26,11 @@ How the suite runs, and what a new test follows:
 - **System tools.** A test that needs one (haproxy, nginx, promtool, systemd-analyze, strace,
   chromium, weed, ...) gets it with `tools.require_tool(name, apt=package)`, which skips with the
   install command when it is missing; `.ci/run` installs every one so CI runs those tests.
+- **Bytecode.** With PYTHONDONTWRITEBYTECODE set (and no PYTHONPYCACHEPREFIX), every `arkvory`
+  process a test starts would compile the package from source again (~0.1 s of CPU each, ~900
+  processes a run): the controller points PYTHONPYCACHEPREFIX of every process of the run at one
+  directory under the run's basetemp instead, so the tree still gets no `__pycache__`, and
+  deletes it at the end (`pytest_configure` below).
 - **Cleanup.** A run leaves nothing behind. `tmp_path` of a passing test is deleted at once
   (`tmp_path_retention_policy = "failed"`); a module-scoped fixture takes its directory from
   `module_tmp_path` (deleted at the module's end unless one of its tests failed), never from
@@ -47,7 +52,7 @@ import pytest
 
 from arkvory.shared.cli.localpg import remove_orphaned_homes, start_local_postgres
 
-from .harness import Cluster
+from .harness import Cluster, db_execute
 from .tcpproxy import TcpProxy
 
 
@@ -75,14 +80,40 @@ def module_tmp_path(request, tmp_path_factory) -> pathlib.Path:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _fresh_database(postgres):
+    """A new database, dropped after its user (after its processes, which depend on it): ~8 MB
+    copied per test add up to gigabytes of a worker's server data otherwise, written to disk
+    during the run and deleted at its end."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    yield postgres.create_database(name)
+    # FORCE ends the sessions of a process a test left running or stopped (SIGSTOP).
+    db_execute(postgres.url, f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
-def database_url(postgres) -> str:
-    return postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
+def database_url(postgres):
+    yield from _fresh_database(postgres)
 
 
 @pytest.fixture
 def cluster(database_url, tmp_path):
     group = Cluster(database_url, tmp_path)
+    yield group
+    group.close()
+
+
+@pytest.fixture(scope="module")
+def module_database_url(postgres, module_tmp_path):
+    yield from _fresh_database(postgres)
+
+
+@pytest.fixture(scope="module")
+def module_cluster(module_database_url, module_tmp_path):
+    """One database and storage for a module's tests (on one worker, as it uses module_tmp_path):
+    processes started here are shared, so a test using them changes nothing another test looks
+    at (its own repository names, no counts over the whole database); a test that needs a
+    fresh installation takes `cluster`."""
+    group = Cluster(module_database_url, module_tmp_path)
     yield group
     group.close()
 
@@ -104,6 +135,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.module.__name__.rsplit(".", 1)[-1]))
 
 
+# -- bytecode compiled once per run ------------------------------------------------------------------
+
+_BYTECODE = pytest.StashKey[tuple[pathlib.Path, str]]()  # the cache, PYTHONDONTWRITEBYTECODE
+
+
+@pytest.hookimpl(trylast=True)  # after the tmpdir plugin has made config._tmp_path_factory
+def pytest_configure(config: pytest.Config) -> None:
+    """With PYTHONDONTWRITEBYTECODE, the run's processes (xdist workers, `arkvory` servers, the
+    CLI) share one bytecode cache under the basetemp instead of compiling at every start. Set
+    here, in the controller, before the workers start: they and their children inherit it."""
+    if _is_xdist_worker(config) or "PYTHONPYCACHEPREFIX" in os.environ:
+        return
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return  # Python caches bytecode in __pycache__ as usual
+    cache = config._tmp_path_factory.getbasetemp() / "bytecode"  # type: ignore[attr-defined]
+    cache.mkdir(exist_ok=True)
+    config.stash[_BYTECODE] = (cache, os.environ.pop("PYTHONDONTWRITEBYTECODE"))
+    os.environ["PYTHONPYCACHEPREFIX"] = str(cache)
+
+
+def _drop_bytecode_cache(config: pytest.Config) -> None:
+    if _BYTECODE not in config.stash:
+        return
+    cache, dont_write = config.stash[_BYTECODE]
+    del config.stash[_BYTECODE]
+    os.environ.pop("PYTHONPYCACHEPREFIX", None)
+    os.environ["PYTHONDONTWRITEBYTECODE"] = dont_write
+    shutil.rmtree(cache, ignore_errors=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _drop_bytecode_cache(config)  # a failed or interrupted run too
+
+
 # -- a run leaves nothing behind ------------------------------------------------------------------
 
 _LEFT_BEHIND = pytest.StashKey[list[str]]()
@@ -119,7 +184,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After a passing run (in the controller, once every worker is done): no file may be left
     under the run's basetemp, nor PostgreSQL data of this run on localpg's shelf."""
     config = session.config
-    if _is_xdist_worker(config) or exitstatus != 0 or config.option.basetemp:
+    if _is_xdist_worker(config):
+        return
+    _drop_bytecode_cache(config)  # every process of the run has ended: ours, not a leftover
+    if exitstatus != 0 or config.option.basetemp:
         return  # a failed run keeps its failures' directories on purpose; --basetemp is the user's
     factory = config._tmp_path_factory  # type: ignore[attr-defined]
     if factory._basetemp is None:  # no test asked for a directory

@@ -22,8 +22,19 @@ def blob() -> bytes:
     return os.urandom(SIZE)
 
 
+@pytest.fixture(scope="module")
+def site(module_cluster, blob):
+    """Shared by the tests that only read (and one upload that must leave nothing)."""
+    return make_site(module_cluster, blob)
+
+
 @pytest.fixture
-def site(cluster, blob):
+def fresh_site(cluster, blob):
+    """For a test that damages the blob or reads a gateway's counters from zero."""
+    return make_site(cluster, blob)
+
+
+def make_site(cluster, blob) -> dict:
     """A writer and a gateway; private repo `priv` with an artifact, a package and an asset."""
     shared = cluster.shared_env()
     writer = cluster.writer(shared).wait_ready()
@@ -140,9 +151,9 @@ def test_if_none_match_gives_304_without_body(site):
     assert miss.status_code == 200
 
 
-def test_head_has_headers_and_no_body_and_no_budget(site):
-    with site["gateway"].client() as client:
-        answer = client.head(site["path"])
+def test_head_has_headers_and_no_body_and_no_budget(fresh_site):
+    with fresh_site["gateway"].client() as client:
+        answer = client.head(fresh_site["path"])
         ready = client.get("/health/ready").json()
     assert answer.status_code == 200 and answer.content == b""
     assert answer.headers["Content-Length"] == str(SIZE)
@@ -211,15 +222,15 @@ def test_malformed_ids_are_400_not_500(site):
         assert unknown.status_code == 404
 
 
-def test_truncated_blob_aborts_instead_of_sending_wrong_bytes(site):
-    sha = site["artifact"]["sha256"]
-    blob_path = site["cluster"].data_dir / "blobs" / "sha256" / sha[:2] / sha[2:4] / sha
+def test_truncated_blob_aborts_instead_of_sending_wrong_bytes(fresh_site):
+    sha = fresh_site["artifact"]["sha256"]
+    blob_path = fresh_site["cluster"].data_dir / "blobs" / "sha256" / sha[:2] / sha[2:4] / sha
     with open(blob_path, "r+b") as handle:
         handle.truncate(SIZE // 2)
-    gateway = site["gateway"]
+    gateway = fresh_site["gateway"]
     with gateway.client() as client:
         with pytest.raises(httpx.RemoteProtocolError):
-            client.get(site["path"])
+            client.get(fresh_site["path"])
         metrics = client.get("/health/metrics").text
     assert "arkvory_download_short_reads_total 1.0" in metrics
     assert "shorter on disk than its metadata" in gateway.stderr

@@ -5,6 +5,7 @@ gateway."""
 from __future__ import annotations
 
 import time
+import uuid
 
 import httpx
 import pytest
@@ -16,20 +17,31 @@ pytestmark = pytest.mark.timeout(180)
 
 
 
-@pytest.fixture
-def setup(cluster):
-    shared = cluster.shared_env()
-    writer = cluster.writer(shared).wait_ready()
-    gateway = cluster.gateway(1, shared).wait_ready()
+@pytest.fixture(scope="module")
+def site(module_cluster):
+    """A writer and a gateway with the private repository `secret` and its artifact."""
+    shared = module_cluster.shared_env()
+    writer = module_cluster.writer(shared).wait_ready()
+    gateway = module_cluster.gateway(1, shared).wait_ready()
     with writer.client(ADMIN_TOKEN) as admin:
         assert admin.post("/api/v1/repositories", json={"name": "secret"}).status_code == 201
         made = admin.post("/api/v1/repositories/secret/artifacts?name=a.bin", content=b"private bytes")
         assert made.status_code == 201, made.text
-        make_account(writer, "alice")
-        assert admin.put("/api/v1/repositories/secret/permissions/alice", json={"level": "read"}).status_code == 200
+    return writer, gateway, f"/api/v1/repositories/secret/artifacts/{made.json()['id']}/content"
+
+
+@pytest.fixture
+def setup(site):
+    """A credential of each kind, of the test's own account (read on `secret`) and its own
+    managed key: a revocation or a disabled account in one test touches no other's."""
+    writer, gateway, path = site
+    account = f"alice-{uuid.uuid4().hex[:8]}"
+    with writer.client(ADMIN_TOKEN) as admin:
+        make_account(writer, account)
+        assert admin.put(f"/api/v1/repositories/secret/permissions/{account}", json={"level": "read"}).status_code == 200
         key = admin.post("/api/v1/keys", json={"scopes": ["read:secret"], "label": "ci"})
         assert key.status_code == 201, key.text
-    session = session_of(writer, "alice")
+    session = session_of(writer, account)
     with writer.client(session) as client:
         pat = client.post("/api/v1/tokens", json={"access": "read"})
         assert pat.status_code == 201, pat.text
@@ -39,8 +51,8 @@ def setup(cluster):
         "personal token": pat.json()["token"],
         "session": session,
     }
-    ids = {"managed key": key.json()["id"], "personal token": pat.json()["id"]}
-    return writer, gateway, f"/api/v1/repositories/secret/artifacts/{made.json()['id']}/content", tokens, ids
+    ids = {"managed key": key.json()["id"], "personal token": pat.json()["id"], "account": account}
+    return writer, gateway, path, tokens, ids
 
 
 def get(process, token: str, path: str) -> httpx.Response:
@@ -117,23 +129,23 @@ def test_an_expired_token_fails_on_the_next_request_on_every_process(setup):
 
 
 def test_disabling_an_account_ends_its_credentials_on_a_gateway_too(setup):
-    writer, gateway, _, tokens, _ = setup
+    writer, gateway, _, tokens, ids = setup
     for kind in ("personal token", "session"):
         assert get(gateway, tokens[kind], "/health/ready").status_code == 200
     with writer.client(ADMIN_TOKEN) as admin:
-        assert admin.post("/api/v1/accounts/alice/disable").status_code == 200
+        assert admin.post(f"/api/v1/accounts/{ids['account']}/disable").status_code == 200
     for kind in ("personal token", "session"):
         assert get(gateway, tokens[kind], "/health/ready").status_code == 401
 
 
-def test_last_used_is_recorded_in_batches_also_by_a_gateway(setup, database_url):
+def test_last_used_is_recorded_in_batches_also_by_a_gateway(setup, module_database_url):
     _, gateway, _, tokens, ids = setup
     with gateway.client(tokens["managed key"]) as client:
         for _ in range(30):
             assert client.get("/health/ready").status_code == 200
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        row = db_fetch(database_url, "SELECT last_used_at FROM arkvory_credentials WHERE id = $1::uuid", ids["managed key"])
+        row = db_fetch(module_database_url, "SELECT last_used_at FROM arkvory_credentials WHERE id = $1::uuid", ids["managed key"])
         if row[0]["last_used_at"] is not None:
             break
         time.sleep(0.2)

@@ -25,8 +25,15 @@ pytestmark = pytest.mark.timeout(120)
 KEY = "Idempotency-Key"
 
 
+@pytest.fixture(scope="module")
+def writer(module_cluster):
+    """One writer for the tests that look only at the tasks they dispatch themselves."""
+    return module_cluster.writer().wait_ready()
+
+
 @pytest.fixture
-def writer(cluster):
+def fresh_writer(cluster):
+    """A writer and database of its own, for a test that counts or lists every task."""
     return cluster.writer().wait_ready()
 
 
@@ -62,7 +69,7 @@ def events_of(database_url, task_id):
 # -- dispatch ----------------------------------------------------------------------------------
 
 
-def test_dispatch_is_committed_with_its_event_before_the_202(writer, database_url):
+def test_dispatch_is_committed_with_its_event_before_the_202(writer, module_database_url):
     with writer.client() as client:
         for _ in range(5):
             answer = dispatch(client)
@@ -75,7 +82,7 @@ def test_dispatch_is_committed_with_its_event_before_the_202(writer, database_ur
                 events = await conn.fetch("SELECT seq, type FROM arkvory_task_events WHERE task_id = $1", uuid.UUID(task_id))
                 return row, [tuple(e) for e in events]
 
-            row, events = on_connection(database_url, look)
+            row, events = on_connection(module_database_url, look)
             assert row is not None and row["status"] == "queued"
             assert events == [(1, "task.queued")]
             assert answer.headers["location"] == f"/api/v1/tasks/{task_id}"
@@ -161,8 +168,8 @@ def test_numbers_without_one_spelling_are_400(writer):
             assert answer.status_code == 400 and answer.json()["code"] == "invalid_input", (key, answer.text)
 
 
-def test_the_same_key_returns_the_original_task(writer, database_url):
-    with writer.client() as client:
+def test_the_same_key_returns_the_original_task(fresh_writer, database_url):
+    with fresh_writer.client() as client:
         first = dispatch(client, {"kind": "cleanup", "budget": {"max_items": 10}}, key="nightly-1")
         # Other spellings of the same definition: key order and number formatting do not matter.
         raw = b'{"budget": {"max_items": 1e1}, "kind": "cleanup"}'
@@ -179,8 +186,8 @@ def test_the_same_key_returns_the_original_task(writer, database_url):
     assert count == 1
 
 
-def test_the_same_key_with_another_definition_is_422_across_kinds(writer, database_url):
-    with writer.client() as client:
+def test_the_same_key_with_another_definition_is_422_across_kinds(fresh_writer, database_url):
+    with fresh_writer.client() as client:
         assert dispatch(client, {"kind": "cleanup"}, key="k").status_code == 202
         for other in ({"kind": "verify"}, {"kind": "cleanup", "budget": {"max_items": 5}},
                       {"kind": "cleanup", "version": "2"}, {"kind": "cleanup", "on_restart": "fail"},
@@ -215,13 +222,13 @@ def test_last_event_id_is_checked_in_either_form(writer):
         assert fine.status_code == 200 and fine.json()["last_event"] == 1
 
 
-def test_racing_dispatches_with_one_key_make_one_task(writer, database_url):
+def test_racing_dispatches_with_one_key_make_one_task(fresh_writer, database_url):
     body = {"kind": "verify", "params": {}}
     for round_number in range(3):
         key = f"race-{round_number}"
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             def send(_):
-                with writer.client() as client:
+                with fresh_writer.client() as client:
                     return dispatch(client, body, key=key)
             answers = list(pool.map(send, range(12)))
         assert all(a.status_code == 202 for a in answers), [a.text for a in answers if a.status_code != 202]
@@ -265,8 +272,8 @@ def test_canonical_json_is_compact_sorted_ascii():
 # -- reading ---------------------------------------------------------------------------------------
 
 
-def test_list_filters_and_pages_newest_first(writer, database_url):
-    with writer.client() as client:
+def test_list_filters_and_pages_newest_first(fresh_writer, database_url):
+    with fresh_writer.client() as client:
         made = [dispatch(client, {"kind": kind}).json()["id"] for kind in ("cleanup", "verify") * 5]
         move(database_url, made[0], ("queued",), "running", "task.running")
         move(database_url, made[2], ("queued",), "failed", "task.failed", error_code="x", error_message="y")
@@ -333,24 +340,24 @@ def test_only_administrators_use_tasks(writer):
 # -- cancel ----------------------------------------------------------------------------------------
 
 
-def test_cancel_follows_the_status(writer, database_url):
+def test_cancel_follows_the_status(writer, module_database_url):
     with writer.client() as client:
         queued = dispatch(client).json()["id"]
         answer = client.post(f"/api/v1/tasks/{queued}/cancel")
         assert answer.status_code == 200 and answer.json()["status"] == "cancelled", answer.text
         assert answer.json()["finished_at"]
-        assert [e["type"] for e in events_of(database_url, queued)] == ["task.queued", "task.cancelled"]
+        assert [e["type"] for e in events_of(module_database_url, queued)] == ["task.queued", "task.cancelled"]
 
         running = dispatch(client).json()["id"]
-        move(database_url, running, ("queued",), "running", "task.running")
+        move(module_database_url, running, ("queued",), "running", "task.running")
         first = client.post(f"/api/v1/tasks/{running}/cancel")
         assert first.status_code == 202 and first.json()["status"] == "cancelling", first.text
         again = client.post(f"/api/v1/tasks/{running}/cancel")
         assert again.status_code == 202 and again.json()["status"] == "cancelling"
-        assert [e["type"] for e in events_of(database_url, running)] == ["task.queued", "task.running", "task.cancelling"]
+        assert [e["type"] for e in events_of(module_database_url, running)] == ["task.queued", "task.running", "task.cancelling"]
 
         done = dispatch(client).json()["id"]
-        move(database_url, done, ("queued",), "completed", "task.completed")
+        move(module_database_url, done, ("queued",), "completed", "task.completed")
         refused = client.post(f"/api/v1/tasks/{done}/cancel")
         assert refused.status_code == 409 and refused.json()["code"] == "conflict"
         assert "completed" in refused.json()["message"]
@@ -363,10 +370,10 @@ def test_cancel_follows_the_status(writer, database_url):
         assert one.status_code == two.status_code == 200 and two.headers["idempotent-replayed"] == "true"
 
 
-def test_cancel_racing_completion_never_ends_both(writer, database_url):
+def test_cancel_racing_completion_never_ends_both(fresh_writer, database_url):
     """100 rounds: a cancel over HTTP and a running -> completed transition on another
     connection, released together. Exactly one terminal event per task, agreeing with the row."""
-    with writer.client() as client:
+    with fresh_writer.client() as client:
         ids = [dispatch(client).json()["id"] for _ in range(100)]
 
     async def prepare(conn):
@@ -394,7 +401,7 @@ def test_cancel_racing_completion_never_ends_both(writer, database_url):
         rng = random.Random(8)
         outcomes = []
         try:
-            async with httpx.AsyncClient(base_url=writer.url, timeout=20,
+            async with httpx.AsyncClient(base_url=fresh_writer.url, timeout=20,
                                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
                 for task_id in ids:
                     go = asyncio.Event()
