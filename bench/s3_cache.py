@@ -5,7 +5,10 @@ tools an operator would compare them with, in one run, printed with the CPU mode
                                        [--parts cold hot upload many]
 
 To compare two versions of the code, run it with `PYTHONPATH=DIR` (DIR/arkvory a checkout of
-the other version: every Arkvory process then runs that code), alternating with the tree's own.
+the other version: every Arkvory process then runs that code), alternating with the tree's own;
+or, on a host shared with other work, with `--reference DIR`: part 1 then also reads through a
+second pair of gateways running DIR's code, in the same rounds (curl, then the four gateways in
+an order that alternates), so both trees meet the same load.
 
 1. cold read   a 1 GiB artifact through a gateway with a cold read cache (the fill: one GET of
                the store, readers behind it) and through a gateway without a cache (streamed
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import functools
 import os
 import pathlib
 import resource
@@ -160,6 +164,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--share-mib", type=float, default=32.0, help="part 4: the gateway's share, MiB/s")
+    parser.add_argument("--reference", type=pathlib.Path, metavar="DIR",
+                        help="part 1: also read through gateways running DIR/arkvory (another checkout)")
     parser.add_argument("--parts", nargs="+", choices=("cold", "hot", "upload", "many"),
                         default=["cold", "hot", "upload", "many"], help="which measurements (hot needs cold)")
     args = parser.parse_args()
@@ -181,7 +187,7 @@ def main() -> int:
                 f'user = "{store_env["AWS_ACCESS_KEY_ID"]}:{store_env["AWS_SECRET_ACCESS_KEY"]}"\n'
                 f'aws-sigv4 = "aws:amz:{store_env["ARKVORY_S3_REGION"]}:s3"\n'
             )
-            shared = bench.shared(slots=4, total=MAX_RATE)
+            shared = bench.shared(slots=6, total=MAX_RATE)
             writer = bench.writer(shared, **store_env)
             create_repo(writer, "bench")
 
@@ -209,7 +215,7 @@ def main() -> int:
                           flush=True)
                 source.unlink()
 
-            cold: dict[str, list[float]] = {"curl": [], "cache": [], "stream": []}
+            cold: dict[str, list[float]] = {name: [] for name in COLD_READS}
             hot: dict[str, list[tuple[float, float]]] = {"cache": [], "nginx": []}
             if "cold" in args.parts:
                 measure_reads(bench, args, shared, store_env, writer, curl_config, size, cold, hot, weed.pid)
@@ -223,7 +229,8 @@ def main() -> int:
         return report(args, size, cold, hot, uploads, peak, idle, elapsed, errors, unfinished)
 
 
-cold_cpu: dict[str, list[list[float]]] = {"curl": [], "cache": [], "stream": []}  # per round: gateway, store, curl
+COLD_READS = ("curl", "stream", "cache", "reference stream", "reference cache")
+cold_cpu: dict[str, list[list[float]]] = {name: [] for name in COLD_READS}  # per round: gateway, store, curl
 
 
 def measure_reads(bench, args, shared, store_env, writer, curl_config, size, cold, hot, weed_pid) -> None:
@@ -239,10 +246,18 @@ def measure_reads(bench, args, shared, store_env, writer, curl_config, size, col
     cached = bench.gateway(1, shared, ARKVORY_CACHE_MAX_BYTES=str(args.runs * size + GiB),
                            ARKVORY_DATA_DIR=str(bench.workdir / "gw1"), **store_env)
     streaming = bench.gateway(2, shared, ARKVORY_DATA_DIR=str(bench.workdir / "gw2"), **store_env)
+    gateways = {"stream": streaming, "cache": cached}
+    if args.reference is not None:  # the other tree's code in these two (PYTHONPATH wins over the venv)
+        other = {"PYTHONPATH": str(args.reference.resolve())}
+        gateways["reference stream"] = bench.gateway(
+            4, shared, ARKVORY_DATA_DIR=str(bench.workdir / "gw4"), **store_env, **other)
+        gateways["reference cache"] = bench.gateway(
+            5, shared, ARKVORY_CACHE_MAX_BYTES=str(args.runs * size + GiB),
+            ARKVORY_DATA_DIR=str(bench.workdir / "gw5"), **store_env, **other)
     warm = upload(writer, "bench", "warm.bin", 64 * MiB)
     curl(["-K", str(curl_config), object_url(warm)], 64 * MiB)  # connections, lazy set-up
-    gateway_get(streaming, warm["path"], 64 * MiB)
-    gateway_get(cached, warm["path"], 64 * MiB)
+    for process in gateways.values():
+        gateway_get(process, warm["path"], 64 * MiB)
 
     # 1. cold reads, alternating; the CPU seconds per GiB of the gateway, SeaweedFS and curl.
     gib = size / GiB
@@ -252,18 +267,19 @@ def measure_reads(bench, args, shared, store_env, writer, curl_config, size, col
         rate, gateway_cpu = read()
         return rate, gateway_cpu, (tree_cpu_seconds([weed_pid]) - store) / gib, curl_cpu[0] / gib
 
-    for artifact in artifacts:
-        for name, read in (
-            ("curl", lambda: (size / curl(["-K", str(curl_config), object_url(artifact)], size) / MiB, 0.0)),
-            ("stream", lambda: gateway_get(streaming, artifact["path"], size)),
-            ("cache", lambda: gateway_get(cached, artifact["path"], size, fills=True)),
-        ):
+    for index, artifact in enumerate(artifacts):
+        order = list(gateways) if index % 2 == 0 else list(reversed(gateways))
+        for name in ["curl", *order]:
+            if name == "curl":
+                read = lambda: (size / curl(["-K", str(curl_config), object_url(artifact)], size) / MiB, 0.0)  # noqa: E731
+            else:
+                read = functools.partial(gateway_get, gateways[name], artifact["path"], size, fills="cache" in name)
             rate, *cpu = timed(read)
             cold[name].append(rate)
             cold_cpu[name].append(cpu)
         print(f"cold round {len(cold['curl'])}: " + "; ".join(
             f"{name} {cold[name][-1]:.0f} MiB/s (CPU s/GiB: gateway {g:.2f}, store {w:.2f}, curl {c:.2f})"
-            for name in ("curl", "stream", "cache") for g, w, c in [cold_cpu[name][-1]]
+            for name in ["curl", *gateways] for g, w, c in [cold_cpu[name][-1]]
         ) + f"; load {os.getloadavg()[0]:.2f}", flush=True)
     artifact, path = artifacts[-1], artifacts[-1]["path"]
 
@@ -286,8 +302,8 @@ def measure_reads(bench, args, shared, store_env, writer, curl_config, size, col
             hot["nginx"].append((size / seconds / MiB, (tree_cpu_seconds(nginx.pids()) - before) / (size / GiB)))
     finally:
         nginx.close()
-    cached.close()
-    streaming.close()
+    for process in gateways.values():
+        process.close()
 
 
 def measure_many(bench, args, shared, store_env, writer, keys):
@@ -314,22 +330,31 @@ def report(args, size, cold, hot, uploads, peak, idle, elapsed, errors, unfinish
     rows, verdicts = [], []
     if cold["curl"]:
         c_curl, c_cache, c_stream = (median(cold[k]) for k in ("curl", "cache", "stream"))
+        # The median of the ratios within each round: on a shared host curl's own rate swings
+        # from round to round, and a ratio of medians would mix rounds.
+        r_cache, r_stream = (median([a / b for a, b in zip(cold[k], cold["curl"])]) for k in ("cache", "stream"))
         rows += [
             ("cold: curl --aws-sigv4 straight from SeaweedFS", f"{c_curl:.0f} MiB/s", ""),
-            ("cold: gateway, read cache filling", f"{c_cache:.0f} MiB/s", f"{c_cache / c_curl:.2f} × curl"),
-            ("cold: gateway, no cache (streamed)", f"{c_stream:.0f} MiB/s", f"{c_stream / c_curl:.2f} × curl"),
+            ("cold: gateway, read cache filling", f"{c_cache:.0f} MiB/s", f"{r_cache:.2f} × curl"),
+            ("cold: gateway, no cache (streamed)", f"{c_stream:.0f} MiB/s", f"{r_stream:.2f} × curl"),
         ]
         verdicts += [
-            ("cold read (cache filling) / curl", f"{c_cache / c_curl:.2f}", "≥ 0.80", verdict(c_cache / c_curl >= 0.8)),
-            ("cold read (no cache) / curl", f"{c_stream / c_curl:.2f}", "≥ 0.80", verdict(c_stream / c_curl >= 0.8)),
+            ("cold read (cache filling) / curl", f"{r_cache:.2f}", "≥ 0.80", verdict(r_cache >= 0.8)),
+            ("cold read (no cache) / curl", f"{r_stream:.2f}", "≥ 0.80", verdict(r_stream >= 0.8)),
         ]
         print("cold rounds (MiB/s): " + "; ".join(
             f"curl {a:.0f} cache {b:.0f} stream {c:.0f}" for a, b, c in zip(cold["curl"], cold["cache"], cold["stream"])))
-        for name in ("stream", "cache"):
+        for name in (name for name in COLD_READS[1:] if cold[name]):
             ratios = [r / c for r, c in zip(cold[name], cold["curl"])]
             print(f"cold {name} / curl per round: " + ", ".join(f"{r:.2f}" for r in ratios)
-                  + f"; median {median(ratios):.2f}; gateway CPU s/GiB median"
-                  f" {median([g for g, _, _ in cold_cpu[name]]):.2f}")
+                  + f" (median {median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f});"
+                  f" gateway CPU s/GiB median {median([g for g, _, _ in cold_cpu[name]]):.2f}"
+                  f" ({min(g for g, _, _ in cold_cpu[name]):.2f}-{max(g for g, _, _ in cold_cpu[name]):.2f})")
+        for name in ("stream", "cache"):
+            if cold[f"reference {name}"]:
+                ratios = [a / b for a, b in zip(cold[name], cold[f"reference {name}"])]
+                print(f"cold {name}: this tree / reference per round: " + ", ".join(f"{r:.2f}" for r in ratios)
+                      + f" (median {median(ratios):.2f})")
     if hot["cache"]:
         h_rate, h_cpu = median([r for r, _ in hot["cache"]]), median([c for _, c in hot["cache"]])
         n_rate, n_cpu = median([r for r, _ in hot["nginx"]]), median([c for _, c in hot["nginx"]])
