@@ -100,6 +100,11 @@ def curl(argv: list[str], size: int, timeout: float = 600) -> float:
 curl_cpu = [0.0]  # CPU seconds of the last curl
 
 
+def curl_rate(config: pathlib.Path, url: str, size: int) -> tuple[float, float]:
+    """(MiB/s, 0.0) of curl reading `url` straight from the store: no gateway, no gateway CPU."""
+    return size / curl(["-K", str(config), url], size) / MiB, 0.0
+
+
 FILLS = 'arkvory_read_cache_fills_total{result="ok"}'
 
 
@@ -271,7 +276,7 @@ def measure_reads(bench, args, shared, store_env, writer, curl_config, size, col
         order = list(gateways) if index % 2 == 0 else list(reversed(gateways))
         for name in ["curl", *order]:
             if name == "curl":
-                read = lambda: (size / curl(["-K", str(curl_config), object_url(artifact)], size) / MiB, 0.0)  # noqa: E731
+                read = functools.partial(curl_rate, curl_config, object_url(artifact), size)
             else:
                 read = functools.partial(gateway_get, gateways[name], artifact["path"], size, fills="cache" in name)
             rate, *cpu = timed(read)

@@ -285,7 +285,8 @@ def test_a_cache_fill_cut_mid_way_fails_its_readers_and_keeps_nothing(s3_cluster
             await reader.aclose()
             await cache.drained()
             assert 8 * MiB <= len(got) < size and bytes(got) == data[:len(got)]
-            assert storage.direct == 1 and cache.fills["failed"] == 1 and cache.held == 0 and cache.acquire(sha256) is None
+            assert storage.direct == 1 and cache.fills["failed"] == 1
+            assert cache.held == 0 and cache.acquire(sha256) is None
             await asyncio.sleep(0.05)  # the background unlinks
             assert os.listdir(cache.filling) == []
             cache.close()

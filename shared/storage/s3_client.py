@@ -3,8 +3,8 @@ the requests Arkvory makes of a bucket, with obstore's errors translated into th
 (interface.py), one line naming the setting to look at and never a secret.
 
 - `ObjectStore`: `check`, `stat`, `open_range` (a cancellable reader of zero-copy buffers),
-  `presign_get` (a SigV4 query-signed GET URL for s3_direct.py, which reads a plain-http store's
-  bytes into a pipe; the URL carries a signature and is never logged or shown),
+  `presign_get` (a SigV4 query-signed GET URL for s3_direct.py, which reads a plain-http store
+  on connections of its own; the URL carries a signature and is never logged or shown),
   `publish` (multipart upload straight to the final key: S3 makes an object visible only when
   CompleteMultipartUpload succeeds, so nothing partial is ever visible; the SHA-256 rides along
   as user metadata `x-amz-meta-sha256`, so an existing object is verified by one HEAD),
@@ -230,7 +230,8 @@ class ObjectStore:
         # leaving such a store to it.
         proxies = urllib.request.getproxies_environment()
         host = urllib.parse.urlsplit(endpoint).hostname or ""
-        return not (("http" in proxies or "all" in proxies) and not urllib.request.proxy_bypass_environment(host, proxies))
+        proxied = "http" in proxies or "all" in proxies
+        return not proxied or bool(urllib.request.proxy_bypass_environment(host, proxies))
 
     async def presign_get(self, key: str) -> str:
         """A GET URL of `key` signed in its query (SigV4, valid PRESIGN_S), for a request sent
