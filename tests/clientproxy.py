@@ -115,13 +115,17 @@ class HttpFaultProxy:
     async def _close(self) -> None:
         assert self._server is not None
         self._server.close()
-        relays = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in relays:
-            task.cancel()
         # Let each relay run its `finally` (which closes both ends) before the loop stops: a
         # task destroyed while pending leaves its transports to the garbage collector, whose
-        # ResourceWarnings then fail whichever later test happens to collect them.
-        await asyncio.gather(*relays, return_exceptions=True)
+        # ResourceWarnings then fail whichever later test happens to collect them. Again until
+        # none is left: a connection accepted while the first ones ended starts a relay too.
+        while relays := [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            for task in relays:
+                task.cancel()
+            await asyncio.gather(*relays, return_exceptions=True)
+        # abort() closes a socket in a callback of the next loop turn: let those run.
+        for _ in range(3):
+            await asyncio.sleep(0)
 
     def _take(self, faults: list, target: str):
         with self._lock:
