@@ -53,6 +53,10 @@ import pytest
 from arkvory.shared.cli.localpg import remove_orphaned_homes, start_local_postgres
 
 from .harness import Cluster, db_execute
+# The object-store fixtures, for every module from here: imported into a test module, a session
+# fixture is that module's own (one more SeaweedFS per module, running until the session ends).
+from .s3cluster import s3_cluster  # noqa: F401  (pytest fixtures)
+from .s3store import s3_bucket, seaweedfs  # noqa: F401
 from .tcpproxy import TcpProxy
 
 
@@ -166,7 +170,7 @@ def _drop_bytecode_cache(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    _drop_bytecode_cache(config)  # a failed or interrupted run too
+    _drop_bytecode_cache(config)  # the workers have ended; a failed or interrupted run too
 
 
 # -- a run leaves nothing behind ------------------------------------------------------------------
@@ -184,17 +188,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After a passing run (in the controller, once every worker is done): no file may be left
     under the run's basetemp, nor PostgreSQL data of this run on localpg's shelf."""
     config = session.config
-    if _is_xdist_worker(config):
-        return
-    _drop_bytecode_cache(config)  # every process of the run has ended: ours, not a leftover
-    if exitstatus != 0 or config.option.basetemp:
+    if _is_xdist_worker(config) or exitstatus != 0 or config.option.basetemp:
         return  # a failed run keeps its failures' directories on purpose; --basetemp is the user's
     factory = config._tmp_path_factory  # type: ignore[attr-defined]
     if factory._basetemp is None:  # no test asked for a directory
         return
     basetemp = factory.getbasetemp().resolve()
+    bytecode = config.stash[_BYTECODE][0].resolve() if _BYTECODE in config.stash else None
     left = []
-    for root, _dirs, files in os.walk(basetemp):
+    for root, dirs, files in os.walk(basetemp):
+        # The run's bytecode cache: ours, deleted at pytest_unconfigure, once the xdist workers
+        # (which may still import a module while they stop) have ended.
+        dirs[:] = [name for name in dirs if pathlib.Path(root, name) != bytecode]
         left += [os.path.join(root, name) for name in files]
     # pytest's own: its lock, and the `<name>current` links to numbered directories it made
     # (a passing test's directory is deleted, its link left dangling).

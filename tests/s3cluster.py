@@ -1,8 +1,7 @@
 """Real `arkvory serve` processes whose blobs live on a real SeaweedFS (tests/s3store.py): as on
 several hosts, each process may bind its own loopback address (Linux routes all of 127/8 to lo)
-and keep its own ARKVORY_DATA_DIR, so they share nothing but the database and the bucket.
-
-    from .s3cluster import s3_bucket, s3_cluster, seaweedfs  # noqa: F401  (pytest fixtures)
+and keep its own ARKVORY_DATA_DIR, so they share nothing but the database and the bucket. Its
+fixture `s3_cluster` comes to every module through tests/conftest.py (see tests/s3store.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Fixtures for tests against a real SeaweedFS (shared/cli/seaweedfs.py): one store per session, a
-bucket per test. A test module uses them by importing them:
-
-    from .s3store import s3_bucket, seaweedfs  # noqa: F401  (pytest fixtures)
+"""Fixtures for tests against a real SeaweedFS (shared/cli/seaweedfs.py): one store per session (per
+xdist worker), a bucket per test. tests/conftest.py imports them for every module; a test module
+must not import them itself (a fixture imported into a module is that module's own: a session
+store of its own, running until the session ends).
 
 Without a runnable `weed` (the seaweedfs extra not installed, another platform) these tests skip
 and say why; any other failure to start the store is an error, not a skip.

@@ -29,6 +29,8 @@ HOSTILE = "<script>window.__pwned=1</script>"
 
 @pytest.fixture
 def writer(cluster):
+    """A writer of its own: for a test that lists every repository or account, or makes names
+    another test makes too."""
     return cluster.writer().wait_ready()
 
 
@@ -36,6 +38,22 @@ def writer(cluster):
 def admin(writer):
     make_account(writer.url, "root", admin=True)
     with Console(writer.url) as console:
+        yield console.signed_in("root")
+
+
+@pytest.fixture(scope="module")
+def shared_writer(module_cluster):
+    """One writer for the tests that look only at what they make themselves, under names of
+    their own: each saves a writer's start and the hashing of an account's password."""
+    writer = module_cluster.writer().wait_ready()
+    make_account(writer.url, "root", admin=True)
+    make_account(writer.url, "redirected")
+    return writer
+
+
+@pytest.fixture(scope="module")
+def shared_admin(shared_writer):
+    with Console(shared_writer.url) as console:
         yield console.signed_in("root")
 
 
@@ -86,11 +104,10 @@ def test_pages_need_a_signed_in_account_and_the_session_cookie_is_strict(writer)
 
 @pytest.mark.parametrize("wanted", ["//elsewhere.example/x", "https://elsewhere.example/", "/api/v1/tokens",
                                     "/console/../api/v1/tokens", "javascript:alert(1)", "/console\\x"])
-def test_after_signing_in_the_console_sends_you_only_to_a_console_page(writer, wanted):
-    make_account(writer.url, "alice")
-    with Console(writer.url) as console:
+def test_after_signing_in_the_console_sends_you_only_to_a_console_page(shared_writer, wanted):
+    with Console(shared_writer.url) as console:
         form = console.get("/console/sign-in", params={"next": wanted})
-        answer = console.http.post("/console/sign-in", data={"csrf": csrf_of(form), "name": "alice",
+        answer = console.http.post("/console/sign-in", data={"csrf": csrf_of(form), "name": "redirected",
                                                              "password": PASSWORD, "next": wanted})
         assert answer.status_code == 303 and answer.headers["location"] == "/console/"
 
@@ -116,13 +133,13 @@ def test_sign_out_ends_the_session_everywhere(writer):
     assert rows[0]["n"] == 0
 
 
-def test_a_token_or_key_in_the_cookie_is_not_a_console_session(writer, admin):
-    made = admin.submit("/console/tokens", "/console/tokens", access="read-write", label="ci")
+def test_a_token_or_key_in_the_cookie_is_not_a_console_session(shared_writer, shared_admin):
+    made = shared_admin.submit("/console/tokens", "/console/tokens", access="read-write", label="ci")
     assert made.status_code == 201
     token = made.text.split('id="new-secret" readonly value="', 1)[1].split('"', 1)[0]
     assert token.startswith("pat_")
     for credential in (token, ADMIN_TOKEN):
-        with Console(writer.url) as console:
+        with Console(shared_writer.url) as console:
             console.http.cookies.set("arkvory_session", credential)
             assert console.get("/console/").status_code == 303
 
@@ -377,11 +394,11 @@ def test_repositories_artifacts_and_refusals_as_messages(writer, admin):
     assert dropped.status_code == 303 and dropped.headers["location"] == "/console/repositories?notice=repository-deleted"
 
 
-def test_a_form_sent_twice_is_one_change(writer, admin):
-    page = admin.get("/console/repositories")
+def test_a_form_sent_twice_is_one_change(shared_writer, shared_admin):
+    page = shared_admin.get("/console/repositories")
     form = {"csrf": csrf_of(page), "key": page.text.split('name="key" value="', 1)[1].split('"', 1)[0], "name": "once"}
-    first = admin.http.post("/console/repositories", data=form)
-    second = admin.http.post("/console/repositories", data=form)  # a double click, a reload
+    first = shared_admin.http.post("/console/repositories", data=form)
+    second = shared_admin.http.post("/console/repositories", data=form)  # a double click, a reload
     assert first.status_code == second.status_code == 303
 
 
@@ -458,35 +475,35 @@ def test_the_upload_form_works_without_its_script(writer, admin):
         assert len(client.get("/api/v1/repositories/builds/artifacts").json()["items"]) == 2
 
 
-def test_tasks_dispatch_cancel_and_a_task_page(writer, admin):
-    refused = admin.submit("/console/tasks", "/console/tasks", kind="verify", param_bytes_per_second="12abc")
+def test_tasks_dispatch_cancel_and_a_task_page(shared_writer, shared_admin):
+    refused = shared_admin.submit("/console/tasks", "/console/tasks", kind="verify", param_bytes_per_second="12abc")
     assert refused.status_code == 400 and messages(refused) == ["bytes_per_second must be a whole number (digits only)"]
     assert 'value="12abc"' in refused.text  # the form keeps what was typed
-    too_big = admin.submit("/console/tasks", "/console/tasks", kind="cleanup", budget_max_items="0")
+    too_big = shared_admin.submit("/console/tasks", "/console/tasks", kind="cleanup", budget_max_items="0")
     assert too_big.status_code == 400 and "budget.max_items" in messages(too_big)[0]
-    wrong_kind = admin.submit("/console/tasks", "/console/tasks", kind="cleanup", param_bytes_per_second="5")
+    wrong_kind = shared_admin.submit("/console/tasks", "/console/tasks", kind="cleanup", param_bytes_per_second="5")
     assert wrong_kind.status_code == 400 and "unknown cleanup param" in messages(wrong_kind)[0]
-    dispatched = admin.submit("/console/tasks", "/console/tasks", kind="verify", param_bytes_per_second="1048576",
+    dispatched = shared_admin.submit("/console/tasks", "/console/tasks", kind="verify", param_bytes_per_second="1048576",
                               budget_max_items="10", budget_max_bytes="1000000", on_restart="fail", version="v1")
     assert dispatched.status_code == 303
     task_path = dispatched.headers["location"]
     task_id = task_path.rsplit("/", 1)[1]
-    with api(writer) as client:
+    with api(shared_writer) as client:
         task = client.get(f"/api/v1/tasks/{task_id}").json()
     assert task["params"] == {"bytes_per_second": 1048576} and task["budget"]["limits"] == {"max_items": 10, "max_bytes": 1000000}
     assert task["on_restart"] == "fail" and task["definition_version"] == "v1" and task["idempotency_key"].startswith("console-")
-    page = admin.get(task_path)
+    page = shared_admin.get(task_path)
     assert page.status_code == 200 and "task.queued" in page.text and 'src="/console/static/task-events.js"' in page.text
     assert 'data-after="1"' in page.text
-    listed = admin.get("/console/tasks", params={"kind": "verify", "status": "queued"})
+    listed = shared_admin.get("/console/tasks", params={"kind": "verify", "status": "queued"})
     assert task_id in listed.text
-    assert task_id not in admin.get("/console/tasks", params={"status": "completed"}).text
-    assert admin.get("/console/tasks", params={"status": "bogus"}).status_code == 400
-    cancelled = admin.submit(task_path, f"{task_path}/cancel")
+    assert task_id not in shared_admin.get("/console/tasks", params={"status": "completed"}).text
+    assert shared_admin.get("/console/tasks", params={"status": "bogus"}).status_code == 400
+    cancelled = shared_admin.submit(task_path, f"{task_path}/cancel")
     assert cancelled.status_code == 303 and "notice=task-cancelled" in cancelled.headers["location"]
-    again = admin.submit("/console/tasks", f"{task_path}/cancel")
+    again = shared_admin.submit("/console/tasks", f"{task_path}/cancel")
     assert again.status_code == 409 and "already cancelled" in messages(again)[0]
-    finished = admin.get(task_path)
+    finished = shared_admin.get(task_path)
     assert "task.cancelled" in finished.text and "task-events.js" not in finished.text
 
 
@@ -567,8 +584,8 @@ def test_the_overview_shows_every_process_its_trust_and_the_worker(cluster):
         assert row["trustLeft"] is None and row["reservationLeft"] is not None
 
 
-def test_a_standalone_writer_has_an_overview_too(writer, admin):
-    page = admin.get("/console/").text
+def test_a_standalone_writer_has_an_overview_too(shared_writer, shared_admin):
+    page = shared_admin.get("/console/").text
     assert "standalone" in page and ">ready<" in page
 
 

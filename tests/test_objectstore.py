@@ -23,7 +23,7 @@ from arkvory.shared.storage.s3_client import (
     Unavailable,
 )
 
-from .s3store import Bucket, s3_bucket, seaweedfs  # noqa: F401  (pytest fixtures)
+from .s3store import Bucket
 
 MiB = 1024 * 1024
 PART = 5 * MiB  # S3's smallest part

@@ -11,7 +11,7 @@ import pytest
 
 from .budget_measure import KiB, assert_principal_shares, make_repo, run_parallel
 from .harness import ADMIN_TOKEN
-from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip, s3_bucket, s3_cluster, seaweedfs  # noqa: F401
+from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

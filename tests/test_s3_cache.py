@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from .harness import ADMIN_TOKEN
-from .s3cluster import s3_bucket, s3_cluster, seaweedfs  # noqa: F401  (pytest fixtures)
+
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 

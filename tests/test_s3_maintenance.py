@@ -18,7 +18,7 @@ from arkvory.shared.cluster.pins import LINGER_S
 from arkvory.shared.storage.s3 import QUARANTINE, blob_key
 
 from .harness import ADMIN_TOKEN, db_fetch
-from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip, s3_bucket, s3_cluster, seaweedfs  # noqa: F401
+from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip
 from .worker_harness import start_worker
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]

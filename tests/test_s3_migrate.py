@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from .harness import ROOT, db_fetch, run_arkvory
-from .s3cluster import s3_bucket, s3_cluster, seaweedfs  # noqa: F401  (pytest fixtures)
+
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

@@ -12,7 +12,6 @@ import uuid
 
 import pytest
 
-from .s3cluster import s3_bucket, s3_cluster, seaweedfs  # noqa: F401  (pytest fixtures)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 

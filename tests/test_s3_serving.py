@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from .harness import run_arkvory
-from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip, s3_bucket, s3_cluster, seaweedfs  # noqa: F401
+from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 

@@ -14,7 +14,7 @@ import pytest
 from arkvory.shared.storage.s3_client import IDENTITY_KEY
 
 from .harness import db_fetch, free_port, run_arkvory
-from .s3cluster import s3_bucket, s3_cluster, seaweedfs  # noqa: F401  (pytest fixtures)
+
 from .worker_harness import start_worker
 
 pytestmark = [pytest.mark.timeout(180)]
