@@ -26,6 +26,7 @@ from .harness import ADMIN_TOKEN
 from .worker_harness import (
     dispatch,
     events,
+    freeze_between_transactions,
     insert_test_task,
     start_worker,
     steps_done,
@@ -66,7 +67,7 @@ def test_kill_9_applies_the_restart_table(cluster, writer, policy):
     tasks["queued"] = dispatch(url, "steps", {"steps": 3}, on_restart=policy)  # its kind is busy
     tasks["cancelling"] = dispatch(url, "steps_b", {"steps": 300, "step_seconds": 0.1}, on_restart=policy)
     wait_checkpoint(url, tasks["cancelling"], 1)
-    first.signal(signal.SIGSTOP)  # from here on the worker acts on nothing
+    freeze_between_transactions(first, url)  # from here on the worker acts on nothing
     transition(url, tasks["cancelling"], ["running"], "cancelling", "task.cancelling")
     tasks["loading"] = dispatch(url, "steps", {"steps": 3}, on_restart=policy)
     transition(url, tasks["loading"], ["queued"], "loading", "task.loading", worker="a-worker-now-dead", attempts=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -84,6 +85,31 @@ class WorkerProc:
     def close(self) -> None:
         self.kill()
         self._stderr.close()
+
+
+def freeze_between_transactions(worker: WorkerProc, database_url: str, timeout: float = 30.0) -> None:
+    """SIGSTOP `worker` at a moment when no session of the database is inside a transaction.
+
+    Frozen inside one (a checkpoint of a running task), it would keep that row locked, and the
+    test's own write to the row would wait for ever. So: stop it, let a statement under way end,
+    and if a session still holds a transaction open, let it run a moment and try again. (A
+    writer's short transactions seen here cost one more try, nothing else.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        worker.signal(signal.SIGSTOP)
+        time.sleep(0.1)
+        if not _run(database_url, _sessions_in_a_transaction):
+            return
+        worker.signal(signal.SIGCONT)
+        assert time.monotonic() < deadline, f"{worker.name} was always inside a transaction"
+        time.sleep(0.05)
+
+
+async def _sessions_in_a_transaction(conn: asyncpg.Connection) -> int:
+    return await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+    )
 
 
 def start_worker(cluster: Cluster, name: str = "worker", *, real: bool = False, **env: str) -> WorkerProc:
