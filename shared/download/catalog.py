@@ -17,7 +17,7 @@ import asyncpg
 
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import InvalidInput, NotFound, Unauthorized
+from arkvory.shared.errors import Busy, InvalidInput, NotFound, Unauthorized, Unavailable
 
 from .catalog_cache import CatalogCache
 
@@ -192,3 +192,22 @@ async def _lookup_content(
     if row["id"] is None:
         raise NotFound(f"no {key.description} in {repo_name!r}")
     return repo, Artifact(row["id"], row["name"], row["sha256"], row["size"], row["media_type"])
+
+
+async def require_artifact(pool: asyncpg.Pool | None, artifact_id: uuid.UUID) -> None:
+    """After a blob was found missing: ask the database, not the cache, whether its artifact
+    still exists. Gone → 404 (deleted while we looked); a database that does not answer →
+    503 busy/unavailable; else the caller decides what missing content means."""
+    assert pool is not None
+    try:
+        async with pooled(pool) as conn:
+            exists = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1)",
+                artifact_id, timeout=POOLED_QUERY_TIMEOUT_S,
+            )
+    except TimeoutError:
+        raise Busy("no database connection became free in time") from None
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        raise Unavailable("the database cannot be reached now") from None
+    if not exists:
+        raise NotFound(f"artifact {artifact_id} was deleted")

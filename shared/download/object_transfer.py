@@ -61,11 +61,22 @@ from arkvory.shared.errors import ContentUnavailable, LeaseLost, TransferAborted
 from arkvory.shared.http.protocol import ConnectionHandle
 from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError, StorageUnavailable
 
+from .catalog import Artifact, require_artifact
+from .payload import COPY_PIECE_BYTES, UNTHROTTLED_CHUNK, SentResponse, _client_gone, _cut_for_lease, transfer_aborter
 from .serving import ServingProcess
-from .payload import COPY_PIECE_BYTES, UNTHROTTLED_CHUNK, _client_gone
-from .transfer import BlobResponse, _aborter, require_artifact
 
 log = logging.getLogger("arkvory.content")
+
+
+class StoreResponse(SentResponse):
+    """What this module needs of the response whose body it reads from the store (transfer.py's
+    BlobResponse, which hands over here: the import runs from transfer.py to this module only)."""
+
+    runtime: ServingProcess
+    artifact: Artifact
+    status_code: int
+    raw_headers: list[tuple[bytes, bytes]]
+
 
 KiB, MiB = 1024, 1024 * 1024
 UNTHROTTLED_BUFFER = 1 * MiB
@@ -277,7 +288,7 @@ def segment_cap_for(runtime: ServingProcess) -> Callable[[], int] | None:
 
 
 async def stream_from_store(
-    response: BlobResponse, send: Send, handle: ConnectionHandle | None, start: int, length: int
+    response: StoreResponse, send: Send, handle: ConnectionHandle | None, start: int, length: int
 ) -> None:
     """The body of `response` from the store; raises (before the response starts) what the
     caller answers as an error, and cuts the connection after that."""
@@ -323,7 +334,7 @@ async def stream_from_store(
             await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
             await _send_through_asgi(response, source, length, send)
             return
-        aborter = _aborter(runtime, handle)
+        aborter = transfer_aborter(runtime, handle)
         runtime.transfers.add(aborter)
         try:
             if not await handle.writable(runtime.settings.send_timeout_s):
@@ -349,7 +360,7 @@ def _may_splice(runtime: ServingProcess, handle: ConnectionHandle | None, length
 
 
 async def _send_body(
-    response: BlobResponse, source: Any, handle: ConnectionHandle, remaining: int, *, piped: bool = False
+    response: StoreResponse, source: Any, handle: ConnectionHandle, remaining: int, *, piped: bool = False
 ) -> bool:
     """True when every byte was handed over; False when the connection is gone or was cut.
     `source` hands out buffers (`take`), or, `piped`, holds its bytes in a pipe (a
@@ -414,7 +425,7 @@ async def _send_body(
     return True
 
 
-async def _send_through_asgi(response: BlobResponse, source: Any, remaining: int, send: Send) -> None:
+async def _send_through_asgi(response: StoreResponse, source: Any, remaining: int, send: Send) -> None:
     """Copying path through the ASGI `send` (no protocol handle: not our server)."""
     runtime = response.runtime
     bandwidth = runtime.bandwidth
@@ -441,7 +452,7 @@ async def _send_through_asgi(response: BlobResponse, source: Any, remaining: int
         runtime.metrics.payload_bytes.inc(size)
 
 
-def _cut_for_storage(response: BlobResponse, handle: ConnectionHandle, exc: StorageError) -> None:
+def _cut_for_storage(response: StoreResponse, handle: ConnectionHandle, exc: StorageError) -> None:
     runtime = response.runtime
     runtime.storage_health.suspect(exc.message)
     if handle.lost:
@@ -451,18 +462,12 @@ def _cut_for_storage(response: BlobResponse, handle: ConnectionHandle, exc: Stor
     handle.abort()
 
 
-def _cut_for_lease(runtime: ServingProcess, handle: ConnectionHandle) -> None:
-    if not handle.lost:
-        runtime.metrics.transfer_aborts.labels(direction="download", reason="lease_lost").inc()
-        handle.abort()
-
-
-async def _missing_object(response: BlobResponse) -> None:
+async def _missing_object(response: StoreResponse) -> None:
     """The object is not in the store although our pin was visible: as for a missing file
     (transfer.py `_open_after_missing`), the database decides: the artifact is gone (404) or its
     content is missing or quarantined (503 content_unavailable); never a 500."""
     runtime, artifact = response.runtime, response.artifact
-    await require_artifact(runtime, artifact.id)
+    await require_artifact(runtime.pool, artifact.id)
     runtime.metrics.short_reads.inc()
     log.error("blob %s of artifact %s is missing from the object store", artifact.sha256, artifact.id)
     raise ContentUnavailable("the artifact's stored content is missing or quarantined; re-uploading it restores it")

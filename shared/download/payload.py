@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Protocol
 
 from arkvory.shared.auth.identity import Principal
@@ -191,3 +192,14 @@ def _client_gone(runtime: ServingProcess, handle: ConnectionHandle, why: str) ->
     handle.cut = True
     runtime.metrics.transfer_aborts.labels(direction="download", reason="client_gone").inc()
     log.debug("download aborted: the client left (%s)", why)
+
+
+def transfer_aborter(runtime: ServingProcess, handle: ConnectionHandle) -> Callable[[str], None]:
+    """What the process's transfer registry calls to cut this download (lease lost, pins
+    untrusted, shutdown): counted by its reason, then the connection is reset."""
+
+    def abort(reason: str) -> None:
+        runtime.metrics.transfer_aborts.labels(direction="download", reason=reason).inc()
+        handle.abort()
+
+    return abort

@@ -17,15 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
 from starlette.types import Receive, Scope, Send
 
 from arkvory.shared.auth.identity import Principal
-from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import (
     ApiError,
     Busy,
@@ -40,8 +37,9 @@ from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle, PayloadRe
 from arkvory.shared.http.ranges import ByteRange
 
 from .admission import AdmissionRejected
-from .catalog import Artifact
-from .payload import (  # (UNTHROTTLED_CHUNK and _client_gone are object_transfer.py's too)
+from .catalog import Artifact, require_artifact
+from .object_transfer import stream_from_store
+from .payload import (
     SENDFILE_MIN_BYTES,
     UNTHROTTLED_CHUNK,
     Payload,
@@ -57,10 +55,6 @@ _REJECTION_MESSAGES = {
     "timed_out": "no download place became free in time",
     "draining": "this process is shutting down",
 }
-# The last body message of a response streamed through uvicorn's `send` (object_transfer.py
-# imports it: the merge of issue 16 kept that import after issue 14 had removed it here).
-_LAST_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
-
 
 class BlobResponse:
     """Streams one artifact (or one range of it) as an ASGI response.
@@ -197,8 +191,6 @@ class BlobResponse:
             guard.arm()
             fd = await self._open_after_missing()
         if fd is None:  # not a local file (an object store): streamed in segments from there
-            from .object_transfer import stream_from_store
-
             guard.arm()
             await stream_from_store(self, send, handle, start, length)
             return
@@ -273,7 +265,7 @@ class BlobResponse:
         and then 503 content_unavailable (missing or quarantined on disk), never a 500."""
         runtime, artifact = self.runtime, self.artifact
         assert runtime.storage is not None
-        await require_artifact(runtime, artifact.id)
+        await require_artifact(runtime.pool, artifact.id)
         try:
             return runtime.storage.acquire_file(artifact.sha256)
         except FileNotFoundError:
@@ -325,14 +317,6 @@ class BlobResponse:
 
 def _payload_may_flow(runtime: ServingProcess) -> bool:
     return runtime.payload_allowed()
-
-
-def _aborter(runtime: ServingProcess, handle: ConnectionHandle) -> Callable[[str], None]:
-    def abort(reason: str) -> None:
-        runtime.metrics.transfer_aborts.labels(direction="download", reason=reason).inc()
-        handle.abort()
-
-    return abort
 
 
 class _CancelOnDisconnect:
@@ -393,22 +377,3 @@ async def _watch_disconnect(receive: Receive, guard: _CancelOnDisconnect) -> Non
 
 async def _no_receive() -> dict:
     return {"type": "http.disconnect"}
-
-
-async def require_artifact(runtime: ServingProcess, artifact_id: uuid.UUID) -> None:
-    """After a blob was found missing: ask the database, not the cache, whether its artifact
-    still exists. Gone → 404 (deleted while we looked); a database that does not answer →
-    503 busy/unavailable; else the caller decides what missing content means."""
-    assert runtime.pool is not None
-    try:
-        async with pooled(runtime.pool) as conn:
-            exists = await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1)",
-                artifact_id, timeout=POOLED_QUERY_TIMEOUT_S,
-            )
-    except TimeoutError:
-        raise Busy("no database connection became free in time") from None
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-        raise Unavailable("the database cannot be reached now") from None
-    if not exists:
-        raise NotFound(f"artifact {artifact_id} was deleted")
