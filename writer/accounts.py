@@ -45,7 +45,7 @@ from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
-from .repositories import json_body, principal_of, runtime_of
+from .repositories import json_body, principal_of, require_admin_scope, runtime_of
 
 ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 LOGIN_FAILED = "wrong account name or password"
@@ -310,16 +310,9 @@ async def confirm_password(request: Request, principal: Principal, password: str
     attempt.passed()
 
 
-def _require_admin(principal: Principal) -> None:
-    if principal.is_anonymous:
-        raise Unauthorized("this request needs credentials")
-    if not principal.is_admin:
-        raise Forbidden("managing accounts needs the admin scope")
-
-
 async def create_account(request: Request) -> Response:
     principal = await principal_of(request)
-    _require_admin(principal)
+    require_admin_scope(principal, "accounts")
     key_of(request)
     body = await json_body(request)
     name = check_account_name(body.get("name"))
@@ -337,7 +330,7 @@ async def create_account(request: Request) -> Response:
 
 async def list_accounts(request: Request) -> Response:
     principal = await principal_of(request)
-    _require_admin(principal)
+    require_admin_scope(principal, "accounts")
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
@@ -349,7 +342,7 @@ async def list_accounts(request: Request) -> Response:
 
 async def _set_disabled(request: Request, disabled: bool) -> Response:
     principal = await principal_of(request)
-    _require_admin(principal)
+    require_admin_scope(principal, "accounts")
     name = check_account_name(request.path_params["name"])
 
     async def work(conn: asyncpg.Connection):

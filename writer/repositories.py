@@ -51,6 +51,14 @@ async def principal_of(request: Request) -> Principal:
     )
 
 
+def require_admin_scope(principal: Principal, managing: str) -> None:
+    """401 without credentials, 403 without the admin scope (`managing`: what the caller does)."""
+    if principal.is_anonymous:
+        raise Unauthorized("this request needs credentials")
+    if not principal.is_admin:
+        raise Forbidden(f"managing {managing} needs the admin scope")
+
+
 async def json_body(request: Request) -> dict[str, Any]:
     """The JSON object body, bounded in size, depth and time; read only after the caller
     was authenticated (and, where the route can tell, authorized)."""

@@ -40,7 +40,7 @@ from . import openapi
 from .accounts import confirm_password
 from .idempotency import idempotent, key_of
 from .passwords import MAX_PASSWORD
-from .repositories import json_body, principal_of, runtime_of
+from .repositories import json_body, principal_of, require_admin_scope, runtime_of
 
 DEFAULT_EXPIRY_S = 90 * 86400
 MAX_EXPIRY_S = 366 * 86400
@@ -200,16 +200,9 @@ async def revoke_token(request: Request) -> Response:
     return await _revoke(request, principal, "pat", account_id)
 
 
-def _require_admin(principal: Principal) -> None:
-    if principal.is_anonymous:
-        raise Unauthorized("this request needs credentials")
-    if not principal.is_admin:
-        raise Forbidden("managing service keys needs the admin scope")
-
-
 async def create_key(request: Request) -> Response:
     principal = await principal_of(request)
-    _require_admin(principal)
+    require_admin_scope(principal, "service keys")
     key_of(request)
     body = await json_body(request)
     scopes = body.get("scopes")
@@ -227,7 +220,7 @@ async def create_key(request: Request) -> Response:
 
 async def list_keys(request: Request) -> Response:
     principal = await principal_of(request)
-    _require_admin(principal)
+    require_admin_scope(principal, "service keys")
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
@@ -241,7 +234,7 @@ async def list_keys(request: Request) -> Response:
 
 async def revoke_key(request: Request) -> Response:
     principal = await principal_of(request)
-    _require_admin(principal)
+    require_admin_scope(principal, "service keys")
     return await _revoke(request, principal, "service_key", None)
 
 
