@@ -3,7 +3,8 @@ register), the local cluster of `arkvory dev` (dev.py), the operator tools that 
 database directly (admin.py, and `admin init`, the writer's first start without a server) or run a task kind with every server stopped (offline.py: admin gc
 and scrub), the move of every blob to another storage (migrate_storage.py: admin
 migrate-storage), and the local PostgreSQL for `arkvory dev` and the tests: localpg.py runs a server
-from the binaries that postgres_binaries.py finds.
+from the binaries that postgres_binaries.py finds (and seaweedfs.py the object store; both as
+children that die with us, bound_child.py).
 
 May import: everything, arkvory.writer and arkvory.gateway included: the command assembles the
 program. Nothing else in arkvory imports it.

@@ -15,20 +15,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import ctypes
 import dataclasses
 import hashlib
 import importlib.util
 import os
 import pathlib
 import pwd
-import queue
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,6 +34,7 @@ from collections.abc import Callable, Mapping
 
 import asyncpg
 
+from .bound_child import spawn_bound_to_our_process
 from .postgres_binaries import (
     Install,
     LocalPostgresError,
@@ -63,7 +61,6 @@ PORT_ATTEMPTS = 3
 # sun_path holds 108 bytes, and PostgreSQL appends "/.s.PGSQL.65535" to the directory.
 SOCKET_DIR_MAX = 90
 
-_PR_SET_PDEATHSIG = 1
 _PORT_TAKEN = re.compile(r"could not bind|Address already in use")
 
 _SERVER_OPTIONS = {
@@ -399,8 +396,11 @@ class _Postmaster:
         for key, value in options.items():
             argv += ["-c", f"{key}={value}"]
         with open(home / "server.log", "ab") as log:
-            process = _spawn_bound_to_our_process(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            # SIGINT when we die, not SIGTERM: SIGTERM is a smart shutdown that waits for every
+            # client to leave.
+            process = spawn_bound_to_our_process(
+                argv, death_signal=signal.SIGINT, name="postgres-keeper",
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=server_env(install), cwd=home,
                 # Its own session: a terminal's Ctrl-C reaches `arkvory dev`, which then stops
                 # its services before the database, not all of them at once.
@@ -456,48 +456,6 @@ class _Postmaster:
                 return
             self.process.kill()
             self.process.wait(timeout=5.0)
-
-
-def _spawn_bound_to_our_process(argv: list[str], **popen_kwargs) -> subprocess.Popen:
-    """Popen from a thread that lives exactly as long as the child, with PR_SET_PDEATHSIG.
-
-    The death signal fires when the *thread* that forked the child ends, not the process. A
-    caller's worker thread may retire long before the server should stop (anyio's idle after
-    10 s); this thread ends only when the child exits or our whole process dies.
-    """
-    spawned: queue.Queue[subprocess.Popen | BaseException] = queue.Queue(maxsize=1)
-
-    def keep() -> None:
-        try:
-            process = subprocess.Popen(argv, preexec_fn=_die_with_parent_hook(), **popen_kwargs)
-        except BaseException as exc:  # handed to the caller, who re-raises it
-            spawned.put(exc)
-            return
-        spawned.put(process)
-        process.wait()
-
-    threading.Thread(target=keep, name="postgres-keeper", daemon=True).start()
-    result = spawned.get(timeout=60)
-    if isinstance(result, BaseException):
-        raise result
-    return result
-
-
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    # Resolved before fork: between fork and exec the child should only make the call.
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def die_with_parent() -> None:
-        # Runs after the switch to the server's user (setuid clears the death signal). SIGINT,
-        # not SIGTERM: SIGTERM is a smart shutdown that waits for every client to leave.
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGINT))
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return die_with_parent
 
 
 # --- SQL from synchronous code ------------------------------------------------------------

@@ -35,12 +35,10 @@ It needs only the standard library and the error tree, so tests and `arkvory dev
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import json
 import os
 import pathlib
-import queue
 import random
 import re
 import secrets
@@ -56,9 +54,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from arkvory.shared.errors import StartupError
+
+from .bound_child import spawn_bound_to_our_process
 
 # Loopback only: a caller's http_proxy must not see (or break) our requests to our own server.
 _urlopen = urllib.request.build_opener(urllib.request.ProxyHandler({})).open
@@ -77,7 +77,6 @@ _GRPC_SOCKET_DIR = pathlib.Path("/tmp")
 _GRPC_SOCKET_KINDS = ("master", "volume", "filer", "s3")
 _PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_PR_SET_PDEATHSIG = 1
 
 # One volume per growth, not 7: a bucket is a collection, and the tests make a bucket each.
 _MASTER_TOML = """\
@@ -257,9 +256,18 @@ class SeaweedFS:
             if self.running:
                 return
             self._write_config()
-            self._process = _spawn_bound_to_our_process(
-                self._argv(), cwd=self.home, env=_clean_env(self.home), log_path=self.log_path
-            )
+            with open(self.log_path, "ab") as log:
+                try:
+                    self._process = spawn_bound_to_our_process(
+                        self._argv(), cwd=self.home, env=_clean_env(self.home), stdin=subprocess.DEVNULL,
+                        stdout=log, stderr=subprocess.STDOUT,
+                        # Its own session: a terminal's Ctrl-C reaches us, and we stop it in order.
+                        start_new_session=True,
+                        # SIGKILL when we die: weed may sit in its own shutdown for ever after SIGTERM.
+                        death_signal=signal.SIGKILL, name="seaweedfs-keeper",
+                    )
+                except (OSError, subprocess.SubprocessError) as exc:
+                    raise SeaweedFSError(f"{self._argv()[0]} could not be started: {exc}") from exc
             self._wait_until_ready()
 
     def restart(self) -> None:
@@ -527,53 +535,6 @@ def _clean_env(home: pathlib.Path) -> dict[str, str]:
     # WEED_* variables override weed's config and HOME/.seaweedfs holds config files: neither
     # of the caller's may leak in.
     return {"PATH": "/usr/bin:/bin", "HOME": str(home), "LC_ALL": "C", "LANG": "C"}
-
-
-def _spawn_bound_to_our_process(
-    argv: list[str], *, cwd: pathlib.Path, env: dict[str, str], log_path: pathlib.Path
-) -> subprocess.Popen:
-    """Popen from a thread that lives exactly as long as the child, with PR_SET_PDEATHSIG.
-
-    The death signal fires when the *thread* that forked the child ends, not the process; this
-    thread ends only when the child exits or our whole process dies.
-    """
-    spawned: queue.Queue[subprocess.Popen | BaseException] = queue.Queue(maxsize=1)
-
-    def keep() -> None:
-        try:
-            with open(log_path, "ab") as log:
-                process = subprocess.Popen(
-                    argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, preexec_fn=_die_with_parent_hook(),
-                    # Its own session: a terminal's Ctrl-C reaches us, and we stop it in order.
-                    start_new_session=True,
-                )
-        except BaseException as exc:  # handed to the caller, who re-raises it
-            spawned.put(exc)
-            return
-        spawned.put(process)
-        process.wait()
-
-    threading.Thread(target=keep, name="seaweedfs-keeper", daemon=True).start()
-    result = spawned.get(timeout=60)
-    if isinstance(result, BaseException):
-        raise SeaweedFSError(f"{argv[0]} could not be started: {result}") from result
-    return result
-
-
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork
-    parent = os.getpid()
-
-    def die_with_parent() -> None:
-        # SIGKILL: weed may sit in its own shutdown for ever after SIGTERM.
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return die_with_parent
 
 
 def _tail(text: str, lines: int = 30) -> str:
