@@ -6,8 +6,7 @@ is told apart by `arkvory_download_splice_bytes_total`; an https store keeps obs
 answer's head is bounded. The read cache's fill received into reused buffers (read_cache.py):
 byte-exact, and a connection cut mid-fill fails its readers and keeps nothing; a slow first reader
 holds up neither the fill nor the readers behind it; the fill's hash waits at SCHED_IDLE while
-bytes arrive. The store's socket wakes the splice loop per half MiB, and a store that trickles
-still finishes."""
+bytes arrive."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import asyncio
 import dataclasses
 import hashlib
 import os
-import socket
 import threading
 import time
 import urllib.parse
@@ -299,65 +297,7 @@ def test_a_cache_fill_cut_mid_way_fails_its_readers_and_keeps_nothing(s3_cluster
         asyncio.run(asyncio.wait_for(run(), 60))
 
 
-# --- waking per half MiB, and what that must not break ------------------------------------------
-
-
-def test_the_splice_loop_is_woken_per_half_mib_and_a_slow_store_still_finishes(s3_cluster, tmp_path):
-    """A store that trickles: the reader waits for WAKE_BYTES (SO_RCVLOWAT) at first, but fewer
-    bytes than that within the read timeout are a slow store, not a stalled one: it is woken per
-    arrival from then on and the range completes (without that, it failed after the timeout)."""
-    settings = s3_cluster.settings().object_store
-    assert settings is not None
-    length = 96 * KiB
-    body = pattern(length)
-    sha256 = "cd" * 32
-
-    async def trickle() -> tuple[bytes, int, float]:
-        answered = asyncio.Event()
-
-        async def answer(reader, writer):
-            try:
-                await reader.readuntil(b"\r\n\r\n")
-                writer.write(b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n"
-                             b"Content-Range: bytes 0-%d/%d\r\n\r\n" % (length, length - 1, length))
-                for offset in range(0, length, 4 * KiB):  # 40 KiB/s: 2.4 s for the range
-                    writer.write(body[offset:offset + 4 * KiB])
-                    await writer.drain()
-                    await asyncio.sleep(0.1)
-            finally:
-                writer.close()
-                answered.set()
-
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        slow = dataclasses.replace(settings, endpoint_url=f"http://127.0.0.1:{port}")
-        storage = ObjectStorage(tmp_path, slow, ObjectStore(slow, connect_timeout=2.0, read_timeout=1.0))
-        piped = storage.open_direct_range(sha256, 0, length)
-        assert piped is not None
-        got = bytearray()
-        started = time.monotonic()
-        try:
-            await piped.fill()  # the head, and what came with it
-            got += piped.read(piped.buffered)
-            waiting = asyncio.ensure_future(piped.fill())
-            await asyncio.sleep(0.3)
-            mark = piped._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
-            await waiting
-            while len(got) < length:
-                if not piped.buffered:
-                    await piped.fill()
-                got += piped.read(piped.buffered)
-        finally:
-            await piped.aclose()
-            await answered.wait()
-            server.close()
-            await server.wait_closed()
-        return bytes(got), mark, time.monotonic() - started
-
-    got, mark, elapsed = asyncio.run(asyncio.wait_for(trickle(), 30))
-    assert got == body
-    assert mark == length - 4 * KiB or mark == length  # all that is left of the range, < WAKE_BYTES
-    assert elapsed >= 1.5  # it did wait for the store, past one read timeout
+# --- the fill's hash out of the way, and readers that do not wait for each other -----------------
 
 
 def test_a_fill_s_hash_runs_at_sched_idle_while_bytes_arrive_then_at_nice_10():

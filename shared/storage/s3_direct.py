@@ -29,7 +29,6 @@ import os
 import re
 import socket
 import struct
-import termios
 import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -45,9 +44,6 @@ KiB, MiB = 1024, 1024 * 1024
 MAX_HEAD_BYTES = 32 * KiB  # an S3 answer's head is ~0.5 KiB; more is not a store we know
 HEAD_READ = 16 * KiB
 PIPE_BYTES = 1 * MiB  # /proc/sys/fs/pipe-max-size's default: ~1,000 splices per GiB
-# The store's socket wakes the reader only once this much has arrived (SO_RCVLOWAT, lowered for
-# the range's last bytes): fewer, larger splices into the pipe and fewer loop turns per GiB.
-WAKE_BYTES = 512 * KiB
 RETRY_BACKOFF_S = (0.1, 0.2, 0.4)  # before the body starts, as obstore's retries (s3_client.py)
 SUPPORTED = hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")  # Linux
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
@@ -106,7 +102,6 @@ class DirectRange:
         self._arrived = 0  # bytes of the body put in the pipe, or received into buffers
         self.buffered = 0  # bytes in the pipe, not yet consumed
         self._early = b""  # body bytes that came with the head, for `receive_into`
-        self._low_water = 0  # the store socket's SO_RCVLOWAT (0: the kernel's default, 1 byte)
         self._blocking = False
         self._closed = False
 
@@ -226,7 +221,6 @@ class DirectRange:
             moved = os.splice(self._sock.fileno(), self._pipe[1], want, flags=_SPLICE_FLAGS)
         except BlockingIOError:
             if not self.buffered:
-                self._wake_at(min(WAKE_BYTES, self._capacity, self.length - self._arrived))
                 await self._readable("finish reading")
             return
         except OSError as exc:
@@ -239,17 +233,6 @@ class DirectRange:
         self._arrived += moved
         self.buffered += moved
 
-    def _wake_at(self, count: int) -> None:
-        """Be woken when `count` bytes wait in the store's socket (or it ends, or fails): a
-        reader woken for every 64 KiB the store sends costs a loop turn and a small splice each
-        time. Never more than what is left of the range, so the last bytes wake it too."""
-        if count != self._low_water and self._sock is not None:
-            try:
-                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, count))
-                self._low_water = count
-            except OSError:
-                self._low_water = count  # not supported here: woken per arrival, as before
-
     async def _readable(self, action: str) -> None:
         assert self._sock is not None
         loop = asyncio.get_running_loop()
@@ -260,22 +243,10 @@ class DirectRange:
             async with asyncio.timeout(self._store.read_timeout):
                 await ready
         except TimeoutError:
-            if self._low_water > 1 and self._arrived_unread():
-                # Fewer than the low-water mark in the read timeout, but not nothing: a slow
-                # store, not a stalled one. Woken per arrival from now on, as without the mark.
-                self._wake_at(1)
-                return
             raise self._error(TimeoutError(), action) from None
         finally:
             if self._sock is not None:
                 loop.remove_reader(fd)
-
-    def _arrived_unread(self) -> int:
-        """Bytes waiting in the store's socket (FIONREAD); 0 if that cannot be known."""
-        try:
-            return struct.unpack("i", fcntl.ioctl(self._sock, termios.FIONREAD, b"\0\0\0\0"))[0]
-        except (OSError, AttributeError):
-            return 0
 
     # -- the request and the answer's head ----------------------------------------------------
 
