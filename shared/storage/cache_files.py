@@ -43,15 +43,9 @@ def idle_priority() -> None:
 
 
 def lower_priority() -> None:
-    """Run the calling thread at HASH_NICE in the ordinary scheduling class (out of SCHED_IDLE:
-    a fill whose bytes have all arrived must finish its hash even on a host that is never idle;
-    never raises the priority beyond the process's own)."""
+    """A thread initializer: run this thread at HASH_NICE (never raise its priority). For a hash
+    whose fill's bytes have all arrived: it must end even on a host that is never idle."""
     tid = threading.get_native_id()
-    try:
-        if os.sched_getscheduler(tid) == os.SCHED_IDLE:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-    except (OSError, AttributeError):
-        pass
     try:
         os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), HASH_NICE))
     except (OSError, AttributeError):

@@ -452,22 +452,26 @@ async def _hash_behind(flight: _Flight, path: str) -> str:
     """The SHA-256 of the fill's bytes, computed in order in a thread of its own while the fill
     goes on: from the fill's buffers while the window still holds them, from the file (read back
     with O_DIRECT, only what is written) once the hash has fallen behind the window. While the
-    store's bytes still arrive the thread runs at SCHED_IDLE (cache_files.idle_priority: only
-    CPU the download and its neighbours leave), so on a host with no core to spare it falls
-    behind and reads the file back afterwards; once they have all arrived it runs at nice 10
-    (cache_files.lower_priority), so that the fill ends even on a host that is never idle.
-    Waits for bytes as they come; the fill cancels it if it fails."""
+    store's bytes still arrive that thread runs at SCHED_IDLE (cache_files.idle_priority: only
+    CPU the download and its neighbours leave; such a thread still gets a sliver, so a step in
+    progress ends), so on a host with no core to spare it falls behind and reads the file back
+    afterwards; once they have all arrived the rest is hashed in a new thread at nice 10
+    (cache_files.lower_priority), so that the fill ends even on a host that is never idle (an
+    unprivileged thread cannot leave SCHED_IDLE: RLIMIT_NICE is 0 by default). Waits for bytes
+    as they come; the fill cancels it if it fails."""
     loop = asyncio.get_running_loop()
-    hasher = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-hash", initializer=idle_priority)
+    idle = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-hash-idle", initializer=idle_priority)
+    hasher = idle
     digest = hashlib.sha256()
     hashed = 0
-    idle = True
     file: DirectReader | None = None
     try:
         while hashed < flight.size:
-            if idle and flight.received >= flight.size:
-                idle = False
-                await loop.run_in_executor(hasher, lower_priority)
+            if hasher is idle and flight.received >= flight.size:
+                # No step runs in the idle thread now (each is awaited): the next ones go to
+                # a thread in the ordinary class, the descriptor with them.
+                hasher = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-hash", initializer=lower_priority)
+                idle.shutdown(wait=False)
             view = flight.in_memory(hashed, HASH_PIECE)
             if view is not None:
                 await loop.run_in_executor(hasher, digest.update, view)
@@ -483,6 +487,7 @@ async def _hash_behind(flight: _Flight, path: str) -> str:
         if file is not None:
             hasher.submit(file.close)  # after the step in progress: never under a read
         hasher.shutdown(wait=False)
+        idle.shutdown(wait=False)
 
 
 class CacheReader:
