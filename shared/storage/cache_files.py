@@ -1,6 +1,7 @@
 """The read cache's files on disk (read_cache.py): a fill's file written with O_DIRECT, the
-reading back of a file with O_DIRECT to hash it, in the fill's worker threads, and the fill's
-reusable page-aligned buffers (`ChunkPool`).
+reading back of a file with O_DIRECT to hash it, in the fill's worker threads, the fill's
+reusable page-aligned buffers (`ChunkPool`, in transparent huge pages where the host allows), and
+the scheduling of the fill's hashing threads (`idle_priority`, `lower_priority`).
 
 Why direct I/O both ways: on this kind of host a page-cache write of 1 GiB costs 0.4-1.9 CPU s of
 reclaim and copying and a buffered read-and-hash ~2 CPU s, against ~0.05 and ~0.6 (the SHA-256
