@@ -106,6 +106,7 @@ def curl_rate(config: pathlib.Path, url: str, size: int) -> tuple[float, float]:
 
 
 FILLS = 'arkvory_read_cache_fills_total{result="ok"}'
+download_cpu = [0.0]  # the gateway's CPU s/GiB of the last download until its last byte (a fill's hash may trail)
 
 
 def gateway_get(process, path: str, size: int, *, fills: bool = False) -> tuple[float, float]:
@@ -114,6 +115,7 @@ def gateway_get(process, path: str, size: int, *, fills: bool = False) -> tuple[
     before = cpu_seconds(process.proc.pid)
     filled = metrics(process).get(FILLS, 0.0) if fills else 0.0
     seconds = curl(["-H", f"Authorization: Bearer {ADMIN_TOKEN}", process.url + path], size)
+    download_cpu[0] = (cpu_seconds(process.proc.pid) - before) / (size / GiB)
     deadline = time.monotonic() + 60
     while fills and metrics(process).get(FILLS, 0.0) <= filled and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -236,6 +238,7 @@ def main() -> int:
 
 COLD_READS = ("curl", "stream", "cache", "reference stream", "reference cache")
 cold_cpu: dict[str, list[list[float]]] = {name: [] for name in COLD_READS}  # per round: gateway, store, curl
+during: dict[str, list[float]] = {name: [] for name in COLD_READS}  # the gateway's CPU s/GiB until the last byte
 
 
 def measure_reads(bench, args, shared, store_env, writer, curl_config, size, cold, hot, weed_pid) -> None:
@@ -282,8 +285,11 @@ def measure_reads(bench, args, shared, store_env, writer, curl_config, size, col
             rate, *cpu = timed(read)
             cold[name].append(rate)
             cold_cpu[name].append(cpu)
+            during[name].append(download_cpu[0] if name != "curl" else 0.0)
         print(f"cold round {len(cold['curl'])}: " + "; ".join(
-            f"{name} {cold[name][-1]:.0f} MiB/s (CPU s/GiB: gateway {g:.2f}, store {w:.2f}, curl {c:.2f})"
+            f"{name} {cold[name][-1]:.0f} MiB/s (CPU s/GiB: gateway {g:.2f}"
+            + (f" [{during[name][-1]:.2f} until the last byte]" if "cache" in name else "")
+            + f", store {w:.2f}, curl {c:.2f})"
             for name in ["curl", *gateways] for g, w, c in [cold_cpu[name][-1]]
         ) + f"; load {os.getloadavg()[0]:.2f}", flush=True)
     artifact, path = artifacts[-1], artifacts[-1]["path"]
@@ -349,12 +355,17 @@ def report(args, size, cold, hot, uploads, peak, idle, elapsed, errors, unfinish
         ]
         print("cold rounds (MiB/s): " + "; ".join(
             f"curl {a:.0f} cache {b:.0f} stream {c:.0f}" for a, b, c in zip(cold["curl"], cold["cache"], cold["stream"])))
+        print(f"cold curl: CPU s/GiB medians store {median([w for _, w, _ in cold_cpu['curl']]):.2f},"
+              f" curl {median([c for _, _, c in cold_cpu['curl']]):.2f}")
         for name in (name for name in COLD_READS[1:] if cold[name]):
+            if "cache" in name:
+                print(f"cold {name}: gateway CPU s/GiB until the last byte, median {median(during[name]):.2f}")
             ratios = [r / c for r, c in zip(cold[name], cold["curl"])]
             print(f"cold {name} / curl per round: " + ", ".join(f"{r:.2f}" for r in ratios)
                   + f" (median {median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f});"
                   f" gateway CPU s/GiB median {median([g for g, _, _ in cold_cpu[name]]):.2f}"
-                  f" ({min(g for g, _, _ in cold_cpu[name]):.2f}-{max(g for g, _, _ in cold_cpu[name]):.2f})")
+                  f" ({min(g for g, _, _ in cold_cpu[name]):.2f}-{max(g for g, _, _ in cold_cpu[name]):.2f});"
+                  f" store {median([w for _, w, _ in cold_cpu[name]]):.2f}, curl {median([c for _, _, c in cold_cpu[name]]):.2f}")
         for name in ("stream", "cache"):
             if cold[f"reference {name}"]:
                 ratios = [a / b for a, b in zip(cold[name], cold[f"reference {name}"])]

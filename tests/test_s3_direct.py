@@ -4,7 +4,9 @@ processes: byte-exact with Range and If-Range, every byte still granted by the t
 store that dies in the middle cuts the transfer (counted), never a short or padded body; the path
 is told apart by `arkvory_download_splice_bytes_total`; an https store keeps obstore's stream; an
 answer's head is bounded. The read cache's fill received into reused buffers (read_cache.py):
-byte-exact, and a connection cut mid-fill fails its readers and keeps nothing."""
+byte-exact, and a connection cut mid-fill fails its readers and keeps nothing; a slow first reader
+holds up neither the fill nor the readers behind it; the fill's hash waits at SCHED_IDLE while
+bytes arrive."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ import httpx
 import pytest
 
 from arkvory.shared.storage import StorageUnavailable
-from arkvory.shared.storage.cache_files import ChunkPool
-from arkvory.shared.storage.read_cache import ReadCache
+from arkvory.shared.storage.cache_files import HASH_NICE, ChunkPool
+from arkvory.shared.storage.read_cache import ReadCache, _Flight, _hash_behind
 from arkvory.shared.storage.s3 import ObjectStorage, blob_key
 from arkvory.shared.storage.s3_client import ObjectStore
 from arkvory.shared.storage.s3_direct import MAX_HEAD_BYTES, DirectRange
@@ -234,6 +236,29 @@ def test_a_chunk_is_reused_only_once_nothing_refers_to_it():
     assert len(pool) == 3  # one of them again
 
 
+def _huge_kib() -> int:
+    with open("/proc/self/smaps_rollup") as rollup:
+        return sum(int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages:"))
+
+
+def test_a_fill_s_buffers_are_in_huge_pages_where_the_host_allows_them():
+    """O_DIRECT pins every page it writes from: in 4 KiB pages that cost the fill's writer
+    ~0.07 CPU s/GiB more here. (Python's default anonymous map is shared memory, never huge.)"""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
+            mode = setting.read()
+    except OSError:
+        pytest.skip("no transparent huge pages on this kernel")
+    if "[never]" in mode:
+        pytest.skip("transparent huge pages are off here (/sys/kernel/mm/transparent_hugepage/enabled)")
+    before = _huge_kib()
+    pool = ChunkPool(8 * MiB)
+    view = pool.take()
+    view[:] = bytes(len(view))  # touched: the pages exist now
+    assert _huge_kib() - before >= 2048
+    del view
+
+
 def test_a_cache_fill_from_a_plain_http_store_is_received_on_its_own_connection(s3_cluster, tmp_path):
     size = 21 * MiB + 77  # whole chunks, then a tail that is not a whole block
     data = pattern(size)
@@ -293,3 +318,81 @@ def test_a_cache_fill_cut_mid_way_fails_its_readers_and_keeps_nothing(s3_cluster
 
         proxy_cut: list = []
         asyncio.run(asyncio.wait_for(run(), 60))
+
+
+# --- the fill's hash out of the way, and readers that do not wait for each other -----------------
+
+
+def test_a_fill_s_hash_runs_at_sched_idle_while_bytes_arrive_then_at_nice_10(tmp_path):
+    """The hash of a fill in progress takes only idle CPU; once every byte has arrived the rest
+    is hashed in the ordinary class at nice >= HASH_NICE (a thread of its own: an unprivileged
+    one cannot leave SCHED_IDLE), and the digest is that of all the bytes."""
+    first, rest = os.urandom(8 * MiB), bytes(96 * MiB)
+    seen: set[tuple[str, int, int]] = set()
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            for thread in threading.enumerate():
+                if thread.name.startswith("arkvory-cache-hash") and thread.native_id is not None:
+                    try:
+                        policy = os.sched_getscheduler(thread.native_id)
+                        nice = os.getpriority(os.PRIO_PROCESS, thread.native_id)
+                    except OSError:
+                        continue  # it just ended
+                    seen.add((thread.name.rsplit("_", 1)[0], policy, nice))
+            time.sleep(0.0005)
+
+    async def run() -> str:
+        flight = _Flight("ab" * 32, len(first) + len(rest), str(tmp_path / "never-read"))
+        hashing = asyncio.ensure_future(_hash_behind(flight, flight.path))
+        flight.arrived(memoryview(first))
+        for _ in range(300):  # its thread started and sampled (at most 3 s)
+            if any(name.startswith("arkvory-cache-hash") for name, _, _ in seen):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the first 8 MiB hashed (in memory), the rest not there yet
+        flight.arrived(memoryview(rest))
+        return await asyncio.wait_for(hashing, 30)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        digest = asyncio.run(run())
+    finally:
+        sampling.set()
+        sampler.join(10)
+    assert digest == hashlib.sha256(first + rest).hexdigest()
+    # (A sample may also catch a thread before its initializer ran: the process's own policy.)
+    assert (os.SCHED_IDLE, 0) in {(policy, nice) for name, policy, nice in seen if name == "arkvory-cache-hash-idle"}
+    after = {(policy, nice) for name, policy, nice in seen if name == "arkvory-cache-hash"}
+    assert (os.SCHED_OTHER, HASH_NICE) in after and all(policy != os.SCHED_IDLE for policy, _ in after)
+
+
+def test_a_slow_first_reader_stalls_neither_the_fill_nor_the_readers_behind_it(s3_cluster, tmp_path):
+    size = 40 * MiB + 123
+    data = pattern(size)
+    sha256 = hashlib.sha256(data).hexdigest()
+    s3_cluster.put_object(blob_key(sha256), data)
+    storage = storage_for(s3_cluster, tmp_path)
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 64 * MiB, storage)
+        first = cache.reader(sha256, size, 0, size, lambda start, length: pytest.fail("fell back"))
+        assert first is not None
+        await first.fill()
+        head = bytes(first.take(MiB))  # then it reads nothing while the others go
+        second = await asyncio.wait_for(read_through(cache, sha256, size), 30)
+        await asyncio.wait_for(cache.drained(), 30)  # the fill ended, hash checked, with `first` idle
+        assert second == data and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        rest = bytearray(head)
+        try:
+            while len(rest) < size:
+                await first.fill()
+                rest += first.take(first.buffered)
+        finally:
+            await first.aclose()
+        assert bytes(rest) == data and storage.direct == 1
+        cache.close()
+
+    asyncio.run(run())
