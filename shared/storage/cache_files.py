@@ -1,7 +1,7 @@
 """The read cache's files on disk (read_cache.py): a fill's file written with O_DIRECT, the
 reading back of a file with O_DIRECT to hash it, in the fill's worker threads, the fill's
 reusable page-aligned buffers (`ChunkPool`, in transparent huge pages where the host allows), and
-the scheduling of the fill's hashing threads (`idle_priority`, `lower_priority`).
+the scheduling of the fill's hashing thread (`lower_priority`).
 
 Why direct I/O both ways: on this kind of host a page-cache write of 1 GiB costs 0.4-1.9 CPU s of
 reclaim and copying and a buffered read-and-hash ~2 CPU s, against ~0.05 and ~0.6 (the SHA-256
@@ -26,26 +26,15 @@ KiB, MiB = 1024, 1024 * 1024
 STAGE = 8 * MiB
 HASH_READ = 8 * MiB  # bytes per direct read of a file being hashed
 ALIGN = 4096  # O_DIRECT offsets and sizes: a multiple of the logical block size (512 or 4096)
-# The nice value of a fill's hashing thread once the fill's bytes have all arrived: the hash
-# trails the fill, so the downloads that stream along with it get the CPU first (read_cache.py
-# says why that is safe).
+# The nice value of a fill's hashing thread: the hash trails the fill, so the downloads that
+# stream along with it get the CPU first (read_cache.py says why that is safe). Not SCHED_IDLE:
+# a thread of that class that is preempted while it holds the GIL may wait for as long as the
+# host stays busy, and every thread of the process (the event loop, the lease) would wait with it.
 HASH_NICE = 10
 
 
-def idle_priority() -> None:
-    """A thread initializer for the hash while its fill is still downloading: SCHED_IDLE, so it
-    takes only CPU nothing else wants (on two cores shared with the store and the client, a
-    nice-10 hash still took its share in every scheduling period); HASH_NICE where SCHED_IDLE
-    is not available."""
-    try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-    except (OSError, AttributeError):
-        lower_priority()
-
-
 def lower_priority() -> None:
-    """A thread initializer: run this thread at HASH_NICE (never raise its priority). For a hash
-    whose fill's bytes have all arrived: it must end even on a host that is never idle."""
+    """A thread initializer: run this thread at HASH_NICE (never raise its priority)."""
     tid = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), HASH_NICE))

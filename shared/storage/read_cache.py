@@ -11,10 +11,9 @@ zero-copy like a storage directory's files, evicted least recently used.
   plain-http store on a connection of its own, received into reused page-aligned buffers,
   s3_direct.py; else obstore's stream), written with O_DIRECT in a worker thread
   (cache_files.py), renamed into `cache/blobs/` only once size and SHA-256 match. The hash trails
-  the fill in a thread of its own (`_hash_behind`: from the fill's buffers while they are in
-  memory, else reading the file back), at SCHED_IDLE while the store's bytes arrive and at nice
-  10 after them, so on a host short of CPU the downloads along with the fill come first and the
-  fill completes right after. Every reader of the digest
+  the fill in a thread of its own at a lower priority (`_hash_behind`: from the fill's buffers
+  while they are in memory, else reading the file back), so on a host short of CPU the downloads
+  along with the fill come first and the fill completes right after. Every reader of the digest
   streams behind it (a `CacheReader`, read by shared/download/object_transfer.py through the
   token buckets exactly as the store's own bytes are): the fill's latest buffers (WINDOW) straight
   from memory, older bytes from the growing file. A response that read any byte of the file gets
@@ -54,7 +53,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .cache_files import ChunkPool, DirectReader, FillFile, file_matches, idle_priority, lower_priority
+from .cache_files import ChunkPool, DirectReader, FillFile, file_matches, lower_priority
 from .interface import BlobReader, StorageError, StorageUnavailable
 
 log = logging.getLogger("arkvory.storage")
@@ -449,29 +448,18 @@ class ReadCache:
 
 
 async def _hash_behind(flight: _Flight, path: str) -> str:
-    """The SHA-256 of the fill's bytes, computed in order in a thread of its own while the fill
-    goes on: from the fill's buffers while the window still holds them, from the file (read back
-    with O_DIRECT, only what is written) once the hash has fallen behind the window. While the
-    store's bytes still arrive that thread runs at SCHED_IDLE (cache_files.idle_priority: only
-    CPU the download and its neighbours leave; such a thread still gets a sliver, so a step in
-    progress ends), so on a host with no core to spare it falls behind and reads the file back
-    afterwards; once they have all arrived the rest is hashed in a new thread at nice 10
-    (cache_files.lower_priority), so that the fill ends even on a host that is never idle (an
-    unprivileged thread cannot leave SCHED_IDLE: RLIMIT_NICE is 0 by default). Waits for bytes
-    as they come; the fill cancels it if it fails."""
+    """The SHA-256 of the fill's bytes, computed in order in a thread of its own at a lower
+    priority (cache_files.lower_priority) while the fill goes on: from the fill's buffers while
+    the window still holds them, from the file (read back with O_DIRECT, only what is written)
+    once the hash has fallen behind the window, as it does on a host with no core to spare.
+    Waits for bytes as they come; the fill cancels it if it fails."""
     loop = asyncio.get_running_loop()
-    idle = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-hash-idle", initializer=idle_priority)
-    hasher = idle
+    hasher = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-hash", initializer=lower_priority)
     digest = hashlib.sha256()
     hashed = 0
     file: DirectReader | None = None
     try:
         while hashed < flight.size:
-            if hasher is idle and flight.received >= flight.size:
-                # No step runs in the idle thread now (each is awaited): the next ones go to
-                # a thread in the ordinary class, the descriptor with them.
-                hasher = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-hash", initializer=lower_priority)
-                idle.shutdown(wait=False)
             view = flight.in_memory(hashed, HASH_PIECE)
             if view is not None:
                 await loop.run_in_executor(hasher, digest.update, view)
@@ -487,7 +475,6 @@ async def _hash_behind(flight: _Flight, path: str) -> str:
         if file is not None:
             hasher.submit(file.close)  # after the step in progress: never under a read
         hasher.shutdown(wait=False)
-        idle.shutdown(wait=False)
 
 
 class CacheReader:
