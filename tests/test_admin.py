@@ -57,6 +57,7 @@ def test_new_key_refuses_a_bad_scope(cluster):
     assert "scopes" in result.stderr
 
 
+@pytest.mark.soak  # 10 s or more of real time (the reservation stays proven by test_lease_processes): .ci/run runs it (pytest -m soak)
 def test_reset_refuses_while_a_lease_is_live_then_works(cluster):
     shared = cluster.shared_env()
     writer = cluster.writer(shared).wait_ready()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import httpx
 import pytest
@@ -29,58 +30,75 @@ def eventually(check, timeout: float = 2.0):
         time.sleep(0.05)
 
 
+@pytest.fixture(scope="module")
+def processes(module_cluster):
+    """One writer and gateway for the module: each test makes a repository of its own."""
+    shared = module_cluster.shared_env()
+    writer = module_cluster.writer(shared).wait_ready()
+    return writer, module_cluster.gateway(1, shared).wait_ready()
+
+
 @pytest.fixture
-def site(cluster):
-    shared = cluster.shared_env()
-    writer = cluster.writer(shared).wait_ready()
+def site(processes):
+    """A public repository of the test's own, with two artifacts and the asset `latest`."""
+    writer, gateway = processes
+    repo = f"cache-{uuid.uuid4().hex[:8]}"
     with writer.client() as client:
-        client.post("/api/v1/repositories", json={"name": "cache", "public": True})
-        first = client.post("/api/v1/repositories/cache/artifacts", params={"name": "a"}, content=b"first").json()
-        second = client.post("/api/v1/repositories/cache/artifacts", params={"name": "b"}, content=b"second").json()
-        client.put("/api/v1/repositories/cache/assets", params={"path": "latest"}, json={"artifactId": first["id"]})
-    gateway = cluster.gateway(1, shared).wait_ready()
-    return writer, gateway, first, second
+        assert client.post("/api/v1/repositories", json={"name": repo, "public": True}).status_code == 201
+        first = client.post(f"/api/v1/repositories/{repo}/artifacts", params={"name": "a"}, content=b"first").json()
+        second = client.post(f"/api/v1/repositories/{repo}/artifacts", params={"name": "b"}, content=b"second").json()
+        client.put(f"/api/v1/repositories/{repo}/assets", params={"path": "latest"}, json={"artifactId": first["id"]})
+    return writer, gateway, first, second, repo
+
+
+def hits(gateway) -> float:
+    """The gateway's cache hits so far (the counter appears with its first hit)."""
+    try:
+        return metric(gateway, 'arkvory_catalog_lookups_total{result="hit"}')
+    except AssertionError:
+        return 0.0
 
 
 def test_repeated_downloads_are_answered_from_the_cache(site):
-    writer, gateway, first, _ = site
-    path = f"/api/v1/repositories/cache/artifacts/{first['id']}/content"
+    writer, gateway, first, _, repo = site
+    path = f"/api/v1/repositories/{repo}/artifacts/{first['id']}/content"
+    before = hits(gateway)
     with gateway.client() as client:
         assert client.get(path).content == b"first"
         assert client.get(path).content == b"first"
-    assert metric(gateway, 'arkvory_catalog_lookups_total{result="hit"}') == 1
+    assert hits(gateway) - before == 1
 
 
 def test_repointed_asset_is_seen_at_once_on_the_gateway(site):
-    writer, gateway, first, second = site
+    writer, gateway, first, second, repo = site
+    asset = f"/api/v1/repositories/{repo}/asset/content"
     with gateway.client() as client:
-        assert client.get("/api/v1/repositories/cache/asset/content", params={"path": "latest"}).content == b"first"
+        assert client.get(asset, params={"path": "latest"}).content == b"first"
     with writer.client() as client:
-        client.put("/api/v1/repositories/cache/assets", params={"path": "latest"}, json={"artifactId": second["id"]})
+        client.put(f"/api/v1/repositories/{repo}/assets", params={"path": "latest"}, json={"artifactId": second["id"]})
         # The writer's own next request already sees it.
-        assert client.get("/api/v1/repositories/cache/asset/content", params={"path": "latest"}).content == b"second"
+        assert client.get(asset, params={"path": "latest"}).content == b"second"
     with gateway.client() as client:
         assert eventually(
-            lambda: client.get("/api/v1/repositories/cache/asset/content", params={"path": "latest"}).content
-            == b"second",
+            lambda: client.get(asset, params={"path": "latest"}).content == b"second",
             timeout=1.0,
         )
 
 
 def test_repository_made_private_is_refused_to_anonymous_at_once(site):
-    writer, gateway, first, _ = site
-    path = f"{gateway.url}/api/v1/repositories/cache/artifacts/{first['id']}/content"
+    writer, gateway, first, _, repo = site
+    path = f"{gateway.url}/api/v1/repositories/{repo}/artifacts/{first['id']}/content"
     assert httpx.get(path).status_code == 200
     with writer.client() as client:
-        assert client.patch("/api/v1/repositories/cache", json={"public": False}).status_code == 200
+        assert client.patch(f"/api/v1/repositories/{repo}", json={"public": False}).status_code == 200
     assert eventually(lambda: httpx.get(path).status_code == 401, timeout=1.0)
 
 
-def test_a_change_made_by_sql_also_reaches_the_gateway(site, cluster):
-    writer, gateway, first, _ = site
-    path = f"{gateway.url}/api/v1/repositories/cache/artifacts/{first['id']}/content"
+def test_a_change_made_by_sql_also_reaches_the_gateway(site, module_cluster):
+    writer, gateway, first, _, repo = site
+    path = f"{gateway.url}/api/v1/repositories/{repo}/artifacts/{first['id']}/content"
     assert httpx.get(path).status_code == 200
-    db_execute(cluster.database_url, "UPDATE arkvory_repositories SET public = false WHERE name = 'cache'")
+    db_execute(module_cluster.database_url, "UPDATE arkvory_repositories SET public = false WHERE name = $1", repo)
     assert eventually(lambda: httpx.get(path).status_code == 401, timeout=1.0)
 
 

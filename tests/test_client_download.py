@@ -51,9 +51,11 @@ def point_asset(process, path: str, artifact_id: str, repo: str = "builds") -> N
     assert answer.status_code == 200, answer.text
 
 
-@pytest.fixture
-def writer(cluster):
-    process = cluster.writer().wait_ready()
+@pytest.fixture(scope="module")
+def writer(module_cluster):
+    """One writer for the module: each test downloads artifacts of its own (random bytes) and
+    names its assets apart from the others'."""
+    process = module_cluster.writer().wait_ready()
     create_repo(process)
     return process
 
@@ -311,7 +313,7 @@ def test_durability_is_opt_in_like_curl_and_wget(writer, tmp_path, monkeypatch):
     thread; `durable=True` flushes early, fsyncs the file, then its directory."""
     data = os.urandom(40 * MiB)  # more than partfile.FLUSH_EVERY: an early flush would show
     artifact = put_artifact(writer, data)
-    out = tmp_path / "out"  # tmp_path holds the cluster's files too
+    out = tmp_path / "out"  # a directory that holds nothing else
     out.mkdir()
     synced: list[str] = []
 
@@ -361,7 +363,7 @@ def test_a_download_refused_before_its_first_byte_leaves_no_part_file(writer, tm
     """Nothing arrived, nothing to resume: no empty NAME.part (or .part.etag) is left. A .part
     with bytes from an earlier run is kept for the next one."""
     artifact = put_artifact(writer, os.urandom(1000))
-    out = tmp_path / "out"  # tmp_path holds the cluster's files too
+    out = tmp_path / "out"  # a directory that holds nothing else
     out.mkdir()
     with Client(writer.url, ADMIN_TOKEN, retry=QUICK) as client:
         with pytest.raises(errors.NotFoundError):

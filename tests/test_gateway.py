@@ -22,11 +22,12 @@ PATHS = [
 ]
 
 
-@pytest.fixture
-def gateway(cluster):
-    shared = cluster.shared_env()
-    cluster.writer(shared).wait_ready()
-    return cluster.gateway(1, shared).wait_ready()
+@pytest.fixture(scope="module")
+def gateway(module_cluster):
+    """One writer and gateway for the module: its tests only read and are refused."""
+    shared = module_cluster.shared_env()
+    module_cluster.writer(shared).wait_ready()
+    return module_cluster.gateway(1, shared).wait_ready()
 
 
 @pytest.mark.parametrize("token", [None, ADMIN_TOKEN, "not-a-valid-token"])

@@ -116,6 +116,7 @@ def test_stalled_database_makes_the_gateway_unavailable_and_it_never_serves_agai
     assert replacement.proc.poll() is None
 
 
+@pytest.mark.soak  # 10 s or more of real time (the trust window stays proven by the stalled database case): .ci/run runs it (pytest -m soak)
 def test_stopped_gateway_does_not_serve_after_sigcont(cluster):
     shared = cluster.shared_env()
     writer = cluster.writer(shared).wait_ready()
@@ -173,6 +174,7 @@ def test_sigterm_drains_in_flight_download_then_exits_zero_keeping_the_reservati
     assert row is not None and row["live"], "the reservation must be kept after a graceful stop"
 
 
+@pytest.mark.soak  # 10 s or more of real time (the trust window stays proven by the stalled database case): .ci/run runs it (pytest -m soak)
 def test_writer_that_lost_its_lease_refuses_changes_too(cluster, db_proxy):
     shared = cluster.shared_env()
     writer = cluster.writer(shared, ARKVORY_DATABASE_URL=db_proxy.url_for(cluster.database_url))

@@ -129,6 +129,7 @@ def _store_bytes(home: pathlib.Path) -> int:
     return total
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one_artifact(s3_cluster, seaweedfs):
     writer = s3_cluster.writer().wait_ready()
     data = os.urandom(96 * MiB)  # six 16 MiB parts to the store: long enough to kill it midway

@@ -1,8 +1,10 @@
-"""SPEC §2: every configuration rule, checked on the real `arkvory serve` process.
+"""SPEC §2: every configuration rule, checked the way `arkvory serve` checks it.
 
 Each bad environment must stop the process before it serves anything (or connects to the
 database: the DSN below points at a closed port) with exit status 2 and one line per problem
-on stderr that names the variable, says what is allowed and shows the value given.
+on stderr that names the variable, says what is allowed and shows the value given. The single
+and cross rules run serve's first step (`_settings_or_exit`) in this process; several problems
+at once, the keys file and the hidden password run the real `arkvory serve` process.
 The derived values (rates per process and per principal) are checked on `Settings.from_env`.
 """
 
@@ -11,9 +13,11 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import subprocess
 
 import pytest
 
+from arkvory.shared.cli.main import _settings_or_exit
 from arkvory.shared.settings import MAX_RATE, Settings, SettingsError
 
 from .harness import run_arkvory
@@ -280,9 +284,19 @@ def files(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path
 
 
+def refused_in_process(env: dict[str, str], capsys) -> subprocess.CompletedProcess:
+    """What `arkvory serve` does first with its environment (`_settings_or_exit`), here in this
+    process: the same exit status and stderr lines without a Python start per rule (~130 of
+    them; the real process's refusal is proven by the tests below that run it)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        _settings_or_exit(env)
+    return subprocess.CompletedProcess(["arkvory", "serve"], exited.value.code, "", capsys.readouterr().err)
+
+
 @pytest.mark.parametrize(("overrides", "expected", "count"), SINGLE_RULES + CROSS_RULES)
-def test_serve_refuses_bad_setting(files, overrides, expected, count):
-    result = run_arkvory(base_env(files, **overrides), "serve")
+def test_serve_refuses_bad_setting(files, overrides, expected, count, capsys):
+    result = refused_in_process(base_env(files, **overrides), capsys)
     lines = problem_lines(result)
     for name, fragment, value in expected:
         assert_problem(lines, name, fragment, value)

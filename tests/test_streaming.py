@@ -332,6 +332,7 @@ def test_clients_that_reset_mid_download_are_counted_as_aborts_and_log_nothing(c
 # -- §4 a lost lease cuts a transfer that waits for a slow socket ------------------------------
 
 
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
 def test_a_lost_lease_cuts_a_slow_reader_at_once_and_no_chunk_leaves_after_trust(cluster, db_proxy):
     shared = cluster.shared_env(total=3 * 256 * 1024 * 1024)
     writer = cluster.writer(shared).wait_ready()

@@ -250,16 +250,21 @@ def test_writer_whose_lock_another_writer_took_meanwhile_stops_with_78(cluster):
         import asyncpg
 
         rival = await asyncpg.connect(cluster.database_url)
+        # The writer is stopped while its lock changes hands: running, it reconnects and takes
+        # the lock again at once, and under load it won that race for the whole 5 s (a flake).
+        writer.signal(signal.SIGSTOP)
         try:
             await rival.execute("SELECT pg_terminate_backend($1)", old)
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(10):  # free once the terminated backend has gone
                 while not await rival.fetchval("SELECT pg_try_advisory_lock($1)", db.WRITER_LOCK):
-                    pass  # no sleep: the lock is free only until the writer reconnects
+                    await asyncio.sleep(0.05)
+            writer.signal(signal.SIGCONT)
             # The writer must notice and stop (78) while we hold it.
             async with asyncio.timeout(20):
                 while writer.proc.poll() is None:
                     await asyncio.sleep(0.1)
         finally:
+            writer.signal(signal.SIGCONT)
             await rival.close()
 
     asyncio.run(take_the_lock_in_the_gap())

@@ -103,7 +103,8 @@ def test_the_schedule_survives_a_database_outage(cluster, database_url, db_proxy
     ).wait_ready()
     wait_for(lambda: scheduled(database_url), 10, "dispatched")
     db_proxy.stall()
-    time.sleep(7)  # longer than a query timeout: the schedule's statements fail
+    # Until a statement has failed for it (a query timeout later), not a fixed 7 s.
+    wait_for(lambda: "database unreachable: " in writer.stderr, 20, "the outage noticed")
     db_proxy.resume()
     db_proxy.cut()  # connections that hung in the stall start afresh
     resumed = database_period(database_url, 2)
