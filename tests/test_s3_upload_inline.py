@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import time
 import uuid
 
@@ -120,4 +121,25 @@ def test_a_part_cut_midway_while_fed_resumes_into_the_right_object(s3_cluster): 
         assert answer.status_code == 200, answer.text
         for index in range(2, session["partCount"]):
             assert put_part(client, session, index, data).status_code == 200
+        complete_and_download(client, session, data)
+
+
+def test_a_store_that_does_not_answer_never_holds_up_the_parts(s3_cluster, seaweedfs):  # noqa: F811
+    """Part 0 waits at most a moment for its publication to open (a stopped store would hold
+    the HEAD until obstore's request timeout): the parts land on local disk, and complete
+    publishes from the file once the store is back."""
+    writer = s3_cluster.writer().wait_ready()
+    data = os.urandom(3 * MiB + 5)
+    with writer.client(timeout=60) as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        session = create(client, data, MiB)
+        os.kill(seaweedfs.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            for index in range(session["partCount"]):
+                assert put_part(client, session, index, data).status_code == 200
+            assert time.monotonic() - started < 20
+        finally:
+            os.kill(seaweedfs.pid, signal.SIGCONT)
+        writer.wait_ready(timeout=30)
         complete_and_download(client, session, data)

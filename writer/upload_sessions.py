@@ -38,6 +38,8 @@ DEFAULT_PART = 8 * MiB
 MAX_PARTS = 10_000  # bounds a session's rows and its JSON; with 64 MiB parts: 625 GiB
 HASH_READ = 8 * MiB
 PUBLISH_READ = 8 * MiB  # bytes read, hashed and sent to a publication at a time
+OPEN_WAIT_S = 2.0  # how long a part fed as it arrives waits for its publication to open
+SEND_WAIT_S = 30.0  # ... and for the store to take a batch (obstore waits while its parts are in flight)
 
 
 class PrefixHash:
@@ -129,7 +131,7 @@ class ActiveUploads:
             return None
         feed = prefix.feeding = InlineFeed(prefix, session, index, path)
         if prefix.publication is None and prefix.publish_to is not None and index == 0:
-            await _open_publication(prefix, session)
+            await _open_publication_soon(prefix, session)
         return feed
 
     def forget(self, session_id: uuid.UUID) -> None:
@@ -181,6 +183,27 @@ async def _open_publication(prefix: PrefixHash, session: asyncpg.Record) -> None
         prefix.publication = None
     if prefix.publication is None:
         prefix.publish_to = None
+
+
+async def _open_publication_soon(prefix: PrefixHash, session: asyncpg.Record) -> None:
+    """`_open_publication` for a part about to be fed, waited for at most OPEN_WAIT_S: the part's
+    body waits meanwhile, and a store that does not answer (retries, timeouts) must not hold up
+    receiving to local disk. Too late: no publication for this session (complete publishes from
+    the file), and one that opens after all is dropped."""
+    opening = asyncio.ensure_future(_open_publication(prefix, session))
+    done, _ = await asyncio.wait([opening], timeout=OPEN_WAIT_S)
+    if opening in done:
+        opening.result()
+        return
+    prefix.publish_to = None
+    log.warning("upload %s: the store did not answer within %g s; publishing at complete instead",
+                session["id"], OPEN_WAIT_S)
+
+    def drop_late(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is None:
+            prefix.drop_publication()
+
+    opening.add_done_callback(drop_late)
 
 
 async def _hash_and_publish(prefix: PrefixHash, session: asyncpg.Record, path: str, offset: int, size: int) -> None:
@@ -237,8 +260,18 @@ class InlineFeed:
             prefix.drop_publication()  # it missed bytes (cannot happen in order; never guess)
             return
         self.sent_any = True
+        writing = asyncio.ensure_future(publication.write(batch))
         try:
-            await publication.write(batch)
+            done, _ = await asyncio.wait([writing], timeout=SEND_WAIT_S)
+            if not done:
+                # A store that hangs (obstore waits up to its request timeout) must not hold up
+                # receiving to local disk: go on without it.
+                writing.add_done_callback(_retrieved)
+                log.warning("upload %s: the store took more than %g s to take %d bytes; complete publishes"
+                            " from the file", self.session["id"], SEND_WAIT_S, len(batch))
+                prefix.drop_publication()
+                return
+            writing.result()
         except StorageError as exc:
             log.warning("upload %s: publishing while receiving failed (%s); complete publishes from the file",
                         self.session["id"], exc.message)
@@ -270,6 +303,11 @@ class InlineFeed:
             self.prefix.feeding = None
         if self.sent_any:
             self.prefix.drop_publication()
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()  # a write given up on: its failure was dealt with already
 
 
 def _read_and_hash(fd: int, offset: int, size: int, digest) -> bytes:
