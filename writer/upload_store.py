@@ -6,7 +6,7 @@ only copies chunks into a buffer, so the lease, pins and downloads keep their tu
 1 GiB upload arrives at full speed. Every writing path checks the free-space reserve and turns
 ENOSPC into 507 `insufficient_storage`; the caller removes what it wrote.
 
-A batch is a page-aligned buffer of `UPLOAD_BUFFERS`, used again once nothing refers to it (fresh
+With a descriptor for O_DIRECT, a batch is a page-aligned buffer of `UPLOAD_BUFFERS`, used again once nothing refers to it (fresh
 memory costs ~0.4 CPU s/GiB of page faults and zeroing here). Given a second descriptor opened
 with O_DIRECT (`open_direct`), the whole blocks of a batch at an aligned offset go to the disk
 from that buffer as they are: a page-cache write cost this host ~2.4 CPU s/GiB, the direct one
@@ -37,7 +37,11 @@ from arkvory.shared.storage import BlobStorage, is_out_of_space, out_of_space
 log = logging.getLogger("arkvory.uploads")
 
 # A thread hop costs ~50 µs; at 1 MiB or more per hop it is lost in the hashing (~1 ms/MiB).
-BATCH = 4 * 1024 * 1024
+BATCH = 2 * 1024 * 1024
+# The batches of a pool buffer (O_DIRECT, a publication): 4 MiB measured as fast there, while
+# buffered writes of 4 MiB batches took the directory backend's bench/upload.py from ~3.5 s to
+# ~9 s per GiB (not understood; 2 MiB is what it was measured with).
+POOL_BATCH = 4 * 1024 * 1024
 ALIGN = 4096  # O_DIRECT offsets and sizes: a multiple of the logical block size (512 or 4096)
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
@@ -114,7 +118,7 @@ def _unreferenced(buffer: mmap.mmap) -> bool:
 # Enough for one upload being published while it arrives (obstore holds up to ~5 × 16 MiB:
 # the part it fills and those in flight) plus the two batches being received: 96 MiB at most
 # stays allocated once such an upload has run.
-UPLOAD_BUFFERS = BufferPool(BATCH, keep=24)
+UPLOAD_BUFFERS = BufferPool(POOL_BATCH, keep=24)
 
 
 def open_direct(path: str) -> int | None:
@@ -177,6 +181,11 @@ class BatchedReceiver:
     ) -> None:
         self.fd = fd
         self.direct_fd = direct_fd
+        # Pool buffers where the batches go O_DIRECT (and to a publication); elsewhere a growing
+        # bytearray per batch, as before.
+        self._pooled = direct_fd is not None
+        self._take = UPLOAD_BUFFERS.take if self._pooled else bytearray
+        self._batch = POOL_BATCH if self._pooled else BATCH
         self.inline = inline
         self.regions = regions
         self.storage = storage
@@ -187,7 +196,7 @@ class BatchedReceiver:
         # body may end anywhere before it.
         self.open_ended = open_ended
         self._current = 0
-        self._buffer: memoryview | None = None  # a pool buffer being filled
+        self._buffer: Any = None  # the batch being filled: a pool buffer's view, or a bytearray
         self._filled = 0
         # The batch being hashed and written in the thread, and the region it closes (if any).
         self._in_flight: asyncio.Future | None = None
@@ -213,12 +222,16 @@ class BatchedReceiver:
                     if self._current >= len(self.regions):
                         raise PayloadTooLarge(f"the body has more than the expected {self.expected} bytes")
                     if self._buffer is None:
-                        self._buffer = UPLOAD_BUFFERS.take()
-                    take = min(len(view), BATCH - self._filled, self._room_left_in_region())
-                    self._buffer[self._filled:self._filled + take] = view[:take]
+                        self._buffer = self._take()
+                    if self._pooled:
+                        take = min(len(view), POOL_BATCH - self._filled, self._room_left_in_region())
+                        self._buffer[self._filled:self._filled + take] = view[:take]
+                    else:  # a batch may pass BATCH by the rest of a chunk
+                        take = min(len(view), self._room_left_in_region())
+                        self._buffer += view[:take]
                     self._filled += take
                     view = view[take:]
-                    if self._filled == BATCH or self._room_left_in_region() == 0:
+                    if self._filled >= self._batch or self._room_left_in_region() == 0:
                         await self._flush(on_region)
             await self._flush(on_region)
             await self._settle(on_region)
@@ -244,7 +257,7 @@ class BatchedReceiver:
         region = self.regions[self._current]
         # Handed over as is (no copy): the loop fills another pool buffer meanwhile.
         assert self._buffer is not None
-        batch = self._buffer[:self._filled]
+        batch = self._buffer[:self._filled] if self._pooled else self._buffer
         self._buffer, self._filled = None, 0
         if region.filled == 0 and self.inline is not None:
             # After the settle: the region before is recorded, so its feed has moved on.
@@ -253,8 +266,10 @@ class BatchedReceiver:
         region.filled += len(batch)
         if closes:
             self._current += 1
+        at = region.filled - len(batch)
         self._in_flight = asyncio.ensure_future(
-            self._absorb_batch(region, batch, region.filled - len(batch), closes)
+            asyncio.to_thread(self._absorb, region, batch, at, closes) if region.feed is None
+            else self._absorb_batch(region, batch, at, closes)
         )
         self._closing = region if closes else None
 
@@ -312,7 +327,10 @@ class BatchedReceiver:
             try:
                 if self.check_room:
                     self.storage.require_room(len(batch), self.reserve)
-                self._write(batch, region.offset + at)
+                if self.direct_fd is None:
+                    _write_at(self.fd, batch, region.offset + at)
+                else:
+                    self._write(batch, region.offset + at)
                 if closes:
                     os.fdatasync(self.fd)  # the part's row is inserted next: bytes first
             except OSError as exc:
