@@ -12,6 +12,7 @@ from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
 from . import accounts, artifacts, assets, openapi, packages, permissions, repositories, tokens, uploads
+from .body_memory import keep_body_buffers
 from .console import app as console
 from .console.security import CookieCsrfGuard
 from .idempotency import InFlightKeys, RecordedResults
@@ -30,6 +31,7 @@ ROUTE_MODULES = (
 
 
 def build_writer_app(runtime: Runtime) -> Starlette:
+    keep_body_buffers()  # uploads arrive here: their body pieces stay on the heap (body_memory.py)
     app = build_app(
         runtime,
         routes=[route for module in ROUTE_MODULES for route in module.routes],

@@ -38,6 +38,8 @@ DEFAULT_PART = 8 * MiB
 MAX_PARTS = 10_000  # bounds a session's rows and its JSON; with 64 MiB parts: 625 GiB
 HASH_READ = 8 * MiB
 PUBLISH_READ = 8 * MiB  # bytes read, hashed and sent to a publication at a time
+OPEN_WAIT_S = 2.0  # how long a part fed as it arrives waits for its publication to open
+SEND_WAIT_S = 30.0  # ... and for the store to take a batch (obstore waits while its parts are in flight)
 
 
 class PrefixHash:
@@ -52,7 +54,11 @@ class PrefixHash:
     upload to the blob's key, fed while the upload still arrives, which `complete` makes
     visible only after the whole digest is checked (uploads.py `_publish`). The digest then
     covers exactly the bytes sent. A store that fails drops the publication (`complete`
-    publishes from the file as before)."""
+    publishes from the file as before).
+
+    The part the prefix needs next, when it arrives in this process, is fed from the receiving
+    batches instead of read back (`InlineFeed`); out of order parts, and parts recorded before a
+    restart, are read back from the file as above."""
 
     def __init__(self, storage: BlobStorage | None = None, sha256: str | None = None) -> None:
         self.digest = hashlib.sha256()
@@ -63,6 +69,7 @@ class PrefixHash:
         # publication; None when there is none (or no more).
         self.publish_to: tuple[Any, str] | None = (storage, sha256) if storage is not None and sha256 else None
         self.publication: Any = None
+        self.feeding: InlineFeed | None = None  # the part fed from a request right now
 
     def drop_publication(self) -> None:
         publication, self.publication, self.publish_to = self.publication, None, None
@@ -91,18 +98,41 @@ class ActiveUploads:
         self.completing: dict[uuid.UUID, asyncio.Task] = {}
         self.prefixes: dict[uuid.UUID, PrefixHash] = {}
 
-    def part_recorded(self, session: asyncpg.Record, index: int, path: str, storage: BlobStorage | None = None) -> None:
+    def _prefix_for(self, session: asyncpg.Record, index: int, storage: BlobStorage | None) -> PrefixHash | None:
         prefix = self.prefixes.get(session["id"])
         if prefix is None:
             if index != 0 or len(self.prefixes) >= self.MAX_PREFIXES:
-                return  # a prefix starts with part 0 received in this process
+                return None  # a prefix starts with part 0 received in this process
             # Only an object store publishes early (the directory backend links the file).
             publishing = sum(1 for p in self.prefixes.values() if p.publish_to is not None)
             early = hasattr(storage, "open_publication") and publishing < self.MAX_PUBLICATIONS
             prefix = self.prefixes[session["id"]] = PrefixHash(storage if early else None, session["sha256"])
+        return prefix
+
+    def part_recorded(self, session: asyncpg.Record, index: int, path: str, storage: BlobStorage | None = None) -> None:
+        prefix = self._prefix_for(session, index, storage)
+        if prefix is None:
+            return
         prefix.recorded.add(index)
         if prefix.task is None or prefix.task.done():
             prefix.task = asyncio.ensure_future(_advance(prefix, session, path))
+
+    async def start_inline(
+        self, session: asyncpg.Record, index: int, path: str, storage: BlobStorage | None = None
+    ) -> InlineFeed | None:
+        """A feed for part `index` while it arrives, if it is the part the prefix needs next
+        and nothing else advances the prefix now; else None (the part is read back once
+        recorded, as any other). The caller finishes the feed once the part is recorded, or
+        abandons it."""
+        prefix = self._prefix_for(session, index, storage)
+        if prefix is None or prefix.next_index != index or prefix.feeding is not None:
+            return None
+        if prefix.task is not None and not prefix.task.done():
+            return None
+        feed = prefix.feeding = InlineFeed(prefix, session, index, path)
+        if prefix.publication is None and prefix.publish_to is not None and index == 0:
+            await _open_publication_soon(prefix, session)
+        return feed
 
     def forget(self, session_id: uuid.UUID) -> None:
         prefix = self.prefixes.pop(session_id, None)
@@ -142,18 +172,46 @@ async def _advance(prefix: PrefixHash, session: asyncpg.Record, path: str) -> No
         prefix.next_index += 1
 
 
+async def _open_publication(prefix: PrefixHash, session: asyncpg.Record) -> None:
+    """The prefix's publication, opened at its first part; none (and no more tries) when the
+    store has the blob already or cannot be reached."""
+    storage, sha256 = prefix.publish_to  # type: ignore[misc]
+    try:
+        prefix.publication = await storage.open_publication(sha256, session["size"])
+    except StorageError as exc:
+        log.warning("upload %s: not publishing while receiving (%s)", session["id"], exc.message)
+        prefix.publication = None
+    if prefix.publication is None:
+        prefix.publish_to = None
+
+
+async def _open_publication_soon(prefix: PrefixHash, session: asyncpg.Record) -> None:
+    """`_open_publication` for a part about to be fed, waited for at most OPEN_WAIT_S: the part's
+    body waits meanwhile, and a store that does not answer (retries, timeouts) must not hold up
+    receiving to local disk. Too late: no publication for this session (complete publishes from
+    the file), and one that opens after all is dropped."""
+    opening = asyncio.ensure_future(_open_publication(prefix, session))
+    done, _ = await asyncio.wait([opening], timeout=OPEN_WAIT_S)
+    if opening in done:
+        opening.result()
+        return
+    prefix.publish_to = None
+    log.warning("upload %s: the store did not answer within %g s; publishing at complete instead",
+                session["id"], OPEN_WAIT_S)
+
+    def drop_late(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is None:
+            prefix.drop_publication()
+
+    opening.add_done_callback(drop_late)
+
+
 async def _hash_and_publish(prefix: PrefixHash, session: asyncpg.Record, path: str, offset: int, size: int) -> None:
     """Hash [offset, offset + size) of the file into the prefix and send the same bytes to its
     publication (opened at the first part); the rest is only hashed once it fails."""
     if prefix.publication is None:
-        storage, sha256 = prefix.publish_to  # type: ignore[misc]
-        try:
-            prefix.publication = await storage.open_publication(sha256, session["size"])
-        except StorageError as exc:
-            log.warning("upload %s: not publishing while receiving (%s)", session["id"], exc.message)
-            prefix.publication = None
-        if prefix.publication is None:  # the store has the blob already, or cannot be reached
-            prefix.publish_to = None
+        await _open_publication(prefix, session)
+        if prefix.publication is None:
             await asyncio.to_thread(hash_range, path, offset, size, prefix.digest)
             return
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -173,6 +231,83 @@ async def _hash_and_publish(prefix: PrefixHash, session: asyncpg.Record, path: s
                 prefix.drop_publication()
     finally:
         os.close(fd)
+
+
+class InlineFeed:
+    """One part fed to its session's prefix while the part arrives (ActiveUploads.start_inline):
+    the receiver hashes each batch into `digest` (a copy of the prefix's, so a part that fails
+    leaves the prefix as it was) and `send`s it to the prefix's publication, in order. `finish`
+    (the part is recorded) makes the copy the prefix's; `abandon` (it was not) drops the
+    publication if any of the part's bytes reached it, so no unverified byte is ever published:
+    `complete` then publishes from the file."""
+
+    def __init__(self, prefix: PrefixHash, session: asyncpg.Record, index: int, path: str) -> None:
+        self.prefix, self.session, self.index, self.path = prefix, session, index, path
+        self.digest = prefix.digest.copy()
+        self.offset = part_span(session, index)[0]  # where the next byte sent belongs in the blob
+        self.sent_any = False
+        self.ended = False
+
+    async def send(self, batch: memoryview) -> None:
+        """On the loop: the batch to the publication, if there is one and it holds exactly the
+        bytes before this one; a store that fails drops it. Never raises."""
+        prefix = self.prefix
+        offset, self.offset = self.offset, self.offset + len(batch)
+        publication = prefix.publication
+        if publication is None or self.ended:
+            return
+        if publication.sent != offset:
+            prefix.drop_publication()  # it missed bytes (cannot happen in order; never guess)
+            return
+        self.sent_any = True
+        writing = asyncio.ensure_future(publication.write(batch))
+        try:
+            done, _ = await asyncio.wait([writing], timeout=SEND_WAIT_S)
+            if not done:
+                # A store that hangs (obstore waits up to its request timeout) must not hold up
+                # receiving to local disk: go on without it.
+                writing.add_done_callback(_retrieved)
+                log.warning("upload %s: the store took more than %g s to take %d bytes; complete publishes"
+                            " from the file", self.session["id"], SEND_WAIT_S, len(batch))
+                prefix.drop_publication()
+                return
+            writing.result()
+        except StorageError as exc:
+            log.warning("upload %s: publishing while receiving failed (%s); complete publishes from the file",
+                        self.session["id"], exc.message)
+            prefix.drop_publication()
+        except Exception:
+            log.exception("upload %s: publishing while receiving failed; complete publishes from the file",
+                          self.session["id"])
+            prefix.drop_publication()
+
+    def finish(self) -> None:
+        """On the loop, once the part is recorded: the prefix covers it; parts recorded meanwhile
+        out of order are read back from the file after it."""
+        if self.ended:
+            return
+        self.ended = True
+        prefix = self.prefix
+        prefix.feeding = None
+        prefix.digest = self.digest
+        prefix.next_index = self.index + 1
+        if prefix.next_index in prefix.recorded and (prefix.task is None or prefix.task.done()):
+            prefix.task = asyncio.ensure_future(_advance(prefix, self.session, self.path))
+
+    def abandon(self) -> None:
+        """The part was not recorded (wrong bytes, cut, refused): the prefix stays where it was."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.prefix.feeding is self:
+            self.prefix.feeding = None
+        if self.sent_any:
+            self.prefix.drop_publication()
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()  # a write given up on: its failure was dealt with already
 
 
 def _read_and_hash(fd: int, offset: int, size: int, digest) -> bytes:

@@ -70,7 +70,7 @@ from .upload_sessions import (
     sweep_expired_uploads,
     whole_digest,
 )
-from .upload_store import BatchedReceiver, Region, parse_sha256, refuse_form_upload
+from .upload_store import BatchedReceiver, Region, open_direct, parse_sha256, refuse_form_upload
 from .uploads_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 
 log = logging.getLogger("arkvory.uploads")
@@ -427,6 +427,14 @@ async def _receive_regions(
     except FileNotFoundError:
         raise NotFound("this upload was removed meanwhile; start a new one") from None
 
+    registry = active_uploads(request)
+
+    async def inline(region: Region):
+        # A part not yet recorded, fed to the whole-file hash (and the publication) as it arrives.
+        if region.recorded is not None:
+            return None
+        return await registry.start_inline(session, region.index, path, storage)
+
     async def record(region: Region) -> None:
         if region.recorded is not None:
             return
@@ -439,14 +447,31 @@ async def _receive_regions(
                 session["id"], region.index, region.size, region.digest.hexdigest(),
                 float(runtime.settings.upload_expiry_s), timeout=POOLED_QUERY_TIMEOUT_S,
             )
-        active_uploads(request).part_recorded(session, region.index, path, storage)
+        if region.feed is not None:
+            region.feed.finish()
+        else:
+            registry.part_recorded(session, region.index, path, storage)
 
+    # On an object store the session file is only read back when a part arrived out of order or
+    # the publication failed: written O_DIRECT, past the page cache (upload_store.py). A
+    # directory links it as the blob, which downloads then find in the page cache: buffered.
+    direct_fd = None
     try:
-        receiver = BatchedReceiver(fd, regions, storage=storage, reserve=0, check_room=False, whole=whole)
+        if hasattr(storage, "open_publication"):
+            direct_fd = open_direct(path)
+        receiver = BatchedReceiver(
+            fd, regions, storage=storage, reserve=0, check_room=False, whole=whole,
+            direct_fd=direct_fd, inline=inline,
+        )
         await receiver.receive(request, runtime.settings, record, runtime.metrics)
     except ClientDisconnect:
         raise InvalidInput("the client went away; the parts it finished are kept") from None
     finally:
+        for region in regions:
+            if region.feed is not None:
+                region.feed.abandon()  # nothing when it was recorded (finished)
+        if direct_fd is not None:
+            os.close(direct_fd)
         os.close(fd)
 
 

@@ -496,6 +496,9 @@ class Publication:
     dropping it) leaves an incomplete multipart upload, invisible, which the bucket's
     AbortIncompleteMultipartUpload rule removes (obstore cannot abort one). Memory: obstore's
     buffer of PART_SIZE plus PUT_CONCURRENCY parts in flight; `write` waits while they are.
+    obstore keeps the buffer given to `write` as it is (no copy) until its part is sent: the
+    caller must not change it while any view of it is alive (writer/upload_store.py
+    `BufferPool` reuses a buffer only then).
     """
 
     def __init__(self, store: ObjectStore, key: str, sha256: str, size: int) -> None:
