@@ -51,10 +51,3 @@ def test_body_pieces_come_from_the_heap_and_stay_mapped_once_freed():
     assert tuned_mmapped == 0
     assert plain_kept < 4 * 1024 * 1024
     assert tuned_kept >= 16 * 1024 * 1024
-
-
-def test_the_writer_app_tunes_its_process():
-    """build_writer_app is where the writer's process does it (a gateway serves no uploads)."""
-    from arkvory.writer import app
-
-    assert app.keep_body_buffers.__module__ == "arkvory.writer.body_memory"

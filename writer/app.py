@@ -31,7 +31,11 @@ ROUTE_MODULES = (
 
 
 def build_writer_app(runtime: Runtime) -> Starlette:
-    keep_body_buffers()  # uploads arrive here: their body pieces stay on the heap (body_memory.py)
+    if runtime.settings.object_store is not None:
+        # Uploads arrive here: their body pieces stay on the heap (body_memory.py). Measured a
+        # gain for uploads published to an object store only; a directory's were as fast or
+        # slower with it (bench/upload.py, docs/performance.md issue 16 round 3).
+        keep_body_buffers()
     app = build_app(
         runtime,
         routes=[route for module in ROUTE_MODULES for route in module.routes],
