@@ -31,7 +31,7 @@ def spawn_bound_to_our_process(
 
     def keep() -> None:
         try:
-            process = subprocess.Popen(argv, preexec_fn=_die_with_parent_hook(death_signal), **popen_kwargs)
+            process = subprocess.Popen(argv, preexec_fn=die_with_parent_hook(death_signal), **popen_kwargs)
         except BaseException as exc:  # handed to the caller, who re-raises it
             spawned.put(exc)
             return
@@ -45,7 +45,9 @@ def spawn_bound_to_our_process(
     return result
 
 
-def _die_with_parent_hook(death_signal: signal.Signals) -> Callable[[], None] | None:
+def die_with_parent_hook(death_signal: signal.Signals) -> Callable[[], None] | None:
+    """A `preexec_fn` that has the child get `death_signal` when its parent dies (the thread
+    that forked it, strictly: see spawn_bound_to_our_process); None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
     # Resolved before fork: between fork and exec the child should only make the call.

@@ -53,7 +53,7 @@ from arkvory.shared.errors import StartupError
 
 from . import DEFAULT_DEV_DIR
 # SIGINT when this command dies: a planned stop for a server and the worker, as for PostgreSQL.
-from .localpg import _die_with_parent_hook
+from .bound_child import die_with_parent_hook
 
 RATE_PER_SLOT = 64 * 1024 * 1024
 MIN_RATE_PER_SLOT = 65_536  # as the settings require (SPEC §2)
@@ -469,7 +469,7 @@ def _stop_on_sigterm(signum, frame) -> None:
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
     """A server or the worker, in a process group of its own (see the module's docstring)."""
     return subprocess.Popen(
-        argv, env=env, stdin=subprocess.DEVNULL, process_group=0, preexec_fn=_die_with_parent_hook()
+        argv, env=env, stdin=subprocess.DEVNULL, process_group=0, preexec_fn=die_with_parent_hook(signal.SIGINT)
     )
 
 
