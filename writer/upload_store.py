@@ -33,6 +33,7 @@ from arkvory.shared.http.bodies import MIN_RATE_GRACE_S, MinimumRate, ReceiveTim
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, is_out_of_space, out_of_space
+from arkvory.shared.storage.cache_files import buffer_unreferenced
 
 log = logging.getLogger("arkvory.uploads")
 
@@ -97,22 +98,12 @@ class BufferPool:
 
     def take(self) -> memoryview:
         for buffer in self._kept:
-            if _unreferenced(buffer):
+            if buffer_unreferenced(buffer):
                 return memoryview(buffer)
         buffer = mmap.mmap(-1, self.size)
         if len(self._kept) < self.keep:
             self._kept.append(buffer)
         return memoryview(buffer)
-
-
-def _unreferenced(buffer: mmap.mmap) -> bool:
-    """No view of `buffer` is alive: CPython refuses to resize a map while any is (BufferError),
-    and resizing it to its own size changes nothing else."""
-    try:
-        buffer.resize(len(buffer))
-    except BufferError:
-        return False
-    return True
 
 
 # Enough for one upload being published while it arrives (obstore holds up to ~5 × 16 MiB:

@@ -72,7 +72,7 @@ class ChunkPool:
 
     def take(self) -> memoryview:
         for buffer in self._buffers:
-            if _unreferenced(buffer):
+            if buffer_unreferenced(buffer):
                 return memoryview(buffer)
         buffer = huge_buffer(self.size)
         self._buffers.append(buffer)
@@ -82,7 +82,7 @@ class ChunkPool:
         return len(self._buffers)
 
 
-def _unreferenced(buffer: mmap.mmap) -> bool:
+def buffer_unreferenced(buffer: mmap.mmap) -> bool:
     """No view of `buffer` is alive: CPython refuses to resize a map while any is (BufferError),
     and resizing it to its own size changes nothing else."""
     try:
