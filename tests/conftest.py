@@ -38,10 +38,13 @@ How the suite runs, and what a new test follows:
   PostgreSQL data lives on localpg's shelf (/tmp/arkvory-postgres/homes) and goes with it.
   After a passing run, `pytest_sessionfinish` below fails the run, naming them, if files are
   left under the run's basetemp or on the shelf.
+- **The test PostgreSQL's data** is on tmpfs (/dev/shm) when there is room: creating a database
+  per test costs ~13× less CPU there than on this machine's disk (`_memory_backed_dir`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -68,9 +71,53 @@ def _no_orphaned_postgres_data():
 
 @pytest.fixture(scope="session")
 def postgres(tmp_path_factory, _no_orphaned_postgres_data):
-    server = start_local_postgres(tmp_path_factory.mktemp("pg"), fsync=False)
-    yield server
-    server.destroy()
+    with _memory_backed_dir() as base_dir:
+        server = start_local_postgres(base_dir or tmp_path_factory.mktemp("pg"), fsync=False)
+        yield server
+        server.destroy()
+
+
+# A run creates ~900 databases of ~300 files each. On an ext4 without a journal (this machine's
+# root) every new inode first scans for recently deleted ones: CREATE DATABASE costs ~0.4 s of
+# CPU there against ~0.03 s on tmpfs, a third of the suite's CPU. The test server's data is
+# thrown away at the end anyway; the product's own PostgreSQL (`arkvory dev`) stays on disk.
+_MEMORY_FS = pathlib.Path("/dev/shm")
+_MEMORY_DIR_PREFIX = "arkvory-test-pg-"
+_MEMORY_NEEDED = 2 << 30  # the server's data, a few live databases and WAL; Docker's /dev/shm is 64 MiB
+
+
+@contextlib.contextmanager
+def _memory_backed_dir():
+    """A directory on tmpfs for the test server's data (None when there is no roomy tmpfs),
+    deleted at the end; directories left by an earlier run that was killed are deleted first."""
+    try:
+        usage = shutil.disk_usage(_MEMORY_FS)
+    except OSError:
+        yield None
+        return
+    if usage.free < _MEMORY_NEEDED:
+        yield None
+        return
+    for stale in _MEMORY_FS.glob(f"{_MEMORY_DIR_PREFIX}*"):
+        pid = stale.name.removeprefix(_MEMORY_DIR_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    path = pathlib.Path(tempfile.mkdtemp(prefix=f"{_MEMORY_DIR_PREFIX}{os.getpid()}-", dir=_MEMORY_FS))
+    path.chmod(0o755)  # as root, the server's user must reach its home inside (localpg)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @pytest.fixture(scope="module")
