@@ -45,6 +45,7 @@ How the suite runs, and what a new test follows:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import pathlib
 import shutil
@@ -61,6 +62,32 @@ from .harness import Cluster, db_execute
 from .s3cluster import s3_cluster  # noqa: F401  (pytest fixtures)
 from .s3store import s3_bucket, seaweedfs  # noqa: F401
 from .tcpproxy import TcpProxy
+
+
+def _one_tls_context_for_every_http_client() -> None:
+    """httpx builds a TLS context for every Client it makes, even one that only ever speaks
+    http:// (`httpx.get` makes a Client per call): parsing the CA bundle costs ~20 ms of CPU
+    each time, and the tests make thousands of them (every poll of /health/status), about a
+    minute of CPU a run. The default context is made once per CA setting here and shared: a
+    context is safe to share between clients, and any other `verify` still gets its own."""
+    transports = importlib.import_module("httpx._transports.default")
+    make = getattr(transports, "create_ssl_context", None)
+    if make is None:  # a later httpx: only the speed-up is lost
+        return
+    made: dict[tuple, object] = {}
+
+    def create_ssl_context(verify=True, cert=None, trust_env=True):
+        if verify is not True or cert is not None:
+            return make(verify=verify, cert=cert, trust_env=trust_env)
+        ca = (trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+        if ca not in made:
+            made[ca] = make(verify=verify, cert=cert, trust_env=trust_env)
+        return made[ca]
+
+    transports.create_ssl_context = create_ssl_context
+
+
+_one_tls_context_for_every_http_client()
 
 
 @pytest.fixture(scope="session", autouse=True)
