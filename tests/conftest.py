@@ -49,6 +49,7 @@ import importlib
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 import uuid
 
@@ -194,6 +195,25 @@ def module_cluster(module_database_url, module_tmp_path):
     group = Cluster(module_database_url, module_tmp_path)
     yield group
     group.close()
+
+
+@pytest.fixture
+def refused_url():
+    """Makes URLs where a connection is refused for the whole test: each port is held by a
+    bound socket that never listens. A port `free_port()` only found free can be taken a moment
+    later by another worker's server, which then answers (and counts) the requests meant to
+    find nobody."""
+    held: list[socket.socket] = []
+
+    def take() -> str:
+        sock = socket.socket()
+        held.append(sock)
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    yield take
+    for sock in held:
+        sock.close()
 
 
 @pytest.fixture

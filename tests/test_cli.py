@@ -24,7 +24,7 @@ from arkvory.shared.client.cli_config import ConfigError, config_path, resolve_c
 from arkvory.shared.client.cli_parsing import CommandUsageError
 from arkvory.shared.client.commands import parse_package, safe_file_name
 
-from .harness import ADMIN_TOKEN, READER_TOKEN, ROOT, Cluster, free_port
+from .harness import ADMIN_TOKEN, READER_TOKEN, ROOT, Cluster
 from .tools import require_tool
 
 pytestmark = pytest.mark.timeout(180)
@@ -321,8 +321,8 @@ def test_removing_an_artifact_an_asset_points_at_exits_6(env, work, tmp_path):
 # exit 7 -------------------------------------------------------------------------------------------
 
 
-def test_no_server_listening_exits_7_after_the_retries(home, work):
-    dead = f"http://127.0.0.1:{free_port()}"
+def test_no_server_listening_exits_7_after_the_retries(home, work, refused_url):
+    dead = refused_url()
     started = time.monotonic()
     run = arkvory(cli_env(home, dead), work, "ls", "--json", REPO, "--retries", "1", "--retry-time", "3")
     assert_exit(run, 7)
@@ -496,9 +496,9 @@ def test_profiles_are_chosen_by_option_and_environment(writer, home, work, tmp_p
     assert "nobody" in missing.stderr
 
 
-def test_a_dead_first_url_moves_on_to_the_next(writer, home, work, env, tmp_path):
+def test_a_dead_first_url_moves_on_to_the_next(writer, home, work, env, tmp_path, refused_url):
     artifact = put(env, tmp_path, str(unique_file(tmp_path, "fallback.bin", 50_000)))
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = refused_url()
     both = cli_env(home, f"{dead},{writer.url}")
     run = arkvory(both, work, "get", REPO, artifact["id"], "--retry-time", "60")
     assert_exit(run, 0)

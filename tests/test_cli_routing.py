@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from .harness import ADMIN_TOKEN, Cluster, free_port
+from .harness import ADMIN_TOKEN, Cluster
 from .test_cli import arkvory, assert_exit, cli_env, json_of, unique_file
 
 pytestmark = pytest.mark.timeout(180)
@@ -125,8 +125,8 @@ def test_a_writer_only_command_at_a_gateway_alone_asks_for_the_writer(stack, hom
 
 
 @pytest.mark.parametrize("command", ["ls", "get", "put"])
-def test_a_refused_port_fails_within_seconds_naming_the_url(home, work, tmp_path, command):
-    dead, other = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+def test_a_refused_port_fails_within_seconds_naming_the_url(home, work, tmp_path, command, refused_url):
+    dead, other = refused_url(), refused_url()
     args = {
         "ls": ("ls", REPO),
         "get": ("get", REPO, str(uuid.uuid4()), "-o", "never.bin"),

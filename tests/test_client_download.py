@@ -291,10 +291,10 @@ def test_package_download_and_argument_checks(writer, tmp_path):
             client.download("builds", tmp_path / "y", package=("org.example", "tool", "9.9"))
 
 
-def test_a_download_moves_on_to_the_next_base_url_when_one_does_not_answer(writer, tmp_path):
+def test_a_download_moves_on_to_the_next_base_url_when_one_does_not_answer(writer, tmp_path, refused_url):
     data = os.urandom(2 * MiB)
     artifact = put_artifact(writer, data)
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    dead = refused_url()
     seen = []
     with Client([dead, writer.url], ADMIN_TOKEN, retry=QUICK) as client:
         result = client.download(

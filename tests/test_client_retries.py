@@ -215,3 +215,15 @@ def test_policy_checks_its_bounds():
         RetryPolicy(backoff_initial=2, backoff_max=1)
     # Retryable is what the retry loop retries on; nothing else is.
     assert issubclass(Retryable, Exception) and not issubclass(errors.ClientError, Retryable)
+
+
+def test_an_answer_that_is_no_upload_session_is_a_clear_error_not_a_crash(scripted, tmp_path):
+    """A URL that is not an Arkvory writer (a port another program has taken since) may answer
+    JSON of another shape: the upload says the answer was unexpected (exit 1), never a KeyError."""
+    server = scripted((201, {}, {"id": "not-a-session", "items": []}))
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"x" * 1000)
+    with Client(server.url, "token", retry=FAST) as client, pytest.raises(errors.ClientError) as raised:
+        client.upload("builds", path)
+    assert type(raised.value) is errors.ClientError and raised.value.exit_code == 1
+    assert "unexpected answer (no upload session: 'status' missing or wrong)" in str(raised.value)

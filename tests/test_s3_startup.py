@@ -13,7 +13,7 @@ import pytest
 
 from arkvory.shared.storage.s3_client import IDENTITY_KEY
 
-from .harness import db_fetch, free_port, run_arkvory
+from .harness import db_fetch, run_arkvory
 
 from .worker_harness import start_worker
 
@@ -43,12 +43,12 @@ def test_wrong_credentials_stop_the_writer_naming_the_setting_and_never_the_secr
     assert db_fetch(s3_cluster.database_url, "SELECT * FROM arkvory_storage") == []
 
 
-def test_a_missing_bucket_or_a_silent_store_stop_the_writer_in_one_line(s3_cluster):
+def test_a_missing_bucket_or_a_silent_store_stop_the_writer_in_one_line(s3_cluster, refused_url):
     missing = run_arkvory(s3_cluster.base_env(ARKVORY_STORAGE_URL="s3://no-such-bucket-here/x"))
     assert missing.returncode == EXIT_REFUSED, missing.stderr
     line = one_line(missing.stderr)
     assert line.startswith("arkvory: ARKVORY_STORAGE_URL: the bucket 'no-such-bucket-here' does not exist at http://")
-    closed = f"http://127.0.0.1:{free_port()}"
+    closed = refused_url()
     silent = run_arkvory(s3_cluster.base_env(ARKVORY_S3_ENDPOINT_URL=closed))
     assert silent.returncode == EXIT_UNAVAILABLE, silent.stderr
     line = one_line(silent.stderr)

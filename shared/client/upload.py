@@ -337,7 +337,7 @@ class Upload:
             "POST", f"{self.base}/uploads", self.what,
             json=descriptor, headers={"Idempotency-Key": state.key},
         )
-        created = _json(response, "start upload")
+        created = _upload_session(_json(response, "start upload"), "start upload", response.status_code)
         if state.session != created["id"]:
             state.session = created["id"]
             state.save(self.state_file)
@@ -347,9 +347,10 @@ class Upload:
 
     def _session(self, session_id: str) -> dict[str, Any] | None:
         try:
-            return self.transport.json("GET", f"{self.base}/uploads/{session_id}", "read upload session")
+            session = self.transport.json("GET", f"{self.base}/uploads/{session_id}", "read upload session")
         except NotFoundError:
             return None
+        return _upload_session(session, "read upload session")
 
     # -- parts --------------------------------------------------------------------------------
 
@@ -504,6 +505,22 @@ def _json(response: httpx.Response, what: str) -> dict[str, Any]:
         raise ClientError(f"{what}: the server's answer is not JSON", status=response.status_code) from None
     if not isinstance(body, dict):
         raise ClientError(f"{what}: unexpected answer", status=response.status_code)
+    return body
+
+
+_SESSION_FIELDS = {"id": str, "status": str, "size": int, "partSize": int, "partCount": int, "receivedParts": list}
+
+
+def _upload_session(body: Any, what: str, status: int | None = None) -> dict[str, Any]:
+    """An upload session as the server describes it, or a ClientError: a URL that is not an
+    Arkvory writer (or a port now taken by another program) may answer JSON of another shape."""
+    if not isinstance(body, dict):
+        raise ClientError(f"{what}: unexpected answer (no upload session)", status=status)
+    for field, kind in _SESSION_FIELDS.items():
+        if not isinstance(body.get(field), kind) or isinstance(body.get(field), bool):
+            raise ClientError(f"{what}: unexpected answer (no upload session: {field!r} missing or wrong)", status=status)
+    if not all(isinstance(index, int) for index in body["receivedParts"]):
+        raise ClientError(f"{what}: unexpected answer (no upload session: 'receivedParts' wrong)", status=status)
     return body
 
 
