@@ -24,22 +24,29 @@ OTHER_TOKEN = "arkvory_key_test_other_token_0000000000000003"
 WRITER_SHARED = {"ARKVORY_ROLE": "api", "ARKVORY_GATEWAY_SLOT": "0"}
 
 
+# Ports handed to servers come from below the kernel's ephemeral range (32768+). A port the
+# kernel picks (bind to 0) is free only until the server binds it a moment later: meanwhile
+# the kernel may give it to another worker's server bound to 0 or to the local end of any
+# client connection (to PostgreSQL, say), and the server then cannot start. Below that range
+# only another worker's pick of the same port can collide, one chance in thousands.
+_PICKED_FROM = range(20_000, 32_000)
+_handed_out: set[int] = set()  # by this process, so that two servers of one test never share
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_port_run(1)
 
 
 def free_port_run(count: int) -> int:
-    """The first of `count` consecutive free ports (for `arkvory dev`, which takes P, P+1, ...).
-
-    Chosen below the kernel's ephemeral range (32768+): there, the local end of any client
-    connection (say, to PostgreSQL) may sit on P+1 and make the run unusable a moment later.
-    """
+    """The first of `count` consecutive free ports (`arkvory dev` takes P, P+1, ...)."""
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20_000, 32_000 - count)
-        if all(_bindable(base + offset) for offset in range(count)):
+        base = rng.randrange(_PICKED_FROM.start, _PICKED_FROM.stop - count)
+        ports = range(base, base + count)
+        if not _handed_out.intersection(ports) and all(_bindable(port) for port in ports):
+            if len(_handed_out) > 4_000:  # a third of the range: the early ones are long closed
+                _handed_out.clear()
+            _handed_out.update(ports)
             return base
     raise RuntimeError(f"no run of {count} free ports found")
 

@@ -14,7 +14,6 @@ import pathlib
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -25,9 +24,9 @@ from collections.abc import Iterator, Mapping
 
 import httpx
 import pytest
-
 from arkvory.shared.settings import Settings
 
+from .harness import free_port
 from .tools import require_tool
 
 pytestmark = pytest.mark.timeout(60)
@@ -382,12 +381,6 @@ class _Stub(http.server.ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def stubs() -> Iterator[dict[str, _Stub]]:
     """One stub per shipped backend address: the writer and the two gateways."""
@@ -457,7 +450,7 @@ def _wait_for_front(client: httpx.Client, process: subprocess.Popen, log: pathli
 def test_balancer_routes_content_reads_to_all_and_everything_else_to_the_writer(
     balancer, stubs, tmp_path
 ):
-    front = _free_port()
+    front = free_port()
     start = _start_nginx if balancer == "nginx" else _start_haproxy
     with (tmp_path / "stderr.log").open("wb") as log:
         process = start(tmp_path, stubs, front, log)
