@@ -68,8 +68,8 @@ from .tcpproxy import TcpProxy
 def _one_tls_context_for_every_http_client() -> None:
     """httpx builds a TLS context for every Client it makes, even one that only ever speaks
     http:// (`httpx.get` makes a Client per call): parsing the CA bundle costs ~20 ms of CPU
-    each time, and the tests make thousands of them (every poll of /health/status), about a
-    minute of CPU a run. The default context is made once per CA setting here and shared: a
+    each time, and the tests make thousands of them (every poll of /health/status): ~110 s
+    of CPU a run. The default context is made once per CA setting here and shared: a
     context is safe to share between clients, and any other `verify` still gets its own."""
     transports = importlib.import_module("httpx._transports.default")
     make = getattr(transports, "create_ssl_context", None)
