@@ -92,7 +92,6 @@ def test_a_part_with_a_wrong_sha256_never_reaches_the_published_object(s3_cluste
         session = create(client, data, MiB)
         assert put_part(client, session, 0, data).status_code == 200
         assert put_part(client, session, 1, data).status_code == 200
-        # The last part: other bytes of the same length than its X-Content-SHA256 says.
         # The last part, then the one the prefix needs next: other bytes of the same length
         # than their X-Content-SHA256 says.
         for index, filler in ((3, b"\0"), (2, b"\1")):
