@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ctypes
 import hashlib
 import os
 import threading
@@ -21,7 +22,7 @@ import httpx
 import pytest
 
 from arkvory.shared.storage import StorageUnavailable
-from arkvory.shared.storage.cache_files import HASH_NICE, ChunkPool
+from arkvory.shared.storage.cache_files import HASH_NICE, BufferPool, shared_buffer
 from arkvory.shared.storage.read_cache import ReadCache, _Flight, _hash_behind
 from arkvory.shared.storage.s3 import ObjectStorage, blob_key
 from arkvory.shared.storage.s3_client import ObjectStore
@@ -223,7 +224,7 @@ async def read_through(cache: ReadCache, sha256: str, size: int) -> bytes:
 
 
 def test_a_chunk_is_reused_only_once_nothing_refers_to_it():
-    pool = ChunkPool(64 * KiB)
+    pool = BufferPool(64 * KiB)
     first = pool.take()
     address = first[:1]
     second = pool.take()  # the first is in use: a new one
@@ -234,6 +235,19 @@ def test_a_chunk_is_reused_only_once_nothing_refers_to_it():
     pool.take()
     assert len(pool) == 3  # one of them again
 
+
+
+def test_a_pool_with_keep_holds_at_most_that_many_and_reuses_them():
+    """The writer's upload buffers: more in use at once are made fresh and dropped after use."""
+    pool = BufferPool(64 * KiB, keep=1, allocate=shared_buffer)
+    first, second = pool.take(), pool.take()  # the second is beyond `keep`: not held
+    assert len(pool) == 1
+    second_address = ctypes.addressof(ctypes.c_char.from_buffer(second))
+    first_address = ctypes.addressof(ctypes.c_char.from_buffer(first))
+    del first, second
+    again = pool.take()
+    assert ctypes.addressof(ctypes.c_char.from_buffer(again)) == first_address != second_address
+    assert len(pool) == 1
 
 def _huge_kib() -> int:
     with open("/proc/self/smaps_rollup") as rollup:
@@ -251,7 +265,7 @@ def test_a_fill_s_buffers_are_in_huge_pages_where_the_host_allows_them():
     if "[never]" in mode:
         pytest.skip("transparent huge pages are off here (/sys/kernel/mm/transparent_hugepage/enabled)")
     before = _huge_kib()
-    pool = ChunkPool(8 * MiB)
+    pool = BufferPool(8 * MiB)
     view = pool.take()
     view[:] = bytes(len(view))  # touched: the pages exist now
     assert _huge_kib() - before >= 2048

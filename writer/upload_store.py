@@ -20,7 +20,6 @@ import asyncio
 import errno
 import hashlib
 import logging
-import mmap
 import os
 import re
 from collections.abc import Awaitable, Callable
@@ -33,7 +32,7 @@ from arkvory.shared.http.bodies import MIN_RATE_GRACE_S, MinimumRate, ReceiveTim
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, is_out_of_space, out_of_space
-from arkvory.shared.storage.cache_files import buffer_unreferenced
+from arkvory.shared.storage.cache_files import BufferPool, shared_buffer
 
 log = logging.getLogger("arkvory.uploads")
 
@@ -84,32 +83,10 @@ def _write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-class BufferPool:
-    """Page-aligned buffers of `size` bytes, shared by every upload of this process, each used
-    again once no view of it is alive (the receiving loop's, the worker thread's, and those an
-    object-store publication keeps until its part is sent: obstore takes the bytes without a
-    copy). At most `keep` stay allocated between uploads; more in use at once are made fresh
-    and dropped after use."""
-
-    def __init__(self, size: int, keep: int) -> None:
-        self.size = size
-        self.keep = keep
-        self._kept: list[mmap.mmap] = []
-
-    def take(self) -> memoryview:
-        for buffer in self._kept:
-            if buffer_unreferenced(buffer):
-                return memoryview(buffer)
-        buffer = mmap.mmap(-1, self.size)
-        if len(self._kept) < self.keep:
-            self._kept.append(buffer)
-        return memoryview(buffer)
-
-
 # Enough for one upload being published while it arrives (obstore holds up to ~5 × 16 MiB:
 # the part it fills and those in flight) plus the two batches being received: 96 MiB at most
 # stays allocated once such an upload has run.
-UPLOAD_BUFFERS = BufferPool(POOL_BATCH, keep=24)
+UPLOAD_BUFFERS = BufferPool(POOL_BATCH, keep=24, allocate=shared_buffer)
 
 
 def open_direct(path: str) -> int | None:

@@ -1,6 +1,6 @@
 """The read cache's files on disk (read_cache.py): a fill's file written with O_DIRECT, the
 reading back of a file with O_DIRECT to hash it, in the fill's worker threads, the fill's
-reusable page-aligned buffers (`ChunkPool`, in transparent huge pages where the host allows), and
+reusable page-aligned buffers (`BufferPool`, in transparent huge pages where the host allows), and
 the scheduling of the fill's hashing thread (`lower_priority`).
 
 Why direct I/O both ways: on this kind of host a page-cache write of 1 GiB costs 0.4-1.9 CPU s of
@@ -17,6 +17,7 @@ import hashlib
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .local import is_out_of_space
@@ -59,23 +60,35 @@ def huge_buffer(size: int) -> mmap.mmap:
     return buffer
 
 
-class ChunkPool:
-    """Page-aligned buffers of `size` bytes for one fill, each used again once nothing refers to
-    it any more: no view of it alive (the window's readers, the hash, the disk thread, a view a
-    transport still queues). Fresh memory for every buffer costs this host ~0.4 CPU s/GiB of
-    page faults and zeroing; a reused buffer none. A buffer in use is never handed out, so the
-    pool holds as many as are in use at once (what the fill's window, writes and readers keep)."""
+def shared_buffer(size: int) -> mmap.mmap:
+    """A page-aligned buffer of `size` bytes in Python's default anonymous map (no huge pages)."""
+    return mmap.mmap(-1, size)
 
-    def __init__(self, size: int) -> None:
+
+class BufferPool:
+    """Page-aligned buffers of `size` bytes, each used again once nothing refers to it any more:
+    no view of it alive (a fill's readers, the hash, the disk thread, a view a transport or an
+    object-store publication still holds: obstore takes the bytes without a copy). Fresh memory
+    for every buffer costs this host ~0.4 CPU s/GiB of page faults and zeroing; a reused buffer
+    none. A buffer in use is never handed out. With `keep`, at most that many stay allocated
+    (more in use at once are made fresh and dropped after use); without, the pool holds as many
+    as are in use at once. `allocate` makes a buffer (`huge_buffer` for O_DIRECT writes)."""
+
+    def __init__(
+        self, size: int, *, keep: int | None = None, allocate: Callable[[int], mmap.mmap] = huge_buffer
+    ) -> None:
         self.size = size
+        self.keep = keep
+        self._allocate = allocate
         self._buffers: list[mmap.mmap] = []
 
     def take(self) -> memoryview:
         for buffer in self._buffers:
             if buffer_unreferenced(buffer):
                 return memoryview(buffer)
-        buffer = huge_buffer(self.size)
-        self._buffers.append(buffer)
+        buffer = self._allocate(self.size)
+        if self.keep is None or len(self._buffers) < self.keep:
+            self._buffers.append(buffer)
         return memoryview(buffer)
 
     def __len__(self) -> int:
@@ -118,7 +131,7 @@ class FillFile:
 
     def write(self, view: memoryview, *, aligned: bool = False) -> int:
         """Write `view` (staged when needed); returns how many bytes reached the file. `aligned`:
-        `view` starts on a page (a ChunkPool buffer), so a whole number of blocks goes to the disk
+        `view` starts on a page (a BufferPool buffer), so a whole number of blocks goes to the disk
         as it is, with nothing staged before it: no copy."""
         if aligned and self.direct and not self._staged and len(view) % ALIGN == 0:
             done = 0

@@ -53,7 +53,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .cache_files import ChunkPool, DirectReader, FillFile, file_matches, lower_priority
+from .cache_files import BufferPool, DirectReader, FillFile, file_matches, lower_priority
 from .interface import BlobReader, StorageError, StorageUnavailable
 
 log = logging.getLogger("arkvory.storage")
@@ -385,13 +385,13 @@ class ReadCache:
 
     async def _received(self, ranged: Any) -> AsyncIterator[memoryview]:
         """The object's bytes received on a connection of the cache's own (s3_direct.py) into
-        reused page-aligned buffers (ChunkPool), FILL_CHUNK per system call, in a thread: one copy
+        reused page-aligned buffers (BufferPool), FILL_CHUNK per system call, in a thread: one copy
         and no staging before the direct write (~0.3 CPU s/GiB less than obstore's buffers)."""
         await ranged.open()
         self._counted("ok")
         loop = asyncio.get_running_loop()
         receiver = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-receive")
-        pool = ChunkPool(FILL_CHUNK)
+        pool = BufferPool(FILL_CHUNK)
         left = ranged.length
         try:
             while left:

@@ -497,8 +497,8 @@ class Publication:
     AbortIncompleteMultipartUpload rule removes (obstore cannot abort one). Memory: obstore's
     buffer of PART_SIZE plus PUT_CONCURRENCY parts in flight; `write` waits while they are.
     obstore keeps the buffer given to `write` as it is (no copy) until its part is sent: the
-    caller must not change it while any view of it is alive (writer/upload_store.py
-    `BufferPool` reuses a buffer only then).
+    caller must not change it while any view of it is alive (cache_files.py `BufferPool`,
+    which the writer's UPLOAD_BUFFERS is, reuses a buffer only then).
     """
 
     def __init__(self, store: ObjectStore, key: str, sha256: str, size: int) -> None:
