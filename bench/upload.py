@@ -43,6 +43,8 @@ from cluster import (
     verdict,
 )
 
+from arkvory.shared.client.transport import framed_body  # noqa: E402  (cluster sets the path)
+
 
 SENDERS = 1  # parts in flight: one principal's upload places on a writer with default settings
 
@@ -100,9 +102,9 @@ def resumable_upload(writer, path, size: int, part: int, hashes: list[str], whol
                         return
                     index = indexes.pop(0)
                 file.seek(index * part)
-                body = file.read(part)
-                answer = client.put(f"{base}/{session['id']}/parts/{index}", content=body,
-                                    headers={"X-Content-SHA256": hashes[index]})
+                # In slices, as the client library sends it (httpcore's copy: transport.py).
+                body, headers = framed_body(file.read(part), {"X-Content-SHA256": hashes[index]})
+                answer = client.put(f"{base}/{session['id']}/parts/{index}", content=body, headers=headers)
                 if answer.status_code != 200:
                     raise BenchError(f"part {index}: {answer.status_code} {answer.text}")
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import socket
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import ClientError, NetworkError, UsageError, error_fields, error_for_response
@@ -188,8 +188,9 @@ class Transport:
         while True:  # ends: every pass finds a gateway and marks it, or returns
             url = self.writer_url(path, what) if writer_only else self.url(path)
             try:
+                body, body_headers = framed_body(content, headers)
                 response = self.http.request(
-                    method, url, params=params, json=json, content=content, headers=headers
+                    method, url, params=params, json=json, content=body, headers=body_headers
                 )
             except httpx.HTTPError as exc:
                 raise self.network_failure(exc, what, writer_only=writer_only) from exc
@@ -270,6 +271,30 @@ class Transport:
     def close(self) -> None:
         if self._http is not None:
             self._http.close()
+
+
+# httpcore's blocking send loop (1.0.x) copies the rest of a body after every partial `send`
+# (`buffer = buffer[n:]`, encode/httpcore#1029): a 64 MiB part sent to a writer that reads it as
+# fast as it stores it is copied over and over, ~1.5 CPU s of memmove and page faults per GiB
+# here, more than the sending itself. Handed over in slices, each copy is bounded by a slice;
+# the explicit Content-Length keeps it one framed body (httpx would otherwise send an iterable
+# chunked), so the server sees the same request.
+BODY_SLICE = 1024 * 1024
+
+
+def framed_body(
+    content: bytes | None, headers: Mapping[str, str] | None
+) -> tuple[bytes | Iterator[memoryview] | None, Mapping[str, str] | None]:
+    """The body and headers to give httpx: a large body as slices under its Content-Length
+    (a fresh iterator each call: an attempt that is retried sends it again from the start)."""
+    if content is None or len(content) <= BODY_SLICE:
+        return content, headers
+    return _slices(memoryview(content)), {**(headers or {}), "Content-Length": str(len(content))}
+
+
+def _slices(view: memoryview) -> Iterator[memoryview]:
+    for start in range(0, len(view), BODY_SLICE):
+        yield view[start:start + BODY_SLICE]
 
 
 def _unreachable_reason(exc: BaseException) -> str | None:
