@@ -58,6 +58,9 @@ READ_CHUNK = 1024 * 1024  # bytes per buffer handed to Python: ~1,000 calls per 
 # A presigned GET is sent at once (S3 checks the expiry when the request arrives, not while its
 # body flows): a short life leaves little to replay should the URL ever leak.
 PRESIGN_S = 60
+# A streamed read's whole-request timeout: a throttled download may keep its GET open for hours,
+# so what bounds it is the read timeout (no byte for that long); this only ends a runaway one.
+STREAM_TIMEOUT_S = 7 * 24 * 3600.0
 PART_SIZE = 16 * 1024 * 1024
 PUT_CONCURRENCY = 4
 LIST_PAGE = 1000
@@ -140,7 +143,7 @@ class ObjectStore:
             read_timeout=read_timeout,
         )
         self._stream_store = self._client(
-            retry, connect_timeout=connect_timeout, timeout=7 * 24 * 3600.0,
+            retry, connect_timeout=connect_timeout, timeout=STREAM_TIMEOUT_S,
             read_timeout=read_timeout,
         )
 
