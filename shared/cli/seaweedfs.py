@@ -74,7 +74,6 @@ REGION = "us-east-1"
 HOST = "127.0.0.1"
 # SeaweedFS places gRPC Unix sockets here whatever we say (the HTTP ones can be moved).
 _GRPC_SOCKET_DIR = pathlib.Path("/tmp")
-_GRPC_SOCKET_KINDS = ("master", "volume", "filer", "s3")
 _PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
