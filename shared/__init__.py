@@ -12,7 +12,8 @@ on the lines above it; http, storage and cluster stand side by side and never im
 tests/test_layout.py holds these rules.
     http/          the HTTP edge: our uvicorn protocol, request ids and error answers, bodies,
                    ranges, media types, the client's address
-    storage/       where blobs live: the storage directory, reused blob descriptors, upload files
+    storage/       where blobs live: the storage directory or an object store (with its local read
+                   cache), reused blob descriptors, upload files
     cluster/       coordination between processes through the database: the slot lease, the
                    download policy, the control connection, read pins, supervised loops
     auth/          who is asking: keys-file tokens and database credentials

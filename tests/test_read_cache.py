@@ -9,6 +9,7 @@ tests/test_s3_cache.py."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 
@@ -16,7 +17,7 @@ import pytest
 
 from arkvory.shared.storage import StorageUnavailable
 from arkvory.shared.storage.directory import Storage
-from arkvory.shared.storage.cache_files import DirectReader
+from arkvory.shared.storage.cache_files import ALIGN, DirectReader, FillFile
 from arkvory.shared.storage.read_cache import FILL_CHUNK, ReadCache, _Flight, _hash_behind
 
 pytestmark = pytest.mark.timeout(30)
@@ -210,6 +211,32 @@ def test_the_hash_behind_a_fill_reads_back_from_the_file_what_the_window_no_long
         finally:
             reader.close()
         assert digest.hexdigest() == hashlib.sha256(data[first:last]).hexdigest()
+
+
+def test_a_fill_file_whose_writes_fail_even_buffered_raises_rather_than_retrying(tmp_path, monkeypatch):
+    """A direct write refused with EINVAL is retried through the page cache once; an EINVAL then
+    is the error, as in the staged path, never a retry loop that holds the fill's thread."""
+    file = FillFile(str(tmp_path / "fill"), 2 * ALIGN)
+    try:
+        if not file.direct:
+            pytest.skip("this filesystem refuses O_DIRECT")
+        real_write, attempts = os.write, []
+
+        def refusing(fd, data):
+            if fd != file.fd:
+                return real_write(fd, data)
+            attempts.append(fd)
+            if len(attempts) > 5:
+                raise RuntimeError("retried EINVAL without end")
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+        monkeypatch.setattr(os, "write", refusing)
+        with pytest.raises(OSError) as raised:
+            file.write(memoryview(bytes(2 * ALIGN)), aligned=True)  # as a BufferPool buffer's view
+        assert raised.value.errno == errno.EINVAL and not file.direct and len(attempts) == 2
+    finally:
+        monkeypatch.undo()
+        file.close()
 
 
 def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_stays(origin, tmp_path):

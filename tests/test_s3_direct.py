@@ -3,9 +3,10 @@ real SeaweedFS. Downloads spliced to the client (shared/download/object_transfer
 processes: byte-exact with Range and If-Range, every byte still granted by the token buckets, a
 store that dies in the middle cuts the transfer (counted), never a short or padded body; the path
 is told apart by `arkvory_download_splice_bytes_total`; an https store keeps obstore's stream; an
-answer's head is bounded. The read cache's fill received into reused buffers (read_cache.py):
-byte-exact, and a connection cut mid-fill fails its readers and keeps nothing; a slow first reader
-holds up neither the fill nor the readers behind it; the fill's hash runs at nice 10."""
+answer's head is bounded; the body bytes that come with it reach a pipe of one page whole. The
+read cache's fill received into reused buffers (read_cache.py): byte-exact, and a connection cut
+mid-fill fails its readers and keeps nothing; a slow first reader holds up neither the fill nor
+the readers behind it; the fill's hash runs at nice 10."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import urllib.parse
 import httpx
 import pytest
 
-from arkvory.shared.storage import StorageUnavailable
+from arkvory.shared.storage import StorageUnavailable, s3_direct
 from arkvory.shared.storage.cache_files import HASH_NICE, BufferPool, shared_buffer
 from arkvory.shared.storage.read_cache import ReadCache, _Flight, _hash_behind
 from arkvory.shared.storage.s3 import ObjectStorage, blob_key
@@ -185,6 +186,37 @@ def test_an_https_or_proxied_store_keeps_the_stream_and_a_store_s_answer_is_boun
         return "no error"
 
     assert f"exceeds {MAX_HEAD_BYTES} bytes" in asyncio.run(asyncio.wait_for(endless_head(), 30))
+
+
+def test_a_pipe_of_one_page_still_takes_the_body_bytes_that_came_with_the_head(
+    s3_cluster, tmp_path, monkeypatch
+):
+    """A user past /proc/sys/fs/pipe-user-pages-soft (64 pipes of 1 MiB: two processes of 32
+    streams) gets pipes of one or two pages, and F_SETPIPE_SZ cannot grow them: the body bytes
+    that arrive with the answer's head must still all reach the pipe, never an AssertionError or
+    bytes lost between the head and the splices."""
+    size = 3 * MiB + 5
+    data = pattern(size)
+    sha256 = hashlib.sha256(data).hexdigest()
+    s3_cluster.put_object(blob_key(sha256), data)
+    page = os.sysconf("SC_PAGE_SIZE")
+    monkeypatch.setattr(s3_direct, "PIPE_BYTES", page)  # the pipe such a user gets
+    storage = storage_for(s3_cluster, tmp_path)
+
+    async def run() -> bytes:
+        source = storage.open_direct_range(sha256, 0, size)
+        assert source is not None
+        out = bytearray()
+        try:
+            while len(out) < size:
+                await source.fill()
+                assert source.buffered <= page
+                out += source.read(source.buffered)
+        finally:
+            await source.aclose()
+        return bytes(out)
+
+    assert asyncio.run(asyncio.wait_for(run(), 60)) == data
 
 
 # --- the read cache's fill received on a connection of its own ---------------------------------

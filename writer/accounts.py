@@ -44,6 +44,7 @@ from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `rout
 from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
+from .pagination import UNPAGED_MAX
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from .repositories import json_body, principal_of, require_admin_scope, runtime_of
 
@@ -335,7 +336,7 @@ async def list_accounts(request: Request) -> Response:
     assert pool is not None
     async with pooled(pool) as conn:
         rows = await conn.fetch(
-            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts ORDER BY name LIMIT 10000", timeout=POOLED_QUERY_TIMEOUT_S
+            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts ORDER BY name LIMIT {UNPAGED_MAX}", timeout=POOLED_QUERY_TIMEOUT_S
         )
     return JSONResponse({"items": [account_json(r) for r in rows]})
 

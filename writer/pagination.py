@@ -25,6 +25,10 @@ from arkvory.shared.errors import InvalidInput
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 MAX_CURSOR = 4096  # a sort key of a few names and paths fits easily
+# The lists that are not paged (accounts, an account's tokens, service keys) answer at most this
+# many rows, in their order (by name, oldest first): a bound on one answer's size. Nothing bounds
+# how many tokens an account makes, so past this the newest are not listed.
+UNPAGED_MAX = 10_000
 
 
 def page_limit(request: Request) -> int:

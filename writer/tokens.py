@@ -39,6 +39,7 @@ from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorize
 from . import openapi
 from .accounts import confirm_password
 from .idempotency import idempotent, key_of
+from .pagination import UNPAGED_MAX
 from .passwords import MAX_PASSWORD
 from .repositories import json_body, principal_of, require_admin_scope, runtime_of
 
@@ -163,7 +164,7 @@ async def list_tokens(request: Request) -> Response:
     async with pooled(pool) as conn:
         rows = await conn.fetch(
             f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE account_id = $1 AND kind = 'pat'"
-            " ORDER BY created_at LIMIT 10000",
+            f" ORDER BY created_at LIMIT {UNPAGED_MAX}",
             account_id,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
@@ -226,7 +227,7 @@ async def list_keys(request: Request) -> Response:
     async with pooled(pool) as conn:
         rows = await conn.fetch(
             f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE kind = 'service_key'"
-            " ORDER BY created_at LIMIT 10000",
+            f" ORDER BY created_at LIMIT {UNPAGED_MAX}",
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse({"items": [credential_json(r) for r in rows]})

@@ -407,15 +407,6 @@ async def whole_digest(registry: ActiveUploads, session: asyncpg.Record, path: s
     return digest.hexdigest()
 
 
-def unlink_quietly(path: str) -> None:
-    """In a worker thread only (a session file may be large): on the loop, use
-    shared/storage/upload_files.py `remove_own_file`."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 async def remove_sessions(
     conn: asyncpg.Connection, storage: BlobStorage, ids: list[uuid.UUID], *, only_expired: bool = True,
     only_open: bool = False,

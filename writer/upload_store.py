@@ -1,16 +1,17 @@
 """Receiving upload bytes into files without stalling the event loop, and the errors of uploads.
 
-Hashing and writing run in a worker thread in batches of `BATCH` bytes (smaller only where a
-part ends; hashlib and `os.pwrite` release the GIL), one batch in flight while the loop receives the next: the loop
-only copies chunks into a buffer, so the lease, pins and downloads keep their turns while a
-1 GiB upload arrives at full speed. Every writing path checks the free-space reserve and turns
-ENOSPC into 507 `insufficient_storage`; the caller removes what it wrote.
+Hashing and writing run in a worker thread in batches of `BATCH` bytes (`POOL_BATCH` into pool
+buffers; smaller only where a part ends; hashlib and `os.pwrite` release the GIL), one batch in
+flight while the loop receives the next: the loop only copies chunks into a buffer, so the
+lease, pins and downloads keep their turns while a 1 GiB upload arrives at full speed. Every
+writing path checks the free-space reserve and turns ENOSPC into 507 `insufficient_storage`;
+the caller removes what it wrote.
 
-With a descriptor for O_DIRECT, a batch is a page-aligned buffer of `UPLOAD_BUFFERS`, used again once nothing refers to it (fresh
-memory costs ~0.4 CPU s/GiB of page faults and zeroing here). Given a second descriptor opened
-with O_DIRECT (`open_direct`), the whole blocks of a batch at an aligned offset go to the disk
-from that buffer as they are: a page-cache write cost this host ~2.4 CPU s/GiB, the direct one
-~0.1 (docs/performance.md, issue 16). A region may also be fed, batch by batch, to the session's
+With a descriptor for O_DIRECT, a batch is a page-aligned buffer of `UPLOAD_BUFFERS`, used again
+once nothing refers to it (fresh memory costs ~0.4 CPU s/GiB of page faults and zeroing here).
+Given a second descriptor opened with O_DIRECT (`open_direct`), the whole blocks of a batch at
+an aligned offset go to the disk from that buffer as they are: a page-cache write cost this host
+~2.4 CPU s/GiB, the direct one ~0.1 (docs/performance.md, issue 16). A region may also be fed, batch by batch, to the session's
 whole-file hash and publication while it arrives (`Region.feed`, upload_sessions.py `InlineFeed`).
 """
 
@@ -29,10 +30,11 @@ from starlette.requests import Request
 
 from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from arkvory.shared.http.bodies import MIN_RATE_GRACE_S, MinimumRate, ReceiveTimedOut, body_chunks
+from arkvory.shared.http.media_types import essence
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, is_out_of_space, out_of_space
-from arkvory.shared.storage.cache_files import BufferPool, shared_buffer
+from arkvory.shared.storage.cache_files import ALIGN, BufferPool, shared_buffer
 
 log = logging.getLogger("arkvory.uploads")
 
@@ -42,17 +44,14 @@ BATCH = 2 * 1024 * 1024
 # buffered writes of 4 MiB batches took the directory backend's bench/upload.py from ~3.5 s to
 # ~9 s per GiB (not understood; 2 MiB is what it was measured with).
 POOL_BATCH = 4 * 1024 * 1024
-ALIGN = 4096  # O_DIRECT offsets and sizes: a multiple of the logical block size (512 or 4096)
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-_FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
 def refuse_form_upload(request: Request) -> None:
     """A browser form or `curl -F` wraps the file in a multipart envelope that we would store
     as the artifact: refuse it instead (415). curl's `--data-binary` default type,
     x-www-form-urlencoded, is the raw bytes and stays allowed."""
-    content_type = (request.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
-    if content_type == _FORM_TYPES[0]:
+    if essence(request.headers.get("content-type") or "") == "multipart/form-data":
         raise UnsupportedMediaType(
             "send the raw bytes as the body (curl --data-binary @file), not a multipart form"
         )

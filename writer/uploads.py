@@ -8,12 +8,13 @@ is only hashed and compared (identical: harmless; other bytes: 409). One process
 under its lock) serves uploads, so an in-process registry keeps two requests from writing the
 same part at once, and makes a repeated `complete` wait for the one already running.
 
-`complete` hashes the whole file, stages it to the storage (an object store receives it by a
-multipart upload, invisible until complete; a directory needs nothing), then in one transaction
-claims the digest against cleanup (writer/maintenance/blob_locks.py), publishes the blob (a
-directory hard-links the file into the blob store, directories fsynced; an object store checks
-the staged object is still there), inserts the blob and the artifact and marks the session
-completed: a crash, or a store that fails (503 `unavailable`), anywhere before that commit
+`complete` checks the whole file's hash (mostly computed already, as the parts were recorded:
+upload_sessions.py `PrefixHash`), stages it to the storage (an object store receives it by a
+multipart upload, invisible until complete, unless one fed while the parts arrived holds it all
+and is completed now; a directory needs nothing), then in one transaction claims the digest
+against cleanup (writer/maintenance/blob_locks.py), publishes the blob (a directory hard-links
+the file into the blob store, directories fsynced; an object store checks the staged object is
+still there), inserts the blob and the artifact and marks the session completed: a crash, or a store that fails (503 `unavailable`), anywhere before that commit
 leaves no artifact and a session that `complete` finishes.
 Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files at the
 writer's start, on access, by each new session, and by the worker's cleanup

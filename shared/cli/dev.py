@@ -65,7 +65,6 @@ STANDALONE_VARIABLES = ("ARKVORY_DOWNLOAD_BYTES_PER_SECOND", "ARKVORY_DOWNLOAD_B
 LEASE_WAIT_S = 15.0  # a policy is replaced once the last run's leases ran out (10 s at most)
 DEFAULT_DIR = DEFAULT_DEV_DIR
 S3_BUCKET = "arkvory"
-STORAGES = ("file", "s3")
 READY_LIMIT_S = 60.0
 EXIT_REFUSED = 2  # fix the command line (another port, the other gateway count)
 EXIT_BUSY = 3  # like a busy slot: another process holds what we need

@@ -7,7 +7,7 @@ loopback ports, keeping everything in its own directory. Its S3 gateway refuses 
 requests: two identities with generated keys are configured, `arkvory` (read, write, list,
 tagging: what Arkvory needs, and no bucket creation) and `admin`.
 
-Like shared/localpg.py: the server is a child that dies with us (PR_SET_PDEATHSIG), is stopped
+Like localpg.py: the server is a child that dies with us (bound_child.py), is stopped
 at the end (SIGTERM, then SIGKILL after a bound: weed can hang in its shutdown for ever), and
 every failure is one clear `SeaweedFSError`. For fault tests it can also be killed outright and
 restarted on the same ports and data ("the store back").
@@ -74,7 +74,6 @@ REGION = "us-east-1"
 HOST = "127.0.0.1"
 # SeaweedFS places gRPC Unix sockets here whatever we say (the HTTP ones can be moved).
 _GRPC_SOCKET_DIR = pathlib.Path("/tmp")
-_GRPC_SOCKET_KINDS = ("master", "volume", "filer", "s3")
 _PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 

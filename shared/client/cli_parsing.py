@@ -1,4 +1,4 @@
-"""The argparse class of every `arkvory` subcommand (shared/cli.py passes it to its subparsers).
+"""The argparse class of every `arkvory` subcommand (shared/cli/main.py passes it to its subparsers).
 
 argparse hands a subcommand's unknown options back to the top-level parser, which reports them
 with the top-level usage (`arkvory [-h] {serve,dev,...}`): a user who mistyped one option of

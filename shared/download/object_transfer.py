@@ -1,6 +1,6 @@
 """Streaming a blob that is not a local file (an object store, SPEC §11) through admission and the
 token buckets: transfer.py's `BlobResponse` hands over here when the storage gives it no
-descriptor (`BlobStorage.acquire_file` is None); it imports this module only then.
+descriptor (`BlobStorage.acquire_file` is None).
 
 How the bytes come from the store:
 - **Unthrottled** (no rate at all, or a fair share of at least STREAM_SHARE while fewer than

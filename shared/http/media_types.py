@@ -21,7 +21,8 @@ _PARAMETER = rf"[ \t]*;[ \t]*(?:{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?"
 _MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?:{_PARAMETER})*")
 
 # Encodings of an HTML form, not the type of the file inside: `curl --data-binary` sends
-# the urlencoded one by default. (Multipart uploads get their own answer in a later issue.)
+# the urlencoded one by default. (A multipart body is refused before this is asked:
+# writer/upload_store.py `refuse_form_upload`.)
 FORM_ENCODINGS = frozenset({"multipart/form-data", "application/x-www-form-urlencoded"})
 
 

@@ -6,11 +6,11 @@ interface.py is the interface every caller uses (reading, publishing, maintenanc
 its errors; directory.py is the directory backend (`file:`: the content-addressed layout in
 ARKVORY_DATA_DIR), s3.py the object-store backend (`s3://`; its requests in s3_client.py, loaded
 only when configured, and s3_direct.py, which reads a plain-http store on connections of its
-own);
-opening.py opens the one the settings name and checks its identity;
-health.py keeps watch on whether it answers; read_cache.py is the local read cache of an
-object store's blobs (ARKVORY_CACHE_MAX_BYTES). local.py is the host's local state both share
-(upload files, free space); open_blobs.py keeps the descriptors the download path reuses,
+own); opening.py opens the one the settings name and checks its identity; health.py keeps watch
+on whether it answers; read_cache.py is the local read cache of an object store's blobs
+(ARKVORY_CACHE_MAX_BYTES), cache_files.py its files on disk and the reused page-aligned buffers
+(the writer's upload buffers are a BufferPool too). local.py is the host's local state both
+share (upload files, free space); open_blobs.py keeps the descriptors the download path reuses,
 upload_files.py the upload files in use and their removal.
 
 May import: the basics (settings, errors, logs, metrics, db). Not http/ or cluster/, which stand

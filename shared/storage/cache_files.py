@@ -105,26 +105,40 @@ def buffer_unreferenced(buffer: mmap.mmap) -> bool:
     return True
 
 
+def _open_direct(path: str, flags: int, mode: int = 0o600) -> tuple[int, bool]:
+    """`path` opened with O_DIRECT where the platform and the filesystem allow it, else without
+    (tmpfs may refuse it); returns the descriptor and whether it is direct."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            return os.open(path, flags | direct, mode), True
+        except OSError:
+            pass  # a filesystem without O_DIRECT: ordinary I/O
+    return os.open(path, flags, mode), False
+
+
+def _drop_direct(fd: int) -> None:
+    """Ordinary I/O on `fd` from now on: its filesystem refused a direct transfer after all."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
+
 class FillFile:
     """A fill's file, written in worker threads: O_DIRECT from a page-aligned staging buffer
     where the filesystem allows it (the tail, not a whole block, is written buffered), else
     ordinary writes. Space for the whole blob is allocated first."""
 
     def __init__(self, path: str, size: int) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        direct = getattr(os, "O_DIRECT", 0)
-        try:
-            self.fd = os.open(path, flags | direct, 0o600)
-            self.direct = bool(direct)
-        except OSError:  # a filesystem without O_DIRECT (tmpfs)
-            self.fd = os.open(path, flags, 0o600)
-            self.direct = False
-        try:
-            os.posix_fallocate(self.fd, 0, size) if size else None
-        except OSError as exc:
-            if is_out_of_space(exc):
-                os.close(self.fd)
-                raise
+        self.fd, self.direct = _open_direct(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
+        if size:
+            try:
+                os.posix_fallocate(self.fd, 0, size)
+            except OSError as exc:
+                if is_out_of_space(exc):
+                    os.close(self.fd)
+                    raise
+                # Any other refusal (a filesystem without fallocate): the writes allocate as they
+                # go, and a full disk fails one of them instead (the fill fails, its readers go
+                # on from the store).
         self._stage = huge_buffer(STAGE)  # page-aligned, as O_DIRECT wants
         self._staged = 0
         self._view = memoryview(self._stage)
@@ -139,7 +153,7 @@ class FillFile:
                 try:
                     done += os.write(self.fd, view[done:])
                 except OSError as exc:
-                    if exc.errno != errno.EINVAL:
+                    if not self.direct or exc.errno != errno.EINVAL:
                         raise
                     self._buffered()  # the filesystem refuses direct writes after all
             return done
@@ -174,7 +188,7 @@ class FillFile:
         return staged
 
     def _buffered(self) -> None:
-        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+        _drop_direct(self.fd)
         self.direct = False
 
     def close(self) -> None:
@@ -188,13 +202,7 @@ class DirectReader:
     from the disk to an aligned buffer, past the page cache. For one worker thread at a time."""
 
     def __init__(self, path: str) -> None:
-        direct = getattr(os, "O_DIRECT", 0)
-        try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | direct)
-            self.direct = bool(direct)
-        except OSError:
-            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self.direct = False
+        self.fd, self.direct = _open_direct(path, os.O_RDONLY | os.O_CLOEXEC)
         self._buffer = huge_buffer(HASH_READ + ALIGN)
         self._view = memoryview(self._buffer)
 
@@ -221,8 +229,8 @@ class DirectReader:
             except OSError as exc:
                 if not self.direct or exc.errno != errno.EINVAL:
                     raise
-                fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                self.direct = False  # read as it is, ordinary I/O from here on
+                _drop_direct(self.fd)
+                self.direct = False
 
     def close(self) -> None:
         self._view.release()

@@ -11,7 +11,8 @@
 
 Who calls what:
 - the content path (shared/download/transfer.py) asks `acquire_file` first: a descriptor is sent
-  with sendfile (the directory; later the read cache of an object store), None means "stream it":
+  with sendfile (the directory's file, or a checked file of an object store's read cache,
+  read_cache.py), None means "stream it":
   shared/download/object_transfer.py reads `open_range` segments through the token buckets, or,
   for a fast stream to a plain-TCP client, asks the object store's `open_direct_range` (a
   `PipedReader`, s3_direct.py: the bytes arrive in a pipe and are spliced to the client; only

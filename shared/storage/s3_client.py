@@ -58,6 +58,9 @@ READ_CHUNK = 1024 * 1024  # bytes per buffer handed to Python: ~1,000 calls per 
 # A presigned GET is sent at once (S3 checks the expiry when the request arrives, not while its
 # body flows): a short life leaves little to replay should the URL ever leak.
 PRESIGN_S = 60
+# A streamed read's whole-request timeout: a throttled download may keep its GET open for hours,
+# so what bounds it is the read timeout (no byte for that long); this only ends a runaway one.
+STREAM_TIMEOUT_S = 7 * 24 * 3600.0
 PART_SIZE = 16 * 1024 * 1024
 PUT_CONCURRENCY = 4
 LIST_PAGE = 1000
@@ -140,7 +143,7 @@ class ObjectStore:
             read_timeout=read_timeout,
         )
         self._stream_store = self._client(
-            retry, connect_timeout=connect_timeout, timeout=7 * 24 * 3600.0,
+            retry, connect_timeout=connect_timeout, timeout=STREAM_TIMEOUT_S,
             read_timeout=read_timeout,
         )
 
@@ -263,8 +266,7 @@ class ObjectStore:
         key: S3 (and SeaweedFS) show nothing at the key before CompleteMultipartUpload succeeds,
         so a failure at any step leaves the previous state and a repeat starts over cleanly.
         """
-        if not _SHA256.fullmatch(sha256):
-            raise ValueError(f"sha256: expected 64 lowercase hex digits, got {sha256!r}")
+        _check_sha256(sha256)
         path = pathlib.Path(local_path)
         size = path.stat().st_size
         full = self._full(key)
@@ -282,20 +284,12 @@ class ObjectStore:
             )
         except Exception as exc:
             raise self._error(exc, "publish", full) from None
-        stored = await self.stat(key)
-        if stored.size != size or stored.sha256 != sha256:
-            raise Unavailable(
-                f"object store: {full} reads back as {stored.size} bytes with sha256"
-                f" {stored.sha256}, not the {size} bytes published (a concurrent writer?)",
-                setting=STORAGE_URL,
-            )
-        return stored
+        return _published(await self.stat(key), full, size, sha256)
 
     def open_publication(self, key: str, sha256: str, size: int) -> Publication:
         """A multipart upload to `key` that the caller feeds in order (`write`) while the bytes
         are still arriving, made visible only by `complete`; see `Publication`."""
-        if not _SHA256.fullmatch(sha256):
-            raise ValueError(f"sha256: expected 64 lowercase hex digits, got {sha256!r}")
+        _check_sha256(sha256)
         return Publication(self, key, sha256, size)
 
     async def delete(self, key: str) -> None:
@@ -477,6 +471,22 @@ def _cause(exc: BaseException, text: str, status: int | None) -> str:
     return type(exc).__name__
 
 
+def _check_sha256(sha256: str) -> None:
+    if not _SHA256.fullmatch(sha256):
+        raise ValueError(f"sha256: expected 64 lowercase hex digits, got {sha256!r}")
+
+
+def _published(stored: ObjectStat, full: str, size: int, sha256: str) -> ObjectStat:
+    """The object read back after a publication, if it holds the blob's size and SHA-256."""
+    if stored.size != size or stored.sha256 != sha256:
+        raise Unavailable(
+            f"object store: {full} reads back as {stored.size} bytes with sha256"
+            f" {stored.sha256}, not the {size} bytes published (a concurrent writer?)",
+            setting=STORAGE_URL,
+        )
+    return stored
+
+
 def _stat_of(key: str, meta: Mapping[str, Any], attributes: Mapping[str, str]) -> ObjectStat:
     sha = attributes.get(SHA256_ATTRIBUTE)
     return ObjectStat(
@@ -543,14 +553,7 @@ class Publication:
             await writer.close()
         except Exception as exc:
             raise self._store._error(exc, "publish", self._full) from None
-        stored = await self._store.stat(self.key)
-        if stored.size != self.size or stored.sha256 != self.sha256:
-            raise Unavailable(
-                f"object store: {self._full} reads back as {stored.size} bytes with sha256"
-                f" {stored.sha256}, not the {self.size} bytes published (a concurrent writer?)",
-                setting=STORAGE_URL,
-            )
-        return stored
+        return _published(await self._store.stat(self.key), self._full, self.size, self.sha256)
 
     def abandon(self) -> None:
         self._writer = None  # dropped unclosed: nothing becomes visible

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 KiB, MiB = 1024, 1024 * 1024
 MAX_HEAD_BYTES = 32 * KiB  # an S3 answer's head is ~0.5 KiB; more is not a store we know
-HEAD_READ = 16 * KiB
+HEAD_READ = 16 * KiB  # bytes per receive of an answer's head (into a pipe: at most the pipe's size)
 PIPE_BYTES = 1 * MiB  # /proc/sys/fs/pipe-max-size's default: ~1,000 splices per GiB
 RETRY_BACKOFF_S = (0.1, 0.2, 0.4)  # before the body starts, as obstore's retries (s3_client.py)
 SUPPORTED = hasattr(os, "splice") and hasattr(fcntl, "F_SETPIPE_SZ")  # Linux
@@ -300,23 +300,32 @@ class DirectRange:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._store.read_timeout):
             await loop.sock_sendall(sock, request)
-        head, status = await self._read_head(sock)
+        pipe = (self._pipe or self._open_pipe()) if into_pipe else None
+        # Into a pipe, the head is read in pieces no larger than the pipe, so the body bytes that
+        # come with its last piece fit the empty pipe, however small the kernel made it.
+        piece = HEAD_READ if pipe is None else min(HEAD_READ, self._capacity)
+        head, status = await self._read_head(sock, piece)
         self._check_answer(head, status)
-        if not into_pipe:
+        if pipe is None:
             self._early = bytes(head.early_body[:self.length])
             return
-        if self._pipe is None:
-            self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                fcntl.fcntl(self._pipe[1], fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-            except OSError:
-                pass  # over the user's pipe allowance (pipe-user-pages-soft): the default size
-            self._capacity = fcntl.fcntl(self._pipe[1], fcntl.F_GETPIPE_SZ)
-        if head.early_body:  # what arrived with the head: a few KiB, copied once into the pipe
+        if head.early_body:  # what arrived with the head: less than a piece, copied once into the pipe
             early = bytes(head.early_body[:self.length])
-            written = os.write(self._pipe[1], early)  # an empty pipe of >= 64 KiB takes it
-            assert written == len(early)
+            written = os.write(pipe[1], early)
+            assert written == len(early)  # the pipe is empty (no byte of the body yet) and takes a piece
             self._arrived = self.buffered = written
+
+    def _open_pipe(self) -> tuple[int, int]:
+        """The pipe the body goes through, PIPE_BYTES where the kernel allows it. A user past
+        /proc/sys/fs/pipe-user-pages-soft (64 pipes of 1 MiB: two processes' STREAMS_AT_ONCE)
+        gets one or two pages instead, and cannot grow them."""
+        self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            fcntl.fcntl(self._pipe[1], fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # over the user's pipe allowance: the size the kernel gave it
+        self._capacity = fcntl.fcntl(self._pipe[1], fcntl.F_GETPIPE_SZ)
+        return self._pipe
 
     async def _connect(self, host: str, port: int) -> socket.socket:
         loop = asyncio.get_running_loop()
@@ -337,15 +346,17 @@ class DirectRange:
                     raise
             raise failure
 
-    async def _read_head(self, sock: socket.socket) -> tuple[_Head, int]:
-        """The answer's head, at most MAX_HEAD_BYTES within the store's read timeout."""
+    async def _read_head(self, sock: socket.socket, piece: int) -> tuple[_Head, int]:
+        """The answer's head, at most MAX_HEAD_BYTES within the store's read timeout, received
+        `piece` bytes at most at a time (what comes after the head in the last one is the start
+        of the body: `_Head.early_body`)."""
         head = _Head()
         parser = httptools.HttpResponseParser(head)
         seen = 0
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._store.read_timeout):
             while not head.complete:
-                data = await loop.sock_recv(sock, HEAD_READ)
+                data = await loop.sock_recv(sock, piece)
                 if not data:
                     raise ConnectionResetError("unexpected eof")
                 seen += len(data)

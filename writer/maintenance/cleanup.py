@@ -153,24 +153,12 @@ _ANY_EXPIRED_KEY = "SELECT EXISTS (SELECT 1 FROM arkvory_idempotency_keys WHERE 
 async def _idempotency_keys(ctx, grace: int) -> dict:
     from arkvory.writer.idempotency import delete_expired
 
-    deleted = 0
-    while True:
-        _stop_if_cancelled(ctx)
-        async with _paced():
-            async with ctx.pool.acquire() as conn:
-                room = _room(ctx, KEY_BATCH, ROW_COST)
-                if room == 0:
-                    if await conn.fetchval(_ANY_EXPIRED_KEY, timeout=QUERY_TIMEOUT_S):
-                        _refuse_next(ctx, ROW_COST)
-                    return {"deleted": deleted}
-                count = await delete_expired(conn, room)
-        deleted += count
-        if count or (not deleted and _spare_transition(ctx)):
-            await ctx.progress(
-                items=count, cost_units=count * ROW_COST, message=f"expired idempotency keys: {deleted} deleted"
-            )
-        if count < room:
-            return {"deleted": deleted}
+    deleted = await _rows_in_batches(
+        ctx, KEY_BATCH, delete_expired,
+        lambda conn: conn.fetchval(_ANY_EXPIRED_KEY, timeout=QUERY_TIMEOUT_S),
+        lambda done: f"expired idempotency keys: {done} deleted",
+    )
+    return {"deleted": deleted}
 
 
 async def _upload_sessions(ctx, grace: int) -> dict:
@@ -213,24 +201,42 @@ async def _abandoned_uploads_left(ctx, orphan_age: float) -> bool:
 
 async def _tasks(ctx, grace: int) -> dict:
     retention = ctx.settings.task_retention_s
-    pruned = 0
+    pruned = await _rows_in_batches(
+        ctx, TASK_BATCH,
+        lambda conn, room: prune_finished_batch(conn, retention, room),
+        lambda conn: any_to_prune(conn, retention),
+        lambda done: f"finished tasks past retention: {done} pruned",
+    )
+    return {"pruned": pruned}
+
+
+async def _rows_in_batches(
+    ctx,
+    batch: int,
+    delete: Callable[[asyncpg.Connection, int], Awaitable[int]],
+    any_left: Callable[[asyncpg.Connection], Awaitable[bool]],
+    message: Callable[[int], str],
+) -> int:
+    """Delete rows up to `batch` a statement (`delete(conn, at_most)` returns how many went),
+    paced and within the budget, until a statement deletes fewer than it may; returns how many
+    went. When the budget leaves no room and `any_left`, the next run is refused (the budget
+    stopped the step, not the end of the work)."""
+    gone = 0
     while True:
         _stop_if_cancelled(ctx)
         async with _paced():
             async with ctx.pool.acquire() as conn:
-                room = _room(ctx, TASK_BATCH, ROW_COST)
+                room = _room(ctx, batch, ROW_COST)
                 if room == 0:
-                    if await any_to_prune(conn, retention):
+                    if await any_left(conn):
                         _refuse_next(ctx, ROW_COST)
-                    return {"pruned": pruned}
-                count = await prune_finished_batch(conn, retention, room)
-        pruned += count
-        if count or (not pruned and _spare_transition(ctx)):
-            await ctx.progress(
-                items=count, cost_units=count * ROW_COST, message=f"finished tasks past retention: {pruned} pruned"
-            )
+                    return gone
+                count = await delete(conn, room)
+        gone += count
+        if count or (not gone and _spare_transition(ctx)):
+            await ctx.progress(items=count, cost_units=count * ROW_COST, message=message(gone))
         if count < room:
-            return {"pruned": pruned}
+            return gone
 
 
 _CANDIDATES = """
