@@ -1,0 +1,42 @@
+"""What a newcomer's mistakes print: the real `arkvory` command in a subprocess, its message and
+exit status for a wrong setting, and that no credential typed by mistake is echoed back."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from .test_cli import arkvory, assert_exit, cli_env
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "s3cret-Zq81"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://127.0.0.1:9/?token={SECRET}",
+        f"http://127.0.0.1:9/#{SECRET}",
+        f"http://alice:{SECRET}@127.0.0.1:9",
+        f"ftp://alice:{SECRET}@127.0.0.1:9",
+        f"alice:{SECRET}@127.0.0.1:9",
+    ],
+)
+def test_a_refused_url_is_not_echoed_with_the_credential_in_it(tmp_path, url):
+    """A terminal, and a CI job's log, keep what the error prints: a token put in a URL's query or
+    its user:password by mistake must not be shown again."""
+    home = tmp_path / "home"
+    home.mkdir()
+    by_variable = arkvory(cli_env(home, url, token=None), tmp_path, "ls", "demo")
+    by_option = arkvory(cli_env(home, None, token=None), tmp_path, "ls", "demo", "--url", url)
+    config = home / ".config" / "arkvory" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'[profiles.default]\nurl = "{url}"\n')
+    by_file = arkvory(cli_env(home, None, token=None), tmp_path, "ls", "demo")
+    for run, where in ((by_variable, "ARKVORY_URL"), (by_option, "--url"), (by_file, "url")):
+        assert_exit(run, 2)
+        assert where in run.stderr, run.stderr
+        assert SECRET not in run.stderr + run.stdout, run.stderr
+        assert "127.0.0.1:9" in run.stderr, run.stderr  # it still says which URL was refused
