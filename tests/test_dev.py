@@ -208,6 +208,15 @@ def test_the_banner_says_the_bandwidth_limit_in_force(running):
     assert ready["transfers"]["downloads"]["bandwidth"]["bytesPerSecond"] == 64 * 2**20
 
 
+def test_the_banner_gives_the_console_and_how_to_make_an_account_for_it(running):
+    console = f"http://127.0.0.1:{running.port}/console/"
+    line = re.search(r"^  console  (\S+) .*$", running.output, re.M)
+    assert line is not None and line.group(1) == console, running.output
+    assert f"admin create-user NAME --admin --dev {running.state}" in line.group(0)
+    sign_in = httpx.get(console, timeout=5, follow_redirects=True)
+    assert sign_in.status_code == 200 and "Sign in" in sign_in.text
+
+
 @pytest.mark.parametrize(
     "args, says",
     [

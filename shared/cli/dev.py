@@ -533,6 +533,8 @@ def _banner(
     lines += [f"  gateway  {url}   (slot {slot}: GET/HEAD downloads)" for slot, url in enumerate(urls[1:], 1)]
     lines += [
         f"  worker   {worker_url}   (background tasks: cleanup, verify; /health/status, /health/metrics)",
+        f"  console  {urls[0]}/console/   (sign in with an account: printf '%s\\n' PASSWORD |"
+        f" {arkvory} admin create-user NAME --admin --dev {state})",
     ]
     lines += [
         f"  bandwidth {bandwidth.describe(gateways)}",
