@@ -4,9 +4,11 @@ exit status for a wrong setting, and that no credential typed by mistake is echo
 from __future__ import annotations
 
 import sys
+import uuid
 
 import pytest
 
+from .harness import Cluster
 from .test_cli import arkvory, assert_exit, cli_env
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,3 +63,32 @@ def test_dev_help_says_what_it_runs_and_what_gateways_takes(tmp_path):
     assert_exit(run, 0)
     assert "Run a whole installation on this machine" in run.stdout
     assert "--gateways N" in run.stdout and "0 = a standalone writer" in " ".join(run.stdout.split())
+
+
+@pytest.fixture(scope="module")
+def writer(postgres, module_tmp_path):
+    group = Cluster(postgres.create_database(f"t_{uuid.uuid4().hex[:16]}"), module_tmp_path)
+    try:
+        yield group.writer().wait_ready()
+    finally:
+        group.close()
+
+
+def test_a_refused_token_says_where_it_came_from_and_what_to_do(writer, tmp_path):
+    """A token that expired or was revoked answered only `the token is not valid`. Which fix
+    helps depends on where it came from: ARKVORY_TOKEN wins over the file `arkvory login` writes."""
+    unknown = f"pat_{uuid.uuid4().hex}.{'x' * 43}"
+    home = tmp_path / "home"
+    home.mkdir()
+    exported = arkvory(cli_env(home, writer.url, token=unknown), tmp_path, "ls", "builds")
+    assert_exit(exported, 3)
+    assert "the token is not valid" in exported.stderr
+    assert "it came from ARKVORY_TOKEN" in exported.stderr and "unset it" in exported.stderr
+    config = home / ".config" / "arkvory" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'[profiles.default]\nurl = "{writer.url}"\ntoken = "{unknown}"\n')
+    config.chmod(0o600)
+    filed = arkvory(cli_env(home, None, token=None), tmp_path, "token", "list")
+    assert_exit(filed, 3)
+    assert "run `arkvory login ACCOUNT` for a new one" in filed.stderr, filed.stderr
+    assert unknown not in filed.stderr + exported.stderr
