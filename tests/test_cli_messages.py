@@ -92,3 +92,19 @@ def test_a_refused_token_says_where_it_came_from_and_what_to_do(writer, tmp_path
     assert_exit(filed, 3)
     assert "run `arkvory login ACCOUNT` for a new one" in filed.stderr, filed.stderr
     assert unknown not in filed.stderr + exported.stderr
+
+
+@pytest.mark.parametrize("command", [["serve"], ["worker"], ["admin", "status"]])
+@pytest.mark.parametrize(
+    "dsn", [f"postgresql://u:{SECRET}@127.0.0.1:1/db?sslmode=bogus", f"postgresql://u:{SECRET}@127.0.0.1:5432x/db"]
+)
+def test_a_database_url_the_driver_refuses_is_one_line_naming_the_variable(tmp_path, command, dsn):
+    """An option asyncpg refuses (sslmode, a port that is no number) passed the settings' check and
+    ended in a traceback (exit 1, restarted by systemd); it is a setting to fix: exit 78, one line."""
+    env = {k: v for k, v in cli_env(tmp_path, None, token=None).items() if k not in ("DATABASE_URL",)}
+    env.update(ARKVORY_DATABASE_URL=dsn, ARKVORY_DATA_DIR=str(tmp_path / "data"))
+    run = arkvory(env, tmp_path, *command)
+    assert_exit(run, 78)
+    assert run.stderr.startswith("arkvory: invalid setting ARKVORY_DATABASE_URL: "), run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert SECRET not in run.stderr, run.stderr
