@@ -175,6 +175,44 @@ def tool_environment(dev: str | None) -> dict[str, str]:
     return environ
 
 
+@contextlib.contextmanager
+def offline_tool_environment(dev: str | None, *, object_store: bool = False):
+    """What an offline tool (`admin gc`, `scrub`, `migrate-storage`) runs with. Those refuse
+    while any server is up, so `--dev DIR` of a running `arkvory dev` only gets them to name its
+    processes; of a stopped one, this starts its PostgreSQL (and its SeaweedFS, when its blobs are
+    there or `object_store` asks for it) for the tool's length, under the directory's lock so that
+    no `arkvory dev` starts meanwhile, and stops them after."""
+    if dev is None or _is_running(pathlib.Path(dev).resolve()):
+        yield tool_environment(dev)
+        return
+    from .localpg import start_local_postgres
+
+    state = pathlib.Path(dev).resolve()
+    if not (state / "keys.toml").is_file():
+        raise DevRefused(f"no arkvory dev state in {state}: run arkvory dev --dir {dev} first")
+    lock = _take_lock(state)
+    database = store = None
+    try:
+        database = start_local_postgres(state, fsync=True)
+        variables = {
+            "ARKVORY_DATABASE_URL": database.url,
+            "ARKVORY_DATA_DIR": str(state / "data"),
+            "ARKVORY_KEYS_FILE": str(state / "keys.toml"),
+        }
+        if object_store or (asyncio.run(_saved_location(database.url)) or "file:") != "file:":
+            _check_weed()
+            store = _start_object_store(state)
+            variables |= store.environ(S3_BUCKET)
+            variables.pop("AWS_REGION", None)
+        yield {**os.environ, **variables}
+    finally:
+        if store is not None:
+            store.stop()
+        if database is not None:
+            database.stop()
+        _release_lock(state, lock)
+
+
 # --- checks before anything starts ----------------------------------------------------------
 
 
