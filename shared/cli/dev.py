@@ -287,8 +287,10 @@ def _check_storage(url: str, state: pathlib.Path, storage: str) -> None:
         return
     made_with = "file" if location == "file:" else "s3"
     if made_with != storage:
+        target = "file:" if storage == "file" else f"s3://{S3_BUCKET}"
         raise DevRefused(
-            f"this state was made with --storage {made_with}: use --storage {made_with},"
+            f"this state was made with --storage {made_with}: use --storage {made_with}, move its blobs"
+            f" first ({_command()} admin migrate-storage --dev {state} --to {target}),"
             f" or delete {state}/ (its artifacts are lost)"
         )
 
