@@ -3,13 +3,18 @@ exit status for a wrong setting, and that no credential typed by mistake is echo
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 from .harness import Cluster
-from .test_cli import arkvory, assert_exit, cli_env
+from .test_cli import ARKVORY, arkvory, assert_exit, cli_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,7 +74,11 @@ def test_dev_help_says_what_it_runs_and_what_gateways_takes(tmp_path):
 def writer(postgres, module_tmp_path):
     group = Cluster(postgres.create_database(f"t_{uuid.uuid4().hex[:16]}"), module_tmp_path)
     try:
-        yield group.writer().wait_ready()
+        # Slow downloads, so that one can be interrupted midway.
+        process = group.writer(ARKVORY_DOWNLOAD_BYTES_PER_SECOND=str(256 * 1024)).wait_ready()
+        with process.client() as client:
+            assert client.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
+        yield process
     finally:
         group.close()
 
@@ -108,3 +117,33 @@ def test_a_database_url_the_driver_refuses_is_one_line_naming_the_variable(tmp_p
     assert run.stderr.startswith("arkvory: invalid setting ARKVORY_DATABASE_URL: "), run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert SECRET not in run.stderr, run.stderr
+
+
+def test_an_interrupted_get_says_the_same_command_resumes(writer, tmp_path):
+    """Ctrl-C in a long download printed `interrupted` alone; what was kept and how to go on is
+    what the user needs then."""
+    data = os.urandom(2 * 2**20)  # 8 s at the writer's rate (the resume itself: test_cli_routing)
+    env = cli_env(tmp_path, writer.url)
+    made = arkvory(env, tmp_path, "put", "--json", "builds", str(_write(tmp_path / "big.bin", data)))
+    assert_exit(made, 0)
+    artifact = json.loads(made.stdout)["id"]
+    part = tmp_path / "out.bin.part"
+    with subprocess.Popen(
+        [str(ARKVORY), "get", "builds", artifact, "-o", "out.bin"], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as getting:
+        deadline = time.monotonic() + 30
+        while not (part.exists() and part.stat().st_size > 0):
+            assert getting.poll() is None and time.monotonic() < deadline, getting.stderr.read()
+            time.sleep(0.05)
+        getting.send_signal(signal.SIGINT)
+        _, stderr = getting.communicate(timeout=30)
+    assert getting.returncode == 130, stderr
+    assert "interrupted: the bytes that arrived are kept beside the file (.part);" in stderr, stderr
+    assert "Traceback" not in stderr
+    assert part.stat().st_size < len(data) and not (tmp_path / "out.bin").exists()
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path

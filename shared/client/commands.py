@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from .cli_config import client_for
-from .cli_output import EXIT_AUTH, EXIT_CODES_HELP, Output, failure_from, human_size
+from .cli_output import EXIT_AUTH, EXIT_CODES_HELP, EXIT_INTERRUPTED, Output, failure_from, human_size
 from .cli_parsing import CommandUsageError
 
 CONNECTION_HELP = """\
@@ -30,6 +30,11 @@ server and token:
 """
 
 NO_TOKEN_HINT = "no token was given: run `arkvory login ACCOUNT`, or set ARKVORY_TOKEN (see --help)"
+# What an interrupted (Ctrl-C) command left, for the two that continue where they stopped.
+RESUME_HINTS = {
+    "get": "the bytes that arrived are kept beside the file (.part); the same command resumes from there",
+    "put": "the same command resumes the upload",
+}
 
 # The longest file name most filesystems take, in bytes.
 MAX_FILE_NAME_BYTES = 255
@@ -164,6 +169,8 @@ def _runner(handler):
             connection = getattr(args, "connection", None)
             if failure.exit_code == EXIT_AUTH and connection is not None and connection.token is None:
                 failure = dataclasses.replace(failure, message=f"{failure.message}; {NO_TOKEN_HINT}")
+            elif failure.exit_code == EXIT_INTERRUPTED and args.command in RESUME_HINTS:
+                failure = dataclasses.replace(failure, message=f"{failure.message}: {RESUME_HINTS[args.command]}")
             elif failure.code == "unauthorized" and connection is not None and args.command != "login":
                 failure = dataclasses.replace(failure, message=f"{failure.message}; {_refused_token_hint(args)}")
             return output.failure(failure)
