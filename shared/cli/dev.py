@@ -12,7 +12,9 @@ admin key*, so a foreign server on the same port can never pass for ours.
 
 While it runs, `<dir>/env` (mode 0600) holds the variables the admin tools need
 (`arkvory admin status --dev`); it is removed on stop, since the database port changes per run.
-So is `<dir>/dev.lock`, and a directory that a refused run made is removed again.
+So is `<dir>/dev.lock`, and a directory that a refused run made is removed again. The offline
+tools (`admin gc`, `scrub`, `migrate-storage`), which refuse while any server runs, take a stopped
+state instead: `offline_tool_environment` starts its PostgreSQL (and SeaweedFS) for their length.
 
 The bandwidth limit is the reason many come: `--rate`/`--rate-per-principal` set it, else the
 shared-download variables of the caller's environment, else what an earlier run saved, else
