@@ -58,6 +58,10 @@ async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -> 
             f"cannot connect to the database at {mask_url(url)} "
             f"(ARKVORY_DATABASE_URL): {exc.__class__.__name__}: {exc}"
         ) from exc
+    except ValueError as exc:  # asyncpg's ClientConfigurationError: an option of the URL it refuses
+        raise StartupRefused(
+            f"invalid setting ARKVORY_DATABASE_URL: {exc}, got {mask_url(url)!r}"
+        ) from None
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

@@ -208,6 +208,15 @@ def test_the_banner_says_the_bandwidth_limit_in_force(running):
     assert ready["transfers"]["downloads"]["bandwidth"]["bytesPerSecond"] == 64 * 2**20
 
 
+def test_the_banner_gives_the_console_and_how_to_make_an_account_for_it(running):
+    console = f"http://127.0.0.1:{running.port}/console/"
+    line = re.search(r"^  console  (\S+) .*$", running.output, re.M)
+    assert line is not None and line.group(1) == console, running.output
+    assert f"admin create-user NAME --admin --dev {running.state}" in line.group(0)
+    sign_in = httpx.get(console, timeout=5, follow_redirects=True)
+    assert sign_in.status_code == 200 and "Sign in" in sign_in.text
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
@@ -280,3 +289,45 @@ def bandwidth_of(port: int, token: str) -> tuple[int, int]:
     ).json()
     bandwidth = ready["transfers"]["downloads"]["bandwidth"]
     return bandwidth["bytesPerSecond"], bandwidth["perPrincipalBytesPerSecond"]
+
+
+def test_the_offline_tools_run_on_a_stopped_dev_state(tmp_path):
+    """`admin gc`, `scrub` and `migrate-storage` refuse while any server is up, and their `--dev`
+    read a running dev's env file: each stop told the other to start, so none could ever run on
+    a dev state. On a stopped one they start its PostgreSQL for their length and stop it after."""
+    state, port = tmp_path / "state", free_port_run(1)
+    dev = Dev(state, port, "--gateways", "0")
+
+    def admin(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "arkvory.shared.cli.main", "admin", *args, "--dev", str(state)],
+            cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=90,
+        )
+
+    try:
+        token = dev.wait_running()
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10) as client:
+            assert client.post(f"http://127.0.0.1:{port}/api/v1/repositories", json={"name": "r"}).status_code == 201
+            stored = client.post(
+                f"http://127.0.0.1:{port}/api/v1/repositories/r/artifacts", params={"name": "a"}, content=b"kept"
+            )
+            assert stored.status_code == 201, stored.text
+        refused = admin("scrub")
+        assert refused.returncode == 75 and "holds the writer lock" in refused.stderr, refused.stderr
+    finally:
+        assert dev.stop() == 0, dev.output
+    try:
+        for tool in ("scrub", "gc"):
+            run = admin(tool)
+            assert run.returncode == 0, run.stdout + run.stderr
+        assert json.loads(run.stdout.splitlines()[-1])["kind"] == "cleanup"
+        assert json.loads(admin("scrub").stdout.splitlines()[-1])["result"]["checked"] == 1
+        assert not (state / "dev.lock").exists() and not (state / "env").exists()
+        assert not subprocess.run(["pgrep", "-f", f"postgres -D {state}"], capture_output=True).stdout
+        again = Dev(state, port, "--gateways", "0")  # the state is as it was
+        try:
+            again.wait_running()
+        finally:
+            assert again.stop() == 0, again.output
+    finally:
+        remove_state(state)

@@ -64,10 +64,24 @@ def test_dev_on_seaweedfs_serves_through_the_gateway_and_keeps_its_storage(tmp_p
     try:
         code, output, _ = run_dev_to_the_end(state, port, "--gateways", "1", limit_s=90)
         assert code == 2
-        assert one_line_refusal(output) == (
-            f"arkvory dev: this state was made with --storage s3: use --storage s3, or delete {state}/"
-            " (its artifacts are lost)"
+        refusal = one_line_refusal(output)
+        assert refusal.startswith("arkvory dev: this state was made with --storage s3: use --storage s3, move its blobs first (")
+        assert refusal.endswith(f" admin migrate-storage --dev {state} --to file:), or delete {state}/ (its artifacts are lost)")
+        # What it offers works on the stopped state: its PostgreSQL and SeaweedFS run for the move.
+        moved = subprocess.run(
+            [sys.executable, "-m", "arkvory.shared.cli.main", "admin", "migrate-storage", "--dev", str(state), "--to", "file:"],
+            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120,
         )
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        assert not weed_processes_in(state)
+        again = Dev(state, port, "--gateways", "1")
+        try:
+            token = again.wait_running()
+            with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+                body = client.get(f"http://127.0.0.1:{port + 1}{path}").content
+            assert hashlib.sha256(body).hexdigest() == made["sha256"]
+        finally:
+            assert again.stop() == 0, again.output
     finally:
         remove_state(state)
 

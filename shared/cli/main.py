@@ -235,10 +235,22 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True, parser_class=SubcommandParser)
     serve = sub.add_parser("serve", help="run the API program (role from ARKVORY_ROLE)")
     serve.set_defaults(func=cmd_serve)
-    dev = sub.add_parser("dev", help="run a local writer + gateways on an embedded PostgreSQL")
+    dev = sub.add_parser(
+        "dev", help="run a local writer + gateways on an embedded PostgreSQL",
+        description="Run a whole installation on this machine: a writer, read gateways, a worker and"
+        " their own PostgreSQL (and with --storage s3 a SeaweedFS), until Ctrl-C. It prints the URLs"
+        " and an admin key once every part answers; the state stays in --dir for the next run.",
+    )
     dev.add_argument("--dir", default=DEFAULT_DIR, help=f"state directory (default {DEFAULT_DIR})")
-    dev.add_argument("--gateways", type=int, default=2, choices=range(0, 16))
-    dev.add_argument("--port", type=int, default=8080, help="writer port; gateways follow")
+    dev.add_argument(
+        "--gateways", type=int, default=2, choices=range(0, 16), metavar="N",
+        help="read gateways beside the writer, 0-15 (default 2; 0 = a standalone writer); a state"
+        " keeps the count it was made with",
+    )
+    dev.add_argument(
+        "--port", type=int, default=8080,
+        help="the writer's port (default 8080); the gateways take the next ones, the worker's health port follows",
+    )
     dev.add_argument(
         "--rate", type=_rate_argument, metavar="RATE",
         help="total download rate of all processes per second, e.g. 50MiB, 1GiB, 100MB or bytes"

@@ -62,7 +62,8 @@ def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAc
     migrate.add_argument("--to", required=True, metavar="URL", help="file: or s3://BUCKET[/PREFIX]")
     migrate.add_argument(
         "--dev", nargs="?", const=DEFAULT_DIR, metavar="DIR",
-        help=f"use the database and directory of the (stopped) arkvory dev in DIR (default {DEFAULT_DIR})",
+        help=f"use the database and directory of the stopped arkvory dev in DIR (default {DEFAULT_DIR}),"
+        " starting its PostgreSQL (and SeaweedFS) for the command's length",
     )
     migrate.set_defaults(func=_command)
 
@@ -71,24 +72,25 @@ def _command(args: argparse.Namespace) -> int:
     from arkvory.shared.errors import StartupError
     from arkvory.shared.settings import STORAGE_VARIABLES, Settings, SettingsError, format_problems
 
-    from .dev import tool_environment
+    from .dev import offline_tool_environment
 
     try:
-        environ = tool_environment(args.dev)
-    except StartupError as exc:
+        # A stopped dev's SeaweedFS runs when either side is on it.
+        with offline_tool_environment(args.dev, object_store=args.to.startswith("s3:")) as environ:
+            # Both sides are named below; the settings of the process's one storage are not read.
+            base = {k: v for k, v in environ.items() if k not in STORAGE_VARIABLES}
+            try:
+                settings = Settings.from_env(base)
+                from arkvory.shared.settings import object_store_for
+
+                object_store_for(environ, args.to)  # a bad --to or S3 setting, before any connection
+            except SettingsError as exc:
+                print(format_problems(exc), file=sys.stderr)
+                return EXIT_USAGE
+            return asyncio.run(migrate_storage(settings, environ, args.to))
+    except StartupError as exc:  # no dev state, or its PostgreSQL or SeaweedFS did not start
         print(f"arkvory: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    # Both sides are named below; the settings of the process's one storage are not read.
-    base = {k: v for k, v in environ.items() if k not in STORAGE_VARIABLES}
-    try:
-        settings = Settings.from_env(base)
-        from arkvory.shared.settings import object_store_for
-
-        object_store_for(environ, args.to)  # a bad --to or S3 setting, before any connection
-    except SettingsError as exc:
-        print(format_problems(exc), file=sys.stderr)
-        return EXIT_USAGE
-    return asyncio.run(migrate_storage(settings, environ, args.to))
+        return exc.exit_status
 
 
 @dataclasses.dataclass

@@ -3,7 +3,8 @@ with every server stopped (writer/maintenance/offline.py holds the locks and the
 Part of the command line, not of the writer: `--dev` reads a running `arkvory dev`'s environment.
 
 Both read ARKVORY_DATABASE_URL and ARKVORY_DATA_DIR (and the other ARKVORY_* settings, e.g.
-ARKVORY_CLEANUP_GRACE), or `--dev [DIR]` for a stopped-but-present `arkvory dev` cluster.
+ARKVORY_CLEANUP_GRACE), or `--dev [DIR]` for a stopped-but-present `arkvory dev` cluster, whose
+PostgreSQL (and SeaweedFS) they start for their length (dev.offline_tool_environment).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _common(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     action.add_argument(
         "--dev", nargs="?", const=DEFAULT_DIR, metavar="DIR",
-        help=f"use the database and storage of the arkvory dev in DIR (default {DEFAULT_DIR})",
+        help=f"use the database and storage of the stopped arkvory dev in DIR (default {DEFAULT_DIR}),"
+        " starting its PostgreSQL for the command's length",
     )
     return action
 
@@ -57,14 +59,8 @@ def _runner(kind_name: str):
 
         from .main import _settings_or_exit
 
-        from .dev import tool_environment
+        from .dev import offline_tool_environment
 
-        try:
-            environ = tool_environment(args.dev)
-        except StartupError as exc:
-            print(f"arkvory: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        settings = _settings_or_exit(environ)
         kind = KINDS[kind_name]
         try:
             params = json.loads(args.params) if args.params is not None else {}
@@ -79,6 +75,12 @@ def _runner(kind_name: str):
             return EXIT_USAGE
         import asyncio  # here: every `arkvory` command loads this module, `get` needs no asyncio
 
-        return asyncio.run(run_offline(kind, kind_name, params, settings))
+        try:
+            with offline_tool_environment(args.dev) as environ:
+                settings = _settings_or_exit(environ)
+                return asyncio.run(run_offline(kind, kind_name, params, settings))
+        except StartupError as exc:  # no dev state, or its PostgreSQL did not start
+            print(f"arkvory: {exc}", file=sys.stderr)
+            return exc.exit_status
 
     return run

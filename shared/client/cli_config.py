@@ -170,11 +170,30 @@ def _parse_urls(values: Sequence[Any], where: str) -> tuple[str, ...]:
             continue
         parts = urlsplit(text)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"{where}: expected an http:// or https:// URL, got {text!r}")
+            raise ConfigError(f"{where}: expected an http:// or https:// URL, got {_shown(text)!r}")
+        if "@" in parts.netloc:
+            raise ConfigError(
+                f"{where}: credentials do not belong in a URL, got {_shown(text)!r}: set ARKVORY_TOKEN"
+                " or run `arkvory login ACCOUNT`"
+            )
         if parts.query or parts.fragment:
-            raise ConfigError(f"{where}: a server URL takes no query or fragment, got {text!r}")
+            raise ConfigError(f"{where}: a server URL takes no query or fragment, got {_shown(text)!r}")
         urls.append(text.rstrip("/"))
     return tuple(urls)
+
+
+def _shown(text: str) -> str:
+    """A refused URL as its error shows it, which a terminal or a CI log keeps: without a query,
+    a fragment or a user and password, where a mistaken credential would sit (`?token=...`)."""
+    cut = re.search(r"[?#]", text)
+    head, tail = (text[: cut.start()], f"{cut.group()}…") if cut else (text, "")
+    scheme, separator, rest = head.partition("://")
+    if not separator:
+        scheme, rest = "", head
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = f"…@{authority.rpartition('@')[2]}"
+    return f"{scheme}{separator}{authority}{slash}{path}{tail}"
 
 
 def client_for(args: argparse.Namespace):

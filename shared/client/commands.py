@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from .cli_config import client_for
-from .cli_output import EXIT_AUTH, EXIT_CODES_HELP, Output, failure_from, human_size
+from .cli_output import EXIT_AUTH, EXIT_CODES_HELP, EXIT_INTERRUPTED, Output, failure_from, human_size
 from .cli_parsing import CommandUsageError
 
 CONNECTION_HELP = """\
@@ -30,6 +30,11 @@ server and token:
 """
 
 NO_TOKEN_HINT = "no token was given: run `arkvory login ACCOUNT`, or set ARKVORY_TOKEN (see --help)"
+# What an interrupted (Ctrl-C) command left, for the two that continue where they stopped.
+RESUME_HINTS = {
+    "get": "the bytes that arrived are kept beside the file (.part); the same command resumes from there",
+    "put": "the same command resumes the upload",
+}
 
 # The longest file name most filesystems take, in bytes.
 MAX_FILE_NAME_BYTES = 255
@@ -140,6 +145,15 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _refused_token_hint(args: argparse.Namespace) -> str:
+    """What to do when the server refused the token given (401, not a 403 for a missing right):
+    it expired or was revoked. ARKVORY_TOKEN wins over the config file's, so a new login alone
+    would not help while it is set."""
+    if args.profile is None and os.environ.get("ARKVORY_TOKEN"):
+        return "it came from ARKVORY_TOKEN and may have expired or been revoked: set a valid one, or unset it to use the config file's"
+    return "it may have expired or been revoked: run `arkvory login ACCOUNT` for a new one (see --help)"
+
+
 def _runner(handler):
     """Run one command; whatever it raises becomes one error line (or JSON) and an exit code."""
 
@@ -155,6 +169,10 @@ def _runner(handler):
             connection = getattr(args, "connection", None)
             if failure.exit_code == EXIT_AUTH and connection is not None and connection.token is None:
                 failure = dataclasses.replace(failure, message=f"{failure.message}; {NO_TOKEN_HINT}")
+            elif failure.exit_code == EXIT_INTERRUPTED and args.command in RESUME_HINTS:
+                failure = dataclasses.replace(failure, message=f"{failure.message}: {RESUME_HINTS[args.command]}")
+            elif failure.code == "unauthorized" and connection is not None and args.command != "login":
+                failure = dataclasses.replace(failure, message=f"{failure.message}; {_refused_token_hint(args)}")
             return output.failure(failure)
 
     return run
