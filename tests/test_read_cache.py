@@ -122,7 +122,7 @@ def test_fifty_readers_of_a_cold_blob_make_one_fill_and_then_it_is_a_hit(origin,
         ranges = [(0, len(data))] * 45 + [(7, 100), (1024 * KiB - 1, 3), (len(data) - 1, 1), (0, 1), (5, 2 * 1024 * KiB)]
         bodies = await asyncio.gather(*(read_all(cache, sha256, len(data), s, n) for s, n in ranges))
         assert [b == data[s:s + n] for b, (s, n) in zip(bodies, ranges)] == [True] * 50
-        assert origin.opened == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        assert origin.opened == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 0}
         assert cache.requests["miss"] == 50
         assert await read_all(cache, sha256, len(data)) == data
         assert cache.requests["hit"] == 1 and origin.opened == 1
@@ -176,6 +176,41 @@ def test_a_wrong_fill_is_not_kept_and_no_read_of_its_file_completes(origin, tmp_
         assert await read_all(cache, sha256, size) == data
         await cache.drained()
         assert cache.fills["ok"] == 1 and cache.acquire(sha256) is not None
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_a_fill_whose_readers_all_left_early_stops_and_frees_its_room(origin, tmp_path):
+    """One byte asked (`Range: bytes=0-0`), the connection then gone: the fill of the whole blob
+    stops instead of fetching it all, bytes no token bucket counts, and its reservation is
+    freed at once; a fill that a reader still waits on goes on; the next reader fills afresh."""
+    size = 6 * FILL_CHUNK
+    data = os.urandom(size)
+    sha256 = origin.put(data)
+    origin.pause_before = 1  # the store sends one buffer, then nothing for now
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 64 * 1024 * KiB, origin)
+        assert await read_all(cache, sha256, size, 0, 1, settle=False) == data[:1]
+        await asyncio.wait_for(cache.drained(), 5)  # stopped, not waiting on the store
+        assert cache.fills["abandoned"] == 1 and cache.fills["ok"] == 0
+        assert cache.held == 0 and cache.files == 0 and cache.acquire(sha256) is None
+        await asyncio.sleep(0.05)  # the fill's thread removes its file
+        assert os.listdir(cache.filling) == []
+
+        origin.paused.clear()
+        first = cache.reader(sha256, size, 0, 1, no_fallback)  # one byte, and ...
+        whole = asyncio.create_task(read_all(cache, sha256, size, settle=False))  # ... all of it
+        await first.fill()
+        assert bytes(first.take(1)) == data[:1]
+        await first.aclose()  # the whole read still waits: the fill goes on
+        await origin.paused.wait()
+        origin.resume.set()
+        assert await whole == data
+        await cache.drained()
+        assert cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 1}
+        assert origin.opened == 2 and cache.acquire(sha256) is not None
         cache.close()
 
     asyncio.run(run())

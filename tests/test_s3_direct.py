@@ -286,7 +286,7 @@ def test_a_cache_fill_from_a_plain_http_store_is_received_on_its_own_connection(
         bodies = await asyncio.gather(*(read_through(cache, sha256, size) for _ in range(3)))
         await cache.drained()
         assert all(body == data for body in bodies)
-        assert storage.direct == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        assert storage.direct == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 0}
         fd = cache.acquire(sha256)
         assert fd is not None and os.pread(fd, 100, size - 100) == data[-100:]
         cache.release(sha256, fd)
@@ -397,7 +397,7 @@ def test_a_slow_first_reader_stalls_neither_the_fill_nor_the_readers_behind_it(s
         head = bytes(first.take(MiB))  # then it reads nothing while the others go
         second = await asyncio.wait_for(read_through(cache, sha256, size), 30)
         await asyncio.wait_for(cache.drained(), 30)  # the fill ended, hash checked, with `first` idle
-        assert second == data and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        assert second == data and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 0}
         rest = bytearray(head)
         try:
             while len(rest) < size:

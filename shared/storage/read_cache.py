@@ -20,7 +20,9 @@ zero-copy like a storage directory's files, evicted least recently used.
   its last byte only once the hash matched (the file is not used before its check: a fill whose
   bytes do not match cuts those readers' connections); one sent wholly from the store's buffers
   completes as it would without a cache, which checks nothing either (clients check the
-  Repr-Digest). The fill is the cache's own task: a reader that leaves does not stop it.
+  Repr-Digest). The fill is the cache's own task: a reader that leaves does not stop it, but
+  once every reader has left before the store sent the whole blob it stops (`_abandoned`): a
+  one-byte range or a dropped connection must not fetch a whole blob nobody reads.
 - **After a restart** the directory is the index (`open`): every file is taken in (least
   recently filled first) but trusted only after its hash is checked again on its first read
   (readers wait for that check, about a second per GiB): the process cannot know what happened
@@ -93,6 +95,7 @@ class _Flight:
         self.received = 0
         self.done = False
         self.error: BaseException | None = None
+        self.task: asyncio.Task | None = None  # the fill from the store, while it runs
         self._progress = asyncio.Event()
 
     @property
@@ -162,7 +165,7 @@ class ReadCache:
         self.held = 0  # bytes of the files and the fills in progress
         # What /health/metrics exports (shared/metrics.py `observe_read_cache`).
         self.requests = {"hit": 0, "miss": 0, "bypass": 0}
-        self.fills = {"ok": 0, "failed": 0, "corrupt": 0}
+        self.fills = {"ok": 0, "failed": 0, "corrupt": 0, "abandoned": 0}
         self.discards = {"changed": 0, "corrupt": 0}
         self.evictions = 0
 
@@ -270,6 +273,8 @@ class ReadCache:
                 self.held += size
             flight = self._flights[sha256] = _Flight(sha256, size, self.path_of(sha256))
             task = asyncio.get_running_loop().create_task(self._fly(flight, entry, recheck=recheck))
+            if not recheck:
+                flight.task = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         self.requests["miss"] += 1
@@ -288,6 +293,7 @@ class ReadCache:
             if recheck:
                 log.warning("read cache: %s does not match its digest any more: fetched again", sha256)
                 self.discards["corrupt"] += 1
+                flight.task = asyncio.current_task()
             await self._fetch(flight)
             self._trust(sha256, entry)
             self.fills["ok"] += 1
@@ -404,6 +410,24 @@ class ReadCache:
             ranged.interrupt()  # a receive still running returns, then it closes in its thread
             receiver.submit(ranged.close)
             receiver.shutdown(wait=False)
+
+    def _abandoned(self, flight: _Flight, entry: _Entry) -> None:
+        """The last reader of a fill left before the store sent the whole blob: stop the fill.
+        Else a client could, with one cheap request each (`Range: bytes=0-0`, or a connection
+        dropped after the headers), make this process fetch whole blobs from the store and churn
+        the cache with them, bytes no download's token bucket ever counts. The flight and its
+        reservation go now, so a reader arriving next starts a fill of its own rather than
+        joining one being stopped."""
+        task = flight.task
+        if task is None or task.done() or flight.done or flight.received >= flight.size:
+            return
+        if self._flights.get(flight.sha256) is flight:
+            del self._flights[flight.sha256]
+        if self._index.get(flight.sha256) is entry:
+            del self._index[flight.sha256]
+            self.held -= entry.size
+        self.fills["abandoned"] += 1
+        task.cancel()
 
     def _trust(self, sha256: str, entry: _Entry) -> None:
         found = os.stat(self.path_of(sha256))
@@ -563,8 +587,10 @@ class CacheReader:
             os.close(self._fd)
             self._fd = None
         if self._entry is not None:
-            self._entry.users -= 1
-            self._entry = None
+            entry, self._entry = self._entry, None
+            entry.users -= 1
+            if not entry.users:
+                self._cache._abandoned(self._flight, entry)
         if self._fallback is not None:
             await self._fallback.aclose()
 
