@@ -420,7 +420,9 @@ def test_a_store_that_takes_the_connection_and_sends_nothing_costs_one_read_time
     s3_cluster.put_object(blob_key(sha256), data)
     endpoint = urllib.parse.urlsplit(s3_cluster.settings().object_store.endpoint_url)
     with TcpProxy(endpoint.hostname, endpoint.port) as proxy:
-        settings = dataclasses.replace(s3_cluster.settings().object_store, endpoint_url=f"http://127.0.0.1:{proxy.port}")
+        settings = dataclasses.replace(
+            s3_cluster.settings().object_store, endpoint_url=f"http://127.0.0.1:{proxy.port}"
+        )
         store = ObjectStore(settings, connect_timeout=0.5, read_timeout=5.5)  # retry_timeout: 5 s
         storage = ObjectStorage(tmp_path, settings, store)
 
