@@ -83,7 +83,8 @@ def no_fallback(start, length):
 
 
 async def read_all(
-    cache: ReadCache, sha256: str, size: int, start: int = 0, length: int | None = None, *, settle: bool = True
+    cache: ReadCache, sha256: str, size: int, start: int = 0, length: int | None = None, *, settle: bool = True,
+    owner: str | None = None,
 ) -> bytes:
     """What a download would send: a hit's file, or the bytes behind the fill; then, `settle`,
     wait for the fill to end (a reader may finish before the fill's hash is checked)."""
@@ -94,7 +95,7 @@ async def read_all(
             return os.pread(fd, length, start)
         finally:
             cache.release(sha256, fd)
-    reader = cache.reader(sha256, size, start, length, no_fallback)
+    reader = cache.reader(sha256, size, start, length, no_fallback, owner=owner)
     assert reader is not None, "bypassed"
     out = bytearray()
     try:
@@ -275,6 +276,35 @@ def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_st
         # Larger than the whole limit: not cached, read from the store.
         assert cache.reader(digests[0], 3 * size + 1, 0, 10, no_fallback) is None
         assert cache.requests["bypass"] == 1
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_a_principal_reading_many_blobs_evicts_only_its_own_files_past_its_share(origin, tmp_path):
+    """Fair sharing: one principal reading blob after blob once (a scan, or an attack on the
+    cache) must not evict another's files. Past its share of the limit (the limit over the
+    principals holding files) it evicts only what it filled; without that, plain LRU, the
+    scan flushed everyone else's files."""
+    size = 100 * KiB
+    blobs = [os.urandom(size) for _ in range(9)]
+    digests = [origin.put(b) for b in blobs]
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 4 * size, origin)
+        for sha256, data in zip(digests[:2], blobs[:2]):
+            assert await read_all(cache, sha256, size, owner="victim") == data
+        for sha256, data in zip(digests[2:8], blobs[2:8]):
+            assert await read_all(cache, sha256, size, owner="scanner") == data
+        for sha256 in digests[:2]:  # still hits
+            fd = cache.acquire(sha256)
+            assert fd is not None
+            cache.release(sha256, fd)
+        assert cache.held == 4 * size and cache.evictions == 4
+        assert [cache.acquire(d) is None for d in digests[2:6]] == [True] * 4  # its own went
+        # The victim's next blob is within its share again only by evicting its own.
+        assert await read_all(cache, digests[8], size, owner="victim") == blobs[8]
+        assert cache.acquire(digests[0]) is None and cache.held == 4 * size
         cache.close()
 
     asyncio.run(run())
