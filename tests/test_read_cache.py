@@ -285,7 +285,8 @@ def test_a_principal_reading_many_blobs_evicts_only_its_own_files_past_its_share
     """Fair sharing: one principal reading blob after blob once (a scan, or an attack on the
     cache) must not evict another's files. Past its share of the limit (the limit over the
     principals holding files) it evicts only what it filled; without that, plain LRU, the
-    scan flushed everyone else's files."""
+    scan flushed everyone else's files. One principal with nothing cached may always make room
+    for one blob."""
     size = 100 * KiB
     blobs = [os.urandom(size) for _ in range(9)]
     digests = [origin.put(b) for b in blobs]
@@ -305,6 +306,10 @@ def test_a_principal_reading_many_blobs_evicts_only_its_own_files_past_its_share
         # The victim's next blob is within its share again only by evicting its own.
         assert await read_all(cache, digests[8], size, owner="victim") == blobs[8]
         assert cache.acquire(digests[0]) is None and cache.held == 4 * size
+        # A principal with nothing cached may make room for one blob larger than its share.
+        large = os.urandom(2 * size)
+        assert await read_all(cache, origin.put(large), 2 * size, owner="newcomer") == large
+        assert cache.held == 4 * size
         cache.close()
 
     asyncio.run(run())

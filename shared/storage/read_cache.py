@@ -455,11 +455,13 @@ class ReadCache:
         limit over the principals holding files, itself included) evicts only files it filled.
         Else one principal reading many distinct blobs once (a scan, or on purpose) would evict
         every other principal's files; now, past its share, it churns only its own, and its
-        reads that cannot be cached so go to the store (a bypass)."""
+        reads that cannot be cached so go to the store (a bypass). A principal holding nothing
+        may always make room for one blob, however large against its share: else, with many
+        principals, a blob larger than the limit over their number would never be cached."""
         if size > self.max_bytes:
             return False
-        owners = len(self._owned) + (owner is not None and owner not in self._owned)
-        only_own = owner is not None and self._owned[owner] + size > self.max_bytes / max(owners, 1)
+        owned = self._owned[owner] if owner is not None else 0
+        only_own = owned > 0 and owned + size > self.max_bytes / len(self._owned)
         for sha256, entry in list(self._index.items()):
             if self.held + size <= self.max_bytes:
                 break
