@@ -84,7 +84,8 @@ def no_fallback(start, length):
 
 
 async def read_all(
-    cache: ReadCache, sha256: str, size: int, start: int = 0, length: int | None = None, *, settle: bool = True
+    cache: ReadCache, sha256: str, size: int, start: int = 0, length: int | None = None, *, settle: bool = True,
+    owner: str | None = None,
 ) -> bytes:
     """What a download would send: a hit's file, or the bytes behind the fill; then, `settle`,
     wait for the fill to end (a reader may finish before the fill's hash is checked)."""
@@ -95,7 +96,7 @@ async def read_all(
             return os.pread(fd, length, start)
         finally:
             cache.release(sha256, fd)
-    reader = cache.reader(sha256, size, start, length, no_fallback)
+    reader = cache.reader(sha256, size, start, length, no_fallback, owner=owner)
     assert reader is not None, "bypassed"
     out = bytearray()
     try:
@@ -123,7 +124,8 @@ def test_fifty_readers_of_a_cold_blob_make_one_fill_and_then_it_is_a_hit(origin,
         ranges = [(0, len(data))] * 45 + [(7, 100), (1024 * KiB - 1, 3), (len(data) - 1, 1), (0, 1), (5, 2 * 1024 * KiB)]
         bodies = await asyncio.gather(*(read_all(cache, sha256, len(data), s, n) for s, n in ranges))
         assert [b == data[s:s + n] for b, (s, n) in zip(bodies, ranges)] == [True] * 50
-        assert origin.opened == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        assert origin.opened == 1
+        assert cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 0}
         assert cache.requests["miss"] == 50
         assert await read_all(cache, sha256, len(data)) == data
         assert cache.requests["hit"] == 1 and origin.opened == 1
@@ -177,6 +179,41 @@ def test_a_wrong_fill_is_not_kept_and_no_read_of_its_file_completes(origin, tmp_
         assert await read_all(cache, sha256, size) == data
         await cache.drained()
         assert cache.fills["ok"] == 1 and cache.acquire(sha256) is not None
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_a_fill_whose_readers_all_left_early_stops_and_frees_its_room(origin, tmp_path):
+    """One byte asked (`Range: bytes=0-0`), the connection then gone: the fill of the whole blob
+    stops instead of fetching it all, bytes no token bucket counts, and its reservation is
+    freed at once; a fill that a reader still waits on goes on; the next reader fills afresh."""
+    size = 6 * FILL_CHUNK
+    data = os.urandom(size)
+    sha256 = origin.put(data)
+    origin.pause_before = 1  # the store sends one buffer, then nothing for now
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 64 * 1024 * KiB, origin)
+        assert await read_all(cache, sha256, size, 0, 1, settle=False) == data[:1]
+        await asyncio.wait_for(cache.drained(), 5)  # stopped, not waiting on the store
+        assert cache.fills["abandoned"] == 1 and cache.fills["ok"] == 0
+        assert cache.held == 0 and cache.files == 0 and cache.acquire(sha256) is None
+        await asyncio.sleep(0.05)  # the fill's thread removes its file
+        assert os.listdir(cache.filling) == []
+
+        origin.paused.clear()
+        first = cache.reader(sha256, size, 0, 1, no_fallback)  # one byte, and ...
+        whole = asyncio.create_task(read_all(cache, sha256, size, settle=False))  # ... all of it
+        await first.fill()
+        assert bytes(first.take(1)) == data[:1]
+        await first.aclose()  # the whole read still waits: the fill goes on
+        await origin.paused.wait()
+        origin.resume.set()
+        assert await whole == data
+        await cache.drained()
+        assert cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 1}
+        assert origin.opened == 2 and cache.acquire(sha256) is not None
         cache.close()
 
     asyncio.run(run())
@@ -266,6 +303,40 @@ def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_st
         # Larger than the whole limit: not cached, read from the store.
         assert cache.reader(digests[0], 3 * size + 1, 0, 10, no_fallback) is None
         assert cache.requests["bypass"] == 1
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_a_principal_reading_many_blobs_evicts_only_its_own_files_past_its_share(origin, tmp_path):
+    """Fair sharing: one principal reading blob after blob once (a scan, or an attack on the
+    cache) must not evict another's files. Past its share of the limit (the limit over the
+    principals holding files) it evicts only what it filled; without that, plain LRU, the
+    scan flushed everyone else's files. One principal with nothing cached may always make room
+    for one blob."""
+    size = 100 * KiB
+    blobs = [os.urandom(size) for _ in range(9)]
+    digests = [origin.put(b) for b in blobs]
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 4 * size, origin)
+        for sha256, data in zip(digests[:2], blobs[:2]):
+            assert await read_all(cache, sha256, size, owner="victim") == data
+        for sha256, data in zip(digests[2:8], blobs[2:8]):
+            assert await read_all(cache, sha256, size, owner="scanner") == data
+        for sha256 in digests[:2]:  # still hits
+            fd = cache.acquire(sha256)
+            assert fd is not None
+            cache.release(sha256, fd)
+        assert cache.held == 4 * size and cache.evictions == 4
+        assert [cache.acquire(d) is None for d in digests[2:6]] == [True] * 4  # its own went
+        # The victim's next blob is within its share again only by evicting its own.
+        assert await read_all(cache, digests[8], size, owner="victim") == blobs[8]
+        assert cache.acquire(digests[0]) is None and cache.held == 4 * size
+        # A principal with nothing cached may make room for one blob larger than its share.
+        large = os.urandom(2 * size)
+        assert await read_all(cache, origin.put(large), 2 * size, owner="newcomer") == large
+        assert cache.held == 4 * size
         cache.close()
 
     asyncio.run(run())

@@ -318,7 +318,7 @@ def test_a_cache_fill_from_a_plain_http_store_is_received_on_its_own_connection(
         bodies = await asyncio.gather(*(read_through(cache, sha256, size) for _ in range(3)))
         await cache.drained()
         assert all(body == data for body in bodies)
-        assert storage.direct == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        assert storage.direct == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 0}
         fd = cache.acquire(sha256)
         assert fd is not None and os.pread(fd, 100, size - 100) == data[-100:]
         cache.release(sha256, fd)
@@ -429,7 +429,7 @@ def test_a_slow_first_reader_stalls_neither_the_fill_nor_the_readers_behind_it(s
         head = bytes(first.take(MiB))  # then it reads nothing while the others go
         second = await asyncio.wait_for(read_through(cache, sha256, size), 30)
         await asyncio.wait_for(cache.drained(), 30)  # the fill ended, hash checked, with `first` idle
-        assert second == data and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0}
+        assert second == data and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 0}
         rest = bytearray(head)
         try:
             while len(rest) < size:
@@ -441,3 +441,34 @@ def test_a_slow_first_reader_stalls_neither_the_fill_nor_the_readers_behind_it(s
         cache.close()
 
     asyncio.run(run())
+
+
+def test_a_store_that_takes_the_connection_and_sends_nothing_costs_one_read_timeout(s3_cluster, tmp_path):
+    """A store that accepts connections and then says nothing (stalled behind a TCP proxy): the
+    direct read gives up after one read timeout, as obstore does (no retry starts once the
+    store's retry_timeout has passed), not after one per attempt while a download waits."""
+    data = pattern(MiB)
+    sha256 = hashlib.sha256(data).hexdigest()
+    s3_cluster.put_object(blob_key(sha256), data)
+    endpoint = urllib.parse.urlsplit(s3_cluster.settings().object_store.endpoint_url)
+    with TcpProxy(endpoint.hostname, endpoint.port) as proxy:
+        settings = dataclasses.replace(
+            s3_cluster.settings().object_store, endpoint_url=f"http://127.0.0.1:{proxy.port}"
+        )
+        store = ObjectStore(settings, connect_timeout=0.5, read_timeout=5.5)  # retry_timeout: 5 s
+        storage = ObjectStorage(tmp_path, settings, store)
+
+        async def run():
+            counted = []
+            reader = storage.open_direct_range(sha256, 0, len(data), counted=counted.append)
+            assert reader is not None
+            proxy.stall()
+            started = time.monotonic()
+            with pytest.raises(StorageUnavailable, match="timed out"):
+                await reader.open()
+            took = time.monotonic() - started
+            reader.close()
+            assert 5.5 <= took < 8, took  # three attempts took 17 s
+            assert counted == ["failed"]
+
+        asyncio.run(asyncio.wait_for(run(), 60))

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from arkvory.shared.storage.s3 import blob_key
+
 from .harness import ROOT, db_fetch, run_arkvory
 
 
@@ -121,3 +123,29 @@ def test_a_bad_target_is_a_usage_error_naming_it_and_nothing_is_touched(s3_clust
     assert half.returncode == 2 and "AWS_SECRET_ACCESS_KEY: not set, but AWS_ACCESS_KEY_ID is" in half.stderr
     assert s3_cluster.secret not in bad.stderr + half.stderr
     assert s3_cluster.object_keys() == []
+
+
+def test_a_corrupt_or_short_object_at_the_source_is_reported_and_nothing_is_switched(s3_cluster):
+    """A short object used to stop the run as a store that does not answer (exit 69, "run it
+    again"), on every run: it is a corrupt blob, reported with the others (exit 1)."""
+    writer = s3_cluster.writer().wait_ready()
+    contents = [os.urandom(100 * KiB) for _ in range(3)]
+    with writer.client(timeout=30) as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        for index, data in enumerate(contents):
+            made = client.post(f"/api/v1/repositories/{REPO}/artifacts", params={"name": f"a{index}"}, content=data)
+            assert made.status_code == 201, made.text
+    stop(writer)
+    bucket_url = location(s3_cluster)
+    corrupt, short = (hashlib.sha256(data).hexdigest() for data in contents[:2])
+    s3_cluster.put_object(blob_key(corrupt), os.urandom(100 * KiB))  # same size, other bytes
+    s3_cluster.put_object(blob_key(short), b"")  # cut short: a ranged GET of it answers 416
+    moved = run_arkvory(s3_cluster.base_env(), "admin", "migrate-storage", "--to", "file:")
+    assert moved.returncode == 1, moved.stderr
+    assert f"{corrupt}: corrupt in {bucket_url}" in moved.stderr
+    assert f"{short}: corrupt in {bucket_url} (0 bytes, not {100 * KiB})" in moved.stderr
+    assert "nothing was switched" in moved.stderr
+    assert location(s3_cluster) == bucket_url
+    blobs = s3_cluster.data_dir / "blobs" / "sha256"
+    for digest in (corrupt, short):
+        assert not (blobs / digest[:2] / digest[2:4] / digest).exists()  # no bad copy at the target

@@ -248,6 +248,15 @@ async def _migrate_blob(source, target, sha256: str, size: int, data_dir: pathli
         await target.publish(path, sha256, size, link=True)
         tally.copied += 1
         return
+    # An object of another size is corrupt, not a store that fails: a ranged GET past its end
+    # answers 416, which would stop the whole run as "unavailable", and every run after it.
+    stat = await source.stat(sha256)
+    if stat is None:
+        tally.problems.append(f"{sha256}: missing from {source.location}")
+        return
+    if stat.size != size:
+        tally.problems.append(f"{sha256}: corrupt in {source.location} ({stat.size} bytes, not {size})")
+        return
     temporary = _temporary(data_dir, sha256)
     try:
         try:

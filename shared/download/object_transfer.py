@@ -309,8 +309,11 @@ async def stream_from_store(
 
     cache = getattr(storage, "cache", None)
     # A miss of the read cache reads behind the digest's one fill (shared/storage/read_cache.py);
-    # a blob it will not hold comes from the store directly.
-    source: Any = None if cache is None else cache.reader(sha256, response.artifact.size, start, length, from_store)
+    # a blob it will not hold comes from the store directly. The principal (the per-principal
+    # budget's id) is the fill's owner: the cache's fair sharing.
+    source: Any = None if cache is None else cache.reader(
+        sha256, response.artifact.size, start, length, from_store, owner=response.principal.id
+    )
     piped = False
     if source is None and _may_splice(runtime, handle, length):
         source = storage.open_direct_range(sha256, start, length, counted=counted)  # type: ignore[attr-defined]

@@ -20,14 +20,17 @@ zero-copy like a storage directory's files, evicted least recently used.
   its last byte only once the hash matched (the file is not used before its check: a fill whose
   bytes do not match cuts those readers' connections); one sent wholly from the store's buffers
   completes as it would without a cache, which checks nothing either (clients check the
-  Repr-Digest). The fill is the cache's own task: a reader that leaves does not stop it.
+  Repr-Digest). The fill is the cache's own task: a reader that leaves does not stop it, but
+  once every reader has left before the store sent the whole blob it stops (`_abandoned`): a
+  one-byte range or a dropped connection must not fetch a whole blob nobody reads.
 - **After a restart** the directory is the index (`open`): every file is taken in (least
   recently filled first) but trusted only after its hash is checked again on its first read
   (readers wait for that check, about a second per GiB): the process cannot know what happened
   to the directory while it was down. A file that fails is refetched.
 - **The limit** holds for every file and every fill in progress: a fill reserves its blob's size
   first, evicting idle files least recently used; a file being read or filled is never evicted.
-  When no room can be made, or the blob alone is larger than the limit, the read goes to the
+  A principal past its share of the limit evicts only files it filled (`_evict_for`: fair
+  sharing). When no room can be made, or the blob alone is larger than the limit, the read goes to the
   store as without a cache (a bypass). An evicted or dropped file is first renamed away (so a new
   fill of the digest cannot be hit by it) and then unlinked in a worker thread (freeing a large
   file's blocks can take a while).
@@ -76,6 +79,7 @@ class _Entry:
     # (size, mtime_ns, ctime_ns, inode) when its hash was checked; None: not trusted yet
     identity: tuple[int, int, int, int] | None = None
     users: int = 0  # readers holding the file open: never evicted meanwhile
+    owner: Any = None  # the principal whose read filled it (None: found at start-up)
 
 
 class _Flight:
@@ -93,6 +97,7 @@ class _Flight:
         self.received = 0
         self.done = False
         self.error: BaseException | None = None
+        self.task: asyncio.Task | None = None  # the fill from the store, while it runs
         self._progress = asyncio.Event()
 
     @property
@@ -160,9 +165,10 @@ class ReadCache:
         self._lent: dict[int, _Entry] = {}  # descriptor -> the entry it was lent for
         self._unlinker = concurrent.futures.ThreadPoolExecutor(1, "arkvory-cache-unlink")
         self.held = 0  # bytes of the files and the fills in progress
+        self._owned: collections.Counter = collections.Counter()  # of `held`, by entry owner
         # What /health/metrics exports (shared/metrics.py `observe_read_cache`).
         self.requests = {"hit": 0, "miss": 0, "bypass": 0}
-        self.fills = {"ok": 0, "failed": 0, "corrupt": 0}
+        self.fills = {"ok": 0, "failed": 0, "corrupt": 0, "abandoned": 0}
         self.discards = {"changed": 0, "corrupt": 0}
         self.evictions = 0
 
@@ -192,7 +198,7 @@ class ReadCache:
                     found.append((stat.st_mtime_ns, name, stat.st_size))
         for _, name, size in sorted(found):  # least recently filled first
             self._index[name] = _Entry(size)
-            self.held += size
+            self._hold(self._index[name], size)
         self._evict_for(0)
         log.info("read cache %s: %d files, %d bytes (limit %d)", self.directory, len(self._index), self.held,
                  self.max_bytes)
@@ -242,10 +248,12 @@ class ReadCache:
 
     # -- misses --------------------------------------------------------------------------------
 
-    def reader(self, sha256: str, size: int, start: int, length: int, fallback: Fallback) -> CacheReader | None:
+    def reader(self, sha256: str, size: int, start: int, length: int, fallback: Fallback,
+               owner: Any = None) -> CacheReader | None:
         """A source of bytes [start, start + length) behind the digest's fill (started now if
         none runs); None when the blob is not to be cached (larger than the limit, or no room
-        now): read it from the store."""
+        now, or none within the share of `owner`, the principal reading: `_evict_for`): read it
+        from the store."""
         flight = self._flights.get(sha256)
         if flight is None:
             entry = self._index.get(sha256)
@@ -263,13 +271,15 @@ class ReadCache:
                 entry = None
             recheck = entry is not None  # a file from before the restart: its hash first
             if entry is None:
-                if not self._evict_for(size):
+                if not self._evict_for(size, owner):
                     self.requests["bypass"] += 1
                     return None
-                entry = self._index[sha256] = _Entry(size)
-                self.held += size
+                entry = self._index[sha256] = _Entry(size, owner=owner)
+                self._hold(entry, size)
             flight = self._flights[sha256] = _Flight(sha256, size, self.path_of(sha256))
             task = asyncio.get_running_loop().create_task(self._fly(flight, entry, recheck=recheck))
+            if not recheck:
+                flight.task = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         self.requests["miss"] += 1
@@ -288,6 +298,7 @@ class ReadCache:
             if recheck:
                 log.warning("read cache: %s does not match its digest any more: fetched again", sha256)
                 self.discards["corrupt"] += 1
+                flight.task = asyncio.current_task()
             await self._fetch(flight)
             self._trust(sha256, entry)
             self.fills["ok"] += 1
@@ -405,21 +416,56 @@ class ReadCache:
             receiver.submit(ranged.close)
             receiver.shutdown(wait=False)
 
+    def _abandoned(self, flight: _Flight, entry: _Entry) -> None:
+        """The last reader of a fill left before the store sent the whole blob: stop the fill.
+        Else a client could, with one cheap request each (`Range: bytes=0-0`, or a connection
+        dropped after the headers), make this process fetch whole blobs from the store and churn
+        the cache with them, bytes no download's token bucket ever counts. The flight and its
+        reservation go now, so a reader arriving next starts a fill of its own rather than
+        joining one being stopped."""
+        task = flight.task
+        if task is None or task.done() or flight.done or flight.received >= flight.size:
+            return
+        if self._flights.get(flight.sha256) is flight:
+            del self._flights[flight.sha256]
+        if self._index.get(flight.sha256) is entry:
+            del self._index[flight.sha256]
+            self._hold(entry, -entry.size)
+        self.fills["abandoned"] += 1
+        task.cancel()
+
     def _trust(self, sha256: str, entry: _Entry) -> None:
         found = os.stat(self.path_of(sha256))
         entry.identity = (found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino)
 
     # -- the limit -----------------------------------------------------------------------------
 
-    def _evict_for(self, size: int) -> bool:
+    def _hold(self, entry: _Entry, size: int) -> None:
+        self.held += size
+        if entry.owner is not None:
+            self._owned[entry.owner] += size
+            if not self._owned[entry.owner]:
+                del self._owned[entry.owner]
+
+    def _evict_for(self, size: int, owner: Any = None) -> bool:
         """Make room for `size` more bytes by evicting idle files, least recently used first;
-        False when that cannot be done (nothing evicted then beyond what was idle anyway)."""
+        False when that cannot be done (nothing evicted then beyond what was idle anyway).
+
+        Fair sharing: a principal whose fills would hold more than its share of the limit (the
+        limit over the principals holding files, itself included) evicts only files it filled.
+        Else one principal reading many distinct blobs once (a scan, or on purpose) would evict
+        every other principal's files; now, past its share, it churns only its own, and its
+        reads that cannot be cached so go to the store (a bypass). A principal holding nothing
+        may always make room for one blob, however large against its share: else, with many
+        principals, a blob larger than the limit over their number would never be cached."""
         if size > self.max_bytes:
             return False
+        owned = self._owned[owner] if owner is not None else 0
+        only_own = owned > 0 and owned + size > self.max_bytes / len(self._owned)
         for sha256, entry in list(self._index.items()):
             if self.held + size <= self.max_bytes:
                 break
-            if entry.users or sha256 in self._flights:
+            if entry.users or sha256 in self._flights or (only_own and entry.owner != owner):
                 continue
             self._drop(sha256, None)
             self.evictions += 1
@@ -429,7 +475,7 @@ class ReadCache:
         """Forget a file and remove it: renamed away at once, unlinked in the background."""
         entry = self._index.pop(sha256, None)
         if entry is not None:
-            self.held -= entry.size
+            self._hold(entry, -entry.size)
         if reason is not None:
             self.discards[reason] += 1
         doomed = f"{self.filling}/dropped-{uuid.uuid4().hex}"
@@ -563,8 +609,10 @@ class CacheReader:
             os.close(self._fd)
             self._fd = None
         if self._entry is not None:
-            self._entry.users -= 1
-            self._entry = None
+            entry, self._entry = self._entry, None
+            entry.users -= 1
+            if not entry.users:
+                self._cache._abandoned(self._flight, entry)
         if self._fallback is not None:
             await self._fallback.aclose()
 

@@ -128,10 +128,12 @@ class ObjectStore:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_retries = max_retries
+        # No retry starts later than this after a request's first attempt (obstore's rule).
+        self.retry_timeout = max(connect_timeout * 2, 5.0)
         self._direct = self._direct_possible()
         retry = {
             "max_retries": max_retries,
-            "retry_timeout": datetime.timedelta(seconds=max(connect_timeout * 2, 5.0)),
+            "retry_timeout": datetime.timedelta(seconds=self.retry_timeout),
             "backoff": {
                 "init_backoff": datetime.timedelta(milliseconds=100),
                 "max_backoff": datetime.timedelta(seconds=1),

@@ -29,6 +29,7 @@ import os
 import re
 import socket
 import struct
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -264,8 +265,12 @@ class DirectRange:
     async def _open(self, *, into_pipe: bool) -> None:
         """Send the GET and check the answer's head; retried (RETRY_BACKOFF_S, at most the
         store's `max_retries` more attempts) when the store cannot be reached or answers 5xx,
-        as obstore retries its own requests: nothing of the body has come yet."""
+        as obstore retries its own requests: nothing of the body has come yet. Like obstore's,
+        no retry starts once the store's `retry_timeout` has passed since the first attempt: a
+        store that takes connections and then sends nothing costs one read timeout (30 s), not
+        one per attempt (90 s, while the download waits for its first byte)."""
         attempts = 1 + min(self._store.max_retries, len(RETRY_BACKOFF_S))
+        started = time.monotonic()
         for attempt in range(attempts):
             try:
                 await self._attempt(into_pipe)
@@ -274,7 +279,8 @@ class DirectRange:
             except (_RetryableAnswer, OSError) as exc:  # OSError: TimeoutError too
                 self._drop_connection()
                 error = exc.error if isinstance(exc, _RetryableAnswer) else self._error(exc, "read")
-                if attempt + 1 == attempts:
+                if (attempt + 1 == attempts
+                        or time.monotonic() - started + RETRY_BACKOFF_S[attempt] > self._store.retry_timeout):
                     self._counted("failed")
                     raise error from None
                 await asyncio.sleep(RETRY_BACKOFF_S[attempt])
