@@ -185,9 +185,9 @@ def test_a_wrong_fill_is_not_kept_and_no_read_of_its_file_completes(origin, tmp_
 
 
 def test_a_fill_whose_readers_all_left_early_stops_and_frees_its_room(origin, tmp_path):
-    """One byte asked (`Range: bytes=0-0`), the connection then gone: the fill of the whole blob
-    stops instead of fetching it all, bytes no token bucket counts, and its reservation is
-    freed at once; a fill that a reader still waits on goes on; the next reader fills afresh."""
+    """A whole read whose connection is gone after one byte: the fill of the whole blob stops
+    instead of fetching it all, bytes no token bucket counts, and its reservation is freed at
+    once; a fill that a reader still waits on goes on; the next reader fills afresh."""
     size = 6 * FILL_CHUNK
     data = os.urandom(size)
     sha256 = origin.put(data)
@@ -195,7 +195,10 @@ def test_a_fill_whose_readers_all_left_early_stops_and_frees_its_room(origin, tm
 
     async def run():
         cache = await ReadCache.open(tmp_path / "cache", 64 * 1024 * KiB, origin)
-        assert await read_all(cache, sha256, size, 0, 1, settle=False) == data[:1]
+        leaving = cache.reader(sha256, size, 0, size, no_fallback)
+        await leaving.fill()
+        assert bytes(leaving.take(1)) == data[:1]
+        await leaving.aclose()  # the client is gone
         await asyncio.wait_for(cache.drained(), 5)  # stopped, not waiting on the store
         assert cache.fills["abandoned"] == 1 and cache.fills["ok"] == 0
         assert cache.held == 0 and cache.files == 0 and cache.acquire(sha256) is None
@@ -203,17 +206,39 @@ def test_a_fill_whose_readers_all_left_early_stops_and_frees_its_room(origin, tm
         assert os.listdir(cache.filling) == []
 
         origin.paused.clear()
-        first = cache.reader(sha256, size, 0, 1, no_fallback)  # one byte, and ...
-        whole = asyncio.create_task(read_all(cache, sha256, size, settle=False))  # ... all of it
+        whole = asyncio.create_task(read_all(cache, sha256, size, settle=False))  # all of it, and ...
+        await origin.paused.wait()
+        first = cache.reader(sha256, size, 0, 1, no_fallback)  # ... one byte, behind its fill
         await first.fill()
         assert bytes(first.take(1)) == data[:1]
         await first.aclose()  # the whole read still waits: the fill goes on
-        await origin.paused.wait()
         origin.resume.set()
         assert await whole == data
         await cache.drained()
         assert cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 1}
         assert origin.opened == 2 and cache.acquire(sha256) is not None
+        cache.close()
+
+    asyncio.run(run())
+
+
+def test_only_a_whole_read_starts_a_fill_a_range_of_a_cold_blob_goes_to_the_store(origin, tmp_path):
+    """`Range: bytes=0-0`, or the consecutive ranges of a segmented download, cost the store
+    what they ask: no fill of the whole blob starts for them (each would be stopped at its
+    range's end, and the next range would start again from byte 0)."""
+    data = os.urandom(3 * FILL_CHUNK)
+    sha256 = origin.put(data)
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 64 * 1024 * KiB, origin)
+        for start, length in ((0, 1), (0, FILL_CHUNK), (FILL_CHUNK, 2 * FILL_CHUNK), (1, len(data) - 1)):
+            assert cache.reader(sha256, len(data), start, length, no_fallback) is None
+        assert cache.requests == {"hit": 0, "miss": 0, "bypass": 4}
+        assert origin.opened == 0 and cache.held == 0
+        assert await read_all(cache, sha256, len(data)) == data  # the whole blob: filled
+        assert cache.fills["ok"] == 1 and origin.opened == 1
+        assert await read_all(cache, sha256, len(data), FILL_CHUNK, 5) == data[FILL_CHUNK:FILL_CHUNK + 5]
+        assert cache.requests["hit"] == 1 and origin.opened == 1
         cache.close()
 
     asyncio.run(run())

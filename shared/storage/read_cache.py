@@ -20,9 +20,10 @@ zero-copy like a storage directory's files, evicted least recently used.
   its last byte only once the hash matched (the file is not used before its check: a fill whose
   bytes do not match cuts those readers' connections); one sent wholly from the store's buffers
   completes as it would without a cache, which checks nothing either (clients check the
-  Repr-Digest). The fill is the cache's own task: a reader that leaves does not stop it, but
-  once every reader has left before the store sent the whole blob it stops (`_abandoned`): a
-  one-byte range or a dropped connection must not fetch a whole blob nobody reads.
+  Repr-Digest). Only a read of the whole blob starts a fill (a range joins one, else reads the
+  store). The fill is the cache's own task: a reader that leaves does not stop it, but once
+  every reader has left before the store sent the whole blob it stops (`_abandoned`): a
+  dropped connection must not fetch a whole blob nobody reads.
 - **After a restart** the directory is the index (`open`): every file is taken in (least
   recently filled first) but trusted only after its hash is checked again on its first read
   (readers wait for that check, about a second per GiB): the process cannot know what happened
@@ -253,7 +254,14 @@ class ReadCache:
         """A source of bytes [start, start + length) behind the digest's fill (started now if
         none runs); None when the blob is not to be cached (larger than the limit, or no room
         now, or none within the share of `owner`, the principal reading: `_evict_for`): read it
-        from the store."""
+        from the store.
+
+        Only a read of the whole blob starts a fill; a range joins one that runs, else it goes
+        to the store. A range costs the store what it asks and no more: a fill started for
+        `bytes=0-0` would fetch the whole blob (stopped once its reader left, `_abandoned`),
+        and a client fetching a blob in consecutive ranges (a segmented downloader, a resumed
+        download) would start a new fill from byte 0 for every range, each stopped at the
+        range's end."""
         flight = self._flights.get(sha256)
         if flight is None:
             entry = self._index.get(sha256)
@@ -271,7 +279,7 @@ class ReadCache:
                 entry = None
             recheck = entry is not None  # a file from before the restart: its hash first
             if entry is None:
-                if not self._evict_for(size, owner):
+                if start or length != size or not self._evict_for(size, owner):
                     self.requests["bypass"] += 1
                     return None
                 entry = self._index[sha256] = _Entry(size, owner=owner)
