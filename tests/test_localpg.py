@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -109,6 +110,22 @@ def test_a_connection_without_the_password_is_refused(server: LocalPostgres) -> 
     assert not [line for line in command_lines() if password in line]
     assert password not in (server.data_dir.parent / "server.log").read_text()
     assert password not in repr(server)
+
+
+@pytest.mark.timeout(300)
+def test_a_container_has_a_random_password(tmp_path: pathlib.Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if k not in ("ARKVORY_DATABASE_URL", "DATABASE_URL")}
+    if importlib.util.find_spec("testcontainers") is None or not localpg._docker_answers(environ):
+        pytest.skip("needs testcontainers (pip install -e '.[containers]') and a Docker daemon")
+    postgres = start_local_postgres(tmp_path, fsync=False, environ=environ)
+    try:
+        assert postgres.source == "testcontainers"
+        assert len(urllib.parse.urlsplit(postgres.url).password) >= 40
+        assert fetchval(postgres.url, "select 1") == 1
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            fetchval(without_password(postgres.url, "postgres"), "select 1")
+    finally:
+        postgres.destroy()
 
 
 @as_root_only

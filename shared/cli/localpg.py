@@ -214,14 +214,16 @@ def _start_container(*, fsync: bool) -> LocalPostgres:
     options = {**_SERVER_OPTIONS, "listen_addresses": "*"}  # the container's own network
     if not fsync:
         options.update(_NO_DURABILITY)
+    # Docker publishes the port on every interface of the host: a known password would be none.
+    password = secrets.token_urlsafe(32)
     container = PostgresContainer(
-        "postgres:18", username="postgres", password="postgres", dbname="postgres"
+        "postgres:18", username=SUPERUSER, password=password, dbname="postgres"
     )
     container.with_command("postgres " + " ".join(f"-c {k}={v}" for k, v in options.items()))
     container.start()
     host, port = container.get_container_host_ip(), container.get_exposed_port(5432)
     return LocalPostgres(
-        url=f"postgresql://postgres:postgres@{host}:{port}/postgres",
+        url=f"postgresql://{SUPERUSER}:{password}@{host}:{port}/postgres",
         source="testcontainers",
         _stop=container.stop,
     )
