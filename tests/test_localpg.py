@@ -228,7 +228,9 @@ host    replication     all             ::1/128                 trust
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("made_by", ["an older version, with trust", "a lost password file"])
+@pytest.mark.parametrize(
+    "made_by", ["an older version, with trust", "a lost password file", "an emptied password file"]
+)
 def test_an_old_or_locked_out_cluster_gets_a_password_and_keeps_its_data(
     tmp_path: pathlib.Path, made_by: str
 ) -> None:
@@ -240,7 +242,10 @@ def test_an_old_or_locked_out_cluster_gets_a_password_and_keeps_its_data(
             execute(first.url, "alter role postgres password null")
     finally:
         first.stop()
-    (home / "password").unlink()
+    if made_by == "an emptied password file":
+        (home / "password").write_text("\n")
+    else:
+        (home / "password").unlink()
     if made_by.startswith("an older version"):
         data = first.data_dir.stat()
         localpg._private_file(first.data_dir / "pg_hba.conf", OLD_TRUST_HBA, data.st_uid, data.st_gid)

@@ -292,21 +292,14 @@ def _forget_orphaned_homes(homes: pathlib.Path) -> None:
 
 
 def _password(home: pathlib.Path) -> tuple[str, bool]:
-    """The superuser's password kept in the home, and whether it was made just now."""
+    """The superuser's password kept in the home, and whether it was made just now (the file
+    was missing or empty). It is on disk before the cluster is told: else a crash locks us out."""
     path = home / PASSWORD_FILE
-    try:
-        return path.read_text().strip(), False
-    except FileNotFoundError:
-        pass
+    with contextlib.suppress(FileNotFoundError):
+        if password := path.read_text().strip():
+            return password, False
     password = secrets.token_urlsafe(32)  # URL-safe: goes into the URL as it is
-    partial = home / f".{PASSWORD_FILE}.partial"
-    partial.unlink(missing_ok=True)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(password + "\n")
-        out.flush()
-        os.fsync(out.fileno())  # kept before the cluster is told: else a crash locks us out
-    os.replace(partial, path)
+    _private_file(path, password + "\n", os.geteuid(), os.getegid())
     return password, True
 
 
