@@ -6,6 +6,7 @@ stops on one Ctrl-C as one planned stop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pathlib
@@ -16,9 +17,13 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.parse
 
+import asyncpg
 import httpx
 import pytest
+
+from arkvory.shared.cli import localpg
 
 from .harness import ROOT, free_port_run
 
@@ -176,6 +181,34 @@ def test_the_admin_tools_find_the_dev_database(running):
     ]
 
 
+def mode(path: pathlib.Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_only_its_user_reaches_the_dev_database_and_blobs(running):
+    url = re.search(r"^ARKVORY_DATABASE_URL=(\S+)$", (running.state / "env").read_text(), re.M).group(1)
+    parts = urllib.parse.urlsplit(url)
+    assert parts.password
+
+    async def connect_without_password() -> None:
+        await asyncpg.connect(url.replace(f":{parts.password}@", "@"), timeout=10)
+
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        asyncio.run(connect_without_password())
+    # Not in the banner or a log line, not on the command line of PostgreSQL or a child.
+    assert parts.password not in running.output
+    commands = []
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            commands.append(cmdline.read_bytes())
+        except OSError:
+            continue
+    assert any(b"arkvory.shared.cli.main\0serve" in command for command in commands)
+    assert not [command for command in commands if parts.password.encode() in command]
+    assert mode(running.state / "data") == 0o700
+    assert mode((running.state / "postgres").resolve()) == (0o750 if os.geteuid() == 0 else 0o700)
+
+
 def test_a_state_made_with_another_gateway_count_is_refused_in_one_line(tmp_path):
     state, port = tmp_path / "state", free_port_run(2)
     first = Dev(state, port, "--gateways", "1")
@@ -283,6 +316,10 @@ def test_the_environment_sets_the_rate_a_flag_wins_and_one_ctrl_c_is_one_planned
     assert stopping.count("stopped with exit status 0") == 3, stopping  # writer, gateway, worker
 
 
+# What `initdb -A trust` wrote, which an older version ran every dev state's cluster with.
+OLD_TRUST_HBA = "local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n"
+
+
 def bandwidth_of(port: int, token: str) -> tuple[int, int]:
     ready = httpx.get(
         f"http://127.0.0.1:{port}/health/ready", headers={"Authorization": f"Bearer {token}"}, timeout=5
@@ -324,9 +361,20 @@ def test_the_offline_tools_run_on_a_stopped_dev_state(tmp_path):
         assert json.loads(admin("scrub").stdout.splitlines()[-1])["result"]["checked"] == 1
         assert not (state / "dev.lock").exists() and not (state / "env").exists()
         assert not subprocess.run(["pgrep", "-f", f"postgres -D {state}"], capture_output=True).stdout
-        again = Dev(state, port, "--gateways", "0")  # the state is as it was
+        # As an older version left it: PostgreSQL trusting everyone, blobs open to everyone.
+        data_dir = (state / "postgres" / "data").resolve()
+        owner = data_dir.stat()
+        localpg._private_file(data_dir / "pg_hba.conf", OLD_TRUST_HBA, owner.st_uid, owner.st_gid)
+        (state / "postgres" / "password").unlink()
+        (state / "data").chmod(0o755)
+        again = Dev(state, port, "--gateways", "0")  # the state is as it was, made safe
         try:
-            again.wait_running()
+            token = again.wait_running()
+            assert "trust" not in (data_dir / "pg_hba.conf").read_text()
+            assert mode(state / "data") == 0o700
+            with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10) as client:
+                listed = client.get(f"http://127.0.0.1:{port}/api/v1/repositories/r/artifacts")
+                assert listed.status_code == 200 and "a" in [a["name"] for a in listed.json()["items"]], listed.text
         finally:
             assert again.stop() == 0, again.output
     finally:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import pathlib
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import urllib.parse
 
 import asyncpg
 import pytest
@@ -64,12 +67,96 @@ def server(tmp_path: pathlib.Path):
 @pytest.mark.timeout(120)
 def test_server_answers_on_loopback_with_the_options_asked_for(server: LocalPostgres) -> None:
     assert server.source in ("wheel", "system")
-    assert server.url.startswith("postgresql://postgres@127.0.0.1:")
+    assert server.url.startswith("postgresql://postgres:")
+    assert urllib.parse.urlsplit(server.url).hostname == "127.0.0.1"
     assert fetchval(server.url, "select 1") == 1
     assert fetchval(server.url, "show listen_addresses") == "127.0.0.1"
     assert fetchval(server.url, "show max_connections") == "300"
     assert fetchval(server.url, "show fsync") == "off"
     assert fetchval(server.url, "show tcp_keepalives_idle") == "10"
+
+
+def without_password(url: str, password: str | None = None) -> str:
+    """The URL with no password, or another one."""
+    parts = urllib.parse.urlsplit(url)
+    userinfo = parts.username if password is None else f"{parts.username}:{password}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.hostname}:{parts.port}"))
+
+
+def command_lines() -> list[str]:
+    """What `ps` shows of every process on the machine."""
+    lines = []
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # gone meanwhile
+    return lines
+
+
+@pytest.mark.timeout(120)
+def test_a_connection_without_the_password_is_refused(server: LocalPostgres) -> None:
+    password = urllib.parse.urlsplit(server.url).password
+    assert password and len(password) >= 40
+    for url in (without_password(server.url), without_password(server.url, "postgres")):
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            fetchval(url, "select 1")
+    # The Unix socket asks for it too (as root, root could enter the socket's directory).
+    socket_dir = server.data_dir.parent / "run"
+    socket_url = f"postgresql://postgres@/postgres?host={socket_dir}&port={urllib.parse.urlsplit(server.url).port}"
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        fetchval(socket_url, "select 1")
+    # Not on a command line, not in the server's log.
+    assert not [line for line in command_lines() if password in line]
+    assert password not in (server.data_dir.parent / "server.log").read_text()
+    assert password not in repr(server)
+
+
+@pytest.mark.timeout(300)
+def test_a_container_has_a_random_password(tmp_path: pathlib.Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if k not in ("ARKVORY_DATABASE_URL", "DATABASE_URL")}
+    if importlib.util.find_spec("testcontainers") is None or not localpg._docker_answers(environ):
+        pytest.skip("needs testcontainers (pip install -e '.[containers]') and a Docker daemon")
+    postgres = start_local_postgres(tmp_path, fsync=False, environ=environ)
+    try:
+        assert postgres.source == "testcontainers"
+        assert len(urllib.parse.urlsplit(postgres.url).password) >= 40
+        assert fetchval(postgres.url, "select 1") == 1
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            fetchval(without_password(postgres.url, "postgres"), "select 1")
+    finally:
+        postgres.destroy()
+
+
+@as_root_only
+@pytest.mark.timeout(120)
+def test_another_local_user_cannot_connect(server: LocalPostgres) -> None:
+    # What the bug report did, as another account on the machine: psql -h 127.0.0.1 -U postgres.
+    user = postgres_binaries.server_user()  # postgres or nobody: not the user who started it
+    install = postgres_binaries.wheel_install() or postgres_binaries.system_install()
+    psql = postgres_binaries.reachable_install(install, user).bin_dir / "psql"
+    if not psql.is_file():
+        pytest.skip(f"no psql beside {psql.parent}/postgres")
+    port = str(urllib.parse.urlsplit(server.url).port)
+    other = subprocess.run(
+        [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user.pw_name, "--", str(psql), "-w", "-h", "127.0.0.1", "-p", port,
+         "-U", "postgres", "-d", "postgres", "-c", "select 1"],
+        env=postgres_binaries.server_env(install), capture_output=True, text=True, timeout=60, cwd="/",
+    )
+    assert other.returncode != 0, other.stdout
+    assert "password" in other.stderr, other.stderr
+
+
+@pytest.mark.timeout(120)
+def test_only_its_user_may_enter_the_home(server: LocalPostgres) -> None:
+    home = server.data_dir.parent
+    mode = lambda path: stat.S_IMODE(path.stat().st_mode)  # noqa: E731
+    assert mode(home) == (0o750 if os.geteuid() == 0 else 0o700)
+    assert mode(home / "password") == 0o600 and (home / "password").stat().st_uid == os.geteuid()
+    assert mode(home / "run") == 0o700
+    assert not (home / "initdb-pwfile").exists()
+    if os.geteuid() == 0:  # the group is the server's user's, which must reach data/ and run/
+        assert home.stat().st_gid == postgres_binaries.server_user().pw_gid
 
 
 @as_root_only
@@ -127,6 +214,59 @@ def test_a_restart_keeps_the_data_and_stop_is_idempotent(tmp_path: pathlib.Path)
         assert fetchval(second.url, "select n from kept") == 42
     finally:
         second.stop()
+
+
+# What `initdb -A trust` wrote, which an older version ran every cluster with.
+OLD_TRUST_HBA = """\
+local   all             all                                     trust
+host    all             all             127.0.0.1/32            trust
+host    all             all             ::1/128                 trust
+local   replication     all                                     trust
+host    replication     all             127.0.0.1/32            trust
+host    replication     all             ::1/128                 trust
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "made_by", ["an older version, with trust", "a lost password file", "an emptied password file"]
+)
+def test_an_old_or_locked_out_cluster_gets_a_password_and_keeps_its_data(
+    tmp_path: pathlib.Path, made_by: str
+) -> None:
+    first = start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)
+    home = first.data_dir.parent
+    try:
+        execute(first.url, "create table kept (n int); insert into kept values (42)")
+        if made_by.startswith("an older version"):
+            execute(first.url, "alter role postgres password null")
+    finally:
+        first.stop()
+    if made_by == "an emptied password file":
+        (home / "password").write_text("\n")
+    else:
+        (home / "password").unlink()
+    if made_by.startswith("an older version"):
+        data = first.data_dir.stat()
+        localpg._private_file(first.data_dir / "pg_hba.conf", OLD_TRUST_HBA, data.st_uid, data.st_gid)
+
+    upgraded = start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)
+    try:
+        password = urllib.parse.urlsplit(upgraded.url).password
+        assert (home / "password").read_text().strip() == password
+        assert fetchval(upgraded.url, "select n from kept") == 42
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            fetchval(without_password(upgraded.url), "select 1")
+        assert "trust" not in (upgraded.data_dir / "pg_hba.conf").read_text()
+        assert password not in (home / "server.log").read_text()
+    finally:
+        upgraded.stop()
+    again = start_local_postgres(tmp_path, fsync=False, environ=NO_ENV)  # nothing to do the next time
+    try:
+        assert urllib.parse.urlsplit(again.url).password == password
+        assert fetchval(again.url, "select n from kept") == 42
+    finally:
+        again.destroy()
 
 
 @pytest.mark.timeout(120)

@@ -3,7 +3,9 @@ command.
 
 State (database, storage, keys) lives in one directory, so a second run keeps the artifacts.
 The admin token is kept in `<dir>/admin-token` (mode 0600) only so the demo can print it again;
-the servers themselves know only its SHA-256 from the keys file.
+the servers themselves know only its SHA-256 from the keys file. The blobs (`<dir>/data`, and each
+gateway's own directory with `--storage s3`) are the user's alone (0700), as is the PostgreSQL,
+which asks every connection for the password kept in its home (localpg.py).
 
 Everything that can refuse is checked before anything starts (the directory's lock, the ports,
 then, once PostgreSQL is up, the saved download policy), and each refusal is one line saying
@@ -461,6 +463,14 @@ def _admin_token(state: pathlib.Path) -> tuple[str, pathlib.Path]:
     return token_file.read_text().strip(), keys_file
 
 
+def _private_dir(path: pathlib.Path) -> pathlib.Path:
+    """A directory only this user may enter: made so, or made so now if an older version left it
+    open to everyone (the servers run as this user)."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
 def _answers_ready(url: str, token: str) -> bool:
     """/health/ready needs a key: only a server that knows *our* admin key answers 200."""
     request = urllib.request.Request(f"{url}/health/ready", headers={"Authorization": f"Bearer {token}"})
@@ -650,7 +660,7 @@ def _run(
         token, keys_file = _admin_token(state)
         common = {
             "ARKVORY_DATABASE_URL": database.url,
-            "ARKVORY_DATA_DIR": str(state / "data"),
+            "ARKVORY_DATA_DIR": str(_private_dir(state / "data")),
             "ARKVORY_KEYS_FILE": str(keys_file),
         }
         location = "file:"
@@ -671,7 +681,7 @@ def _run(
                     env["ARKVORY_GATEWAY_SLOT"] = str(slot)
                 if storage == "s3" and slot:
                     # As on another host: a gateway's local state is its own.
-                    env["ARKVORY_DATA_DIR"] = str(state / f"local-gateway-{slot}")
+                    env["ARKVORY_DATA_DIR"] = str(_private_dir(state / f"local-gateway-{slot}"))
                 process = _spawn([sys.executable, "-m", "arkvory.shared.cli.main", "serve"], env)
                 processes.append(process)
                 started.append(("writer" if slot == 0 else f"gateway {slot}", urls[slot], process))

@@ -8,20 +8,29 @@ root). Only the wheel's *binaries* are used; starting and stopping is ours.
 As root, the server runs as `postgres` (else `nobody`) because PostgreSQL refuses to run as
 root; whatever that user cannot reach (a venv under /root, pytest's 0700 /tmp/pytest-of-root) is
 copied to or kept in a root-owned directory under the temp dir instead.
+
+Only the user who started it may connect: every connection, over TCP or the Unix socket, needs
+the superuser's password (SCRAM), a random one kept in the server's home (`password`, mode
+0600; the home is 0700, or 0750 for the server's group as root), so that a restart on the same
+directory reconnects. A cluster an older version made with trust authentication gets a password
+and loses its trust before its next start (`_require_password`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import hmac
 import importlib.util
 import os
 import pathlib
 import pwd
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -63,8 +72,28 @@ SOCKET_DIR_MAX = 90
 
 _PORT_TAKEN = re.compile(r"could not bind|Address already in use")
 
+PASSWORD_FILE = "password"
+SUPERUSER = "postgres"
+# PBKDF2 rounds in the stored SCRAM secret. They slow down guessing a human's password from a
+# stolen secret; ours is 256 random bits, which no number of guesses finds. PostgreSQL's 4096
+# would cost every client ~1.6 ms of CPU per connection (the test suite makes tens of thousands)
+# and buy nothing.
+SCRAM_ITERATIONS = 1
+_AUTH_METHOD = "scram-sha-256"
+# What `initdb --auth=scram-sha-256` writes, without its comments: the cluster of an older
+# version gets this in place of its trust lines.
+_HBA = f"""\
+# Written by arkvory (shared/cli/localpg.py): every connection needs the password in ../{PASSWORD_FILE}
+local   all             all                                     {_AUTH_METHOD}
+host    all             all             127.0.0.1/32            {_AUTH_METHOD}
+host    all             all             ::1/128                 {_AUTH_METHOD}
+local   replication     all                                     {_AUTH_METHOD}
+host    replication     all             127.0.0.1/32            {_AUTH_METHOD}
+host    replication     all             ::1/128                 {_AUTH_METHOD}
+"""
+
 _SERVER_OPTIONS = {
-    "listen_addresses": "127.0.0.1",  # trust auth: nothing but this machine may reach it
+    "listen_addresses": "127.0.0.1",  # nothing but this machine may reach it
     "max_connections": "300",
     # A peer that vanished without a FIN (killed VM, cut cable) is noticed within ~25 s.
     "tcp_keepalives_idle": "10",
@@ -185,14 +214,16 @@ def _start_container(*, fsync: bool) -> LocalPostgres:
     options = {**_SERVER_OPTIONS, "listen_addresses": "*"}  # the container's own network
     if not fsync:
         options.update(_NO_DURABILITY)
+    # Docker publishes the port on every interface of the host: a known password would be none.
+    password = secrets.token_urlsafe(32)
     container = PostgresContainer(
-        "postgres:18", username="postgres", password="postgres", dbname="postgres"
+        "postgres:18", username=SUPERUSER, password=password, dbname="postgres"
     )
     container.with_command("postgres " + " ".join(f"-c {k}={v}" for k, v in options.items()))
     container.start()
     host, port = container.get_container_host_ip(), container.get_exposed_port(5432)
     return LocalPostgres(
-        url=f"postgresql://postgres:postgres@{host}:{port}/postgres",
+        url=f"postgresql://{SUPERUSER}:{password}@{host}:{port}/postgres",
         source="testcontainers",
         _stop=container.stop,
     )
@@ -211,15 +242,24 @@ def _server_home(base_dir: pathlib.Path, user: pwd.struct_passwd | None) -> path
     """
     link = base_dir / "postgres"
     if user is None or (not link.is_symlink() and can_traverse(base_dir, user)):
-        return make_dir(link)
+        return _make_home(link, user)
     homes = make_dir(root_shelf() / "homes")
     _forget_orphaned_homes(homes)
     home = homes / hashlib.sha256(str(base_dir.resolve()).encode()).hexdigest()[:16]
     # Order matters for _forget_orphaned_homes: claim (symlink), then home, then origin.
     if not link.is_symlink() and not link.exists():
         link.symlink_to(home, target_is_directory=True)
-    make_dir(home)
+    _make_home(home, user)
     (home / "origin").write_text(str(base_dir.resolve()))
+    return home
+
+
+def _make_home(home: pathlib.Path, user: pwd.struct_passwd | None) -> pathlib.Path:
+    """Ours alone (the password, the log); as root the server's user enters it by its group."""
+    if user is None:
+        return make_dir(home, mode=0o700)
+    make_dir(home, mode=0o750)
+    os.chown(home, -1, user.pw_gid)
     return home
 
 
@@ -248,33 +288,118 @@ def _forget_orphaned_homes(homes: pathlib.Path) -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
+# --- the password -------------------------------------------------------------------------
+
+
+def _password(home: pathlib.Path) -> tuple[str, bool]:
+    """The superuser's password kept in the home, and whether it was made just now (the file
+    was missing or empty). It is on disk before the cluster is told: else a crash locks us out."""
+    path = home / PASSWORD_FILE
+    with contextlib.suppress(FileNotFoundError):
+        if password := path.read_text().strip():
+            return password, False
+    password = secrets.token_urlsafe(32)  # URL-safe: goes into the URL as it is
+    _private_file(path, password + "\n", os.geteuid(), os.getegid())
+    return password, True
+
+
+def scram_secret(password: str, *, iterations: int = SCRAM_ITERATIONS, salt: bytes | None = None) -> str:
+    """The SCRAM-SHA-256 secret PostgreSQL stores for `password` (RFC 5803's form), so that the
+    server is given the secret and never the password itself."""
+    salt = os.urandom(16) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    b64 = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
+    stored_key = hashlib.sha256(client_key).digest()
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def _private_file(path: pathlib.Path, text: str, owner: int, group: int) -> None:
+    """Write `path` (mode 0600, owned as asked) in place of what is there, atomically; as root in
+    a directory the server's user owns, a planted symlink is replaced, never followed."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.unlink(missing_ok=True)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        if os.geteuid() == 0:
+            os.fchown(out.fileno(), owner, group)
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
+
+
 # --- the cluster --------------------------------------------------------------------------
 
 
 def _initdb(
-    install: Install, data_dir: pathlib.Path, user: pwd.struct_passwd | None, *, fsync: bool
+    install: Install,
+    data_dir: pathlib.Path,
+    user: pwd.struct_passwd | None,
+    secret: str,
+    *,
+    fsync: bool,
 ) -> None:
-    if (data_dir / "PG_VERSION").exists():
-        return
     # initdb into a side directory and rename: a crash mid-initdb must not leave a data
     # directory that looks initialised. We make it, as the home is not the server user's.
     staging = data_dir.with_name(data_dir.name + ".initdb")
     shutil.rmtree(staging, ignore_errors=True)
     make_dir(staging, owner=user).chmod(0o700)
+    # initdb stores a --pwfile that is already a SCRAM secret as it is: the file never holds the
+    # password. It is read as the server's user, who owns no other file of the home.
+    pwfile = data_dir.with_name("initdb-pwfile")
+    uid, gid = (os.getuid(), os.getgid()) if user is None else (user.pw_uid, user.pw_gid)
+    _private_file(pwfile, secret + "\n", uid, gid)
     command = [
-        str(install.bin_dir / "initdb"), "-D", str(staging), "-U", "postgres", "-A", "trust",
+        str(install.bin_dir / "initdb"), "-D", str(staging), "-U", SUPERUSER,
+        f"--auth={_AUTH_METHOD}", f"--pwfile={pwfile}",
         "-E", "UTF8", "--locale=C", "--no-instructions",
     ]
     if not fsync:
         command.append("--no-sync")
-    result = subprocess.run(
-        command, env=server_env(install), cwd=data_dir.parent, capture_output=True, text=True,
-        timeout=300, **user_ids(user),
-    )
+    try:
+        result = subprocess.run(
+            command, env=server_env(install), cwd=data_dir.parent, capture_output=True, text=True,
+            timeout=300, **user_ids(user),
+        )
+    finally:
+        pwfile.unlink(missing_ok=True)
     if result.returncode != 0:
         output = tail(result.stdout + result.stderr)
         raise LocalPostgresError(f"initdb failed with status {result.returncode}:\n{output}")
     staging.rename(data_dir)
+
+
+def _trusts_anyone(data_dir: pathlib.Path) -> bool:
+    """Whether pg_hba.conf lets a connection in without the password (an older version's trust)."""
+    lines = (data_dir / "pg_hba.conf").read_text().splitlines()
+    rules = [line.split() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return any(_AUTH_METHOD not in rule for rule in rules)
+
+
+def _require_password(
+    install: Install, data_dir: pathlib.Path, user: pwd.struct_passwd | None, secret: str
+) -> None:
+    """Give the superuser this secret and make pg_hba.conf ask every connection for it.
+
+    For a cluster made by an older version (trust) or one whose password file was lost. The
+    server runs in single-user mode meanwhile, where nothing listens: no one can slip in while
+    the cluster still trusts. The statement goes through stdin, never onto a command line.
+    """
+    command = [str(install.bin_dir / "postgres"), "--single", "-D", str(data_dir), SUPERUSER]
+    result = subprocess.run(
+        command, input=f"ALTER ROLE {SUPERUSER} PASSWORD '{secret}';\n", env=server_env(install),
+        cwd=data_dir, capture_output=True, text=True, timeout=300, **user_ids(user),
+    )
+    output = result.stdout + result.stderr
+    if result.returncode != 0 or "ERROR:" in output or "FATAL:" in output:
+        raise LocalPostgresError(
+            f"{data_dir}: could not set the password (single-user mode, status"
+            f" {result.returncode}):\n{tail(output)}"
+        )
+    owner = data_dir.stat()
+    _private_file(data_dir / "pg_hba.conf", _HBA, owner.st_uid, owner.st_gid)
 
 
 def _check_cluster_version(data_dir: pathlib.Path, major: str, install: Install) -> None:
@@ -331,9 +456,14 @@ def _start_server(install: Install, base_dir: pathlib.Path, *, fsync: bool) -> L
     home = _server_home(base_dir, user)
     data_dir = home / "data"
     major = server_major(install, user)
-    _initdb(install, data_dir, user, fsync=fsync)
-    _check_cluster_version(data_dir, major, install)
-    _clear_stale_pid_file(data_dir)
+    password, new_password = _password(home)
+    if not (data_dir / "PG_VERSION").exists():
+        _initdb(install, data_dir, user, scram_secret(password), fsync=fsync)
+    else:
+        _check_cluster_version(data_dir, major, install)
+        _clear_stale_pid_file(data_dir)
+        if new_password or _trusts_anyone(data_dir):
+            _require_password(install, data_dir, user, scram_secret(password))
     log_path = home / "server.log"
     with contextlib.suppress(FileNotFoundError):
         log_path.replace(home / "server.log.1")  # keep the log of the run before (a crash?)
@@ -342,7 +472,7 @@ def _start_server(install: Install, base_dir: pathlib.Path, *, fsync: bool) -> L
         server = _Postmaster.start(install, data_dir, home, user, port, fsync=fsync)
         if server.wait_until_ready(log_path):
             return LocalPostgres(
-                url=f"postgresql://postgres@127.0.0.1:{port}/postgres",
+                url=f"postgresql://{SUPERUSER}:{password}@127.0.0.1:{port}/postgres",
                 source=install.source,
                 data_dir=data_dir,
                 _stop=server.stop,
@@ -389,7 +519,7 @@ class _Postmaster:
     ) -> _Postmaster:
         options = dict(_SERVER_OPTIONS, **(_NO_DURABILITY if not fsync else {}))
         # Without a short enough path, no Unix socket at all: clients use 127.0.0.1 anyway.
-        run_dir = make_dir(home / "run", owner=user)
+        run_dir = make_dir(home / "run", owner=user, mode=0o700)
         socket_dir = str(run_dir) if len(str(run_dir)) <= SOCKET_DIR_MAX else ""
         argv = [str(install.bin_dir / "postgres"), "-D", str(data_dir), "-p", str(port)]
         argv += ["-k", socket_dir]

@@ -133,9 +133,13 @@ def can_traverse(path: pathlib.Path, user: pwd.struct_passwd) -> bool:
     return True
 
 
-def make_dir(path: pathlib.Path, *, owner: pwd.struct_passwd | None = None) -> pathlib.Path:
+def make_dir(
+    path: pathlib.Path, *, owner: pwd.struct_passwd | None = None, mode: int = 0o755
+) -> pathlib.Path:
+    """The directory, made if missing, with this mode whatever the umask or an older version
+    left (0o755 by default: the server's user must traverse it)."""
     path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o755)  # not the umask's choice: the server's user must traverse it
+    path.chmod(mode)
     if owner is not None:
         os.chown(path, owner.pw_uid, owner.pw_gid)
     return path
