@@ -72,6 +72,8 @@ class HttpFaultProxy:
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
         self._serialized = None  # an asyncio.Lock while a `then` hook runs
+        self._clients: set[asyncio.StreamWriter] = set()  # accepted connections not yet closed
+        self._relays: set[asyncio.Task] = set()
 
     @property
     def url(self) -> str:
@@ -109,7 +111,7 @@ class HttpFaultProxy:
 
     async def _listen(self) -> int:
         self._serialized = asyncio.Lock()
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
         return self._server.sockets[0].getsockname()[1]
 
     async def _close(self) -> None:
@@ -123,6 +125,10 @@ class HttpFaultProxy:
             for task in relays:
                 task.cancel()
             await asyncio.gather(*relays, return_exceptions=True)
+        # A relay cancelled before its first step never ran its `finally`: close its client here.
+        for writer in self._clients:
+            writer.transport.abort()
+        self._clients.clear()
         # abort() closes a socket in a callback of the next loop turn: let those run.
         for _ in range(3):
             await asyncio.sleep(0)
@@ -134,6 +140,14 @@ class HttpFaultProxy:
                     faults.remove(fault)
                     return fault
         return None
+
+    def _accepted(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        # A plain callback rather than the relay itself: the connection is known from the moment
+        # it is accepted, even if its relay's task is cancelled before it first runs.
+        self._clients.add(client_writer)
+        relay = asyncio.get_running_loop().create_task(self._relay(client_reader, client_writer))
+        self._relays.add(relay)
+        relay.add_done_callback(self._relays.discard)
 
     async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         upstream_writer = None
@@ -207,6 +221,7 @@ class HttpFaultProxy:
             pass  # a peer went away: the link just ends
         finally:
             client_writer.transport.abort()
+            self._clients.discard(client_writer)
             if upstream_writer is not None:
                 upstream_writer.transport.abort()
 
