@@ -1,6 +1,7 @@
 """No account makes unbounded credentials: live personal tokens per account are capped
 (ARKVORY_MAX_TOKENS_PER_ACCOUNT, 409 past it, under concurrency too; through the API, the
-console and the CLI)."""
+console and the CLI), sessions per account too (a login past ARKVORY_MAX_SESSIONS_PER_ACCOUNT
+ends the oldest)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from .console_client import Console, messages
 from .harness import db_fetch
-from .test_accounts import PASSWORD, make_account, session_of
+from .test_accounts import PASSWORD, login, make_account, session_of
 from .test_cli import arkvory, assert_exit, cli_env
 
 pytestmark = pytest.mark.timeout(180)
@@ -114,6 +115,28 @@ def test_two_creates_at_once_at_the_limit_less_one_make_one_token(writer, alice,
     assert asyncio.run(at_once()) == [201] + [409] * 7
     with writer.client(session) as client:
         assert len(client.get("/api/v1/tokens").json()["items"]) == TOKENS
+
+
+# -- sessions -------------------------------------------------------------------------------------
+
+
+def test_a_login_past_the_session_limit_ends_the_oldest_session(writer, alice, module_database_url):
+    name, first = alice
+    later = [session_of(writer, name) for _ in range(SESSIONS)]
+    with writer.client(first) as client:
+        assert client.get("/api/v1/tokens").status_code == 401  # the oldest one ended
+    for session in later:
+        with writer.client(session) as client:
+            assert client.get("/api/v1/tokens").status_code == 200
+    for _ in range(4):
+        assert login(writer, name).status_code == 200
+    count = db_fetch(
+        module_database_url,
+        "SELECT count(*) AS n FROM arkvory_credentials c JOIN arkvory_accounts a ON a.id = c.account_id"
+        " WHERE a.name = $1 AND c.kind = 'session'",
+        name,
+    )
+    assert count[0]["n"] == SESSIONS
 
 
 # -- the console and the CLI ------------------------------------------------------------------------
