@@ -1,7 +1,8 @@
-"""No account makes unbounded credentials: live personal tokens per account are capped
-(ARKVORY_MAX_TOKENS_PER_ACCOUNT, 409 past it, under concurrency too; through the API, the
-console and the CLI), sessions per account too (a login past ARKVORY_MAX_SESSIONS_PER_ACCOUNT
-ends the oldest)."""
+"""No account makes unbounded credentials, and no list of them drops rows silently: live personal
+tokens per account are capped (ARKVORY_MAX_TOKENS_PER_ACCOUNT, 409 past it, under concurrency
+too; through the API, the console and the CLI), sessions per account too (a login past
+ARKVORY_MAX_SESSIONS_PER_ACCOUNT ends the oldest), and the lists of tokens, keys and accounts page
+like every other list (`limit`, `cursor`, `nextCursor`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import asyncpg
 import httpx
 import pytest
 
+from arkvory.shared.client import Client
+
 from .console_client import Console, messages
-from .harness import db_fetch
+from .harness import ADMIN_TOKEN, db_fetch
 from .test_accounts import PASSWORD, login, make_account, session_of
 from .test_cli import arkvory, assert_exit, cli_env
 
@@ -42,6 +45,20 @@ def alice(writer) -> tuple[str, str]:
 def create(writer, token: str, **body) -> httpx.Response:
     with writer.client(token) as client:
         return client.post("/api/v1/tokens", json={"access": "read", **body})
+
+
+def every_page(writer, token: str, path: str, limit: int) -> list[list[dict]]:
+    pages, cursor = [], None
+    with writer.client(token) as client:
+        while True:
+            answer = client.get(path, params={"limit": str(limit), **({"cursor": cursor} if cursor else {})})
+            assert answer.status_code == 200, answer.text
+            assert set(answer.json()) == {"items", "nextCursor"}
+            pages.append(answer.json()["items"])
+            cursor = answer.json()["nextCursor"]
+            if cursor is None:
+                return pages
+            assert len(pages) < 1000
 
 
 # -- the limit on personal tokens ------------------------------------------------------------------
@@ -139,6 +156,55 @@ def test_a_login_past_the_session_limit_ends_the_oldest_session(writer, alice, m
     assert count[0]["n"] == SESSIONS
 
 
+# -- lists that page --------------------------------------------------------------------------------
+
+
+def test_the_token_list_pages_oldest_first(writer, alice):
+    name, session = alice
+    ids = [create(writer, session, label=f"t{i}").json()["id"] for i in range(TOKENS)]
+    pages = every_page(writer, session, "/api/v1/tokens", 2)
+    assert [len(p) for p in pages] == [2, 1]
+    assert [t["id"] for p in pages for t in p] == ids
+    with writer.client(session) as client:
+        assert client.get("/api/v1/tokens").json()["nextCursor"] is None  # 3 fit the default page
+    # The client library (and so `arkvory token list`) follows the pages.
+    with Client([writer.url], session) as client:
+        assert [t["id"] for t in client.list_tokens(page_size=1)] == ids
+
+
+def test_the_key_and_account_lists_page(writer):
+    with writer.client(ADMIN_TOKEN) as admin:
+        keys = [admin.post("/api/v1/keys", json={"scopes": ["read:*"], "label": f"k{i}"}).json()["id"] for i in range(3)]
+    pages = every_page(writer, ADMIN_TOKEN, "/api/v1/keys", 2)
+    assert all(len(p) <= 2 for p in pages)
+    listed = [k["id"] for p in pages for k in p]
+    assert len(listed) == len(set(listed)) and [k for k in listed if k in keys] == keys
+    names = [f"pager-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    for name in names:
+        make_account(writer, name)
+    pages = every_page(writer, ADMIN_TOKEN, "/api/v1/accounts", 2)
+    assert all(len(p) <= 2 for p in pages) and len(pages) >= 2
+    listed = [a["name"] for p in pages for a in p]
+    assert listed == sorted(listed) and len(listed) == len(set(listed)) and set(names) <= set(listed)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/tokens", "/api/v1/keys", "/api/v1/accounts"])
+@pytest.mark.parametrize("query", [
+    {"limit": "0"}, {"limit": "1001"}, {"limit": "-1"}, {"limit": "x"}, {"cursor": "nonsense"},
+    {"cursor": "W10"},  # []
+    {"cursor": "WyJ4IiwgInkiXQ"},  # ["x", "y"]
+    {"cursor": "WyIyMDI2LTAxLTAxVDAwOjAwOjAwIiwgIjAwMDAwMDAwLTAwMDAtMDAwMC0wMDAwLTAwMDAwMDAwMDAwMCJd"},  # no zone
+    {"cursor": "A" * 5000},
+])
+def test_a_bad_page_parameter_is_400(writer, alice, path, query):
+    name, session = alice
+    token = session if path == "/api/v1/tokens" else ADMIN_TOKEN
+    with writer.client(token) as client:
+        answer = client.get(path, params=query)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "invalid_input"
+
+
 # -- the console and the CLI ------------------------------------------------------------------------
 
 
@@ -154,6 +220,25 @@ def test_the_console_shows_the_limit_and_pages_tokens(writer, alice):
         assert "revoke one" in shown and "ARKVORY_MAX_TOKENS_PER_ACCOUNT" in shown
         page = console.get("/console/tokens")
         assert page.text.count("data-token=") == TOKENS and 'rel="next"' not in page.text
+
+
+def test_the_console_pages_accounts_and_keys(writer):
+    for _ in range(51):
+        make_account(writer, f"many-{uuid.uuid4().hex[:8]}")
+    with writer.client(ADMIN_TOKEN) as admin:
+        for _ in range(51):
+            assert admin.post("/api/v1/keys", json={"scopes": ["read:*"]}).status_code == 201
+    root = f"root-{uuid.uuid4().hex[:8]}"
+    make_account(writer, root, admin=True)
+    with Console(writer.url) as console:
+        console.signed_in(root, PASSWORD)
+        first = console.get("/console/accounts")
+        assert first.status_code == 200 and 'rel="next"' in first.text
+        following = first.text.split('rel="next"', 1)[0].rsplit('href="', 1)[1].split('"', 1)[0]
+        second = console.get(following.replace("&amp;", "&"))
+        assert second.status_code == 200 and "First page" in second.text
+        keys = console.get("/console/keys")
+        assert keys.status_code == 200 and keys.text.count("data-key=") == 50 and 'rel="next"' in keys.text
 
 
 def test_token_create_past_the_limit_prints_the_servers_message(writer, alice, tmp_path):

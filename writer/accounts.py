@@ -45,7 +45,7 @@ from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `rout
 from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
-from .pagination import UNPAGED_MAX
+from .pagination import page, page_cursor, page_limit
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from .repositories import json_body, principal_of, require_admin_scope, runtime_of
 
@@ -363,11 +363,16 @@ async def list_accounts(request: Request) -> Response:
     require_admin_scope(principal, "accounts")
     pool = runtime_of(request).pool
     assert pool is not None
+    limit = page_limit(request)
+    after = page_cursor(request, ("name",))
     async with pooled(pool) as conn:
         rows = await conn.fetch(
-            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts ORDER BY name LIMIT {UNPAGED_MAX}", timeout=POOLED_QUERY_TIMEOUT_S
+            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts WHERE ($1::text IS NULL OR name > $1)"
+            " ORDER BY name LIMIT $2",
+            after and after[0], limit + 1,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
-    return JSONResponse({"items": [account_json(r) for r in rows]})
+    return JSONResponse(page(rows, limit, account_json, lambda r: [r["name"]]))
 
 
 async def _set_disabled(request: Request, disabled: bool) -> Response:

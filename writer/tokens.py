@@ -16,7 +16,7 @@ administrator makes service keys.
 
 An account holds at most ARKVORY_MAX_TOKENS_PER_ACCOUNT live personal tokens (no principal
 fills the credentials table): one more is refused with 409 until one is revoked or expires, and
-a create forgets the account's expired tokens.
+a create forgets the account's expired tokens. Lists page like every other list (pagination.py).
 
 Creation answers hold the secret, so they are never recorded with an Idempotency-Key (the key is
 checked, see accounts.py); a retry makes a second token and the lost one can be revoked from
@@ -43,7 +43,7 @@ from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, U
 from . import openapi
 from .accounts import confirm_password
 from .idempotency import idempotent, key_of
-from .pagination import UNPAGED_MAX
+from .pagination import page, page_limit, time_id_cursor, time_id_key
 from .passwords import MAX_PASSWORD
 from .repositories import json_body, principal_of, require_admin_scope, runtime_of
 
@@ -205,14 +205,17 @@ async def list_tokens(request: Request) -> Response:
     account_id = _token_owner(principal)
     pool = runtime_of(request).pool
     assert pool is not None
+    limit = page_limit(request)
+    after_time, after_id = time_id_cursor(request)
     async with pooled(pool) as conn:
         rows = await conn.fetch(
             f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE account_id = $1 AND kind = 'pat'"
-            f" ORDER BY created_at LIMIT {UNPAGED_MAX}",
-            account_id,
+            " AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3::uuid))"
+            " ORDER BY created_at, id LIMIT $4",
+            account_id, after_time, after_id, limit + 1,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
-    return JSONResponse({"items": [credential_json(r) for r in rows]})
+    return JSONResponse(page(rows, limit, credential_json, time_id_key))
 
 
 async def _revoke(request: Request, principal: Principal, kind: str, owner: uuid.UUID | None) -> Response:
@@ -268,13 +271,17 @@ async def list_keys(request: Request) -> Response:
     require_admin_scope(principal, "service keys")
     pool = runtime_of(request).pool
     assert pool is not None
+    limit = page_limit(request)
+    after_time, after_id = time_id_cursor(request)
     async with pooled(pool) as conn:
         rows = await conn.fetch(
             f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE kind = 'service_key'"
-            f" ORDER BY created_at LIMIT {UNPAGED_MAX}",
+            " AND ($1::timestamptz IS NULL OR (created_at, id) > ($1, $2::uuid))"
+            " ORDER BY created_at, id LIMIT $3",
+            after_time, after_id, limit + 1,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
-    return JSONResponse({"items": [credential_json(r) for r in rows]})
+    return JSONResponse(page(rows, limit, credential_json, time_id_key))
 
 
 async def revoke_key(request: Request) -> Response:
@@ -316,7 +323,6 @@ _PASSWORD = {"type": "string", "minLength": 1, "maxLength": MAX_PASSWORD,
              "description": "an account's own password, re-entered: the new credential may then outlive the"
              " session or token that asks for it (limited like logins: 401 when wrong, 429)"}
 _ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
-_LIST = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": _CREDENTIAL}}}
 
 
 def _family(what: str, create_body: dict[str, Any], who: str, *create_errors: int, limit: str = "") -> dict[str, Any]:
@@ -330,9 +336,10 @@ def _family(what: str, create_body: dict[str, Any], who: str, *create_errors: in
                           **openapi.errors(400, 401, 403, *create_errors, 413, 429)},
         },
         "get": {
-            "summary": f"List {what}s ({who}); never the token",
-            "responses": {"200": {"description": "List", "content": openapi.json_content(_LIST)},
-                          **openapi.errors(401, 403)},
+            "summary": f"List {what}s ({who}), oldest first, one page at a time; never the token",
+            "parameters": openapi.page_params(),
+            "responses": {"200": {"description": "One page", "content": openapi.json_content(openapi.page_of(_CREDENTIAL))},
+                          **openapi.errors(400, 401, 403)},
         },
     }
 
