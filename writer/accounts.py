@@ -219,7 +219,7 @@ async def _make_session_room(conn: asyncpg.Connection, account_id: uuid.UUID, li
     The oldest session ends rather than the login being refused: an account cannot list or
     revoke its sessions one by one, so a refusal would lock its owner out until they expire.
     Under a lock on the account's row, so concurrent logins of one account count in turn."""
-    await conn.execute("SELECT 1 FROM arkvory_accounts WHERE id = $1 FOR UPDATE", account_id,
+    await conn.execute("SELECT 1 FROM arkvory_accounts WHERE id = $1 FOR NO KEY UPDATE", account_id,
                        timeout=POOLED_QUERY_TIMEOUT_S)
     # At most `limit` rows (this rule held at every earlier login): a bounded scan.
     doomed = await conn.fetchval(

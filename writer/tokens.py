@@ -151,7 +151,7 @@ async def _make_room(conn: asyncpg.Connection, account_id: uuid.UUID, limit: int
     Runs in the creating transaction, under a lock on the account's row: two creates of one
     account count one after the other, so at `limit - 1` only one of them passes."""
     locked = await conn.fetchval(
-        "SELECT id FROM arkvory_accounts WHERE id = $1 FOR UPDATE", account_id, timeout=POOLED_QUERY_TIMEOUT_S
+        "SELECT id FROM arkvory_accounts WHERE id = $1 FOR NO KEY UPDATE", account_id, timeout=POOLED_QUERY_TIMEOUT_S
     )
     if locked is None:
         raise Unauthorized("the account no longer exists")
