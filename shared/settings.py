@@ -137,6 +137,8 @@ class Settings:
     min_free_bytes: int = 1024**3
     upload_expiry_s: int = 86400
     session_lifetime_s: int = 12 * 3600
+    max_tokens_per_account: int = 100
+    max_sessions_per_account: int = 100
     cleanup_interval_s: int = 3600  # 0: the writer dispatches no cleanup on its own
     verify_interval_s: int = 0  # 0: no scheduled verify
     cleanup_grace_s: int = 3600
@@ -256,6 +258,11 @@ class Settings:
             min_free_bytes=reader.integer("ARKVORY_MIN_FREE_BYTES", 0, 2**50, 1024**3),
             upload_expiry_s=reader.duration("ARKVORY_UPLOAD_EXPIRY", "24h"),
             session_lifetime_s=reader.duration("ARKVORY_SESSION_LIFETIME", "12h"),
+            # No account fills the credentials table (HOUSE_STYLE: every shared place has a
+            # per-principal share): live personal tokens past this are refused (409) ...
+            max_tokens_per_account=reader.integer("ARKVORY_MAX_TOKENS_PER_ACCOUNT", 1, 10_000, 100),
+            # ... and a login past this many live sessions ends the account's oldest one.
+            max_sessions_per_account=reader.integer("ARKVORY_MAX_SESSIONS_PER_ACCOUNT", 1, 10_000, 100),
             cleanup_interval_s=reader.optional_duration("ARKVORY_CLEANUP_INTERVAL", "1h"),
             verify_interval_s=reader.optional_duration("ARKVORY_VERIFY_INTERVAL", "off"),
             # A blob unreferenced for less than this is kept: an upload may be about to use it.

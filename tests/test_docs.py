@@ -136,6 +136,8 @@ DEFAULT_OF = {
     "ARKVORY_UPLOAD_EXPIRY": lambda: settings().upload_expiry_s,
     "ARKVORY_ALLOW_SIGNUP": lambda: settings().allow_signup,
     "ARKVORY_SESSION_LIFETIME": lambda: settings().session_lifetime_s,
+    "ARKVORY_MAX_TOKENS_PER_ACCOUNT": lambda: settings().max_tokens_per_account,
+    "ARKVORY_MAX_SESSIONS_PER_ACCOUNT": lambda: settings().max_sessions_per_account,
     "ARKVORY_IDEMPOTENCY_RETENTION": lambda: settings().idempotency_retention_s,
     "ARKVORY_TRUSTED_PROXIES": lambda: settings().trusted_proxies,
     "ARKVORY_CLEANUP_INTERVAL": lambda: settings().cleanup_interval_s,

@@ -47,9 +47,15 @@ def site(postgres, module_tmp_path):
                 json={"group": "g", "name": "n", "version": "1", "artifactId": artifact["id"]},
             )
             client.put("/api/v1/repositories/priv/assets", params={"path": "p"}, json={"artifactId": artifact["id"]})
+            # An account's token, so that the credential routes get past "personal tokens belong to accounts".
+            account = {"name": "fuzzer", "password": "fuzzer's password"}
+            assert client.post("/api/v1/accounts", json=account).status_code == 201
+            session = client.post("/api/v1/login", json=account).json()["token"]
+            pat = client.post("/api/v1/tokens", json={"access": "read-write"},
+                              headers={"Authorization": f"Bearer {session}"}).json()["token"]
         gateway = cluster.gateway(1, shared).wait_ready()
         clients = [httpx.Client(base_url=p.url, timeout=20) for p in (writer, gateway)]
-        yield {"artifact": artifact["id"], "clients": clients}
+        yield {"artifact": artifact["id"], "clients": clients, "pat": pat}
         for client in clients:
             client.close()
     finally:
@@ -176,6 +182,33 @@ def test_artifact_and_upload_routes(site, repo, artifact, method, query, header_
          body=b'{"group": "g\\u0000", "name": "n", "version": "1", "artifactId": "00000000-0000-0000-0000-000000000000"}')
 def test_package_and_asset_routes(site, repo, which, method, query, header_map, token, body):
     send(site, method, f"/api/v1/repositories/{encode(repo)}/{which}", query, header_map, token, body)
+
+
+# The pages of a list: `limit` and `cursor`, with cursors that decode (wrong shapes, wrong values).
+cursors = st.one_of(
+    texts,
+    st.lists(st.one_of(texts, st.integers(), st.none()), max_size=3).map(
+        lambda key: urllib.parse.quote(__import__("base64").urlsafe_b64encode(__import__("json").dumps(key).encode()).decode().rstrip("="))
+    ),
+    st.sampled_from(["WyIyMDI2LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwgIngiXQ",  # ["2026-01-01T00:00:00+00:00", "x"]
+                     "WyI5OTk5OS0wMS0wMSIsICIwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDAiXQ"]),  # year 99999
+)
+page_queries = st.fixed_dictionaries({}, optional={"limit": st.one_of(texts, st.integers().map(str)), "cursor": cursors})
+
+
+@FUZZ
+@given(which=st.sampled_from(["tokens", "keys", "accounts", "login", "logout", "register", "account/password"]),
+       rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)), st.sampled_from(["/x/disable", "/nobody/enable"])),
+       method=methods, query=st.one_of(page_queries, queries), header_map=headers,
+       token=st.one_of(st.just("pat"), tokens), body=bodies)
+@example(which="tokens", rest="", method="GET", query={"limit": "1", "cursor": "WyJ4Il0"}, header_map={}, token="pat", body=b"")
+@example(which="tokens", rest="", method="GET", query={"cursor": "WyIyMDI2LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwgIngiXQ"},
+         header_map={}, token="pat", body=b"")
+@example(which="keys", rest="", method="GET", query={"cursor": "WyI5OTk5OS0wMS0wMSIsICIwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDAiXQ"},
+         header_map={}, token=ADMIN_TOKEN, body=b"")
+def test_credential_and_account_routes(site, which, rest, method, query, header_map, token, body):
+    token = site["pat"] if token == "pat" else token
+    send(site, method, f"/api/v1/{which}{rest}", query, header_map, token, body)
 
 
 @FUZZ

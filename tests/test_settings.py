@@ -158,6 +158,9 @@ SINGLE_RULES = [
     *range_cases("ARKVORY_MAX_UPLOADS_PER_PRINCIPAL", 1, 2),  # 2 = default max
     *range_cases("ARKVORY_MIN_UPLOAD_BYTES_PER_SECOND", 0, MAX_RATE),
     *range_cases("ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL", 1, 2**50),
+    # credentials one account may hold
+    *range_cases("ARKVORY_MAX_TOKENS_PER_ACCOUNT", 1, 10_000),
+    *range_cases("ARKVORY_MAX_SESSIONS_PER_ACCOUNT", 1, 10_000),
     # balancers whose X-Forwarded-For is believed
     case("trusted-proxies-not-an-address", {"ARKVORY_TRUSTED_PROXIES": "10.0.0.1,balancer"},
          ("ARKVORY_TRUSTED_PROXIES", "addresses or CIDRs", "10.0.0.1,balancer")),
@@ -442,6 +445,7 @@ def test_defaults():
     assert (s.max_uploads_per_principal, s.min_upload_bytes_per_second) == (1, 1024)
     assert s.max_reserved_bytes_per_principal == s.max_artifact_bytes == 64 * 1024**3
     assert s.trusted_proxies == ()
+    assert (s.max_tokens_per_account, s.max_sessions_per_account) == (100, 100)
 
 
 def test_per_principal_upload_limits_follow_the_totals():

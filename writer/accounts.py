@@ -6,7 +6,8 @@ unknown name is verified against a dummy hash. Attempts are limited per client a
 through ARKVORY_TRUSTED_PROXIES, shared/http/client_address.py) and per account name, or per device
 for a client that signed in before (its device cookie, device_cookies.py), counted before
 anything is hashed (login_limits.py); scrypt runs off the event loop, bounded (passwords.py),
-and a hash made at an older cost is replaced at the next successful login.
+and a hash made at an older cost is replaced at the next successful login. An account holds at
+most ARKVORY_MAX_SESSIONS_PER_ACCOUNT live sessions: a login past it ends the oldest one.
 
 `confirm_password` checks the password of an account that is already signed in (a password
 change; a token that may outlive the session, tokens.py) under the limit of the account's
@@ -44,7 +45,7 @@ from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `rout
 from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
-from .pagination import UNPAGED_MAX
+from .pagination import page, page_cursor, page_limit
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from .repositories import json_body, principal_of, require_admin_scope, runtime_of
 
@@ -186,13 +187,16 @@ async def login(request: Request) -> Response:
         await _upgrade_hash(state, runtime.pool, row["id"], password, stored)
     lifetime = runtime.settings.session_lifetime_s
     session = mint("session")
-    async with pooled(runtime.pool) as conn:
+    async with pooled(runtime.pool) as conn, conn.transaction():
+        ended = await _make_session_room(conn, row["id"], runtime.settings.max_sessions_per_account)
         expires_at = await conn.fetchval(
             "INSERT INTO arkvory_credentials (id, kind, digest, account_id, expires_at, created_by)"
             " VALUES ($1, 'session', $2, $3, now() + make_interval(secs => $4), $5) RETURNING expires_at",
             session.id, session.digest, row["id"], float(lifetime), _client_address(request),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
+    if ended:
+        forget_cached(runtime.credentials)
     answer = JSONResponse(
         {"token": session.token, "sessionId": str(session.id), "expiresAt": expires_at.isoformat(),
          "account": account_json(row)},
@@ -205,6 +209,31 @@ async def login(request: Request) -> Response:
         device_cookies.PATH,
     ))
     return answer
+
+
+async def _make_session_room(conn: asyncpg.Connection, account_id: uuid.UUID, limit: int) -> bool:
+    """Before a login's new session: delete the account's expired sessions, and its oldest live
+    ones past `limit - 1`, so that an account holds at most `limit` rows of sessions however
+    often it signs in. True if any was deleted.
+
+    The oldest session ends rather than the login being refused: an account cannot list or
+    revoke its sessions one by one, so a refusal would lock its owner out until they expire.
+    Under a lock on the account's row, so concurrent logins of one account count in turn."""
+    await conn.execute("SELECT 1 FROM arkvory_accounts WHERE id = $1 FOR NO KEY UPDATE", account_id,
+                       timeout=POOLED_QUERY_TIMEOUT_S)
+    # At most `limit` rows (this rule held at every earlier login): a bounded scan.
+    doomed = await conn.fetchval(
+        "SELECT array_agg(id) FROM (SELECT id, expires_at > now() AS live, row_number() OVER"
+        " (PARTITION BY expires_at > now() ORDER BY expires_at DESC, id DESC) AS newest"
+        " FROM arkvory_credentials WHERE account_id = $1 AND kind = 'session') s"
+        " WHERE NOT live OR newest >= $2",
+        account_id, limit, timeout=POOLED_QUERY_TIMEOUT_S,
+    )
+    if not doomed:
+        return False  # no DELETE: even an empty one notifies every process to flush its cache
+    await conn.execute("DELETE FROM arkvory_credentials WHERE id = ANY($1::uuid[])", doomed,
+                       timeout=POOLED_QUERY_TIMEOUT_S)
+    return True
 
 
 async def logout(request: Request) -> Response:
@@ -334,11 +363,16 @@ async def list_accounts(request: Request) -> Response:
     require_admin_scope(principal, "accounts")
     pool = runtime_of(request).pool
     assert pool is not None
+    limit = page_limit(request)
+    after = page_cursor(request, ("name",))
     async with pooled(pool) as conn:
         rows = await conn.fetch(
-            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts ORDER BY name LIMIT {UNPAGED_MAX}", timeout=POOLED_QUERY_TIMEOUT_S
+            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts WHERE ($1::text IS NULL OR name > $1)"
+            " ORDER BY name LIMIT $2",
+            after and after[0], limit + 1,
+            timeout=POOLED_QUERY_TIMEOUT_S,
         )
-    return JSONResponse({"items": [account_json(r) for r in rows]})
+    return JSONResponse(page(rows, limit, account_json, lambda r: [r["name"]]))
 
 
 async def _set_disabled(request: Request, disabled: bool) -> Response:

@@ -98,10 +98,9 @@ OPENAPI_PATHS: dict[str, Any] = {
             "responses": {"201": _ok("Created", _ACCOUNT), **openapi.errors(400, 401, 403, 409, 413)},
         },
         "get": {
-            "summary": "List accounts (admin)",
-            "responses": {"200": _ok("Accounts", {"type": "object", "required": ["items"],
-                                                   "properties": {"items": {"type": "array", "items": _ACCOUNT}}}),
-                          **openapi.errors(401, 403)},
+            "summary": "List accounts (admin), by name, one page at a time",
+            "parameters": openapi.page_params(),
+            "responses": {"200": _ok("One page", openapi.page_of(_ACCOUNT)), **openapi.errors(400, 401, 403)},
         },
     },
     "/api/v1/accounts/{name}/disable": {"post": {

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime
 import json
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,10 +27,6 @@ from arkvory.shared.errors import InvalidInput
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 MAX_CURSOR = 4096  # a sort key of a few names and paths fits easily
-# The lists that are not paged (accounts, an account's tokens, service keys) answer at most this
-# many rows, in their order (by name, oldest first): a bound on one answer's size. Nothing bounds
-# how many tokens an account makes, so past this the newest are not listed.
-UNPAGED_MAX = 10_000
 
 
 def page_limit(request: Request) -> int:
@@ -56,6 +54,25 @@ def page_cursor(request: Request, fields: Sequence[str]) -> tuple | None:
     except (ValueError, UnicodeError, binascii.Error):
         raise InvalidInput("query parameter 'cursor' is not a cursor this list returned") from None
     return tuple(key)
+
+
+def time_id_cursor(request: Request) -> tuple[datetime.datetime | None, uuid.UUID | None]:
+    """The `(createdAt, id)` a list ordered oldest first continues after; (None, None) first."""
+    after = page_cursor(request, ("createdAt", "id"))
+    if after is None:
+        return None, None
+    try:
+        moment, row_id = datetime.datetime.fromisoformat(after[0]), uuid.UUID(after[1])
+    except ValueError:
+        raise InvalidInput("query parameter 'cursor' is not a cursor this list returned") from None
+    if moment.tzinfo is None:
+        raise InvalidInput("query parameter 'cursor' is not a cursor this list returned")
+    return moment, row_id
+
+
+def time_id_key(row: Any) -> list[str]:
+    """The cursor of a row of such a list (its `created_at` and `id` columns)."""
+    return [row["created_at"].isoformat(), str(row["id"])]
 
 
 def encode_cursor(key: Sequence[str]) -> str:

@@ -14,6 +14,10 @@ session, makes it, as a login makes a session (accounts.confirm_password, with i
 Nor does a credential make one with more access: a `read` token makes none, and only an
 administrator makes service keys.
 
+An account holds at most ARKVORY_MAX_TOKENS_PER_ACCOUNT live personal tokens (no principal
+fills the credentials table): one more is refused with 409 until one is revoked or expires, and
+a create forgets the account's expired tokens. Lists page like every other list (pagination.py).
+
 Creation answers hold the secret, so they are never recorded with an Idempotency-Key (the key is
 checked, see accounts.py); a retry makes a second token and the lost one can be revoked from
 the list. Revocation records its key like every other change.
@@ -34,12 +38,12 @@ from arkvory.shared.auth.credentials import forget_cached, mint
 from arkvory.shared.auth.identity import Principal, is_scope
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import check_text, parse_uuid
-from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 
 from . import openapi
 from .accounts import confirm_password
 from .idempotency import idempotent, key_of
-from .pagination import UNPAGED_MAX
+from .pagination import page, page_limit, time_id_cursor, time_id_key
 from .passwords import MAX_PASSWORD
 from .repositories import json_body, principal_of, require_admin_scope, runtime_of
 
@@ -118,19 +122,59 @@ async def _create(
     """Capping rather than refusing: the answer's `expiresAt` is the real expiry, so a client
     sees at once what it got, and a default lifetime keeps working from a short-lived session."""
     new = mint(kind)
-    pool = runtime_of(request).pool
+    runtime = runtime_of(request)
+    pool = runtime.pool
     assert pool is not None
-    async with pooled(pool) as conn:
+    purged = False
+    async with pooled(pool) as conn, conn.transaction():
+        if kind == "pat":
+            assert account_id is not None
+            purged = await _make_room(conn, account_id, runtime.settings.max_tokens_per_account)
         row = await conn.fetchrow(
             _INSERT_CAPPED,
             new.id, kind, new.digest, account_id, label, access, scopes, principal.id, float(expires_in), maker,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
+    if purged:
+        forget_cached(runtime.credentials)
     if row is None:
         raise Unauthorized("the credential making this one was revoked or expired meanwhile")
     return JSONResponse(
         {**credential_json(row), "token": new.token}, status_code=201, headers={"Cache-Control": "no-store"}
     )
+
+
+async def _make_room(conn: asyncpg.Connection, account_id: uuid.UUID, limit: int) -> bool:
+    """Refuse (409) a personal token past the account's `limit` of live ones; forget its expired
+    ones (they only fill the table: nothing else removes them). True if some were deleted.
+
+    Runs in the creating transaction, under a lock on the account's row: two creates of one
+    account count one after the other, so at `limit - 1` only one of them passes."""
+    locked = await conn.fetchval(
+        "SELECT id FROM arkvory_accounts WHERE id = $1 FOR NO KEY UPDATE", account_id, timeout=POOLED_QUERY_TIMEOUT_S
+    )
+    if locked is None:
+        raise Unauthorized("the account no longer exists")
+    # At most `limit` live rows plus those expired since the last create: a bounded count.
+    counts = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE expires_at > now()) AS live, count(*) FILTER (WHERE expires_at <= now())"
+        " AS expired FROM arkvory_credentials WHERE account_id = $1 AND kind = 'pat'",
+        account_id, timeout=POOLED_QUERY_TIMEOUT_S,
+    )
+    if counts["live"] >= limit:
+        raise Conflict(
+            f"this account already holds {counts['live']} live personal tokens, the most it may"
+            f" (ARKVORY_MAX_TOKENS_PER_ACCOUNT={limit}): revoke one it no longer needs (DELETE"
+            " /api/v1/tokens/{id}, `arkvory token revoke ID`, or the console's tokens page) and"
+            " try again; expired tokens do not count"
+        )
+    if not counts["expired"]:
+        return False  # no DELETE: even an empty one notifies every process to flush its cache
+    await conn.execute(
+        "DELETE FROM arkvory_credentials WHERE account_id = $1 AND kind = 'pat' AND expires_at <= now()",
+        account_id, timeout=POOLED_QUERY_TIMEOUT_S,
+    )
+    return True
 
 
 def _token_owner(principal: Principal) -> uuid.UUID:
@@ -161,14 +205,17 @@ async def list_tokens(request: Request) -> Response:
     account_id = _token_owner(principal)
     pool = runtime_of(request).pool
     assert pool is not None
+    limit = page_limit(request)
+    after_time, after_id = time_id_cursor(request)
     async with pooled(pool) as conn:
         rows = await conn.fetch(
             f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE account_id = $1 AND kind = 'pat'"
-            f" ORDER BY created_at LIMIT {UNPAGED_MAX}",
-            account_id,
+            " AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3::uuid))"
+            " ORDER BY created_at, id LIMIT $4",
+            account_id, after_time, after_id, limit + 1,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
-    return JSONResponse({"items": [credential_json(r) for r in rows]})
+    return JSONResponse(page(rows, limit, credential_json, time_id_key))
 
 
 async def _revoke(request: Request, principal: Principal, kind: str, owner: uuid.UUID | None) -> Response:
@@ -224,13 +271,17 @@ async def list_keys(request: Request) -> Response:
     require_admin_scope(principal, "service keys")
     pool = runtime_of(request).pool
     assert pool is not None
+    limit = page_limit(request)
+    after_time, after_id = time_id_cursor(request)
     async with pooled(pool) as conn:
         rows = await conn.fetch(
             f"SELECT {_COLUMNS} FROM arkvory_credentials WHERE kind = 'service_key'"
-            f" ORDER BY created_at LIMIT {UNPAGED_MAX}",
+            " AND ($1::timestamptz IS NULL OR (created_at, id) > ($1, $2::uuid))"
+            " ORDER BY created_at, id LIMIT $3",
+            after_time, after_id, limit + 1,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
-    return JSONResponse({"items": [credential_json(r) for r in rows]})
+    return JSONResponse(page(rows, limit, credential_json, time_id_key))
 
 
 async def revoke_key(request: Request) -> Response:
@@ -272,22 +323,23 @@ _PASSWORD = {"type": "string", "minLength": 1, "maxLength": MAX_PASSWORD,
              "description": "an account's own password, re-entered: the new credential may then outlive the"
              " session or token that asks for it (limited like logins: 401 when wrong, 429)"}
 _ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
-_LIST = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": _CREDENTIAL}}}
 
 
-def _family(what: str, create_body: dict[str, Any], who: str) -> dict[str, Any]:
+def _family(what: str, create_body: dict[str, Any], who: str, *create_errors: int, limit: str = "") -> dict[str, Any]:
     return {
         "post": {
-            "summary": f"Create a {what} ({who}); the token is in this answer only (never recorded by Idempotency-Key)",
+            "summary": f"Create a {what} ({who}); the token is in this answer only (never recorded by"
+            f" Idempotency-Key){limit}",
             "parameters": [openapi.IDEMPOTENCY_KEY],
             "requestBody": openapi.json_body(create_body),
             "responses": {"201": {"description": "Created", "content": openapi.json_content(_CREATED)},
-                          **openapi.errors(400, 401, 403, 413, 429)},
+                          **openapi.errors(400, 401, 403, *create_errors, 413, 429)},
         },
         "get": {
-            "summary": f"List {what}s ({who}); never the token",
-            "responses": {"200": {"description": "List", "content": openapi.json_content(_LIST)},
-                          **openapi.errors(401, 403)},
+            "summary": f"List {what}s ({who}), oldest first, one page at a time; never the token",
+            "parameters": openapi.page_params(),
+            "responses": {"200": {"description": "One page", "content": openapi.json_content(openapi.page_of(_CREDENTIAL))},
+                          **openapi.errors(400, 401, 403)},
         },
     }
 
@@ -303,7 +355,9 @@ def _revocation(what: str) -> dict[str, Any]:
 OPENAPI_PATHS: dict[str, Any] = {
     "/api/v1/tokens": _family("personal token", {"type": "object", "properties": {
         "label": _LABEL, "access": {"type": "string", "enum": list(ACCESS), "default": "read"},
-        "expiresInSeconds": _EXPIRY, "password": _PASSWORD}}, "an account's session or read-write token"),
+        "expiresInSeconds": _EXPIRY, "password": _PASSWORD}}, "an account's session or read-write token", 409,
+        limit="; 409 when the account holds ARKVORY_MAX_TOKENS_PER_ACCOUNT live tokens already (revoke one;"
+        " expired ones do not count)"),
     "/api/v1/tokens/{id}": _revocation("personal token (yours; an admin: anyone's)"),
     "/api/v1/keys": _family("managed service key", {"type": "object", "required": ["scopes"], "properties": {
         "label": _LABEL, "scopes": {"type": "array", "minItems": 1, "maxItems": MAX_SCOPES, "items": {

@@ -201,9 +201,9 @@ class Client:
             password=password, session=session,
         )
 
-    def list_tokens(self) -> list[dict[str, Any]]:
-        """This account's personal tokens, without their secrets."""
-        return credentials.list_tokens(self._transport)
+    def list_tokens(self, *, page_size: int = 1000) -> list[dict[str, Any]]:
+        """This account's personal tokens, without their secrets (every page followed)."""
+        return credentials.list_tokens(self._transport, page_size)
 
     def revoke_token(self, token_id: str) -> None:
         credentials.revoke_token(self._transport, token_id)

@@ -19,6 +19,9 @@ from .transport import Transport
 # What `access` may be called: the API's two levels, and "write" for the second, as users say it.
 ACCESS_LEVELS = {"read": "read", "write": "read-write", "read-write": "read-write"}
 MAX_EXPIRY_S = 366 * 86400  # the writer's bound (writer/tokens.py)
+# A server that never ends the list does not keep the client looping: the writer's largest
+# ARKVORY_MAX_TOKENS_PER_ACCOUNT (10000) fits in 10 pages of 1000, expired tokens included twice over.
+MAX_TOKEN_PAGES = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +79,25 @@ def create_token(
     return created
 
 
-def list_tokens(transport: Transport) -> list[dict[str, Any]]:
-    """The account's personal tokens (id, label, access, createdAt, expiresAt, lastUsedAt): never
-    a secret."""
-    items = transport.json("GET", "/api/v1/tokens", "list tokens").get("items")
-    if not isinstance(items, list):
-        raise ClientError("list tokens: unexpected answer")
-    return items
+def list_tokens(transport: Transport, page_size: int = 1000) -> list[dict[str, Any]]:
+    """The account's personal tokens (id, label, access, createdAt, expiresAt, lastUsedAt), oldest
+    first, every page followed: never a secret. (An account holds at most the writer's
+    ARKVORY_MAX_TOKENS_PER_ACCOUNT live ones, so the list is short.)"""
+    tokens: list[dict[str, Any]] = []
+    cursor: str | None = None
+    for _ in range(MAX_TOKEN_PAGES):
+        params = {"limit": str(page_size)}
+        if cursor:
+            params["cursor"] = cursor
+        page = transport.json("GET", "/api/v1/tokens", "list tokens", params=params)
+        items = page.get("items") if isinstance(page, dict) else None
+        cursor = page.get("nextCursor") if isinstance(page, dict) else None
+        if not isinstance(items, list) or not (cursor is None or isinstance(cursor, str)):
+            raise ClientError("list tokens: unexpected answer")
+        tokens.extend(items)
+        if not cursor:
+            return tokens
+    raise ClientError(f"list tokens: more than {MAX_TOKEN_PAGES} pages (the writer allows at most 10000 tokens)")
 
 
 def revoke_token(transport: Transport, token_id: str) -> None:

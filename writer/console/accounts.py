@@ -23,6 +23,7 @@ from .session import ConsoleUser, action, api_for, page, refusal_status, render,
 
 DAY_S = 86400
 TOKENS_SHOWN = 1000
+PAGE_SIZE = "50"  # accounts, tokens and keys per page, as the catalog's lists
 
 
 def _error(error: Refused | ApiError | None) -> dict[str, Any]:
@@ -35,28 +36,38 @@ def _error(error: Refused | ApiError | None) -> dict[str, Any]:
 async def _accounts(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                     form: Form | None = None) -> Response:
     try:
-        accounts = (await api_for(request, user).fetch("/api/v1/accounts"))["items"]
+        listing = await api_for(request, user).fetch("/api/v1/accounts", {"limit": PAGE_SIZE, "cursor": _cursor(request)})
     except Refused as refusal:
         if error is not None:
             raise
         return render(request, user, "error.html", {"title": "Accounts"}, **_error(refusal))
     fields = dict(form.fields) if form else {}
     fields.pop("password", None)  # never sent back to the browser
-    tokens = await _every_token(request)
-    return render(request, user, "accounts.html", {"accounts": accounts, "tokens": tokens, "form": fields}, **_error(error))
+    tokens = await _tokens_of(request, [account["name"] for account in listing["items"]])
+    return render(
+        request, user, "accounts.html",
+        {"listing": listing, "accounts": listing["items"], "tokens": tokens[:TOKENS_SHOWN],
+         "tokens_cut": len(tokens) > TOKENS_SHOWN, "tokens_shown": TOKENS_SHOWN, "form": fields},
+        **_error(error),
+    )
 
 
-async def _every_token(request: Request) -> list[dict[str, Any]]:
-    """Every account's personal tokens, for an administrator (whom the API just let list the
-    accounts, and lets revoke any token): the API lists only the caller's own."""
+def _cursor(request: Request) -> str | None:
+    return request.query_params.get("cursor") or None
+
+
+async def _tokens_of(request: Request, names: list[str]) -> list[dict[str, Any]]:
+    """The personal tokens of the accounts on this page, for an administrator (whom the API just
+    let list the accounts, and lets revoke any token): the API lists only the caller's own.
+    Up to TOKENS_SHOWN + 1 rows: the extra one says the table is cut."""
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
         rows = await conn.fetch(
             "SELECT c.id, a.name AS account, c.label, c.access, c.created_at, c.expires_at, c.last_used_at"
             " FROM arkvory_credentials c JOIN arkvory_accounts a ON a.id = c.account_id"
-            " WHERE c.kind = 'pat' ORDER BY a.name, c.created_at LIMIT $1",
-            TOKENS_SHOWN, timeout=POOLED_QUERY_TIMEOUT_S,
+            " WHERE c.kind = 'pat' AND a.name = ANY($1::text[]) ORDER BY a.name, c.created_at, c.id LIMIT $2",
+            names, TOKENS_SHOWN + 1, timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return [dict(row) for row in rows]
 
@@ -110,11 +121,11 @@ def _expiry(form: Form, body: dict[str, Any]) -> None:
 
 async def _tokens(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                   created: dict[str, Any] | None = None, status: int | None = None) -> Response:
-    tokens = (await api_for(request, user).fetch("/api/v1/tokens"))["items"]
+    listing = await api_for(request, user).fetch("/api/v1/tokens", {"limit": PAGE_SIZE, "cursor": _cursor(request)})
     shown = _error(error)
     if status is not None:
         shown["status"] = status
-    return render(request, user, "tokens.html", {"tokens": tokens, "created": created}, **shown)
+    return render(request, user, "tokens.html", {"listing": listing, "tokens": listing["items"], "created": created}, **shown)
 
 
 @page
@@ -152,7 +163,7 @@ async def revoke_token(request: Request, user: ConsoleUser, form: Form) -> Respo
 async def _keys(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                 created: dict[str, Any] | None = None, status: int | None = None) -> Response:
     try:
-        keys = (await api_for(request, user).fetch("/api/v1/keys"))["items"]
+        listing = await api_for(request, user).fetch("/api/v1/keys", {"limit": PAGE_SIZE, "cursor": _cursor(request)})
     except Refused as refusal:
         if error is not None:
             raise
@@ -160,7 +171,7 @@ async def _keys(request: Request, user: ConsoleUser, *, error: Refused | ApiErro
     shown = _error(error)
     if status is not None:
         shown["status"] = status
-    return render(request, user, "keys.html", {"keys": keys, "created": created}, **shown)
+    return render(request, user, "keys.html", {"listing": listing, "keys": listing["items"], "created": created}, **shown)
 
 
 @page
