@@ -12,8 +12,13 @@ at the end (SIGTERM, then SIGKILL after a bound: weed can hang in its shutdown f
 every failure is one clear `SeaweedFSError`. For fault tests it can also be killed outright and
 restarted on the same ports and data ("the store back").
 
-Only the S3 port checks credentials; the master, volume and filer ports are SeaweedFS's own
-unauthenticated APIs, bound to 127.0.0.1 like the test PostgreSQL with its trust auth.
+Writes through the filer's and the volume server's HTTP ports need a JWT signed with a key of
+each start (security.toml, 0600, in the store's directory): the S3 gateway signs its own, our
+bucket helpers sign theirs, and anyone else (a local user, a web page posting a form to a guessed
+port) is refused. Still open, as weed 4.48 offers no way to close them in one `weed server`: the
+master's HTTP port (its /dir/lookup hands a write token for any existing file id to anyone, its
+/col/delete drops a bucket's volumes) and the unauthenticated gRPC ports, all on 127.0.0.1; see
+tests/test_seaweedfs.py.
 
 What weed needed (4.48), each found the hard way:
 - SIGTERM: the filer's gRPC graceful stop waits 15 s, then the process can hang for ever retrying
@@ -34,8 +39,11 @@ It needs only the standard library and the error tree, so tests and `arkvory dev
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import json
 import os
 import pathlib
@@ -54,7 +62,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TextIO
 
 from arkvory.shared.errors import StartupError
 
@@ -76,6 +85,26 @@ HOST = "127.0.0.1"
 _GRPC_SOCKET_DIR = pathlib.Path("/tmp")
 _PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+# Read by every part of `weed server` from its working directory (our home). A write to a volume
+# server or the filer over HTTP must carry a JWT signed with these keys: the master hands the
+# volume tokens to the filer/S3 gateway with each assignment, the S3 gateway signs its filer
+# requests, and `SeaweedFS._filer_request` signs ours.
+_SECURITY_TOML = """\
+# Written by Arkvory's SeaweedFS manager (shared/cli/seaweedfs.py) with new keys at every start.
+[jwt.signing]
+key = "{volume_key}"
+expires_after_seconds = {lifetime}
+
+[jwt.filer_signing]
+key = "{filer_key}"
+expires_after_seconds = {lifetime}
+
+# The volume server's status page: nothing of ours uses it.
+[access]
+ui = false
+"""
+JWT_LIFETIME = 10  # seconds, weed's default
 
 # One volume per growth, not 7: a bucket is a collection, and the tests make a bucket each.
 _MASTER_TOML = """\
@@ -179,6 +208,9 @@ class SeaweedFS:
         self.endpoint_url = f"http://{HOST}:{ports.s3}"
         self._process: subprocess.Popen | None = None
         self._lock = threading.RLock()
+        # New at every start (nothing stored depends on them): see _write_config.
+        self._volume_key = ""
+        self._filer_key = ""
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -235,7 +267,10 @@ class SeaweedFS:
 
     def _filer_request(self, method: str, path: str, *, ok: Iterable[int]) -> None:
         url = f"http://{HOST}:{self.ports.filer}{path}"
-        request = urllib.request.Request(url, method=method)
+        token = _hs256_jwt(self._filer_key, {"exp": int(time.time()) + JWT_LIFETIME})
+        request = urllib.request.Request(
+            url, method=method, headers={"Authorization": f"Bearer {token}"}
+        )
         try:
             with _urlopen(request, timeout=30) as response:
                 status = response.status
@@ -331,10 +366,15 @@ class SeaweedFS:
                 "admin", self.admin_credentials, ["Admin", "Read", "Write", "List", "Tagging"]
             ),
         ]
-        config = self.home / "s3.json"
-        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
+        with _private_file(self.home / "s3.json") as out:
             json.dump({"identities": identities}, out, indent=1)
+        self._volume_key, self._filer_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        with _private_file(self.home / "security.toml") as out:
+            out.write(
+                _SECURITY_TOML.format(
+                    volume_key=self._volume_key, filer_key=self._filer_key, lifetime=JWT_LIFETIME
+                )
+            )
 
     def _argv(self) -> list[str]:
         p = self.ports
@@ -469,6 +509,32 @@ def _load_or_make_credentials(home: pathlib.Path) -> tuple[Credentials, Credenti
             found[identity["name"]] = Credentials(pair["accessKey"], pair["secretKey"])
         return found["arkvory"], found["admin"]
     return Credentials.generate(), Credentials.generate()
+
+
+@contextlib.contextmanager
+def _private_file(path: pathlib.Path) -> Iterator[TextIO]:
+    """`path` written anew, readable by us alone: a new file put in its place, so that an older
+    one of a wider mode (and whoever holds it open) never sees the new secrets."""
+    temporary = path.with_name(f".{path.name}.new")
+    temporary.unlink(missing_ok=True)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        yield out
+    os.replace(temporary, path)
+
+
+def _hs256_jwt(key: str, claims: Mapping[str, object]) -> str:
+    """A JWT (RFC 7519) signed with HMAC-SHA256, as weed's filer checks it: no PyJWT needed."""
+
+    def encode(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+    def compact(value: Mapping[str, object]) -> str:
+        return encode(json.dumps(value, separators=(",", ":")).encode())
+
+    signing_input = compact({"alg": "HS256", "typ": "JWT"}) + "." + compact(claims)
+    signature = hmac.new(key.encode(), signing_input.encode("ascii"), hashlib.sha256).digest()
+    return signing_input + "." + encode(signature)
 
 
 def _identity(name: str, credentials: Credentials, actions: list[str]) -> dict:
