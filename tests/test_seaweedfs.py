@@ -221,7 +221,10 @@ def test_the_master_hands_nobody_a_token_to_overwrite_a_blob(store: SeaweedFS, t
     forged = tmp_path / "forged"
     forged.write_bytes(b"other bytes")
     needle = f"http://127.0.0.1:{store.ports.volume}/{file_id}"
-    assert unsigned("-H", f"Authorization: {token}", "-F", f"file=@{forged}", needle) == 401
+    try:
+        assert unsigned("-H", f"Authorization: {token}", "-F", f"file=@{forged}", needle) == 401
+    finally:
+        forged.unlink()
 
 
 @pytest.mark.timeout(240)
