@@ -1,7 +1,7 @@
 """The `cleanup` task (writer/maintenance/cleanup.py) against real processes: run by a real
 worker in a loop while two gateways serve downloads and uploads of the same content come and go,
 and run in the test (with the offline context) to check each rule: grace period for blobs and
-stray files, read pins, abandoned uploads, expired keys, task retention.
+stray files, read pins, abandoned uploads, expired keys and credentials, task retention.
 """
 
 from __future__ import annotations
@@ -208,6 +208,32 @@ def test_grace_pins_strays_uploads_keys_and_retention(cluster):
     db_execute(db, "UPDATE arkvory_read_pins SET pinned_until = now() - interval '1 second'")
     result, _ = asyncio.run(run_cleanup(cluster, {"grace_seconds": 3600}))
     assert result["deleted_blobs"] == 1 and not exists(pinned["sha256"])
+
+
+def test_expired_credentials_of_an_idle_account_are_deleted_and_live_ones_kept(cluster):
+    """An account that makes no more tokens and logs in no more keeps its expired rows until a
+    cleanup takes them (writer/tokens.py forgets them only at the account's next token)."""
+    from .test_accounts import make_account, session_of
+
+    writer = cluster.writer().wait_ready()
+    db = cluster.database_url
+    make_account(writer, "idle")
+    session = session_of(writer, "idle")
+    with writer.client(session) as client:
+        made = [client.post("/api/v1/tokens", json={"access": "read", "label": f"t{n}"}) for n in range(3)]
+    assert [m.status_code for m in made] == [201] * 3
+    live, expired = made[0].json(), [m.json()["id"] for m in made[1:]]
+    db_execute(db, "UPDATE arkvory_credentials SET expires_at = now() - interval '1 second'"
+                   " WHERE id = ANY($1::uuid[]) OR kind = 'session'", expired)
+    result, lines = asyncio.run(run_cleanup(cluster, {}))
+    assert result["steps"]["credentials"] == {"deleted": 3}  # two tokens and the session
+    assert "expired credentials: 3 deleted" in lines
+    left = db_fetch(db, "SELECT id::text AS id FROM arkvory_credentials WHERE account_id IS NOT NULL")
+    assert [r["id"] for r in left] == [live["id"]]
+    with writer.client(live["token"]) as client:
+        assert client.get("/api/v1/repositories").status_code == 200  # the live token still works
+    again, _ = asyncio.run(run_cleanup(cluster, {}))
+    assert again["steps"]["credentials"] == {"deleted": 0}
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,10 @@
 """The `cleanup` task kind (SPEC §7): reclaims storage while the writer and gateways serve.
 
 Steps, each checkpointed (a resumed task skips the steps it finished; every step is also safe to
-run twice): expire idempotency keys; remove abandoned upload sessions and upload temp files;
-prune finished tasks past ARKVORY_TASK_RETENTION; delete unreferenced blobs; delete stray blob
-files (a file with no blob row, left by a crash between placing and committing).
+run twice): expire idempotency keys; delete expired credentials; remove abandoned upload
+sessions and upload temp files; prune finished tasks past ARKVORY_TASK_RETENTION; delete
+unreferenced blobs; delete stray blob files (a file with no blob row, left by a crash between
+placing and committing).
 
 Why deleting a blob cannot break an upload or a download:
 
@@ -43,9 +44,9 @@ first: the disk work runs in one thread of its own at nice 10, and after each ba
 sleeps PACE times the time the batch kept a CPU busy (its wall time minus the time its thread
 waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of a core.
 
-Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a task, a session or temp
-file, a blob, a stray file), its bytes what it freed, its cost units one per row and one per
-file (an unreferenced blob and an abandoned upload cost 2). Each batch is cut, before it is
+Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a credential, a task, a
+session or temp file, a blob, a stray file), its bytes what it freed, its cost units one per row
+and one per file (an unreferenced blob and an abandoned upload cost 2). Each batch is cut, before it is
 removed, to what the budget has left, so the usage never goes over; when work is left that not
 even one removal fits, the task fails there with `budget_exceeded`. What a step removed stays
 removed, so a resumed run keeps all the usage
@@ -157,6 +158,34 @@ async def _idempotency_keys(ctx, grace: int) -> dict:
         ctx, KEY_BATCH, delete_expired,
         lambda conn: conn.fetchval(_ANY_EXPIRED_KEY, timeout=QUERY_TIMEOUT_S),
         lambda done: f"expired idempotency keys: {done} deleted",
+    )
+    return {"deleted": deleted}
+
+
+# Expired credentials (sessions, personal tokens, managed keys) are refused already; their rows
+# only fill the table (writer/tokens.py and accounts.py forget an account's own at its next
+# token or login; this takes those of accounts that make neither). Asked first: even a DELETE of
+# nothing notifies every process to flush its credentials cache (migrations/0004_accounts.sql).
+_ANY_EXPIRED_CREDENTIAL = "SELECT EXISTS (SELECT 1 FROM arkvory_credentials WHERE expires_at <= now())"
+_DELETE_EXPIRED_CREDENTIALS = """
+DELETE FROM arkvory_credentials WHERE id IN (
+    SELECT id FROM arkvory_credentials WHERE expires_at <= now() LIMIT $1
+)
+"""
+
+
+async def _delete_expired_credentials(conn: asyncpg.Connection, at_most: int) -> int:
+    if not await conn.fetchval(_ANY_EXPIRED_CREDENTIAL, timeout=QUERY_TIMEOUT_S):
+        return 0
+    status = await conn.execute(_DELETE_EXPIRED_CREDENTIALS, at_most, timeout=QUERY_TIMEOUT_S)
+    return int(status.split()[-1])
+
+
+async def _credentials(ctx, grace: int) -> dict:
+    deleted = await _rows_in_batches(
+        ctx, KEY_BATCH, _delete_expired_credentials,
+        lambda conn: conn.fetchval(_ANY_EXPIRED_CREDENTIAL, timeout=QUERY_TIMEOUT_S),
+        lambda done: f"expired credentials: {done} deleted",
     )
     return {"deleted": deleted}
 
@@ -410,6 +439,7 @@ async def remove_strays(
 
 _STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (
     ("idempotency_keys", _idempotency_keys),
+    ("credentials", _credentials),
     ("upload_sessions", _upload_sessions),
     ("tasks", _tasks),
     ("blobs", _blobs),
