@@ -10,6 +10,7 @@ what its checkpoint covers; and the rate bound holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -55,7 +56,11 @@ class LocalContext:
         self.checkpoints: list[dict] = []
         self.cancel = False
 
-    async def progress(self, *, items=0, bytes=0, cost_units=0, message=None, data=None) -> None:
+    @contextlib.asynccontextmanager
+    async def reserving(self, **needed):
+        yield
+
+    async def progress(self, *, items=0, bytes=0, cost_units=0, message=None, data=None, conn=None) -> None:
         self.progressed.append({"items": items, "bytes": bytes, "data": data})
         if self.cancel:
             raise TaskCancelled()

@@ -341,7 +341,7 @@ class Runner:
                     continue
                 try:
                     async with self.pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
-                        status = await store.heartbeat(conn, task_id, self.fence, ctx.usage)
+                        status = await store.heartbeat(conn, task_id, self.fence, ctx.recorded_usage())
                 except _DATABASE_ERRORS as exc:
                     log.warning("heartbeat of task %s failed: %s: %s", task_id, exc.__class__.__name__, exc)
                     continue
