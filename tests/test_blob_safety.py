@@ -249,6 +249,37 @@ def test_a_claimed_digest_is_skipped_and_an_unclaimed_one_waits_for_nobody(clust
     asyncio.run(scenario())
 
 
+@pytest.mark.soak  # 30 s of real time: .ci/run runs it (pytest -m soak)
+def test_an_upload_waits_for_a_removal_at_most_30_s_then_answers_503(cluster):
+    """A removal of the same bytes that does not settle (the store hangs, or the run that marked
+    it died) holds an upload for REMOVAL_WAIT_S at most, without a transaction: then 503
+    `unavailable` with Retry-After, nothing published; once it settles, the same request
+    (the same key) publishes."""
+    from arkvory.writer.maintenance.blob_locks import REMOVAL_WAIT_S
+
+    writer = cluster.writer().wait_ready()
+    content = os.urandom(5000)
+    sha256 = hashlib.sha256(content).hexdigest()
+    db_fetch(
+        cluster.database_url,
+        "INSERT INTO arkvory_blob_removals (sha256, reason) VALUES ($1, 'unreferenced') RETURNING id", sha256,
+    )
+    with writer.client(timeout=REMOVAL_WAIT_S + 30) as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        started = time.monotonic()
+        key = {"Idempotency-Key": "again-and-again"}
+        refused = client.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content, headers=key)
+        took = time.monotonic() - started
+        assert refused.status_code == 503 and refused.json()["code"] == "unavailable", refused.text
+        assert refused.headers["Retry-After"] == "5" and "removing an earlier copy" in refused.json()["message"]
+        assert REMOVAL_WAIT_S <= took < REMOVAL_WAIT_S + 10
+        assert db_fetch(cluster.database_url, "SELECT id FROM arkvory_artifacts") == []
+        db_fetch(cluster.database_url, "UPDATE arkvory_blob_removals SET settled_at = now() RETURNING id")
+        made = client.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content, headers=key)
+        assert made.status_code == 201, made.text
+        assert client.get(f"/api/v1/repositories/r/artifacts/{made.json()['id']}/content").content == content
+
+
 class _GatedStorage(Storage):
     """The store seen by a cleanup whose disk thread stops just before it unlinks `gated`, until
     the test opens `gate`: a slow unlink at a known moment (the thread is where a cancel cannot
