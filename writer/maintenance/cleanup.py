@@ -220,7 +220,7 @@ async def _upload_sessions(ctx, grace: int) -> dict:
     room = _room(ctx, UPLOAD_SWEEP_MAX, UPLOAD_COST)
     sessions = temp_files = 0
     # Files go outside any transaction of ours: their cost is on record before the first one.
-    async with ctx.reserving(items=room, cost_units=room * UPLOAD_COST, transitions=1):
+    async with ctx.reserving(items=room, cost_units=room * UPLOAD_COST, transitions=1 if room else 0):
         if room:
             sessions = await sweep_expired_uploads(
                 ctx.pool, ctx.storage, orphans_older_than_s=orphan_age, limit=room
