@@ -168,10 +168,10 @@ async def publish_blob(
     for attempt in range(1, PUBLISH_ATTEMPTS + 1):
         try:
             staging = await before_staging(pool, sha256)
-        except RemovalUnderWay as exc:
+        except RemovalUnderWay:
             raise Unavailable(
-                f"{exc}: the storage has not finished removing an earlier copy of these bytes"
-                " (a cleanup task); nothing was published: retry later", retry_after=REMOVAL_RETRY_AFTER_S,
+                "the storage has not finished removing an earlier copy of these bytes (a cleanup"
+                " task); nothing was published: retry later", retry_after=REMOVAL_RETRY_AFTER_S,
             ) from None
         if attempt > 1 or staged_already is None or not await staged_already():
             await stage_blob(storage, source, sha256, size)

@@ -218,10 +218,12 @@ class RunningTask:
         self.usage["state_bytes"] = size
         self._check_budget()
         recorded = self.recorded_usage()
+        # A resumed run of a kind that does its work after the checkpoint again starts from
+        # what was counted by then: a reservation under way is for that work.
         await self._write(
             "task.checkpoint",
             {"state_bytes": size, "usage": dict(recorded)},
-            {"checkpoint": state, "usage": recorded, "checkpoint_usage": recorded},
+            {"checkpoint": state, "usage": recorded, "checkpoint_usage": dict(self.usage)},
         )
 
     def recorded_usage(self) -> dict[str, int]:
