@@ -555,7 +555,8 @@ def test_dockerfile_installs_every_package_and_runs_serve_as_non_root():
         top = package.split(".")[1] if "." in package else "__init__.py"
         assert top in copied, f"package {package} is not copied into the image ({top})"
     runs = [args for op, args in instructions if op == "RUN"]
-    assert any(re.search(r"\bpip install \.(\s|$)", args) for args in runs)
+    assert any(re.search(r"\bpip install -r requirements\.lock(\s|$)", args) for args in runs)
+    assert any(re.search(r"\bpip install --no-deps \.(\s|$)", args) for args in runs)
     users = [args for op, args in instructions if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
     cmd = [args for op, args in instructions if op == "CMD"]
