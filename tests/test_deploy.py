@@ -623,6 +623,35 @@ def compose() -> dict:
     return _interpolate(document, {"ARKVORY_DB_PASSWORD": PLACEHOLDER_DB_PASSWORD})
 
 
+def _compose_spec_errors(document: dict) -> list[str]:
+    import importlib.resources
+
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    vendor = pytest.importorskip(
+        "check_jsonschema.builtin_schemas.vendor", reason="check-jsonschema (the Compose Specification's schema)"
+    )
+    schema = json.loads(importlib.resources.files(vendor).joinpath("compose-spec.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(document)]
+
+
+def test_compose_file_follows_the_compose_specification():
+    """docker-compose.yml uses the Compose Specification (top-level `name`, `depends_on.required`),
+    which the old Python docker-compose 1.x refuses: it is held to the specification's own JSON
+    schema (as vendored by check-jsonschema), so `docker compose` 2.20+ reads it."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    document = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert _compose_spec_errors(document) == []
+    # The schema has teeth: a misspelt service key and a wrong condition are refused.
+    broken = json.loads(json.dumps(document))
+    writer = broken["services"]["writer"]
+    writer["enviroment"] = {}
+    assert any("enviroment" in error for error in _compose_spec_errors(broken))
+    gateway = next(s for s in broken["services"].values() if "writer" in (s.get("depends_on") or {}))
+    gateway["depends_on"]["writer"]["condition"] = "service_ready"
+    assert any("service_ready" in error for error in _compose_spec_errors(broken))
+
+
 def test_compose_runs_one_writer_and_gateways_on_distinct_slots_and_ports(compose):
     services = compose["services"]
     arkvory = {n: s for n, s in services.items() if "ARKVORY_ROLE" in _environment(s)}
