@@ -297,10 +297,12 @@ async def stream_from_store(
     storage = runtime.storage
     assert storage is not None
     health = runtime.storage_health
-    if not health.available:
-        raise Unavailable(f"the storage {storage.location} does not answer now; retry shortly", retry_after=RETRY_AFTER_S)
     reads = runtime.metrics.storage_reads
     sha256 = response.artifact.sha256
+    cache = getattr(storage, "cache", None)
+    # A file of the read cache awaiting its first read's check needs no store unless it fails.
+    if not health.available and (cache is None or not cache.holds(sha256)):
+        raise Unavailable(f"the storage {storage.location} does not answer now; retry shortly", retry_after=RETRY_AFTER_S)
 
     def counted(result: str) -> None:
         reads.labels(result=result).inc()
@@ -308,7 +310,6 @@ async def stream_from_store(
     def from_store(first: int, count: int) -> StoreSource:
         return StoreSource(storage, sha256, first, count, segment_cap=segment_cap_for(runtime), counted=counted)
 
-    cache = getattr(storage, "cache", None)
     # A miss of the read cache reads behind the digest's one fill (shared/storage/read_cache.py);
     # a blob it will not hold comes from the store directly. The principal (the per-principal
     # budget's id) is the fill's owner: the cache's fair sharing.
