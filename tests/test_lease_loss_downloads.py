@@ -87,9 +87,9 @@ def active_downloads(process) -> int:
 def test_a_lost_lease_ends_object_store_downloads_sending_or_waiting_with_a_reset_and_one_log_line(s3_cluster):
     """One download sending (throttled, in segments), then the store stalled for the gateway: a
     second download waits for its first byte from the store (its read timeout is 30 s) when the
-    lease is lost. The first is cut by the loss; the second ends when the process exits, 2 s
-    later. Before, the exit's cancellation of the waiting one reached uvicorn, which logged it
-    as "Exception in ASGI application" with a CancelledError traceback."""
+    lease is lost. The first is cut by the loss (a reset, counted `lease_lost`); the second ends
+    when the process exits, 2 s later. Before, the exit's cancellation of the waiting one reached
+    uvicorn, which logged it as "Exception in ASGI application" with a CancelledError traceback."""
     shared = s3_cluster.shared_env(**SHARED)
     writer = s3_cluster.writer(shared).wait_ready()
     sending_id = upload(writer, "lost", bytes(SIZE))
@@ -104,10 +104,15 @@ def test_a_lost_lease_ends_object_store_downloads_sending_or_waiting_with_a_rese
         waiting = send_request(gateway, f"GET /api/v1/repositories/lost/artifacts/{waiting_id}/content HTTP/1.1")
         eventually(lambda: active_downloads(gateway) == 2, "both downloads under way")
         lose_lease(s3_cluster.database_url, 1)
-        endings = [ending(sending), ending(waiting)]
+        endings = [ending(sending)]
+        # Counted while the process still answers (it exits 2 s after the loss).
+        with gateway.client() as client:
+            exported = client.get("/health/metrics").text.splitlines()
+        endings.append(ending(waiting))
         assert gateway.wait_exit(20) == 75
     assert_one_quiet_loss(gateway)
     assert endings == ["reset", "reset"]
+    assert 'arkvory_transfer_aborts_total{direction="download",reason="lease_lost"} 1.0' in exported
 
 
 def test_a_lost_lease_ends_a_file_download_and_a_slow_upload_quietly(cluster):
