@@ -48,11 +48,10 @@ class Payload:
     (`ConnectionHandle.write`/`sendfile` raise PayloadRefused when trust is over, and
     `send_payload` cuts the transfer and counts it as an abort `lease_lost`). On plain TCP
     the bytes go with `os.sendfile` from the page cache to the socket (uvloop has no
-    `loop.sendfile`); when the
-    socket is full, one copied piece is handed to the transport, whose flow control then says
-    when it has left. With the transport's write-buffer limits at zero "writable" means
-    "nothing queued", so a sendfile never overtakes queued bytes. TLS, and small bodies, take
-    the copying path.
+    `loop.sendfile`); when the socket is full, one copied piece is handed to the transport,
+    whose flow control then says when it has left. With the transport's write-buffer limits
+    at zero "writable" means "nothing queued", so a sendfile never overtakes queued bytes.
+    TLS, and small bodies, take the copying path.
 
     It runs in `send_payload`, registered with the process's `transfers` (a Payload is its own
     aborter), so that a lost lease cuts it while it waits.
