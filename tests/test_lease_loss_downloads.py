@@ -130,6 +130,7 @@ def test_a_lost_lease_ends_a_file_download_and_a_slow_upload_quietly(cluster):
         b"x" * 1000,
     )
     eventually(lambda: active_downloads(writer) == 1, "the download under way")
+    eventually(lambda: list((cluster.data_dir / "tmp").glob("upload-*")), "the upload under way")
     lose_lease(cluster.database_url, 0)
     endings = [ending(sending), ending(uploading)]
     assert writer.wait_exit(20) == 75
