@@ -38,14 +38,6 @@ def client_address(scope: Scope, trusted: tuple[Network, ...]) -> str:
     return known
 
 
-def from_trusted_proxy(scope: Scope, trusted: tuple[Network, ...]) -> bool:
-    """Whether the TCP peer is one of the operator's balancers, whose other headers (the host the
-    client asked for) may then be believed too."""
-    peer = scope.get("client")
-    address = _parse(peer[0]) if peer else None
-    return address is not None and _is_trusted(address, trusted)
-
-
 def believed_address(peer: str | None, forwarded_for: Iterable[str], trusted: tuple[Network, ...]) -> str:
     """The right-most hop that is not a trusted balancer; the peer itself unless it is one."""
     believed = _parse(peer) if peer is not None else None
@@ -79,3 +71,11 @@ def _parse(text: str) -> Address | None:
 
 def _is_trusted(address: Address, trusted: tuple[Network, ...]) -> bool:
     return any(address in network for network in trusted)
+
+
+def from_trusted_proxy(scope: Scope, trusted: tuple[Network, ...]) -> bool:
+    """Whether the TCP peer is one of the operator's balancers, whose other headers (the host the
+    client asked for) may then be believed too."""
+    peer = scope.get("client")
+    address = _parse(peer[0]) if peer else None
+    return address is not None and _is_trusted(address, trusted)
