@@ -4,8 +4,8 @@ administrators' account management (create, list, disable, enable).
 A failed login says the same thing whether the account exists or not, and takes as long: an
 unknown name is verified against a dummy hash. A name is one name in any case (`BOB` signs in to
 `bob`, account_names.py). Login and sign-up take only JSON, never from another site's page
-(sign_in_guard.py). Attempts are limited per client address (as seen
-through ARKVORY_TRUSTED_PROXIES, shared/http/client_address.py) and per account name, or per device
+(sign_in_guard.py). Attempts are limited per client address (as seen through
+ARKVORY_TRUSTED_PROXIES, shared/http/client_address.py) and per account name, or per device
 for a client that signed in before (its device cookie, device_cookies.py), counted before
 anything is hashed (login_limits.py); scrypt runs off the event loop, bounded (passwords.py),
 and a hash made at an older cost is replaced at the next successful login. An account holds at
@@ -48,9 +48,9 @@ from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
 from .pagination import page, page_cursor, page_limit
-from .sign_in_guard import check_sign_in_request
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from .repositories import json_body, principal_of, require_admin_scope, runtime_of
+from .sign_in_guard import check_sign_in_request
 
 LOGIN_FAILED = "wrong account name or password"
 

@@ -28,7 +28,9 @@ _SIGN_IN_GUARD = (
     " that is not this server, `Sec-Fetch-Site: cross-site` or `same-site`) is 403."
 )
 _NEW_PASSWORD = {"type": "string", "minLength": 8, "maxLength": MAX_PASSWORD}
-_NAME_PARAM = {"name": "name", "in": "path", "required": True, "description": "Account name, in any case.", "schema": _NAME}
+_NAME_PARAM = {
+    "name": "name", "in": "path", "required": True, "description": "Account name, in any case.", "schema": _NAME,
+}
 
 
 def _ok(description: str, schema: dict | None = None, **extra: Any) -> dict[str, Any]:

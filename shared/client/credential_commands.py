@@ -4,8 +4,8 @@
 makes it, so it may outlive the session, which is then ended) and files the token in a profile
 of the config file (shared/client/cli_config_store.py: mode 0600), with the writer's device
 cookie, which the next `login` as that account sends back so that guessers who lock the account
-out do not lock out this device. The token is never printed
-by `login`; `token create` prints the new one once, for a machine that cannot log in (CI).
+out do not lock out this device. The token is never printed by `login`; `token create` prints
+the new one once, for a machine that cannot log in (CI).
 
 A password is never a command-line option or an environment variable (every local user can
 read a process's arguments): on a terminal it is asked for without echo (getpass); otherwise
