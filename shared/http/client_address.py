@@ -92,3 +92,11 @@ def _parse(text: str) -> Address | None:
 
 def _is_trusted(address: Address, trusted: tuple[Network, ...]) -> bool:
     return any(address in network for network in trusted)
+
+
+def from_trusted_proxy(scope: Scope, trusted: tuple[Network, ...]) -> bool:
+    """Whether the TCP peer is one of the operator's balancers, whose other headers (the host the
+    client asked for) may then be believed too."""
+    peer = scope.get("client")
+    address = _parse(peer[0]) if peer else None
+    return address is not None and _is_trusted(address, trusted)
