@@ -14,6 +14,10 @@ see the named test fail, restore. In shared/cluster/lease.py:
 - only trust from the answer, in `_renew_once` or in `_acquire` ... test_trust_counts_from_...
 - only the late check dropped ... test_an_answer_after_trust_ran_out_is_a_loss_that_never_revives
 - `>` instead of `>=` in the late check ... test_an_answer_at_the_last_instant_of_trust_is_late
+- `<=` instead of `<` in `trusted` ... test_trust_counts_from_when_the_renewal_was_sent
+- `_renew_once` without its `if self.lost.is_set()` check; `trusted` or `trust_remaining`
+  ignoring a loss ... test_an_abandoned_lease_stays_lost_when_a_renewal_then_succeeds (and the
+  refusal tests below)
 - TRUST_S = 10 ... test_trust_counts_from_when_the_renewal_was_sent
 - RESERVATION_S = 12 ... test_the_database_reserves_the_slot_for_10_s
 - RENEW_EVERY_S = 3; the next send counted from the answer; the first renewal counted from
@@ -247,6 +251,27 @@ def test_an_answer_at_the_last_instant_of_trust_is_late(database_url) -> None:
             lease.answer_delay = TRUST - RENEW_EVERY  # arrives exactly 8 s after the acquisition was sent
             await lease.renew()
             assert lease.counted.results == ["late"] and lease.lost.is_set() and not lease.trusted
+        finally:
+            await lease.close()
+
+    run(database_url, scenario)
+
+
+def test_an_abandoned_lease_stays_lost_when_a_renewal_then_succeeds(database_url) -> None:
+    """Another part of the process gave up (`abandon`) while a renewal was on its way: the
+    database renews, but trust and the counters stay those of a lost lease."""
+
+    async def scenario(conn, fake):
+        lease = FakeTimeLease(database_url, fake)
+        try:
+            await lease.take()
+            fake.advance(RENEW_EVERY)
+            lease.abandon("the payload gate failed")
+            await lease.renew()
+            assert (await lease_row(conn))["live"]
+            assert lease.counted.results == [] and lease.counted.losses == 1
+            assert not lease.trusted and lease.trust_remaining() == 0.0
+            assert lease.lost_reason == "the payload gate failed"
         finally:
             await lease.close()
 
