@@ -32,17 +32,25 @@ see the named test fail, restore. In shared/cluster/lease.py:
 
 In shared/download/throttle.py (the tests are in tests/test_throttle.py):
 
-- a cancelled grant gives back all its tokens (`_give_back`: `returned = size * _NS`)
+- a cancelled grant gives back all its tokens (`TokenBucket._give_back`: `returned = size * _NS`)
   ... test_a_cancelled_grant_gives_back_only_what_the_bucket_could_still_hold
-- MAX_BURST_BYTES = 2 MiB; burst = rate // 5 ... test_burst_is_a_tenth_of_the_rate_capped_at_one_mebibyte
-- a process bucket of twice the burst ... test_ceiling_holds_for_every_interval,
+- no give-back at all ... the same, and test_tokens_granted_to_a_waiter_cancelled_before_it_resumed_come_back
+- MAX_BURST_BYTES = 2 MiB ... test_burst_is_a_tenth_of_the_rate_capped_at_one_mebibyte,
   test_a_full_bucket_hands_out_exactly_one_burst_at_once
+- burst = rate // 5 ... the same, and most scheduler tests
+- a process or a principal bucket of twice the burst ... test_a_full_bucket_hands_out_exactly_one_burst_at_once,
+  test_ceiling_holds_for_every_interval
+- the refill not capped at the burst ... test_ceiling_holds_for_every_interval and others
 - a grant larger than the burst (`quantum_for` without its `min(quantum, burst…)`)
   ... test_quanta_are_10_ms_of_the_smaller_rate_within_bounds_and_bursts
-- round-robin replaced by FIFO (the served principal goes back to the head of the ring,
-  or keeps its turn until its waiters are served) ... test_round_robin_serves_principals_not_transfers,
-  test_principals_take_turns_one_grant_each
-- the refill not capped at the burst ... test_ceiling_holds_for_every_interval
+- round-robin replaced by FIFO: the served principal keeps the head of the ring
+  (`ring.appendleft`), or one ring entry per transfer instead of per principal, or a principal
+  served until its waiters are done ... test_principals_take_turns_one_grant_each,
+  test_round_robin_serves_principals_not_transfers
+- `grant_now` overtaking the ring (without `self._ring`, in either of its two paths)
+  ... test_a_newcomer_does_not_take_tokens_a_waiter_is_owed
+- not killed, equivalent: the give-back's own cap (`_credit += returned`): what comes back never
+  fills the bucket past what it would hold without the take, so it never reaches the cap.
 
 What is not replaced: the SQL, the trust arithmetic, the renewal loop and the acquisition loop
 are the lease's own, against the real database. Only waiting is: `_nap` moves the fake clock
