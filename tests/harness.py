@@ -227,6 +227,19 @@ def eventually(check, what: str, timeout: float = 10.0, every: float = 0.05):
         time.sleep(every)
 
 
+async def eventually_async(check, what: str, timeout: float = 10.0, every: float = 0.01):
+    """`eventually` inside an event loop, which runs on between the checks (the condition
+    usually waits for one of its tasks or threads)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout} s (last: {value!r})")
+        await asyncio.sleep(every)
+
+
 def _on_fresh_connection(database_url: str, method: str, sql: str, *args):
     async def run():
         conn = await asyncpg.connect(database_url)
