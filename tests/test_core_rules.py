@@ -48,7 +48,7 @@ In shared/download/throttle.py (the tests are in tests/test_throttle.py):
   served until its waiters are done ... test_principals_take_turns_one_grant_each,
   test_round_robin_serves_principals_not_transfers
 - `grant_now` overtaking the ring (without `self._ring`, in either of its two paths)
-  ... test_a_newcomer_does_not_take_tokens_a_waiter_is_owed
+  ... test_a_later_smaller_request_does_not_overtake_a_waiter
 - not killed, equivalent: the give-back's own cap (`_credit += returned`): what comes back never
   fills the bucket past what it would hold without the take, so it never reaches the cap.
 
