@@ -233,6 +233,8 @@ async def eventually_async(check, what: str, timeout: float = 10.0, every: float
 
 
 class _Deadline:
+    """What `eventually` and `eventually_async` wait against."""
+
     def __init__(self, what: str, timeout: float) -> None:
         self.what, self.timeout = what, timeout
         self.at = time.monotonic() + timeout

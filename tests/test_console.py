@@ -259,7 +259,8 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
     pages = [
         ("/console/", 200, ["<h1>Overview</h1>"]),
         ("/console/repositories", 200, ["<h1>Repositories</h1>", 'href="/console/repositories/builds"']),
-        ("/console/repositories/builds", 200, [builds, "<h2>Artifacts</h2>", "<caption>Artifacts of builds, newest first</caption>", "a.bin"]),
+        ("/console/repositories/builds", 200,
+         [builds, "<h2>Artifacts</h2>", "<caption>Artifacts of builds, newest first</caption>", "a.bin"]),
         ("/console/repositories/builds/packages", 200, [builds, "<h2>Packages</h2>"]),
         ("/console/repositories/builds/assets", 200, [builds, "<h2>Assets</h2>"]),
         ("/console/repositories/builds/permissions", 200, [builds, "<h2>Permissions</h2>"]),

@@ -55,7 +55,9 @@ In shared/download/throttle.py (the tests are in tests/test_throttle.py):
 What is not replaced: the SQL, the trust arithmetic, the renewal loop and the acquisition loop
 are the lease's own, against the real database. Only waiting is: `_nap` moves the fake clock
 instead of sleeping, and each answer of the database arrives `answer_delay` fake seconds after
-its statement was sent (a slow network or a stalled thread, without waiting for it).
+its statement was sent (a slow network or a stalled thread, without waiting for it). The test
+runs those coroutines on its own loop instead of the lease's thread, which only hosts them
+(tests/test_lease_unit.py proves the thread with real time).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class FakeTimeLease(SlotLease):
     async def keep_renewing(self) -> None:
         await self._renew_until_stopped()
 
-    async def close(self) -> None:
+    async def close_connection(self) -> None:
         await self._close_connection()
 
     async def _connection(self):
@@ -185,7 +187,7 @@ def test_the_database_reserves_the_slot_for_10_s(database_url) -> None:
             assert (renewed["expires_at"] - renewed["renewed_at"]).total_seconds() == RESERVATION
             assert lease.counted.results == ["ok"]
         finally:
-            await lease.close()
+            await lease.close_connection()
 
     run(database_url, scenario)
 
@@ -217,7 +219,7 @@ def test_trust_counts_from_when_the_renewal_was_sent(database_url) -> None:
             assert fake.clock() == pytest.approx(renewal_sent + 8, abs=EXACT)
             assert not lease.trusted and lease.trust_remaining() == 0.0
         finally:
-            await lease.close()
+            await lease.close_connection()
 
     run(database_url, scenario)
 
@@ -245,7 +247,7 @@ def test_an_answer_after_trust_ran_out_is_a_loss_that_never_revives(database_url
             assert lease.lost.is_set() and not lease.trusted and lease.trust_remaining() == 0.0
             assert lease.counted.losses == 1
         finally:
-            await lease.close()
+            await lease.close_connection()
 
     run(database_url, scenario)
 
@@ -260,7 +262,7 @@ def test_an_answer_at_the_last_instant_of_trust_is_late(database_url) -> None:
             await lease.renew()
             assert lease.counted.results == ["late"] and lease.lost.is_set() and not lease.trusted
         finally:
-            await lease.close()
+            await lease.close_connection()
 
     run(database_url, scenario)
 
@@ -281,7 +283,7 @@ def test_an_abandoned_lease_stays_lost_when_a_renewal_then_succeeds(database_url
             assert not lease.trusted and lease.trust_remaining() == 0.0
             assert lease.lost_reason == "the payload gate failed"
         finally:
-            await lease.close()
+            await lease.close_connection()
 
     run(database_url, scenario)
 
@@ -313,7 +315,7 @@ def test_renewals_are_sent_every_2_s_counted_from_each_send(database_url) -> Non
             assert lease.counted.results == ["ok"] * 5 and not lease.lost.is_set()
             assert lease.trust_remaining() == pytest.approx(TRUST - 1.5, abs=EXACT)
         finally:
-            await lease.close()
+            await lease.close_connection()
 
     run(database_url, scenario)
 
@@ -344,7 +346,7 @@ def test_failing_renewals_lose_the_lease_once_trust_ran_out(database_url) -> Non
             assert lease.lost_reason == "trust ran out before a renewal succeeded"
             assert fake.clock() == pytest.approx(acquired_at + TRUST, abs=EXACT)
         finally:
-            await lease.close()
+            await lease.close_connection()
             await locker.close()
 
     run(database_url, scenario)
@@ -375,7 +377,7 @@ def test_the_database_never_renews_an_expired_reservation(database_url) -> None:
             after = await lease_row(conn)
             assert not after["live"] and after["expires_at"] == before["expires_at"]
         finally:
-            await lease.close()
+            await lease.close_connection()
 
     run(database_url, scenario)
 
@@ -399,7 +401,7 @@ def test_renewal_is_fenced_by_holder_id_and_by_generation(database_url, takeover
             assert lease.counted.results == ["rejected"] and lease.lost.is_set() and not lease.trusted
             assert (await lease_row(conn))["renewed_at"] == before["renewed_at"]
         finally:
-            await lease.close()
+            await lease.close_connection()
 
     run(database_url, scenario)
 
@@ -421,8 +423,8 @@ def test_each_acquisition_takes_a_fresh_holder_and_the_next_generation(database_
             await new.renew()
             assert new.counted.results == ["ok"] and new.trusted
         finally:
-            await old.close()
-            await new.close()
+            await old.close_connection()
+            await new.close_connection()
 
     run(database_url, scenario)
 
@@ -434,7 +436,7 @@ async def _old_holder(conn, database_url: str, fake: FakeTime, remaining: float)
     """A holder that stopped renewing (killed), its reservation running `remaining` s more."""
     old = FakeTimeLease(database_url, fake)
     await old.take()
-    await old.close()
+    await old.close_connection()
     await conn.execute(
         "UPDATE arkvory_gateway_leases SET expires_at = now() + make_interval(secs => $1) WHERE slot = 1",
         remaining,
@@ -478,9 +480,9 @@ def test_a_start_waits_for_a_live_reservation_but_at_most_15_s(database_url) -> 
             with pytest.raises(SlotBusy, match=r"busy: .* runs 1[56]\.\d s more"):
                 await late.take()
             assert fake.clock() == started and late.naps == []
-            await late.close()
+            await late.close_connection()
         finally:
-            await new.close()
+            await new.close_connection()
 
     run(database_url, scenario)
 
@@ -503,7 +505,7 @@ def test_an_old_holder_that_still_renews_makes_the_start_busy(database_url) -> N
                 await new.take()
             assert len(new.naps) == 1 and new.generation is None and not new.trusted
         finally:
-            await new.close()
+            await new.close_connection()
 
     run(database_url, scenario)
 

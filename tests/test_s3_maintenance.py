@@ -98,7 +98,8 @@ def test_cleanup_keeps_a_deleted_blob_while_a_download_reads_it_then_reclaims_it
     assert received["status"] == 200 and received["body"] == data  # byte-exact to the end
 
     # The pin outlives its transfer by LINGER_S, its row by 2 s more.
-    eventually(lambda: not pinned(s3_cluster.database_url, doomed["sha256"]), "the read pin expired", timeout=LINGER_S + 20)
+    gone = "the read pin expired"
+    eventually(lambda: not pinned(s3_cluster.database_url, doomed["sha256"]), gone, timeout=LINGER_S + 20)
     after = run_task(writer, "cleanup", {"grace_seconds": 0})
     assert after["steps"]["blobs"]["deleted"] == 1 and after["reclaimed_bytes"] == len(data)
     assert not s3_cluster.has_blob(doomed["sha256"])
