@@ -447,16 +447,21 @@ async def test_tokens_granted_to_a_waiter_cancelled_before_it_resumed_come_back(
     assert scheduler.granted_bytes == 20_000
 
 
-async def _granted_then_cancelled(scheduler: BandwidthScheduler, fake: FakeTime) -> asyncio.Task[int]:
-    """A waiter of principal "a" whose tokens the dispatcher took (the bucket is empty again)
-    and that has not resumed yet: the caller cancels it whenever it likes."""
+async def _cancel_a_grant_after(scheduler: BandwidthScheduler, fake: FakeTime, out_for: float, taken: int) -> None:
+    """A waiter of principal "a" is granted a burst (the bucket is empty again) and, before it
+    resumes, `out_for` seconds pass, `taken` bytes are granted to another transfer of "a", and
+    the waiter is cancelled: its tokens go back."""
     assert await scheduler.grant("a", 10_000) == 10_000  # the bucket is empty
     waiter = asyncio.create_task(scheduler.grant("a", 10_000))
     await settle()
     fake.advance(0.1)  # the dispatcher wakes and takes a burst for it...
     await asyncio.sleep(0)  # ...and runs before the waiter resumes
     assert scheduler.grant_now("a", 1) == 0 and not waiter.done()
-    return waiter
+    fake.advance(out_for)
+    assert scheduler.grant_now("a", taken) == taken
+    waiter.cancel()
+    await settle()
+    assert waiter.cancelled()
 
 
 @pytest.mark.anyio
@@ -472,23 +477,14 @@ async def test_a_cancelled_grant_gives_back_only_what_the_bucket_could_still_hol
     fake = FakeTime(auto=False)
     scheduler = BandwidthScheduler(process_rate, principal_rate, clock=fake.clock, sleep=fake.sleep)
 
-    # The bucket refilled to its burst while the tokens were out: none of them come back.
-    gone = await _granted_then_cancelled(scheduler, fake)
-    fake.advance(0.5)
-    assert scheduler.grant_now("a", 10_000) == 10_000
-    gone.cancel()
-    await settle()
-    assert gone.cancelled()
-    assert scheduler.grant_now("a", 1) == 0  # 20 000 bytes at one instant would pass 1 burst
+    # The bucket refilled to its burst while the tokens were out, and that burst was taken:
+    # none of them come back (20 000 bytes at one instant would pass one burst).
+    await _cancel_a_grant_after(scheduler, fake, 0.5, taken=10_000)
+    assert scheduler.grant_now("a", 1) == 0
 
     # Half of a burst refilled meanwhile and was taken: the other half comes back.
     fake.advance(0.1)
-    gone = await _granted_then_cancelled(scheduler, fake)
-    fake.advance(0.05)
-    assert scheduler.grant_now("a", 5_000) == 5_000
-    gone.cancel()
-    await settle()
-    assert gone.cancelled()
+    await _cancel_a_grant_after(scheduler, fake, 0.05, taken=5_000)
     assert scheduler.grant_now("a", 5_001) == 0
     assert scheduler.grant_now("a", 5_000) == 5_000
     assert scheduler.grant_now("a", 1) == 0
