@@ -19,8 +19,9 @@ writes, its `Access-Control-Allow-Origin: *`) and the master's /dir/*, /col/*, /
 a key new at each start (security.toml, 0600, in the store's directory), which the master hands
 only through gRPC to the filer and S3 gateway. Still open, as weed 4.48 closes its gRPC ports
 only with TLS certificates (which we cannot make with the standard library alone): the gRPC
-ports on 127.0.0.1 and their Unix sockets in /tmp, where any *local* user's `weed shell` reads and
-writes every blob (no web page can: a browser does not speak gRPC); see tests/test_seaweedfs.py.
+ports on 127.0.0.1, where any *local* user's `weed shell` reads and writes every blob (no web page
+can: a browser does not speak gRPC; their Unix sockets in /tmp are 0755, so ours alone); see
+tests/test_seaweedfs.py.
 
 What weed needed (4.48), each found the hard way:
 - SIGTERM: the filer's gRPC graceful stop waits 15 s, then the process can hang for ever retrying
