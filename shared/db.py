@@ -47,7 +47,7 @@ def migrations() -> list[tuple[int, str, str]]:
     return found
 
 
-CODE_SCHEMA_VERSION = 11  # the highest migration this code knows (tests/test_startup checks it)
+CODE_SCHEMA_VERSION = 12  # the highest migration this code knows (tests/test_startup checks it)
 
 
 # What a restart cannot cure: the server answered and refused this client. SQLSTATE class 28 (a
@@ -128,6 +128,16 @@ async def schema_version(conn: asyncpg.Connection) -> int | None:
     )
 
 
+def _migration_refused(name: str, exc: asyncpg.RaiseError) -> StartupRefused:
+    """A migration that RAISEs on purpose (0012: accounts whose names differ only in case) found
+    data that an operator must change first: a refusal on one line, with what to do (its HINT),
+    not a database failure a restart could cure."""
+    text = exc.message + (f"; {exc.hint}" if exc.hint else "")
+    # One line in the log whatever the data held (an account name inserted by hand, say).
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return StartupRefused(f"migration {name} cannot be applied: {text}")
+
+
 async def migrate(conn: asyncpg.Connection) -> int:
     """Apply pending migrations (writer only); safe to run again and from racing writers."""
     await conn.execute(
@@ -145,7 +155,10 @@ async def migrate(conn: asyncpg.Connection) -> int:
             if done:
                 continue
             log.info("applying migration %s", name)
-            await conn.execute(sql, timeout=60.0)
+            try:
+                await conn.execute(sql, timeout=60.0)
+            except asyncpg.RaiseError as exc:
+                raise _migration_refused(name, exc) from None
             await conn.execute(
                 "INSERT INTO arkvory_schema_version (version, name) VALUES ($1, $2)", version, name
             )

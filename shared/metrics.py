@@ -235,8 +235,8 @@ class _ReadCacheCollector(Collector):
         requests = CounterMetricFamily(
             "arkvory_read_cache_requests",
             "Downloads of object-store blobs by what the read cache did: hit (its checked file was"
-            " sent), miss (read behind the digest's fill), bypass (not cached: larger than the"
-            " limit, or no room beside files being read)",
+            " sent), miss (read behind the digest's fill, or behind its file's first-read check),"
+            " bypass (not cached: larger than the limit, or no room beside files being read)",
             labels=["result"],
         )
         for result, count in cache.requests.items():
@@ -254,7 +254,8 @@ class _ReadCacheCollector(Collector):
         discards = CounterMetricFamily(
             "arkvory_read_cache_discards",
             "Cached files dropped because they changed since their hash was checked (changed) or"
-            " failed the check again after a restart (corrupt); each is fetched again",
+            " failed the check of their bytes on the disk at their first read in this process,"
+            " after their fill or a restart (corrupt); each is fetched again",
             labels=["reason"],
         )
         for reason, count in cache.discards.items():

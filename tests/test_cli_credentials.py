@@ -222,6 +222,41 @@ def days_left(env, cwd, token: str) -> int:
     return (datetime.datetime.fromisoformat(item["expiresAt"]) - datetime.datetime.now(datetime.timezone.utc)).days
 
 
+def test_a_device_that_logged_in_before_is_not_locked_out_by_others_guesses(cluster, home, tmp_path):
+    """Issue 22 §5: `login` keeps the writer's device cookie next to the token and sends it back,
+    so guessers who lock the account out (from elsewhere: the writer believes the test's
+    X-Forwarded-For as a balancer's) do not lock out this device."""
+    import httpx
+
+    from arkvory.writer.login_limits import ACCOUNT_LIMIT
+
+    writer = cluster.writer(ARKVORY_TRUSTED_PROXIES="127.0.0.1").wait_ready()
+    with writer.client(ADMIN_TOKEN) as admin:
+        assert admin.post("/api/v1/accounts", json={"name": "Dana", "password": PASSWORD}).status_code == 201
+    env = cli_env(home, writer.url, token=None)
+    assert_exit(typed(env, tmp_path, PASSWORD + "\n", "login", "Dana"), 0)
+    path = config_of(home)
+    first = tomllib.loads(path.read_text())["profiles"]["default"]["device_cookies"]["dana"]
+    assert first.startswith("v1.") and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+    def guess(address: str, password: str = "not the password") -> int:
+        with httpx.Client(base_url=writer.url, timeout=30, headers={"X-Forwarded-For": address}) as client:
+            return client.post("/api/v1/login", json={"name": "dana", "password": password}).status_code
+
+    assert [guess(f"203.0.113.{i + 1}") for i in range(ACCOUNT_LIMIT)] == [401] * ACCOUNT_LIMIT
+    assert guess("203.0.113.99", PASSWORD) == 429  # dana is locked out for clients without a cookie...
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    refused = typed(cli_env(elsewhere, writer.url, token=None), tmp_path, PASSWORD + "\n", "login", "dana",
+                    "--retries", "0")
+    assert refused.returncode != 0 and "too many login attempts" in refused.stderr, refused.stderr
+    # ...but this device signed in before: it signs in at once, in any spelling, and keeps a fresh cookie.
+    again = typed(env, tmp_path, PASSWORD + "\n", "login", "DANA", "--retries", "0")
+    assert_exit(again, 0)
+    second = tomllib.loads(path.read_text())["profiles"]["default"]["device_cookies"]["dana"]
+    assert second.startswith("v1.") and second != first
+
+
 @pytest.mark.parametrize("args", [("token", "create", "--access", "write", "--expires", "367d"),
                                   ("token", "create", "--access", "admin"),
                                   ("token", "revoke", "not-an-id"),

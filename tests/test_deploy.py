@@ -555,7 +555,8 @@ def test_dockerfile_installs_every_package_and_runs_serve_as_non_root():
         top = package.split(".")[1] if "." in package else "__init__.py"
         assert top in copied, f"package {package} is not copied into the image ({top})"
     runs = [args for op, args in instructions if op == "RUN"]
-    assert any(re.search(r"\bpip install \.(\s|$)", args) for args in runs)
+    assert any(re.search(r"\bpip install -r requirements\.lock(\s|$)", args) for args in runs)
+    assert any(re.search(r"\bpip install --no-deps \.(\s|$)", args) for args in runs)
     users = [args for op, args in instructions if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
     cmd = [args for op, args in instructions if op == "CMD"]
@@ -620,6 +621,35 @@ def compose() -> dict:
     yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
     document = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     return _interpolate(document, {"ARKVORY_DB_PASSWORD": PLACEHOLDER_DB_PASSWORD})
+
+
+def _compose_spec_errors(document: dict) -> list[str]:
+    import importlib.resources
+
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    vendor = pytest.importorskip(
+        "check_jsonschema.builtin_schemas.vendor", reason="check-jsonschema (the Compose Specification's schema)"
+    )
+    schema = json.loads(importlib.resources.files(vendor).joinpath("compose-spec.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(document)]
+
+
+def test_compose_file_follows_the_compose_specification():
+    """docker-compose.yml uses the Compose Specification (top-level `name`, `depends_on.required`),
+    which the old Python docker-compose 1.x refuses: it is held to the specification's own JSON
+    schema (as vendored by check-jsonschema), so `docker compose` 2.20+ reads it."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    document = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert _compose_spec_errors(document) == []
+    # The schema has teeth: a misspelt service key and a wrong condition are refused.
+    broken = json.loads(json.dumps(document))
+    writer = broken["services"]["writer"]
+    writer["enviroment"] = {}
+    assert any("enviroment" in error for error in _compose_spec_errors(broken))
+    gateway = next(s for s in broken["services"].values() if "writer" in (s.get("depends_on") or {}))
+    gateway["depends_on"]["writer"]["condition"] = "service_ready"
+    assert any("service_ready" in error for error in _compose_spec_errors(broken))
 
 
 def test_compose_runs_one_writer_and_gateways_on_distinct_slots_and_ports(compose):

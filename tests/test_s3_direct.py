@@ -319,12 +319,15 @@ def test_a_cache_fill_from_a_plain_http_store_is_received_on_its_own_connection(
         await cache.drained()
         assert all(body == data for body in bodies)
         assert storage.direct == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 0}
+        assert await read_through(cache, sha256, size) == data  # its first read checks the file
+        await cache.drained()
         fd = cache.acquire(sha256)
         assert fd is not None and os.pread(fd, 100, size - 100) == data[-100:]
         cache.release(sha256, fd)
         # An empty blob has nothing to receive: the store's stream, as before.
-        await (cache.reader(empty, 0, 0, 0, lambda start, length: pytest.fail("fell back"))).aclose()
-        await cache.drained()
+        for _ in range(2):  # filled, then checked
+            await (cache.reader(empty, 0, 0, 0, lambda start, length: pytest.fail("fell back"))).aclose()
+            await cache.drained()
         fd = cache.acquire(empty)
         assert cache.fills["ok"] == 2 and fd is not None and os.fstat(fd).st_size == 0
         cache.release(empty, fd)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pathlib
 import threading
 import time
 import uuid
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from .harness import ADMIN_TOKEN, db_fetch
+from .tcpproxy import TcpProxy
 from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -118,20 +118,16 @@ def _unavailable_status(gateway) -> httpx.Response | None:
     return status if status.status_code == 503 else None
 
 
-def _store_bytes(home: pathlib.Path) -> int:
-    total = 0
-    for folder, _, files in os.walk(home):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(folder, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
-
-
 @pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
-def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one_artifact(s3_cluster, seaweedfs):
-    writer = s3_cluster.writer().wait_ready()
+def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one_artifact(s3_cluster, seaweedfs, request):
+    """The kill lands while the publish is under way, never after it: the writer reaches the
+    store through a TCP proxy that counts what it forwards; once the publish has sent 8 MiB the
+    proxy stalls (the publish is held where it is, provably unfinished), the store is killed,
+    and only then do the held connections drop. (Waiting on the store's own disk raced: the
+    publish could finish before the kill, and the writer answered 201.)"""
+    proxy = TcpProxy("127.0.0.1", seaweedfs.ports.s3).start()
+    request.addfinalizer(proxy.stop)
+    writer = s3_cluster.writer(ARKVORY_S3_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}").wait_ready()
     data = os.urandom(96 * MiB)  # six 16 MiB parts to the store: long enough to kill it midway
     part_size = 32 * MiB
     base = f"/api/v1/repositories/{REPO}/uploads"
@@ -145,16 +141,20 @@ def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one
                               headers={"X-Content-SHA256": sha(part)})
             assert sent.status_code in (200, 201, 204), sent.text
 
-        before = _store_bytes(seaweedfs.data_dir)
+        before = proxy.sent_upstream
         answer: dict[str, httpx.Response] = {}
         completing = threading.Thread(
             target=lambda: answer.setdefault("first", client.post(f"{base}/{session['id']}/complete"))
         )
         completing.start()
-        # Killed once the store has taken some of the parts, not all of them.
-        wait_until(lambda: _store_bytes(seaweedfs.data_dir) - before > 8 * MiB or not completing.is_alive(),
+        wait_until(lambda: proxy.sent_upstream - before > 8 * MiB or not completing.is_alive(),
                    "publishing", timeout=60)
+        proxy.stall()  # the fault point, held: the publish cannot move on
+        assert completing.is_alive(), f"the publish ended before the store was stopped: {answer}"
+        assert proxy.sent_upstream - before < len(data), "the whole blob had reached the store"
         seaweedfs.kill()
+        proxy.cut()  # what the writer's held connections meet now: a store that is gone
+        proxy.resume()  # new connections reach the dead port and are refused
         completing.join(60)
         first = answer["first"]
         assert first.status_code == 503, first.text

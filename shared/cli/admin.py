@@ -13,7 +13,6 @@ import json
 import re
 import sys
 import urllib.parse
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -162,19 +161,19 @@ async def reset_download_policy(conn: asyncpg.Connection) -> int:
 
 
 async def create_user(conn: asyncpg.Connection, *, name: str, hashed: Any, admin: bool) -> int:
-    """Add an account (`hashed`: a writer.passwords.PasswordHash, made before connecting)."""
+    """Add an account (`hashed`: a writer.passwords.PasswordHash, made before connecting), as the
+    API does: a name taken in any case is refused."""
+    from arkvory.shared.errors import Conflict
+    from arkvory.writer.accounts import insert_account
+
     version = await db.schema_version(conn)
     if not version or version < 4:
         print("arkvory: the database has no accounts yet: start the writer once first", file=sys.stderr)
         return 1
     try:
-        await conn.execute(
-            "INSERT INTO arkvory_accounts (id, name, password_hash, password_salt, scrypt_n, scrypt_r,"
-            " scrypt_p, is_admin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            uuid.uuid4(), name, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, admin,
-        )
-    except asyncpg.UniqueViolationError:
-        print(f"arkvory: account {name!r} already exists", file=sys.stderr)
+        await insert_account(conn, name, hashed, admin)
+    except Conflict as exc:
+        print(f"arkvory: {exc.message}", file=sys.stderr)
         return 1
     print(f"account {name!r} created{' (administrator)' if admin else ''}")
     return 0

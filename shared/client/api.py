@@ -177,9 +177,11 @@ class Client:
 
     # -- credentials (SPEC §5) -------------------------------------------------------------------
 
-    def login(self, name: str, password: str) -> Session:
-        """A session for the account (its token is for `create_token(session=...)`)."""
-        return credentials.login(self._transport, name, password)
+    def login(self, name: str, password: str, *, device_cookie: str | None = None) -> Session:
+        """A session for the account (its token is for `create_token(session=...)`). Keep its
+        `device_cookie` and pass it to the next login as the account: that login is then limited
+        on its own, and never waits for a lockout that others' wrong passwords caused."""
+        return credentials.login(self._transport, name, password, device_cookie)
 
     def logout(self, session: Session) -> None:
         credentials.logout(self._transport, session)

@@ -2,8 +2,10 @@
 
 `login` signs in with the account's password, makes a personal token with it (the password
 makes it, so it may outlive the session, which is then ended) and files the token in a profile
-of the config file (shared/client/cli_config_store.py: mode 0600). The token is never printed
-by `login`; `token create` prints the new one once, for a machine that cannot log in (CI).
+of the config file (shared/client/cli_config_store.py: mode 0600), with the writer's device
+cookie, which the next `login` as that account sends back so that guessers who lock the account
+out do not lock out this device. The token is never printed by `login`; `token create` prints
+the new one once, for a machine that cannot log in (CI).
 
 A password is never a command-line option or an environment variable (every local user can
 read a process's arguments): on a terminal it is asked for without echo (getpass); otherwise
@@ -107,16 +109,19 @@ def read_password(prompt: str) -> str:
 def cmd_login(args: argparse.Namespace, output: Output) -> int:
     from . import Client
     from .cli_config import config_path, resolve_connection
-    from .cli_config_store import store_profile
+    from .cli_config_store import stored_device_cookie, store_profile
     from .cli_config import retry_policy
     from .errors import ClientError
 
     # Only the URLs: the token, if any, is what this replaces.
     connection = resolve_connection(args.url, args.profile, os.environ)
+    path = config_path(os.environ)
+    environ_profile = os.environ.get("ARKVORY_PROFILE") or None
+    device = stored_device_cookie(path, args.profile, environ_profile=environ_profile, account=args.account)
     password = read_password(f"password for {args.account}: ")
     label = args.label or f"arkvory login on {socket.gethostname()}"[:200]
     with Client(list(connection.urls), None, retry=retry_policy(args)) as client:
-        session = client.login(args.account, password)
+        session = client.login(args.account, password, device_cookie=device)
         try:
             created = client.create_token(
                 access=args.access, label=label, expires_in_seconds=args.expires, password=password, session=session,
@@ -126,10 +131,9 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
                 client.logout(session)  # the token is what stays; the session has done its work
             except ClientError:
                 pass  # it expires by itself (ARKVORY_SESSION_LIFETIME)
-    path = config_path(os.environ)
     stored = store_profile(
-        path, args.profile, urls=connection.urls, token=created["token"],
-        environ_profile=os.environ.get("ARKVORY_PROFILE") or None,
+        path, args.profile, urls=connection.urls, token=created["token"], environ_profile=environ_profile,
+        device_cookie=(args.account, session.device_cookie) if session.device_cookie else None,
     )
     output.note(
         f"logged in as {args.account}: a {created.get('access')} token (id {created.get('id')}, expires "

@@ -9,6 +9,7 @@ out of its `repr`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import urllib.parse
 import uuid
 from typing import Any
@@ -22,28 +23,51 @@ MAX_EXPIRY_S = 366 * 86400  # the writer's bound (writer/tokens.py)
 # A server that never ends the list does not keep the client looping: the writer's largest
 # ARKVORY_MAX_TOKENS_PER_ACCOUNT (10000) fits in 10 pages of 1000, expired tokens included twice over.
 MAX_TOKEN_PAGES = 100
+# The writer's device cookie (its writer/device_cookies.py): sent back at the next login as the
+# same account, it keeps this client signing in while others' wrong guesses lock the account.
+DEVICE_COOKIE = "arkvory_device"
+_DEVICE_COOKIE_VALUE = re.compile(r"[A-Za-z0-9._-]{1,127}")  # what the writer issues, and no more
 
 
 @dataclasses.dataclass(frozen=True)
 class Session:
-    """A login session: its bearer token (never shown), id, expiry and the account's JSON."""
+    """A login session: its bearer token (never shown), id, expiry and the account's JSON, and
+    the device cookie the writer set with it (None if it set none), for the next login."""
 
     token: str = dataclasses.field(repr=False)
     id: str
     expires_at: str
     account: dict[str, Any]
+    device_cookie: str | None = dataclasses.field(default=None, repr=False)
 
 
-def login(transport: Transport, name: str, password: str) -> Session:
-    """Sign in with the account's password. A retried login makes a second session (the server
-    never records a login's answer): the spare one expires with ARKVORY_SESSION_LIFETIME."""
-    body = transport.json("POST", "/api/v1/login", f"login as {name}", json={"name": name, "password": password})
+def login(transport: Transport, name: str, password: str, device_cookie: str | None = None) -> Session:
+    """Sign in with the account's password, sending `device_cookie` (a `Session.device_cookie`
+    of an earlier login as this account) when given. A retried login makes a second session (the
+    server never records a login's answer): the spare one expires with ARKVORY_SESSION_LIFETIME."""
+    headers = None
+    if device_cookie is not None and _DEVICE_COOKIE_VALUE.fullmatch(device_cookie):
+        headers = {"Cookie": f"{DEVICE_COOKIE}={device_cookie}"}
+    what = f"login as {name}"
+    response = transport.request("POST", "/api/v1/login", what, json={"name": name, "password": password},
+                                 headers=headers)
     try:
+        body = response.json()
         return Session(
-            token=body["token"], id=body["sessionId"], expires_at=body["expiresAt"], account=body["account"]
+            token=body["token"], id=body["sessionId"], expires_at=body["expiresAt"], account=body["account"],
+            device_cookie=_set_device_cookie(response.headers.get_list("set-cookie")),
         )
-    except (KeyError, TypeError):
-        raise ClientError(f"login as {name}: unexpected answer") from None
+    except (ValueError, KeyError, TypeError):
+        raise ClientError(f"{what}: unexpected answer") from None
+
+
+def _set_device_cookie(set_cookies: list[str]) -> str | None:
+    """The device cookie's value among a login answer's Set-Cookie headers."""
+    for header in set_cookies:
+        name, _, value = header.split(";", 1)[0].partition("=")
+        if name.strip() == DEVICE_COOKIE and _DEVICE_COOKIE_VALUE.fullmatch(value.strip()):
+            return value.strip()
+    return None
 
 
 def logout(transport: Transport, session: Session) -> None:

@@ -237,6 +237,11 @@ class Runtime:
         return self.failure is None and self.pins.healthy
 
     @property
+    def stopping(self) -> bool:
+        """On its way out: draining (SIGTERM), or failed (lease lost, a loop stopped)."""
+        return self.draining or self.failure is not None
+
+    @property
     def address(self) -> str:
         """Where this process listens (ARKVORY_HOST:ARKVORY_PORT), as its readiness reports it."""
         host = self.settings.host

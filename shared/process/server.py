@@ -95,7 +95,7 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         ready=lambda: server.listening.is_set() and (runtime.status == "ready" or runtime.schema_too_new),
         healthy=runtime.payload_allowed,
         status=lambda: service_status(runtime),
-        stopping=lambda: runtime.draining or runtime.failure is not None,
+        stopping=lambda: runtime.stopping,
     )))
     try:
         # Supervised loops (pins, lease watcher, control connection); the lease itself already
