@@ -294,13 +294,15 @@ def test_a_plain_get_reads_no_blob_and_no_listing_while_arkvory_serves_it_throug
 
     web_page = {"Origin": "http://evil.example"}
     filer = f"http://127.0.0.1:{store.ports.filer}"
-    for path in (blob, f"{blob}?metadata=true", f"/buckets/{bucket}/", f"/buckets/{bucket}/{s3_cluster.prefix}/",
-                 "/buckets/", "/", f"/buckets/{bucket}/?pretty=y&limit=1000"):
+    listings = (f"/buckets/{bucket}/", f"/buckets/{bucket}/{s3_cluster.prefix}/", "/buckets/", "/",
+                f"/buckets/{bucket}/?pretty=y&limit=1000")
+    for path in (blob, f"{blob}?metadata=true", *listings):
         for headers in ({}, web_page):
             status, answer_headers, body = plain_get(filer + path, headers)
             assert status == 404 and data[:4096] not in body and bucket.encode() not in body, path
             assert "Access-Control-Allow-Origin" not in answer_headers, path
-    forged = {"Authorization": f"Bearer {hs256_jwt('not-the-key', {'exp': int(time.time()) + 10, 'fid': file_id})}"}
+    other_key = hs256_jwt("not-the-key", {"exp": int(time.time()) + 10, "fid": file_id})
+    forged = {"Authorization": f"Bearer {other_key}"}
     # (The volume server answers every Origin, weed 4.48 has no setting for it: with a refusal.)
     for headers in ({}, web_page, forged):
         status, _, body = plain_get(f"http://127.0.0.1:{store.ports.volume}/{file_id}", headers)

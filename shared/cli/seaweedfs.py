@@ -515,7 +515,6 @@ class SeaweedFS:
         except OSError:  # HTTPError (503: not yet) included
             return False
 
-
     def _a_stored_object_reads(self) -> bool:
         """The first byte of a stored object comes back through S3 (or nothing is stored yet).
         The master learns where the volumes are from the volume server's heartbeats, a few
@@ -541,10 +540,10 @@ class SeaweedFS:
         if status != 200:
             raise SeaweedFSError(f"SeaweedFS S3: GET {path} answered {status}")
         root = ElementTree.fromstring(body)
-        found = [
-            [item.text or "" for item in root.iterfind("/".join(f"s3:{part}" for part in field.split("/")), _S3_XML)]
-            for field in fields
-        ]
+        found = []
+        for field in fields:
+            where = "/".join(f"s3:{part}" for part in field.split("/"))
+            found.append([item.text or "" for item in root.iterfind(where, _S3_XML)])
         return found[0] if len(fields) == 1 else list(zip(*found))
 
 

@@ -41,7 +41,8 @@ def signed_request(
     host = urllib.parse.urlsplit(endpoint_url).netloc
     canonical_path = _encode(path, safe="/")
     canonical_query = "&".join(
-        f"{_encode(name, safe='')}={_encode(value, safe='')}" for name, value in sorted((query or {}).items())
+        f"{_encode(name, safe='')}={_encode(value, safe='')}"
+        for name, value in sorted((query or {}).items())
     )
     stamp = now.astimezone(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     scope = f"{stamp[:8]}/{region}/s3/aws4_request"
