@@ -71,8 +71,10 @@ def weed_shell(store: SeaweedFS, command: str, *, as_owner: bool = True, timeout
     store's owner it runs in the store's directory, where it reads security.toml (the gRPC
     certificate); as anyone else, elsewhere, it has none. TimeoutExpired if it hangs."""
     p = store.ports
+    # weed shell leaves a glog file at every run, -logtostderr or not: in the store's directory.
+    log_dir = f"-logdir={store.home}"
     result = subprocess.run(
-        [str(store.weed), "shell", f"-master=127.0.0.1:{p.master}.{p.master_grpc}"],
+        [str(store.weed), "-logtostderr", log_dir, "shell", f"-master=127.0.0.1:{p.master}.{p.master_grpc}"],
         input=f"{command}\nexit\n", capture_output=True, text=True, timeout=timeout,
         cwd=store.home if as_owner else "/",
         env={"PATH": "/usr/bin:/bin", "HOME": str(store.home if as_owner else store.home.parent)},
