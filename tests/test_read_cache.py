@@ -21,6 +21,8 @@ from arkvory.shared.storage.directory import Storage
 from arkvory.shared.storage.cache_files import ALIGN, DirectReader, FillFile
 from arkvory.shared.storage.read_cache import FILL_CHUNK, ReadCache, _Flight, _hash_behind
 
+from .harness import eventually_async
+
 pytestmark = pytest.mark.timeout(30)
 
 KiB = 1024
@@ -175,7 +177,7 @@ def test_a_wrong_fill_is_not_kept_and_no_read_of_its_file_completes(origin, tmp_
                 got.extend(behind.take(behind.buffered))
 
         reading = asyncio.create_task(read_behind())
-        await asyncio.sleep(0.3)
+        await eventually_async(lambda: len(got) >= 1024 * KiB - 1, "the file read up to its last byte")
         assert len(got) == 1024 * KiB - 1 and not reading.done()  # its last byte waits for the hash
         origin.resume.set()
         with pytest.raises(StorageUnavailable, match="do not match its digest"):
@@ -185,8 +187,7 @@ def test_a_wrong_fill_is_not_kept_and_no_read_of_its_file_completes(origin, tmp_
         assert await along == stored  # as the store sent them: a download without a cache
         await cache.drained()
         assert cache.fills["corrupt"] == 1 and cache.held == 0 and cache.acquire(sha256) is None
-        await asyncio.sleep(0.05)  # the background unlinks
-        assert os.listdir(cache.filling) == []
+        await eventually_async(lambda: os.listdir(cache.filling) == [], "the fill's file unlinked")
         origin.pause_before = None
         origin.put(data)  # repaired: the next read fills afresh
         assert await read_all(cache, sha256, size) == data
@@ -215,8 +216,7 @@ def test_a_fill_whose_readers_all_left_early_stops_and_frees_its_room(origin, tm
         await asyncio.wait_for(cache.drained(), 5)  # stopped, not waiting on the store
         assert cache.fills["abandoned"] == 1 and cache.fills["ok"] == 0
         assert cache.held == 0 and cache.files == 0 and cache.acquire(sha256) is None
-        await asyncio.sleep(0.05)  # the fill's thread removes its file
-        assert os.listdir(cache.filling) == []
+        await eventually_async(lambda: os.listdir(cache.filling) == [], "the fill's file removed by its thread")
 
         origin.paused.clear()
         whole = asyncio.create_task(read_all(cache, sha256, size, settle=False))  # all of it, and ...
@@ -315,6 +315,19 @@ def test_a_fill_file_whose_writes_fail_even_buffered_raises_rather_than_retrying
         file.close()
 
 
+def on_disk(cache: ReadCache) -> int:
+    """Bytes of the cached files (an evicted one is unlinked in the background, maybe while
+    this looks)."""
+    total = 0
+    for top in os.scandir(cache.blobs):
+        for entry in os.scandir(top.path):
+            try:
+                total += entry.stat().st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
 def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_stays(origin, tmp_path):
     blobs = [os.urandom(100 * KiB) for _ in range(5)]
     digests = [origin.put(b) for b in blobs]
@@ -337,9 +350,8 @@ def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_st
         assert await read_all(cache, digests[4], size) == blobs[4]  # now 0 can go
         assert cache.evictions == 2 and cache.held <= 3 * size
         assert cache.acquire(digests[0]) is None
-        await asyncio.sleep(0.05)
-        on_disk = sum(e.stat().st_size for top in os.scandir(cache.blobs) for e in os.scandir(top.path))
-        assert on_disk == cache.held == 3 * size
+        assert cache.held == 3 * size
+        await eventually_async(lambda: on_disk(cache) == 3 * size, "the evicted files unlinked")
         # Larger than the whole limit: not cached, read from the store.
         assert cache.reader(digests[0], 3 * size + 1, 0, 10, no_fallback) is None
         assert cache.requests["bypass"] == 1

@@ -29,7 +29,7 @@ from arkvory.shared.storage.s3 import ObjectStorage, blob_key
 from arkvory.shared.storage.s3_client import ObjectStore
 from arkvory.shared.storage.s3_direct import MAX_HEAD_BYTES, DirectRange
 
-from .harness import ADMIN_TOKEN
+from .harness import ADMIN_TOKEN, eventually_async
 from .s3cluster import s3_bucket, s3_cluster, seaweedfs  # noqa: F401  (pytest fixtures)
 from .tcpproxy import TcpProxy
 
@@ -360,8 +360,7 @@ def test_a_cache_fill_cut_mid_way_fails_its_readers_and_keeps_nothing(s3_cluster
             assert 8 * MiB <= len(got) < size and bytes(got) == data[:len(got)]
             assert storage.direct == 1 and cache.fills["failed"] == 1
             assert cache.held == 0 and cache.acquire(sha256) is None
-            await asyncio.sleep(0.05)  # the background unlinks
-            assert os.listdir(cache.filling) == []
+            await eventually_async(lambda: os.listdir(cache.filling) == [], "the fill's file unlinked")
             cache.close()
 
         proxy_cut: list = []

@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 import asyncpg
 
+from arkvory.shared import db
 from arkvory.shared.errors import DatabaseUnavailable, SlotBusy, StartupRefused
 
 from .supervision import DATABASE
@@ -299,8 +300,8 @@ class SlotLease:
                         "application_name": f"arkvory-lease-slot-{self.slot}",
                     },
                 )
-            except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-                raise DatabaseUnavailable(f"cannot open the lease connection: {exc}") from exc
+            except db.CONNECT_ERRORS as exc:
+                raise db.connect_failed(self.database_url, exc) from exc
         return self._conn
 
     async def _renew_until_stopped(self) -> None:

@@ -206,6 +206,10 @@ class Storage(LocalState):
         except FileNotFoundError:
             return None
 
+    async def read_storage_id(self) -> str | None:
+        """The interface's identity: the id file (a few bytes on a local disk: read in place)."""
+        return self.read_id_file()
+
     def create_layout(self, storage_id: str) -> None:
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.create_local_dirs()

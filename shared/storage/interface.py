@@ -7,7 +7,8 @@
     ├── writing (the writer)    stage (outside any transaction), publish (under the digest claim)
     ├── maintenance             listing, delete (and each backend's own quarantine of a
     │                           corrupt blob)
-    └── reachability            check (the probe loop of shared/storage/health.py)
+    ├── reachability            check (the probe loop of shared/storage/health.py)
+    └── identity                read_storage_id (what opening.py checks, what `admin init` prints)
 
 Who calls what:
 - the content path (shared/download/transfer.py) asks `acquire_file` first: a descriptor is sent
@@ -193,4 +194,11 @@ class BlobStorage(Protocol):
 
     async def check(self) -> None:
         """Reach the storage now; StorageUnavailable or StorageRefused when it cannot serve."""
+        ...
+
+    # -- identity (SPEC §3, §11) ---------------------------------------------------------------------
+
+    async def read_storage_id(self) -> str | None:
+        """The storage id the storage itself records (the directory's id file, the store's
+        identity object), None when it has none yet; StorageError when it cannot be read."""
         ...

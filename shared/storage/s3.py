@@ -165,6 +165,10 @@ class ObjectStorage(LocalState):
     async def check(self) -> None:
         await self.store.check()
 
+    async def read_storage_id(self) -> str | None:
+        """The interface's identity: the PREFIX/arkvory-storage-id object."""
+        return await self.store.read_identity()
+
     def describe(self) -> str:
         """The location and where it is (never a credential), for messages."""
         return f"{self.location} at {self.settings.endpoint_url or 'AWS S3'}"
