@@ -16,6 +16,7 @@ import pytest
 
 from arkvory.shared import db
 
+from .console_client import Console, messages
 from .harness import ADMIN_TOKEN, eventually
 from .test_accounts import PASSWORD, login, make_account
 
@@ -345,3 +346,53 @@ def test_the_migration_records_what_older_rows_say_and_suspends_keys_of_disabled
     assert (rows["by file"]["maker_account_id"], rows["by file"]["made_through"]) == (None, "keys_file:ci")
     assert rows["token"]["maker_account_id"] == kept and rows["token"]["ends_with"] is None
     assert rows["token"]["password_given"] is None
+
+
+# -- the console --------------------------------------------------------------------------------------
+
+
+def _secret(page: httpx.Response) -> str:
+    assert page.status_code == 201, page.text
+    return page.text.split('id="new-secret" readonly value="', 1)[1].split('"', 1)[0]
+
+
+def test_the_console_ends_what_a_session_made_at_sign_out_and_adopts_a_suspended_key(site):
+    writer = site[0]
+    maker, rescuer = new_account(writer, admin=True), new_account(writer, admin=True)
+    with Console(writer.url) as console:
+        console.signed_in(maker, PASSWORD)
+        tied = _secret(console.submit("/console/keys", "/console/keys", scopes="read:vault", label="tied"))
+        kept = _secret(console.submit("/console/keys", "/console/keys", scopes="read:vault", label=f"kept by {maker}",
+                                      password=PASSWORD))
+        token = _secret(console.submit("/console/tokens", "/console/tokens", access="read", label="tied"))
+        works(site, tied, kept, token)
+        assert console.submit("/console/", "/console/sign-out").status_code == 303
+    refused(site, tied, token)  # made through the console's session without the password
+    works(site, kept)
+    assert admin_post(writer, f"/api/v1/accounts/{maker}/disable").status_code == 200
+    refused(site, kept)
+
+    with Console(writer.url) as console:
+        console.signed_in(rescuer, PASSWORD)
+        key_id = _id_of(writer, f"kept by {maker}")
+        row = console.get("/console/keys").text.split(f'data-key="{key_id}"', 1)[1].split("</tr>", 1)[0]
+        assert 'data-suspended="true"' in row and ">Adopt</button>" in row
+        not_yours = console.submit("/console/keys", f"/console/keys/{key_id}/adopt", password="not the password")
+        assert not_yours.status_code == 401 and messages(not_yours) == ["the password is wrong"]
+        adopted = console.submit("/console/keys", f"/console/keys/{key_id}/adopt", password=PASSWORD)
+        assert adopted.status_code == 303 and adopted.headers["location"] == "/console/keys?notice=key-adopted"
+        works(site, kept)
+        again = console.submit("/console/keys", f"/console/keys/{key_id}/adopt")
+        assert again.status_code == 409 and "is not suspended" in messages(again)[0]
+        for hostile in ("not-a-uuid", "..", "%2e%2e"):
+            assert console.submit("/console/keys", f"/console/keys/{hostile}/adopt").status_code in (400, 404)
+        forged = console.http.post(f"/console/keys/{key_id}/adopt", data={"password": PASSWORD})
+        assert forged.status_code == 403  # no CSRF token
+        assert console.submit("/console/", "/console/sign-out").status_code == 303
+    works(site, kept)  # adopted with the password: it outlived the rescuer's session
+
+
+def _id_of(writer, label: str) -> str:
+    with writer.client(ADMIN_TOKEN) as client:
+        listed = client.get("/api/v1/keys", params={"limit": 1000}).json()["items"]
+    return [k for k in listed if k["label"] == label][0]["id"]
