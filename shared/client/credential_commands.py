@@ -1,4 +1,5 @@
-"""`arkvory login` and `arkvory token create|list|revoke`: credentials without curl (SPEC §5).
+"""`arkvory login` and `arkvory token create|list|revoke`: credentials without curl (SPEC §5);
+an administrator's managed keys are key_commands.py's.
 
 `login` signs in with the account's password, makes a personal token with it (the password
 makes it, so it may outlive the session, which is then ended) and files the token in a profile
@@ -63,7 +64,8 @@ def register(add) -> None:
     create.add_argument(
         "--password", action="store_true",
         help="re-enter your password (asked for, or read from standard input) so that the token may "
-        "outlive the credential that makes it; without it, it expires at the latest with that one",
+        "outlive the credential that makes it; without it, it expires at the latest with that one and "
+        "is revoked with it",
     )
     add("list", "show your tokens: id, access, expiry, last use and label (never a secret)", cmd_token_list,
         parent=actions)
@@ -180,10 +182,12 @@ def cmd_token_create(args: argparse.Namespace, output: Output) -> int:
         f"token {created.get('id')} ({created.get('access')}, expires {_day(created.get('expiresAt'))}) "
         "is shown only now: store it"
     )
-    if _capped(created.get("expiresAt"), args.expires):
+    capped = _capped(created.get("expiresAt"), args.expires)
+    if created.get("endsWith") or capped:
+        # Made without the password: the writer revokes it with the token that made it (SPEC §5).
         output.note(
-            "it expires with the credential that made it, sooner than asked; --password makes one that "
-            "outlives it"
+            f"it expires with the credential that made it{', sooner than asked' if capped else ' at the latest'}"
+            ", and is revoked with it; --password makes one that outlives it"
         )
     output.result(created, human=created["token"])
     return 0
