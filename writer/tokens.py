@@ -300,13 +300,14 @@ CREDENTIAL_SCHEMA = {
     },
 }
 CREATED_SCHEMA = {**CREDENTIAL_SCHEMA, "required": [*CREDENTIAL_SCHEMA["required"], "token"],
-            "properties": {**CREDENTIAL_SCHEMA["properties"], "token": {"type": "string", "description": "shown once"}}}
+                  "properties": {**CREDENTIAL_SCHEMA["properties"], "token": {"type": "string", "description": "shown once"}}}
 EXPIRY_SCHEMA = {"type": "integer", "minimum": 1, "maximum": MAX_EXPIRY_S, "default": DEFAULT_EXPIRY_S,
-           "description": "capped at the expiry of the credential making it (see expiresAt in the answer)"}
+                 "description": "capped at the expiry of the credential making it (see expiresAt in the answer)"}
 LABEL_SCHEMA = {"type": "string", "maxLength": MAX_LABEL}
 PASSWORD_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_PASSWORD,
-             "description": "an account's own password, re-entered: the new credential may then outlive the"
-             " session or token that asks for it (limited like logins: 401 when wrong, 429)"}
+                   "description": "an account's own password, re-entered: the credential may then outlive the"
+                   " session or token that asks (without it, it expires and is revoked with that one; with it,"
+                   " it still ends with the account); limited like logins: 401 when wrong, 429"}
 ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
 
 
@@ -331,7 +332,8 @@ def credential_family(what: str, create_body: dict[str, Any], who: str, *create_
 
 def revocation(what: str) -> dict[str, Any]:
     return {"delete": {
-        "summary": f"Revoke a {what}: the next request with it fails on every process",
+        "summary": f"Revoke a {what}, and what it made without the password given again: the next request"
+        " with any of them fails on every process",
         "parameters": [ID_PARAM, openapi.IDEMPOTENCY_KEY],
         "responses": {"204": {"description": "Revoked"}, **openapi.errors(400, 401, 403, 404, 409, 422)},
     }}
