@@ -19,31 +19,19 @@ from arkvory.shared import db
 from .console_client import Console, messages
 from .harness import ADMIN_TOKEN, eventually
 from .test_accounts import PASSWORD, login, make_account
+from .test_credentials import site  # noqa: F401  (a writer and a gateway, and `secret`'s artifact)
 
 pytestmark = pytest.mark.timeout(180)
 
 YEAR = 366 * 86400
 
 
-@pytest.fixture(scope="module")
-def site(module_cluster):
-    """A writer and a gateway, with the private repository `vault` and its artifact."""
-    shared = module_cluster.shared_env()
-    writer = module_cluster.writer(shared).wait_ready()
-    gateway = module_cluster.gateway(1, shared).wait_ready()
-    with writer.client(ADMIN_TOKEN) as admin:
-        assert admin.post("/api/v1/repositories", json={"name": "vault"}).status_code == 201
-        made = admin.post("/api/v1/repositories/vault/artifacts?name=a.bin", content=b"vault bytes")
-        assert made.status_code == 201, made.text
-    return writer, gateway, f"/api/v1/repositories/vault/artifacts/{made.json()['id']}/content"
-
-
 def new_account(writer, admin: bool = False) -> str:
-    """An account of the test's own (one test's disable touches no other's) that reads `vault`."""
+    """An account of the test's own (one test's disable touches no other's) that reads `secret`."""
     name = f"u-{uuid.uuid4().hex[:8]}"
     make_account(writer, name, admin=admin)
     with writer.client(ADMIN_TOKEN) as client:
-        granted = client.put(f"/api/v1/repositories/vault/permissions/{name}", json={"level": "read"})
+        granted = client.put(f"/api/v1/repositories/secret/permissions/{name}", json={"level": "read"})
     assert granted.status_code == 200, granted.text
     return name
 
@@ -171,7 +159,7 @@ def test_a_key_made_by_a_stolen_session_is_suspended_with_its_maker_and_works_ag
     victim = new_account(writer, admin=True)
     stolen, stolen_id = signed_in(writer, victim)
     key = make(writer, stolen, "keys", scopes=["admin"], label="not mine", expiresInSeconds=YEAR)
-    spawned = make(writer, key["token"], "keys", scopes=["read:vault"])  # made by that key: the victim answers
+    spawned = make(writer, key["token"], "keys", scopes=["read:secret"])  # made by that key: the victim answers
     assert (key["makerAccount"], key["madeThrough"], key["endsWith"]) == (victim, f"session:{stolen_id}", stolen_id)
     assert (spawned["makerAccount"], spawned["endsWith"]) == (victim, key["id"])
     works(site, key, spawned)
@@ -208,7 +196,7 @@ def test_a_key_adopted_without_the_password_ends_with_the_adopters_session(site)
     writer = site[0]
     maker = new_account(writer, admin=True)
     session, _ = signed_in(writer, maker)
-    key = make(writer, session, "keys", scopes=["read:vault"], password=PASSWORD, expiresInSeconds=YEAR)
+    key = make(writer, session, "keys", scopes=["read:secret"], password=PASSWORD, expiresInSeconds=YEAR)
     with writer.client(session) as client:
         assert client.post("/api/v1/logout").status_code == 204
     works(site, key)  # made with the password: it outlived the session
@@ -231,7 +219,7 @@ def test_a_key_adopted_without_the_password_ends_with_the_adopters_session(site)
 
 def test_what_a_keys_file_key_makes_has_no_maker_account_and_adoption_is_for_suspended_keys(site):
     writer = site[0]
-    key = make(writer, ADMIN_TOKEN, "keys", scopes=["read:vault"])
+    key = make(writer, ADMIN_TOKEN, "keys", scopes=["read:secret"])
     assert (key["makerAccount"], key["madeThrough"], key["endsWith"]) == (None, "keys_file:admin", None)
     assert admin_post(writer, f"/api/v1/keys/{key['id']}/adopt").status_code == 400  # the body is a JSON object
     assert admin_post(writer, f"/api/v1/keys/{key['id']}/adopt", password=PASSWORD).status_code == 400  # a key has none
@@ -361,8 +349,8 @@ def test_the_console_ends_what_a_session_made_at_sign_out_and_adopts_a_suspended
     maker, rescuer = new_account(writer, admin=True), new_account(writer, admin=True)
     with Console(writer.url) as console:
         console.signed_in(maker, PASSWORD)
-        tied = _secret(console.submit("/console/keys", "/console/keys", scopes="read:vault", label="tied"))
-        kept = _secret(console.submit("/console/keys", "/console/keys", scopes="read:vault", label=f"kept by {maker}",
+        tied = _secret(console.submit("/console/keys", "/console/keys", scopes="read:secret", label="tied"))
+        kept = _secret(console.submit("/console/keys", "/console/keys", scopes="read:secret", label=f"kept by {maker}",
                                       password=PASSWORD))
         token = _secret(console.submit("/console/tokens", "/console/tokens", access="read", label="tied"))
         works(site, tied, kept, token)

@@ -28,12 +28,11 @@ from arkvory.shared.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from . import openapi
 from .credential_makers import making_of
 from .idempotency import idempotent, key_of
-from .pagination import page, page_limit, time_id_cursor, time_id_key
 from .repositories import json_body, principal_of, require_admin_scope, runtime_of
 from .tokens import (
     COLUMNS, CREDENTIAL_SCHEMA, EXPIRY_SCHEMA, ID_PARAM, LABEL_SCHEMA, MAKER_GONE, PASSWORD_SCHEMA, WITH_MAKER,
-    create_credential, credential_family, credential_json, expiry_of, label_of, password_reentered, revocation,
-    revoke_credential,
+    create_credential, credential_family, credential_json, credential_page, expiry_of, label_of, password_reentered,
+    revocation, revoke_credential,
 )
 
 MAX_SCOPES = 100
@@ -62,19 +61,7 @@ async def create_key(request: Request) -> Response:
 async def list_keys(request: Request) -> Response:
     principal = await principal_of(request)
     require_admin_scope(principal, "service keys")
-    pool = runtime_of(request).pool
-    assert pool is not None
-    limit = page_limit(request)
-    after_time, after_id = time_id_cursor(request)
-    async with pooled(pool) as conn:
-        rows = await conn.fetch(
-            f"SELECT {COLUMNS} FROM arkvory_credentials c {WITH_MAKER} WHERE c.kind = 'service_key'"
-            " AND ($1::timestamptz IS NULL OR (c.created_at, c.id) > ($1, $2::uuid))"
-            " ORDER BY c.created_at, c.id LIMIT $3",
-            after_time, after_id, limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(page(rows, limit, credential_json, time_id_key))
+    return await credential_page(request, "c.kind = 'service_key'")
 
 
 async def revoke_key(request: Request) -> Response:

@@ -222,16 +222,23 @@ async def create_token(request: Request) -> Response:
 async def list_tokens(request: Request) -> Response:
     principal = await principal_of(request)
     account_id = _token_owner(principal)
+    return await credential_page(request, "c.account_id = $1 AND c.kind = 'pat'", account_id)
+
+
+async def credential_page(request: Request, where: str, *args: Any) -> Response:
+    """One page of the credentials that `where` picks (a condition on `c`, with `args` as $1..),
+    oldest first. A condition of its own per list, so that each plans with its own index."""
     pool = runtime_of(request).pool
     assert pool is not None
     limit = page_limit(request)
     after_time, after_id = time_id_cursor(request)
+    after = len(args) + 1
     async with pooled(pool) as conn:
         rows = await conn.fetch(
-            f"SELECT {COLUMNS} FROM arkvory_credentials c {WITH_MAKER} WHERE c.account_id = $1 AND c.kind = 'pat'"
-            " AND ($2::timestamptz IS NULL OR (c.created_at, c.id) > ($2, $3::uuid))"
-            " ORDER BY c.created_at, c.id LIMIT $4",
-            account_id, after_time, after_id, limit + 1,
+            f"SELECT {COLUMNS} FROM arkvory_credentials c {WITH_MAKER} WHERE {where}"
+            f" AND (${after}::timestamptz IS NULL OR (c.created_at, c.id) > (${after}, ${after + 1}::uuid))"
+            f" ORDER BY c.created_at, c.id LIMIT ${after + 2}",
+            *args, after_time, after_id, limit + 1,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
     return JSONResponse(page(rows, limit, credential_json, time_id_key))

@@ -25,7 +25,7 @@ import sys
 import uuid
 from typing import Any
 
-from .cli_output import Output
+from .cli_output import Output, text_table
 
 DEFAULT_LIFETIME = "90d"
 _DURATION = re.compile(r"(\d+)([smhd]?)")
@@ -205,9 +205,7 @@ def cmd_token_list(args: argparse.Namespace, output: Output) -> int:
         )
         for t in tokens
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[4]]).rstrip() for row in rows]
-    output.result({"tokens": tokens}, human="\n".join(lines) if tokens else "no tokens")
+    output.result({"tokens": tokens}, human=text_table(rows) if tokens else "no tokens")
     return 0
 
 

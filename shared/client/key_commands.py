@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import uuid
 
-from .cli_output import Output
+from .cli_output import Output, text_table
 from .credential_commands import _day, read_password
 
 
@@ -58,9 +58,7 @@ def cmd_key_list(args: argparse.Namespace, output: Output) -> int:
         )
         for k in keys
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[5]]).rstrip() for row in rows]
-    output.result({"keys": keys}, human="\n".join(lines) if keys else "no managed keys")
+    output.result({"keys": keys}, human=text_table(rows) if keys else "no managed keys")
     return 0
 
 
