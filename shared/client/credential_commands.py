@@ -139,7 +139,7 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
     )
     output.note(
         f"logged in as {args.account}: a {created.get('access')} token (id {created.get('id')}, expires "
-        f"{_day(created.get('expiresAt'))}) is stored in profile '{stored.profile}' of {path}"
+        f"{utc_minute(created.get('expiresAt'))}) is stored in profile '{stored.profile}' of {path}"
     )
     _notes_after_storing(output, stored)
     output.result({
@@ -179,7 +179,7 @@ def cmd_token_create(args: argparse.Namespace, output: Output) -> int:
             access=args.access, label=args.label, expires_in_seconds=args.expires, password=password
         )
     output.note(
-        f"token {created.get('id')} ({created.get('access')}, expires {_day(created.get('expiresAt'))}) "
+        f"token {created.get('id')} ({created.get('access')}, expires {utc_minute(created.get('expiresAt'))}) "
         "is shown only now: store it"
     )
     capped = _capped(created.get("expiresAt"), args.expires)
@@ -200,8 +200,8 @@ def cmd_token_list(args: argparse.Namespace, output: Output) -> int:
         tokens = client.list_tokens()
     rows = [("ID", "ACCESS", "EXPIRES", "LAST USED", "LABEL")] + [
         (
-            str(t.get("id")), str(t.get("access")), _day(t.get("expiresAt")),
-            _day(t.get("lastUsedAt")) if t.get("lastUsedAt") else "never", str(t.get("label") or ""),
+            str(t.get("id")), str(t.get("access")), utc_minute(t.get("expiresAt")),
+            utc_minute(t.get("lastUsedAt")) if t.get("lastUsedAt") else "never", str(t.get("label") or ""),
         )
         for t in tokens
     ]
@@ -224,7 +224,7 @@ def cmd_token_revoke(args: argparse.Namespace, output: Output) -> int:
     return 0
 
 
-def _day(value: Any) -> str:
+def utc_minute(value: Any) -> str:
     """An ISO timestamp from the server, to the minute in UTC (what a person compares)."""
     moment = _moment(value)
     return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else str(value)

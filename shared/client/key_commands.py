@@ -1,6 +1,6 @@
 """`arkvory key list|adopt|revoke`: an administrator's managed service keys without curl (SPEC §5).
 
-Disabling an account suspends the managed keys it made; `key list` shows them (SUSPENDED) and
+Disabling an account suspends the managed keys it made; `key list` shows them (state `suspended`) and
 `key adopt ID` makes one the caller's: it works again, and ends with the caller's token (the
 profile's) unless `--password` re-enters the caller's account password, read like `arkvory
 login` reads it (asked on a terminal, else one line of standard input). Keys are made in the
@@ -13,7 +13,7 @@ import argparse
 import uuid
 
 from .cli_output import Output, text_table
-from .credential_commands import _day, read_password
+from .credential_commands import read_password, utc_minute
 
 
 def register(add) -> None:
@@ -54,7 +54,7 @@ def cmd_key_list(args: argparse.Namespace, output: Output) -> int:
         (
             str(k.get("id")), "suspended" if k.get("suspendedAt") else "active",
             str(k.get("makerAccount") or k.get("madeThrough") or k.get("createdBy") or ""),
-            _day(k.get("expiresAt")), " ".join(k.get("scopes") or []), str(k.get("label") or ""),
+            utc_minute(k.get("expiresAt")), " ".join(k.get("scopes") or []), str(k.get("label") or ""),
         )
         for k in keys
     ]
@@ -69,8 +69,8 @@ def cmd_key_adopt(args: argparse.Namespace, output: Output) -> int:
     password = read_password("your password: ") if args.password else None
     with client_for(args) as client:
         adopted = client.adopt_key(key_id, password=password)
-    lasts = (f"until {_day(adopted.get('expiresAt'))}" if not adopted.get("endsWith")
-             else f"until {_day(adopted.get('expiresAt'))} at the latest, and ends with the token that adopted it"
+    lasts = (f"until {utc_minute(adopted.get('expiresAt'))}" if not adopted.get("endsWith")
+             else f"until {utc_minute(adopted.get('expiresAt'))} at the latest, and ends with the token that adopted it"
              " (--password makes it outlive that token)")
     output.note(f"key {key_id} is yours now and works again, {lasts}")
     output.result(adopted)
