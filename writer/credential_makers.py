@@ -13,9 +13,9 @@ but not the account.
 Every token and key records the account that answers for it (for a key made by a managed key,
 that key's; none for a keys-file key). Disabling an account deletes its sessions and tokens and
 suspends the managed keys it made, tied or not: a suspended key is refused (401) everywhere
-until an administrator adopts it (tokens.py), which makes the key theirs as if they made it now.
-Enabling the account again revives none of them: a key made by a stolen session must not come
-back with its victim, and cannot act to bring the victim back (`require_still_valid`).
+until an administrator adopts it (service_keys.py), which makes the key theirs as if they made it
+now. Enabling the account again revives none of them: a key made by a stolen session must not
+come back with its victim, and cannot act to bring the victim back (`require_still_valid`).
 
 Races: making or adopting locks the maker account's row (FOR NO KEY UPDATE) and checks that it
 is enabled; a disable updates that row before it suspends, so a key made meanwhile is either
