@@ -248,7 +248,7 @@ async def logout(request: Request) -> Response:
     assert runtime.pool is not None
     async with pooled(runtime.pool) as conn:
         # What the session made without the password given again goes with it (the cascade of
-        # migration 0013: credential_makers.py).
+        # migration 0014: credential_makers.py).
         await conn.execute(
             "DELETE FROM arkvory_credentials WHERE id = $1", principal.credential_id, timeout=POOLED_QUERY_TIMEOUT_S
         )

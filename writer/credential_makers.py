@@ -1,5 +1,5 @@
 """Who makes a personal token or a managed service key, and what ends it (SPEC §5; the columns
-are migration 0013's).
+are migration 0014's).
 
 A credential made without the account's password given again is tied (`ends_with`) to the
 credential that asked for it, a session, a personal token or a managed key: it expires no later

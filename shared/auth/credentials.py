@@ -8,11 +8,11 @@ indexed lookup by that digest finds the credential, its account and the account'
 Revocation must take effect on the next request on every process, so resolved credentials are
 remembered (by the token's `identity.memo_key`, a BLAKE2b digest: a hit then costs no SHA-256)
 only under the same rule as the catalog cache: while this process LISTENs on
-`arkvory_credentials` (migrations 0004 and 0013 notify on every revocation, expiry change,
+`arkvory_credentials` (migrations 0004 and 0014 notify on every revocation, expiry change,
 suspended key, disabled account and permission change), flushed on every notification and on
 every reconnect, and nothing is remembered *or answered* from memory while the listener is
 down. Expiry is checked on every hit against the expiry read from the database. What a revoked
-credential made goes with it in the same statement (migration 0013's `ends_with` cascade), so
+credential made goes with it in the same statement (migration 0014's `ends_with` cascade), so
 the one notification covers it too.
 
 Last-used times are collected in memory and written in one statement per control-connection ping
