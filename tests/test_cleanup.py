@@ -213,14 +213,16 @@ def test_grace_pins_strays_uploads_keys_and_retention(cluster):
 def test_expired_credentials_of_an_idle_account_are_deleted_and_live_ones_kept(cluster):
     """An account that makes no more tokens and logs in no more keeps its expired rows until a
     cleanup takes them (writer/tokens.py forgets them only at the account's next token)."""
-    from .test_accounts import make_account, session_of
+    from .test_accounts import PASSWORD, make_account, session_of
 
     writer = cluster.writer().wait_ready()
     db = cluster.database_url
     make_account(writer, "idle")
     session = session_of(writer, "idle")
     with writer.client(session) as client:
-        made = [client.post("/api/v1/tokens", json={"access": "read", "label": f"t{n}"}) for n in range(3)]
+        # With the password: made through the session without it, they would end with it.
+        made = [client.post("/api/v1/tokens", json={"access": "read", "label": f"t{n}", "password": PASSWORD})
+                for n in range(3)]
     assert [m.status_code for m in made] == [201] * 3
     live, expired = made[0].json(), [m.json()["id"] for m in made[1:]]
     db_execute(db, "UPDATE arkvory_credentials SET expires_at = now() - interval '1 second'"

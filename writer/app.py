@@ -11,7 +11,9 @@ from arkvory.shared.http.edge import RequestGuard
 from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
-from . import accounts, artifacts, assets, openapi, packages, permissions, repositories, tokens, uploads
+from . import (
+    accounts, artifacts, assets, openapi, packages, permissions, repositories, service_keys, tokens, uploads,
+)
 from .body_memory import keep_body_buffers
 from .console import app as console
 from .console.security import CookieCsrfGuard
@@ -25,7 +27,7 @@ from .upload_places import UploadPlaces
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (
-    repositories, packages, assets, artifacts, accounts, tokens, permissions, uploads, tasks,
+    repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, uploads, tasks,
     diagnostics, openapi,
 )
 
