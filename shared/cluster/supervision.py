@@ -70,8 +70,9 @@ class DatabaseReachability:
     So a reporting loop must keep retrying until it succeeds or the process ends (a lost lease
     ends it). Thread-safe: the lease renews in a thread of its own.
 
-    `attempts_failed` counts the failed attempts of each loop that ever reported (0 for a loop
-    that only succeeded), for the metric `arkvory_database_errors_total{loop}`.
+    `attempts_failed` counts the failed attempts of each loop that ever reported or that the
+    process said it runs (`expect`), 0 for one that never failed, for the metric
+    `arkvory_database_errors_total{loop}`.
     """
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
@@ -95,6 +96,14 @@ class DatabaseReachability:
             self.attempts_failed[loop] = self.attempts_failed.get(loop, 0) + 1
         if went_down:
             self._log.warning("database unreachable: %s (%s)", reason, loop)
+
+    def expect(self, *loops: str) -> None:
+        """Loops that will report: their series exist from now on, as 0, so that a loop whose
+        very first attempt fails is counted by `increase()` too (a series that first appears
+        at 1 shows no increase)."""
+        with self._lock:
+            for loop in loops:
+                self.attempts_failed.setdefault(loop, 0)
 
     def succeeded(self, loop: str) -> None:
         """An attempt of `loop` succeeded (cheap when nothing failed: called every round)."""
