@@ -41,17 +41,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from arkvory.shared import db
-from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import DatabaseUnavailable
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S
 
-from .supervision import DATABASE, describe_failure
+from .supervision import DATABASE_ERRORS, describe_failure, read_every
 
 log = logging.getLogger("arkvory.lease")
 
 REFRESH_S = 5.0
 RECORD_TIMEOUT_S = 2.0
 LOOP = "lease history"  # as named in the process's database outage lines
-_DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
 
 _SLOTS = """
 SELECT s.slot,
@@ -81,22 +79,9 @@ class LeaseHistory(Collector):
         self.slots = [(row["slot"], row["generation"], row["lost"], row["late_chunks"]) for row in rows]
 
     async def run(self, pool_of: Callable[[], Any], *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Read every REFRESH_S from a pool connection (`pool_of()` gives the pool). The first
-        read comes before `started()`, so that the series are there from the process's first
-        scrape; a read that fails keeps the last values (and is reported to DATABASE)."""
-        DATABASE.expect(LOOP)
-        started = False
-        while True:
-            try:
-                async with pooled(pool_of()) as conn:
-                    await self.refresh(conn)
-                DATABASE.succeeded(LOOP)
-            except _DATABASE_ERRORS as exc:
-                DATABASE.failed(LOOP, exc)
-            if not started:
-                started = True
-                task_status.started()
-            await asyncio.sleep(REFRESH_S)
+        """Read every REFRESH_S from a pool connection (`pool_of()` gives the pool), the first
+        time before `started()`; a read that fails keeps the last values."""
+        await read_every(REFRESH_S, LOOP, pool_of, self.refresh, task_status=task_status)
 
     def collect(self):
         generation = GaugeMetricFamily(
@@ -146,7 +131,7 @@ async def record_payload_after_trust(registry: CollectorRegistry, database_url: 
 
     try:
         await asyncio.wait_for(record(), RECORD_TIMEOUT_S)
-    except _DATABASE_ERRORS as exc:
+    except DATABASE_ERRORS as exc:
         log.critical(
             "slot %d handed out %d payload chunk(s) after its lease's trust ended, and they could not be"
             " recorded in the database (%s): this log is their only record (ArkvoryPayloadAfterTrust)",

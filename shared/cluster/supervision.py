@@ -12,16 +12,21 @@ retries too: logs.QuietPoolRetries).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import asyncpg
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from arkvory.shared.db import pooled
+from arkvory.shared.errors import DatabaseUnavailable
 
 log = logging.getLogger("arkvory.supervision")
 
@@ -120,6 +125,37 @@ class DatabaseReachability:
             came_back = not self._failing
         if came_back:
             self._log.info("database reachable again")
+
+
+# What a loop that reaches the database retries on (anything else is a bug: supervised's business).
+DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
+
+
+async def read_every(
+    seconds: float,
+    loop: str,
+    pool_of: Callable[[], Any],
+    read: Callable[[Any], Awaitable[None]],
+    *,
+    task_status: Any = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """A loop that reads, for export, what only the database knows: `read(conn)` on a pool
+    connection (`pool_of()` gives the pool) every `seconds`, so that a scrape never queries the
+    database. The first read comes before `started()`, so the values are there for the first
+    scrape; a read that fails keeps the last values and is reported to DATABASE as `loop`."""
+    DATABASE.expect(loop)
+    started = False
+    while True:
+        try:
+            async with pooled(pool_of()) as conn:
+                await read(conn)
+            DATABASE.succeeded(loop)
+        except DATABASE_ERRORS as exc:
+            DATABASE.failed(loop, exc)  # the last values stay
+        if not started:
+            started = True
+            task_status.started()
+        await asyncio.sleep(seconds)
 
 
 def describe_failure(problem: BaseException | str) -> str:
