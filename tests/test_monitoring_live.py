@@ -236,3 +236,34 @@ def test_a_stopped_gateway_releases_its_lease(installation, cluster):
                       "SELECT released_at, expires_at > now() AS live FROM arkvory_gateway_leases WHERE slot = 1")
     assert row["released_at"] is not None and row["live"]
     assert value(scrape(installation["worker"].url), "arkvory_slot_leases_lost_total", slot="1") == 0
+
+
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
+def test_a_writer_cut_off_from_its_database_is_reported_lost_by_the_survivors(cluster, db_proxy, tmp_path):
+    """The operator's night with the real timings: the writer's database stalls, its trust runs
+    out after 8 s and it exits 75; the gateway and the worker, which still reach the database,
+    report the loss once the reservation has run out (10 s after the last renewal)."""
+    shared = cluster.shared_env(slots=2)
+    writer = cluster.writer(shared, ARKVORY_DATABASE_URL=db_proxy.url_for(cluster.database_url)).wait_ready()
+    gateway = cluster.gateway(1, shared).wait_ready()
+    worker = start_worker(cluster, real=True).wait_active()
+    survivors = {"gateway": gateway, "worker": worker}
+    before = {"writer": scrape(writer.url), **{role: scrape(p.url) for role, p in survivors.items()}}
+    db_proxy.stall()
+    try:
+        assert writer.wait_exit(30) == 75
+        assert "slot 0 lease LOST: trust ran out" in writer.stderr
+        after = {
+            role: wait_for(
+                lambda p=p: (text := scrape(p.url))
+                and value(text, "arkvory_slot_leases_lost_total", slot="0") == 1 and text,
+                f"the {role} reporting the writer's lost lease", timeout=30, every=0.25,
+            )
+            for role, p in survivors.items()
+        }
+    finally:
+        db_proxy.resume()
+    rule = alert_rules()["ArkvoryLeaseLost"]
+    run = promtool_says(tmp_path, "ArkvoryLeaseLost", as_input_series(rule["expr"], [before, after]), 2,
+                        [{"severity": "critical", "job": "arkvory", "slot": "0"}])
+    assert run.returncode == 0, run.stdout + run.stderr
