@@ -223,6 +223,18 @@ def test_a_runtime_records_its_payload_after_trust_when_it_closes(database_url, 
     on_prepared_database(database_url, scenario)
 
 
+def test_the_count_runtime_close_records_is_the_one_the_protocol_exports(tmp_path):
+    """record_payload_after_trust reads the protocol's audit from the registry by its name: the
+    HTTP edge must export it under that name (0 from the start), or nothing would be recorded."""
+    from arkvory.shared.http.protocol import protocol_for
+
+    settings = Settings.from_env({"ARKVORY_DATABASE_URL": "postgresql://arkvory@127.0.0.1:1/arkvory",
+                                  "ARKVORY_DATA_DIR": str(tmp_path)})
+    runtime = Runtime(settings, KeyRing.empty())
+    protocol_for(runtime)
+    assert runtime.registry.get_sample_value("arkvory_payload_chunks_after_trust_total") == 0
+
+
 def test_the_migration_counts_no_loss_for_leases_from_before_it(database_url):
     """Rows of a database migrated from an earlier version: how those leases ended is unknown,
     so they are taken as released (an upgrade stops every process first)."""
