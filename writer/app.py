@@ -13,7 +13,8 @@ from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
 from . import (
-    accounts, artifacts, assets, openapi, packages, permissions, repositories, service_keys, tokens, uploads,
+    accounts, artifacts, assets, openapi, packages, permissions, repositories, service_keys, tokens, upload_one_shot,
+    uploads,
 )
 from .body_memory import keep_body_buffers
 from .console import app as console
@@ -29,8 +30,8 @@ from .upload_places import UploadPlaces
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (
-    repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, uploads, tasks,
-    diagnostics, openapi,
+    repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, upload_one_shot, uploads,
+    tasks, diagnostics, openapi,
 )
 
 

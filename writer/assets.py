@@ -20,15 +20,8 @@ from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 from . import openapi
 from .idempotency import Result, idempotent
 from .pagination import MAX_LIMIT, page, page_cursor, page_limit
-from .repositories import (
-    artifact_in,
-    forget_cached_lookups,
-    json_body,
-    principal_of,
-    repository_in,
-    runtime_of,
-    writable_name,
-)
+from .repositories import artifact_in, forget_cached_lookups, repository_in, writable_name
+from .request_inputs import json_body, principal_of, runtime_of
 
 DEFAULT_HISTORY = 100
 

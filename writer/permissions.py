@@ -23,7 +23,7 @@ from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorize
 from . import openapi
 from .account_names import FOLDED_NAME, check_account_name, fold
 from .idempotency import idempotent
-from .repositories import json_body, principal_of, runtime_of
+from .request_inputs import json_body, principal_of, runtime_of
 
 LEVELS = ("read", "write", "admin")
 

@@ -47,7 +47,7 @@ from .credential_makers import making_of
 from .idempotency import idempotent, key_of
 from .pagination import page, page_limit, time_id_cursor, time_id_key
 from .passwords import MAX_PASSWORD
-from .repositories import json_body, principal_of, runtime_of
+from .request_inputs import json_body, principal_of, runtime_of
 
 DEFAULT_EXPIRY_S = 90 * 86400
 MAX_EXPIRY_S = 366 * 86400

@@ -56,11 +56,13 @@ from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, StorageError
 from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
-from .artifacts import artifact_json, check_artifact_name, place_claimed_blob, publish_blob
+from .artifacts import artifact_json, check_artifact_name
 from .idempotency import Result, idempotent, key_of
 from .maintenance.blob_locks import Staging
-from .repositories import json_body, principal_of, repository_for_write, runtime_of
+from .repositories import repository_for_write
+from .request_inputs import json_body, principal_of, runtime_of
 from .upload_places import UploadPlaces
+from .upload_publishing import place_claimed_blob, publish_blob
 from .upload_reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
 from .upload_sessions import (
     DEFAULT_PART,

@@ -19,7 +19,7 @@ Who calls what:
   `PipedReader`, s3_direct.py: the bytes arrive in a pipe and are spliced to the client; only
   `ObjectStorage` has it, and it answers None for a store reached over TLS or a proxy; the read
   cache's fill receives the same into its own buffers);
-- uploads (writer/artifacts.py, writer/uploads.py) `stage` a verified file, then `publish` it
+- uploads (writer/upload_publishing.py for both kinds of upload) `stage` a verified file, then `publish` it
   inside the transaction that holds the digest's claim (writer/maintenance/blob_locks.py);
   no transaction is open across a call that reaches an object store (tests/test_code_rules.py);
 - cleanup lists and deletes (writer/maintenance/cleanup.py), verify re-hashes through

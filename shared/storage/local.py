@@ -76,7 +76,7 @@ def out_of_space(exc: OSError | None = None) -> InsufficientStorage:
 
 
 class LocalState:
-    """ARKVORY_DATA_DIR as upload files see it (writer/upload_sessions.py, writer/artifacts.py)."""
+    """ARKVORY_DATA_DIR as upload files see it (writer/upload_sessions.py, writer/upload_publishing.py)."""
 
     def __init__(self, root: pathlib.Path) -> None:
         self.root = root

@@ -34,7 +34,7 @@ from .kinds import KINDS
 from .stream import EventStreamResponse, TaskEventHub, event_json, frames
 from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
 from ..pagination import page, page_cursor, page_limit
-from ..repositories import json_body, principal_of, runtime_of
+from ..request_inputs import json_body, principal_of, runtime_of
 
 ON_RESTART = ("fail", "retry", "resume")
 # Without `on_restart`, a kind gets the policy that suits it: cleanup is safe to run again
