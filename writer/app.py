@@ -21,6 +21,7 @@ from .console import app as console
 from .console.security import CookieCsrfGuard
 from .idempotency import InFlightKeys, RecordedResults
 from .maintenance import diagnostics
+from .maintenance.kinds import KINDS
 from .tasks import api as tasks
 from .tasks import schedule as task_schedule, stream as task_stream
 from .tasks.metrics import TaskMetrics
@@ -54,6 +55,7 @@ def build_writer_app(runtime: Runtime) -> Starlette:
     app.state.idempotency_keys = InFlightKeys()
     app.state.idempotency_results = RecordedResults()
     app.state.openapi_json = openapi.document_bytes(ROUTE_MODULES)
+    app.state.task_kinds = KINDS  # what the task API may dispatch (writer/tasks/kinds.py)
     _add_task_loops(app, runtime)
     console.install(app)
     return app
@@ -67,7 +69,7 @@ def _add_task_loops(app: Starlette, runtime: Runtime) -> None:
     metrics = TaskMetrics(runtime.registry, hub)
     runtime.extra_loops += [
         ("task event listener", hub.run),
-        ("task schedule", Schedule(runtime).run),
+        ("task schedule", Schedule(runtime, KINDS).run),
         ("task metrics", functools.partial(metrics.run, lambda: runtime.pool)),
     ]
     # Their error counts exist from the start, as 0 (arkvory_database_errors_total{loop}).

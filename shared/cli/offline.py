@@ -55,7 +55,7 @@ def _runner(kind_name: str):
     def run(args: argparse.Namespace) -> int:
         from arkvory.shared.errors import InvalidInput, StartupError
         from arkvory.writer.maintenance.offline import run_offline
-        from arkvory.writer.tasks.kinds import KINDS
+        from arkvory.writer.maintenance.kinds import KINDS
 
         from .main import _settings_or_exit
 
