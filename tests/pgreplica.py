@@ -163,6 +163,11 @@ class ReplicatedPostgres:
             "?target_session_attrs=read-write"
         )
 
+    @property
+    def standby_superuser_url(self) -> str:
+        parts = urllib.parse.urlsplit(self.primary.url)
+        return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit(":", 1)[0] + f":{self.standby_port}"))
+
     def create_database(self) -> str:
         """A fresh database of the application's role (on both servers, by replication)."""
         name = f"t_{secrets.token_hex(8)}"
