@@ -162,9 +162,22 @@ def test_a_primary_listed_after_a_vanished_host_is_found_within_one_timeout_per_
                 await conn.close()
             return timings
 
+        async def given_up_then_again():
+            """A caller's own deadline (a lease renewal's) ends the attempt at the vanished
+            host: the next attempt starts with the host after it."""
+            other = url + "?application_name=given-up"  # a URL of its own: nothing remembered
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(db.open_connection(other, timeout=5.0), 0.5)
+            started = time.monotonic()
+            conn = await db.open_connection(other, timeout=5.0)
+            await conn.close()
+            return time.monotonic() - started
+
         first, second = asyncio.run(connect_twice())
+        again = asyncio.run(given_up_then_again())
     assert 1.0 <= first < 4.0  # the vanished host's own timeout, then the primary
     assert second < 0.9  # the host that answered is tried first from then on
+    assert again < 0.9
 
 
 def test_a_standby_alone_is_an_unreachable_database_not_a_crash(replicated, cluster):
