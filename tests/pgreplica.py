@@ -11,7 +11,6 @@ address, as a host that vanished (`primary_address.stall()`: connections hang, n
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import pathlib
 import secrets
@@ -21,7 +20,6 @@ import tempfile
 import time
 import urllib.parse
 
-import asyncpg
 import pytest
 
 from arkvory.shared.cli import localpg
@@ -35,6 +33,7 @@ from arkvory.shared.cli.postgres_binaries import (
     wheel_install,
 )
 
+from .harness import db_fetch
 from .tcpproxy import TcpProxy
 
 STANDBY_NAME = "standby1"  # its application_name, as synchronous_standby_names names it
@@ -51,19 +50,6 @@ def beside(server: localpg.LocalPostgres) -> pathlib.Path:
     path = pathlib.Path(tempfile.mkdtemp(prefix="replicated-", dir=server.data_dir.parent.parent))
     path.chmod(0o755)
     return path
-
-
-def sql(url: str, statement: str, *args):
-    """One statement on a fresh connection; its rows."""
-
-    async def run():
-        conn = await asyncpg.connect(url, timeout=10)
-        try:
-            return await conn.fetch(statement, *args, timeout=30)
-        finally:
-            await conn.close(timeout=5)
-
-    return asyncio.run(run())
 
 
 class ReplicatedPostgres:
@@ -107,10 +93,10 @@ class ReplicatedPostgres:
         # The recipe's steps on the primary: a replication role (localpg's pg_hba.conf already
         # has `host replication all 127.0.0.1/32 scram-sha-256`), the application's role and
         # database, and the role's right to see its standbys' sync_state.
-        sql(self.primary.url, f"CREATE ROLE replicator WITH REPLICATION LOGIN PASSWORD '{self.replication_password}'")
-        sql(self.primary.url, f"CREATE ROLE {APP_ROLE} LOGIN PASSWORD '{self.app_password}'")
-        sql(self.primary.url, f"CREATE DATABASE {APP_DATABASE} OWNER {APP_ROLE}")
-        sql(self.primary.url, f"GRANT pg_read_all_stats TO {APP_ROLE}")
+        self.superuser(f"CREATE ROLE replicator WITH REPLICATION LOGIN PASSWORD '{self.replication_password}'")
+        self.superuser(f"CREATE ROLE {APP_ROLE} LOGIN PASSWORD '{self.app_password}'")
+        self.superuser(f"CREATE DATABASE {APP_DATABASE} OWNER {APP_ROLE}")
+        self.superuser(f"GRANT pg_read_all_stats TO {APP_ROLE}")
         self._base_backup()
         self._start_standby()
         self.wait_streaming()
@@ -178,7 +164,7 @@ class ReplicatedPostgres:
         self.superuser(f"DROP DATABASE {name} WITH (FORCE)")
 
     def superuser(self, sql_text: str, *args):
-        return sql(self.primary.url, sql_text, *args)
+        return db_fetch(self.primary.url, sql_text, *args)
 
     def make_synchronous(self) -> None:
         self.superuser(f"ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 ({STANDBY_NAME})'")

@@ -32,8 +32,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from .harness import ADMIN_TOKEN, ArkvoryProcess, Cluster, eventually, free_port
-from .pgreplica import ReplicatedPostgres, beside, sql
+from .harness import ADMIN_TOKEN, ArkvoryProcess, Cluster, db_fetch, eventually, free_port
+from .pgreplica import ReplicatedPostgres, beside
 from .worker_harness import WorkerProc
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.soak]
@@ -311,10 +311,10 @@ def reservations_on_the_standby(pair: ReplicatedPostgres) -> dict[int, tuple[int
     process can have taken a slot again meanwhile)."""
     url = pair.standby_superuser_url
     eventually(
-        lambda: sql(url, "SELECT pg_last_wal_receive_lsn() <= pg_last_wal_replay_lsn() AS done")[0]["done"],
+        lambda: db_fetch(url, "SELECT pg_last_wal_receive_lsn() <= pg_last_wal_replay_lsn() AS done")[0]["done"],
         "the standby having replayed what it received", 10,
     )
-    rows = sql(
+    rows = db_fetch(
         pair.app_url(pair.standby_port),
         "SELECT slot, generation, extract(epoch FROM expires_at)::float8 AS expires FROM arkvory_gateway_leases",
     )
