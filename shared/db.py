@@ -17,7 +17,7 @@ import urllib.parse
 
 import asyncpg
 
-from .errors import DatabaseUnavailable, StartupRefused
+from .errors import DatabaseRefused, DatabaseUnavailable, StartupRefused
 from .settings import Settings, mask_url
 
 log = logging.getLogger("arkvory.db")
@@ -51,7 +51,35 @@ def migrations() -> list[tuple[int, str, str]]:
     return found
 
 
-CODE_SCHEMA_VERSION = 12  # the highest migration this code knows (tests/test_startup checks it)
+CODE_SCHEMA_VERSION = 15  # the highest migration this code knows (tests/test_startup checks it)
+
+
+# What a restart cannot cure: the server answered and refused this client. SQLSTATE class 28 (a
+# wrong password 28P01; an unknown role, a role that may not log in, no pg_hba.conf line for this
+# host, user and database, with or without SSL: 28000), 3D000 (no such database), 42501 (no CONNECT
+# right on it). Anything else (refused or timed-out connections, too many clients, a server
+# starting or shutting down) may pass: a retry may help.
+_REFUSALS = (
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.InsufficientPrivilegeError,
+)
+CONNECT_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError)
+
+
+def connect_failed(url: str, exc: BaseException) -> DatabaseUnavailable:
+    """The start-up error for a failed connection to `url` (one of CONNECT_ERRORS): refused
+    (exit 78) or unavailable (69), in one line naming ARKVORY_DATABASE_URL, its password masked."""
+    # One line: a server's refusal may carry a DETAIL line.
+    why = f"{exc.__class__.__name__}: {' '.join(str(exc).split())}"
+    if isinstance(exc, _REFUSALS):
+        return DatabaseRefused(
+            f"the database at {mask_url(url)} (ARKVORY_DATABASE_URL) refuses us: {why}; fix the"
+            " URL or the server's roles, databases or pg_hba.conf, then start again"
+        )
+    return DatabaseUnavailable(
+        f"cannot connect to the database at {mask_url(url)} (ARKVORY_DATABASE_URL): {why}"
+    )
 
 
 class NoUsableHost(ConnectionError):
@@ -88,13 +116,15 @@ async def open_connection(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwa
     vanished without a reset (a host powered off) takes it all and the new primary listed
     after it is never tried (MagicStack/asyncpg#1155). The host that answered last is tried
     first, and after a host fails, the next one. Raises asyncpg's own errors for a one-host
-    URL, NoUsableHost when every host of several failed."""
+    URL, and when every host of several refused us (a wrong password everywhere); otherwise
+    NoUsableHost once every host failed: one that refuses us while another may yet become the
+    primary is no reason to stop trying."""
     hosts = host_urls(url)
     first = _first_host.get(url)
     if first in hosts:
         at = hosts.index(first)
         hosts = hosts[at:] + hosts[:at]
-    failures = []
+    failures, refusals = [], []
     for index, host in enumerate(hosts):
         after = hosts[(index + 1) % len(hosts)]
         try:
@@ -106,12 +136,16 @@ async def open_connection(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwa
             if len(hosts) == 1 and not isinstance(exc, asyncpg.InternalClientError):
                 raise
             failures.append(f"{_host_of(host)}: {_reason(exc)}")
+            if isinstance(exc, _REFUSALS):
+                refusals.append(exc)
             continue
         except asyncio.CancelledError:
             _first_host[url] = after
             raise
         _first_host[url] = host
         return conn
+    if len(refusals) == len(hosts):
+        raise refusals[0]
     raise NoUsableHost("; ".join(failures))
 
 
@@ -128,11 +162,8 @@ def _reason(exc: BaseException) -> str:
 async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -> asyncpg.Connection:
     try:
         return await open_connection(url, timeout=timeout, command_timeout=QUERY_TIMEOUT_S, **kwargs)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise DatabaseUnavailable(
-            f"cannot connect to the database at {mask_url(url)} "
-            f"(ARKVORY_DATABASE_URL): {exc.__class__.__name__}: {exc}"
-        ) from exc
+    except CONNECT_ERRORS as exc:
+        raise connect_failed(url, exc) from exc
     except ValueError as exc:  # asyncpg's ClientConfigurationError: an option of the URL it refuses
         raise StartupRefused(
             f"invalid setting ARKVORY_DATABASE_URL: {exc}, got {mask_url(url)!r}"
@@ -146,16 +177,19 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(settings: Settings) -> asyncpg.Pool:
-    return await asyncpg.create_pool(
-        settings.database_url,
-        connect=open_connection,  # each host of a multi-host URL with its own timeout
-        reset=_keep_session,
-        min_size=1,
-        max_size=settings.database_pool_size,
-        timeout=CONNECT_TIMEOUT_S,
-        command_timeout=QUERY_TIMEOUT_S,
-        max_inactive_connection_lifetime=60.0,
-    )
+    try:
+        return await asyncpg.create_pool(
+            settings.database_url,
+            connect=open_connection,  # each host of a multi-host URL with its own timeout
+            reset=_keep_session,
+            min_size=1,
+            max_size=settings.database_pool_size,
+            timeout=CONNECT_TIMEOUT_S,
+            command_timeout=QUERY_TIMEOUT_S,
+            max_inactive_connection_lifetime=60.0,
+        )
+    except CONNECT_ERRORS as exc:
+        raise connect_failed(settings.database_url, exc) from exc
 
 
 def pooled(pool: asyncpg.Pool):

@@ -22,10 +22,10 @@ from arkvory.shared import db
 from arkvory.shared.cluster import policy
 from arkvory.shared.cluster.control import ControlConnection
 from arkvory.shared.cluster.replication import read_replication
-from arkvory.shared.errors import StartupError, StartupRefused
+from arkvory.shared.errors import StartupError, StartupRefused, StorageUnreachable
 from arkvory.shared.process.runtime import prepare_writer_state
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import ID_FILE, verify_storage
+from arkvory.shared.storage import ID_FILE, BlobStorage, StorageError, StorageRefused, open_storage
 
 Tool = Callable[[asyncpg.Connection], Awaitable[int]]
 
@@ -59,15 +59,16 @@ async def initialize(settings: Settings) -> int:
             "SELECT count(*) FROM arkvory_storage", timeout=db.QUERY_TIMEOUT_S
         )
         version, storage = await prepare_writer_state(conn, settings)
-        storage_id = storage.read_id_file()
+        storage_id = await _storage_id(storage)
         if before == version:
             print(f"schema           version {version}, up to date")
         else:
             print(f"schema           migrated from version {before} to {version}")
         if had_storage:
-            print(f"storage          {storage.root}: storage id {storage_id}, this database's")
+            print(f"storage          {_place(storage)}: storage id {storage_id}, this database's")
         else:
-            print(f"storage          created {storage.root} (storage id {storage_id}, in {ID_FILE} and the database)")
+            print(f"storage          created {_place(storage)} (storage id {storage_id},"
+                  f" in {_id_holder(storage)} and the database)")
         saved = await _saved_policy(conn)
         if settings.shared is not None:  # without the variables, a saved policy is left alone
             await policy.save_or_check(conn, settings.shared)
@@ -82,13 +83,33 @@ async def _check_beside_a_running_writer(conn: asyncpg.Connection, settings: Set
     """A writer holds the writer lock: it made the schema and storage at its start. Only check
     that this command's settings point at the same storage."""
     version = await db.schema_version(conn) or 0
-    storage = await verify_storage(conn, settings.data_dir)  # refuses another database's directory
+    # Refuses another database's directory or bucket, as a gateway would.
+    storage = await open_storage(conn, settings, who="arkvory admin init")
     print("a writer is running against this database: it created the schema and the storage at its start")
     print(f"schema           version {version}" + ("" if version == db.CODE_SCHEMA_VERSION else
           f" (this code knows {db.CODE_SCHEMA_VERSION})"))
-    print(f"storage          {storage.root}: storage id {storage.read_id_file()}, this database's")
+    print(f"storage          {_place(storage)}: storage id {await _storage_id(storage)}, this database's")
     print(f"download policy  {_describe_policy(await _saved_policy(conn))}")
     return 0
+
+
+def _place(storage: BlobStorage) -> str:
+    """Where the blobs are: the directory, or the bucket and prefix."""
+    return str(storage.root) if storage.kind == "file" else storage.location
+
+
+def _id_holder(storage: BlobStorage) -> str:
+    return ID_FILE if storage.kind == "file" else f"its {ID_FILE} object"
+
+
+async def _storage_id(storage: BlobStorage) -> str | None:
+    """The id the storage records (just checked against the database's by opening it)."""
+    try:
+        return await storage.read_storage_id()
+    except StorageRefused as exc:  # changed since it was opened: the exits of start-up
+        raise StartupRefused(exc.message) from None
+    except StorageError as exc:
+        raise StorageUnreachable(exc.message) from None
 
 
 async def _saved_policy(conn: asyncpg.Connection) -> asyncpg.Record | None:
