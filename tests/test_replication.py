@@ -189,3 +189,20 @@ def test_a_standby_alone_is_an_unreachable_database_not_a_crash(replicated, clus
     assert "not the server target_session_attrs asks for" in answer.stderr
     assert "Traceback" not in answer.stderr
     assert replicated.app_password not in answer.stderr
+
+
+def test_every_host_refusing_us_is_a_refusal_and_one_that_may_yet_answer_is_not(database_url, cluster, refused_url):
+    """A wrong password on every host: exit 78, as with one host (restarting cannot cure it).
+    With another host that may yet come up (here: nothing listens), 69: the units keep trying."""
+    real = database_url.split("@", 1)[1].split("/", 1)[0]
+    wrong = database_url.replace(database_url.split("@", 1)[0].rsplit(":", 1)[1], "wrong-password", 1)
+    with TcpProxy.for_url(database_url) as same_server:
+        both = wrong.replace(real, f"{real},127.0.0.1:{same_server.port}", 1)
+        refused = run_arkvory(cluster.base_env(ARKVORY_DATABASE_URL=both), "serve")
+    nothing_there = refused_url().removeprefix("http://")
+    one = wrong.replace(real, f"{real},{nothing_there}", 1)
+    unavailable = run_arkvory(cluster.base_env(ARKVORY_DATABASE_URL=one), "serve")
+    assert refused.returncode == 78, refused.stderr
+    assert "refuses us" in refused.stderr and "wrong-password" not in refused.stderr
+    assert unavailable.returncode == 69, unavailable.stderr
+    assert "InvalidPasswordError" in unavailable.stderr and "ConnectionRefusedError" in unavailable.stderr
