@@ -88,7 +88,10 @@ class NoUsableHost(ConnectionError):
 
 
 # Whatever makes one host of several unusable for now: the next host is tried.
-_HOST_FAILURES = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+_HOST_FAILURES = (
+    OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # TargetServerAttributeNotMatched: a standby, for read-write
+)
 # URL -> the one-host URL to try first: the last that took a connection, or the one after the
 # last that failed (or was given up on by the caller: a lease renewal's deadline, say).
 _first_host: dict[str, str] = {}

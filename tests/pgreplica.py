@@ -125,7 +125,9 @@ class ReplicatedPostgres:
     def _start_standby(self) -> None:
         for _ in range(localpg.PORT_ATTEMPTS):
             port = localpg._free_port()
-            server = localpg._Postmaster.start(self.install, self.standby_data, self.standby_home, self.user, port, fsync=True)
+            server = localpg._Postmaster.start(
+                self.install, self.standby_data, self.standby_home, self.user, port, fsync=True
+            )
             if server.wait_until_ready(self.standby_home / "server.log"):
                 self._standby, self.standby_port = server, port
                 return

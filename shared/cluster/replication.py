@@ -107,7 +107,9 @@ def judge(names: str, commit_level: str, states: list[str | None], role: str) ->
         )
     synchronous = sum(state in _SYNCHRONOUS_STATES for state in states)
     if synchronous == 0:
-        return Replication("asynchronous", standbys, 0, problem="no standby is in sync (sync_state async/potential)")
+        return Replication(
+            "asynchronous", standbys, 0, problem="no standby is in sync (sync_state async or potential)"
+        )
     if commit_level not in _COMMITS_WAIT_FOR_STANDBY:
         return Replication(
             "asynchronous", standbys, synchronous,
