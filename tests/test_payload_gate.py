@@ -268,3 +268,38 @@ async def test_wherever_trust_ends_a_transfer_is_reset_and_counted_once_and_noth
     assert head.startswith(b"HTTP/1.1 200") and len(body) < len(BLOB) and BLOB.startswith(body)
     assert _aborts(runtime, "lease_lost") == 1 and len(runtime.transfers) == 0
     assert protocol.stats.late_payload_chunks == 0
+
+
+@pytest.mark.parametrize("anyio_backend", [("asyncio", {"use_uvloop": True})])  # as the servers run
+async def test_aborting_a_connection_its_client_already_closed_raises_nothing():
+    """A request that a stopping process cancels after its client left (an upload whose commit
+    waited for a standby that was gone, in tests/test_failover.py) is reset like any other:
+    uvloop's transport has closed its socket by then, and setting SO_LINGER raises ValueError."""
+    time = FakeTime()
+    runtime = _runtime(time, ClockedLease(time))
+    outcome = {}
+
+    async def app(scope, receive, send):
+        handle = scope["extensions"][HANDLE_KEY]
+        while not handle.lost:  # until the client has gone (bounded by the test's timeout)
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # and the transport has closed its socket
+        try:
+            handle.abort()
+            outcome["aborted"] = True
+        except Exception as exc:  # noqa: BLE001  (what the test is about)
+            outcome["error"] = exc
+
+    server, port, _ = await _serve(runtime, app)
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        for _ in range(500):
+            if outcome:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        server.close()
+    assert outcome == {"aborted": True}

@@ -216,7 +216,17 @@ def _health_paths() -> dict[str, Any]:
                             "type": ["object", "null"], "properties": {
                                 "missing": {"type": "integer"}, "corrupt": {"type": "integer"}},
                             "description": "blobs the verify task found missing or corrupt (cached a few "
-                            "seconds); null when the database did not answer in time"}}})
+                            "seconds); null when the database did not answer in time"},
+                        "database": {
+                            "type": "object", "properties": {
+                                "synchronousStandby": {"type": ["boolean", "null"]},
+                                "replication": {"type": "string", "enum": ["synchronous", "asynchronous", "none", "unknown"]},
+                                "standbys": {"type": ["integer", "null"]},
+                                "synchronousStandbys": {"type": ["integer", "null"]},
+                                "problem": {"type": ["string", "null"]}},
+                            "description": "whether the database's primary has a synchronous standby, so that a "
+                            "failover keeps every lease renewal (read every 2 s); null/unknown when this role "
+                            "may not see it (GRANT pg_read_all_stats)"}}})
     metrics = _health("Prometheus metrics of this process (needs a key unless ARKVORY_PUBLIC_METRICS)", True, {}, text=True)
     del metrics["get"]["responses"]["503"], metrics["head"]["responses"]["503"]
     return {

@@ -21,6 +21,7 @@ import asyncpg
 from arkvory.shared import db
 from arkvory.shared.cluster import policy
 from arkvory.shared.cluster.control import ControlConnection
+from arkvory.shared.cluster.replication import read_replication
 from arkvory.shared.errors import StartupError, StartupRefused, StorageUnreachable
 from arkvory.shared.process.runtime import prepare_writer_state
 from arkvory.shared.settings import Settings
@@ -231,10 +232,12 @@ async def _workers(conn: asyncpg.Connection) -> list[dict[str, Any]]:
 async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
     """Schema, storage, policy and leases as plain JSON values; lease times by the database
     clock. Each lease says where its holder runs: its machine (`host`) and the address it
-    listens on (`address`), which tell processes on several hosts apart."""
+    listens on (`address`), which tell processes on several hosts apart. `database`: whether
+    the primary has a synchronous standby (shared/cluster/replication.py)."""
     version = await db.schema_version(conn)
     report: dict[str, Any] = {
-        "schemaVersion": version or 0, "storage": None, "downloadPolicy": None, "leases": [], "workers": []
+        "schemaVersion": version or 0, "database": (await read_replication(conn)).as_json(),
+        "storage": None, "downloadPolicy": None, "leases": [], "workers": [],
     }
     if not version:
         return report
@@ -285,6 +288,7 @@ def _where(lease: dict[str, Any]) -> str:
 
 def status_table(report: dict[str, Any]) -> str:
     lines = [f"schema version   {report['schemaVersion'] or 'none (no writer has started yet)'}"]
+    lines.append(f"database         {_replication(report['database'])}")
     storage = report.get("storage")
     if storage is not None:
         lines.append(f"storage          {storage['location']} (storage id {storage['id']})")
@@ -333,6 +337,18 @@ def status_table(report: dict[str, Any]) -> str:
             ],
         )
     return "\n".join(lines)
+
+
+def _replication(database: dict[str, Any]) -> str:
+    """The `database` line: the primary's standbys, and whether a failover keeps every renewal."""
+    standbys, synchronous = database["standbys"], database["synchronousStandbys"]
+    text = {
+        "none": "no standby streams from it (nothing to fail over to)",
+        "synchronous": f"{synchronous} synchronous standby(s) of {standbys}: a failover keeps every renewal",
+        "asynchronous": f"{standbys} standby(s), none synchronous: a failover may grant a slot twice",
+        "unknown": f"{standbys} standby(s), synchronous or not unknown",
+    }[database["replication"]]
+    return f"{text} ({database['problem']})" if database["problem"] else text
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

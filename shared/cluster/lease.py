@@ -305,7 +305,7 @@ class SlotLease:
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
             try:
-                self._conn = await asyncpg.connect(
+                self._conn = await db.open_connection(
                     self.database_url,
                     timeout=RENEW_TIMEOUT_S * 2,
                     # The server gives up on a renewal we no longer wait for.

@@ -276,7 +276,7 @@ class ConnectionHandle:
         if sock is not None:
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
+            except (OSError, ValueError):  # uvloop: ValueError once the transport closed its fd
                 pass  # already gone
         self.transport.abort()
 

@@ -164,6 +164,8 @@ async def ready(request: Request) -> Response:
         "storageLocation": runtime.storage.location if runtime.storage is not None else None,
         "storageProblem": runtime.storage_health.reason,
         "storageDiagnostics": await _diagnostics_of(runtime).current(getattr(runtime, "pool", None)),
+        # Whether a failover would keep every renewal (shared/cluster/replication.py).
+        "database": runtime.replication.current.as_json(),
     }
     if runtime.status != "ready":
         return JSONResponse(body, status_code=503, headers=RETRY_AFTER)

@@ -43,6 +43,7 @@ from arkvory.shared.cluster.control import ControlConnection
 from arkvory.shared.cluster.lease import SlotLease
 from arkvory.shared.cluster.lease_history import LeaseHistory, record_payload_after_trust
 from arkvory.shared.cluster.pins import ReadPins
+from arkvory.shared.cluster.replication import ReplicationWatch
 from arkvory.shared.cluster.supervision import DATABASE, observe_database, supervised
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.download.admission import Admission
@@ -102,6 +103,8 @@ class Runtime:
         # survives it (shared/cluster/lease_history.py).
         self.lease_history = LeaseHistory()
         self.registry.register(self.lease_history)
+        # Whether the database has a synchronous standby (readiness `database`).
+        self.replication = ReplicationWatch()
         self._publish_configured_shares()
 
     # -- start-up ---------------------------------------------------------------------------
@@ -126,6 +129,7 @@ class Runtime:
         self.control = ControlConnection(settings.database_url, settings.role)
         self._subscribe(self.control)
         await self.control.open()
+        await self.replication.at_start(self.control.conn)  # warns once if a failover could lose renewals
         if settings.is_writer:
             await self._start_writer(self.control.conn)
         else:
@@ -215,6 +219,7 @@ class Runtime:
             open_blobs.CHANNEL, open_blobs.forget_everywhere, on_listening=open_blobs.forget_everywhere
         )
         control.every_ping("record credential last-used times", self.credentials.flush_last_used)
+        control.every_ping("read the database's replication", self.replication.refresh)
 
     def _publish_configured_shares(self) -> None:
         share = self.metrics.share_bytes_per_second

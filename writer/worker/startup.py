@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import asyncpg
 
 from arkvory.shared import db
+from arkvory.shared.cluster.replication import ReplicationWatch
 from arkvory.shared.errors import StartupError, StartupRefused
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, open_storage
@@ -100,6 +101,7 @@ async def check_database(settings: Settings) -> tuple[int, BlobStorage]:
     try:
         version = await check_schema(conn)
         storage = await check_storage(conn, settings)
+        await ReplicationWatch().at_start(conn)  # warns once if a failover could lose renewals
     finally:
         await conn.close()
     return version, storage
