@@ -264,9 +264,12 @@ def test_worker_env_example_builds_valid_worker_settings(common_env, tmp_path):
 # -- balancer configurations ---------------------------------------------------------------
 
 
-def _nginx_upstreams(text: str) -> dict[str, list[str]]:
+def _nginx_upstreams(text: str, *, backup: bool = False) -> dict[str, list[str]]:
+    """Each upstream's servers: the primary ones, or (backup=True) the backup ones."""
     blocks = re.findall(r"upstream\s+(\w+)\s*\{(.*?)\}", text, re.S)
-    return {name: re.findall(r"^\s*server\s+(\S+?)[\s;]", body, re.M) for name, body in blocks}
+    servers = {name: re.findall(r"^\s*server\s+(\S+?)([\s;].*)$", body, re.M) for name, body in blocks}
+    return {name: [address for address, rest in found if (" backup" in rest) == backup]
+            for name, found in servers.items()}
 
 
 def _haproxy_backends(text: str) -> dict[str, list[str]]:
@@ -283,6 +286,10 @@ def test_balancers_send_content_to_all_and_the_rest_to_the_writer_only():
     nginx = NGINX_CONF.read_text()
     haproxy = HAPROXY_CFG.read_text()
     assert sorted(_nginx_upstreams(nginx).values()) == sorted([[WRITER], [WRITER, *GATEWAYS]])
+    # The content servers again as backups (never marked failed): a store outage's 503s mark the
+    # primaries failed, and without these nginx would answer the cached blobs' downloads itself.
+    assert _nginx_upstreams(nginx, backup=True) == {"arkvory_writer": [], "arkvory_content": [WRITER, *GATEWAYS]}
+    assert len(re.findall(r"^\s*server\s.*\sbackup max_fails=0;", nginx, re.M)) == 3
     assert sorted(_haproxy_backends(haproxy).values()) == sorted([[WRITER], [WRITER, *GATEWAYS]])
     for directive in ("proxy_buffering off;", "proxy_request_buffering off;"):
         assert re.search(rf"^\s*{re.escape(directive)}", nginx, re.M), directive

@@ -120,6 +120,8 @@ def service_status(runtime: Runtime) -> str:
         f"slot {settings.shared.slot} of {settings.shared.slots}" if settings.shared else "standalone, no lease"
     )
     state = f"unavailable: {runtime.failure}" if runtime.failure else runtime.status
+    if state == "degraded":
+        state = "degraded: the object store does not answer (serving the read cache and what needs no store)"
     if runtime.schema_too_new:
         state = "unavailable: the database schema is newer than this code"
     text = f"{'writer' if settings.is_writer else 'gateway'}, {where}: {state}"
