@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 
 import httpx
 import pytest
@@ -44,6 +45,10 @@ def health_checks_answered(process) -> float:
             }:
                 return sample.value
     return 0.0
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def read_cache_files(process) -> int:
@@ -121,6 +126,7 @@ def test_a_store_outage_behind_haproxy_and_nginx_serves_cached_blobs_and_the_pro
             ("arkvory_content", "gateway2"): ("UP", "200"),
         }
 
+        sessions = {}
         for front in fronts:
             with httpx.Client(base_url=front.url, headers=AUTH, timeout=30) as client:
                 # Not cached anywhere: every process tried answers 503 (nginx counts each as a
@@ -130,11 +136,21 @@ def test_a_store_outage_behind_haproxy_and_nginx_serves_cached_blobs_and_the_pro
                 for _ in range(6):  # cached on each process: served, whichever the balancer picks
                     answer = client.get(made["cached"])
                     assert answer.status_code == 200, f"{front.kind}: {answer.status_code} {answer.text[:200]}"
-                    assert hashlib.sha256(answer.content).digest() == hashlib.sha256(cached).digest()
+                    assert sha256(answer.content) == sha256(cached)
                 assert client.head(made["cold"]).status_code == 200  # needs no blob
                 assert client.get("/api/v1/repositories").status_code == 200  # the writer's, needs no store
                 upload = client.post(f"/api/v1/repositories/{REPO}/artifacts", params={"name": "new"}, content=b"x" * KiB)
                 assert_own_unavailable(upload, f"an upload through {front.kind}")
+                # A resumable upload's parts go to the writer's disk: received; its complete
+                # needs the store, and waits for it.
+                sessions[front.kind] = session = client.post(
+                    f"/api/v1/repositories/{REPO}/uploads", headers={"Idempotency-Key": uuid.uuid4().hex},
+                    json={"name": f"resumed-{front.kind}", "size": len(cold), "sha256": sha256(cold)},
+                ).json()
+                part = client.put(f"/api/v1/repositories/{REPO}/uploads/{session['id']}/content", content=cold)
+                assert part.status_code in (200, 201, 204), part.text
+                completed = client.post(f"/api/v1/repositories/{REPO}/uploads/{session['id']}/complete")
+                assert_own_unavailable(completed, f"a complete through {front.kind}")
         assert "no live upstreams" not in (tmp_path / "nginx" / "error.log").read_text()
 
         seaweedfs.start()
@@ -147,4 +163,7 @@ def test_a_store_outage_behind_haproxy_and_nginx_serves_cached_blobs_and_the_pro
                 answer = client.post(f"/api/v1/repositories/{REPO}/artifacts", params={"name": front.kind},
                                      content=cold)
                 assert answer.status_code == 201, answer.text
+                session = sessions[front.kind]
+                completed = client.post(f"/api/v1/repositories/{REPO}/uploads/{session['id']}/complete")
+                assert completed.status_code == 201 and completed.json()["sha256"] == sha256(cold), completed.text
     assert all(process.proc.poll() is None for process in processes)  # nothing restarted
