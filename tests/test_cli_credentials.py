@@ -1,4 +1,5 @@
-"""`arkvory login` and `arkvory token create|list|revoke` (issue 14 §4): credentials without curl.
+"""`arkvory login`, `arkvory token create|list|revoke` (issue 14 §4) and `arkvory key list|adopt|revoke`
+(issue 22 §3): credentials without curl.
 
 The real CLI in a subprocess against a real writer and gateway; the password comes through
 standard input (what scripts do) and through a terminal (getpass, on a pty). Plus the config
@@ -309,3 +310,51 @@ def test_the_toml_writer_round_trips_what_tomllib_reads():
         'e = [1, 2]\nf = true\n[g.h]\n"dotted.key" = "x"\n[i]\n'
     )
     assert tomllib.loads(dumps(document)) == document
+
+
+def test_a_token_made_without_the_password_is_revoked_with_the_token_that_made_it(stack, alice, home, tmp_path):
+    """Issue 22 §3: what a credential makes without the password never outlives it."""
+    profile_token = logged_in(stack, alice, home, tmp_path)
+    env = cli_env(home, None, token=None)
+    made = arkvory(env, tmp_path, "token", "create", "--access", "read", "--expires", "30d")
+    assert_exit(made, 0)
+    assert "is revoked with it" in made.stderr
+    child = cli_env(home, None, token=made.stdout.strip())
+    assert_exit(arkvory(child, tmp_path, "ls", REPO), 0)
+    profile_id = str(uuid.UUID(profile_token.removeprefix("pat_").split(".")[0]))
+    assert_exit(arkvory(env, tmp_path, "token", "revoke", profile_id), 0)
+    assert_exit(arkvory(child, tmp_path, "ls", REPO), 3)
+
+
+def test_an_administrator_adopts_a_suspended_key_from_the_command_line(stack, home, tmp_path):
+    """A managed key of a disabled account is suspended (exit 3 with it); `key adopt` makes it the
+    caller's, with the password from standard input, and it works again."""
+    writer = stack.writer_process
+    maker, rescuer = (f"admin-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    with writer.client(ADMIN_TOKEN) as admin:
+        for name in (maker, rescuer):
+            assert admin.post("/api/v1/accounts", json={"name": name, "password": PASSWORD, "admin": True}).status_code == 201
+    with writer.client(None) as client:
+        session = client.post("/api/v1/login", json={"name": maker, "password": PASSWORD}).json()["token"]
+    with writer.client(session) as client:
+        made = client.post("/api/v1/keys", json={"scopes": [f"read:{REPO}"], "password": PASSWORD, "label": maker})
+    assert made.status_code == 201, made.text
+    key_id, key = made.json()["id"], cli_env(home, stack.urls, token=made.json()["token"])
+    with writer.client(ADMIN_TOKEN) as admin:
+        assert admin.post(f"/api/v1/accounts/{maker}/disable").status_code == 200
+    assert_exit(arkvory(key, tmp_path, "ls", REPO), 3)
+
+    assert_exit(typed(cli_env(home, stack.urls, token=None), tmp_path, PASSWORD + "\n", "login", rescuer), 0)
+    env = cli_env(home, None, token=None)
+    listed = arkvory(env, tmp_path, "key", "list")
+    assert_exit(listed, 0)
+    (line,) = [line for line in listed.stdout.splitlines() if line.startswith(key_id)]
+    assert "suspended" in line and maker in line
+    assert_exit(arkvory(env, tmp_path, "key", "adopt", "not-a-uuid"), 2)
+    adopted = typed(env, tmp_path, PASSWORD + "\n", "key", "adopt", key_id, "--password")
+    assert_exit(adopted, 0)
+    assert f"key {key_id} is yours now" in adopted.stderr and PASSWORD not in adopted.stdout + adopted.stderr
+    assert_exit(arkvory(key, tmp_path, "ls", REPO), 0)
+    assert_exit(arkvory(env, tmp_path, "key", "adopt", key_id), 6)  # not suspended any more
+    assert_exit(arkvory(env, tmp_path, "key", "revoke", key_id), 0)
+    assert_exit(arkvory(key, tmp_path, "ls", REPO), 3)

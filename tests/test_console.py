@@ -166,6 +166,7 @@ POST_ROUTES = [
     "/console/tokens/00000000-0000-0000-0000-000000000000/revoke",
     "/console/keys",
     "/console/keys/00000000-0000-0000-0000-000000000000/revoke",
+    "/console/keys/00000000-0000-0000-0000-000000000000/adopt",
 ]
 
 
@@ -690,7 +691,7 @@ _TARGETS = [
     "/console/repositories/{x}/packages/delete", "/console/repositories/{x}/assets/delete",
     "/console/repositories/{x}/artifacts/{x}/delete", "/console/tasks", "/console/tasks/{x}/cancel",
     "/console/accounts/{x}/enable", "/console/tokens", "/console/tokens/revoke", "/console/tokens/{x}/revoke",
-    "/console/keys", "/console/keys/{x}/revoke", "/console/sign-in",
+    "/console/keys", "/console/keys/{x}/revoke", "/console/keys/{x}/adopt", "/console/sign-in",
 ]
 _PAGES = ["/console/repositories/{x}", "/console/repositories/{x}/packages", "/console/repositories/{x}/assets",
           "/console/repositories/{x}/permissions", "/console/repositories/{x}/artifacts/{x}",

@@ -4,22 +4,27 @@ data. A transfer in flight is cut (never padded or silently short), new reads an
 `unavailable` with Retry-After, readiness says `degraded` and why, and /health/status keeps the
 process in the balancer (it still serves what needs no store; tests/test_s3_balancers.py runs the
 balancers); once the store answers, serving resumes with no restart and nothing lost, and a
-repeat of `complete` publishes exactly one artifact."""
+repeat of `complete` publishes exactly one artifact. Frozen (SIGSTOP) under a cleanup's DELETE,
+the store holds up no upload of the same bytes: cleanup holds no transaction or lock across it."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import signal
 import threading
 import time
 import uuid
 
+import asyncpg
 import httpx
 import pytest
 
 from .harness import ADMIN_TOKEN, db_fetch
 from .tcpproxy import TcpProxy
 from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip
+from .worker_harness import dispatch, start_worker, wait_task
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -189,3 +194,114 @@ def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one
         body = client.get(f"/api/v1/repositories/{REPO}/artifacts/{again.json()['id']}/content")
         assert body.status_code == 200 and body.content == data
     assert s3_cluster.has_blob(sha(data))
+
+
+async def _exclusive_digest_locks(conn, sha256: str) -> int:
+    """Granted exclusive claims of the digest (cleanup's and verify's; uploads take it shared)."""
+    from arkvory.writer.maintenance.blob_locks import DIGEST_NAMESPACE, digest_key
+
+    return await conn.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'"
+        " AND classid = $1::bigint::oid AND objid = ($2::bigint & 4294967295)::oid AND objsubid = 2",
+        DIGEST_NAMESPACE, digest_key(sha256),
+    )
+
+
+async def _being_removed(conn, sha256: str) -> bool:
+    """Cleanup has decided to remove the blob and is at the store: a pending removal mark (or,
+    before marks existed, its exclusive claim held across the store's DELETE)."""
+    if await conn.fetchval("SELECT to_regclass('arkvory_blob_removals') IS NOT NULL"):
+        if await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM arkvory_blob_removals WHERE sha256 = $1 AND settled_at IS NULL)", sha256
+        ):
+            return True
+    return await _exclusive_digest_locks(conn, sha256) > 0
+
+
+async def _until(check, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (found := await check()):
+        assert time.monotonic() < deadline, f"not {what} after {timeout} s"
+        await asyncio.sleep(0.05)
+    return found
+
+
+FROZEN_S = 12.0  # longer than the 10 s an upload used to wait for cleanup's digest lock
+
+
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
+def test_a_store_frozen_during_a_cleanup_delete_holds_up_no_upload_of_the_same_bytes(s3_cluster, seaweedfs):
+    """Cleanup removes an old unreferenced blob while SeaweedFS is frozen (SIGSTOP) under its
+    DELETE, and an upload of the same bytes, staged a moment before, reaches its publishing
+    transaction meanwhile. Cleanup holds no transaction and no digest lock across the store
+    (it marked the removal and committed first), the upload waits for the removal without one,
+    stages its bytes again once the store is back, and completes: the blob is there after both.
+    (Cleanup held its transaction and the digest lock across the DELETE: the upload's claim
+    gave up after 10 s and the upload failed.)"""
+    url = s3_cluster.database_url
+    writer = s3_cluster.writer().wait_ready()
+    start_worker(s3_cluster, real=True).wait_active()
+    data = os.urandom(200 * KiB)
+    base = f"/api/v1/repositories/{REPO}/uploads"
+    with writer.client(timeout=60) as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        old = client.post(f"/api/v1/repositories/{REPO}/artifacts", params={"name": "old"}, content=data).json()
+        assert client.delete(f"/api/v1/repositories/{REPO}/artifacts/{old['id']}").status_code == 204
+        descriptor = {"name": "again.bin", "size": len(data), "sha256": sha(data), "partSize": MiB}
+        session = client.post(base, json=descriptor, headers={"Idempotency-Key": uuid.uuid4().hex}).json()
+        sent = client.put(f"{base}/{session['id']}/parts/0", content=data, headers={"X-Content-SHA256": sha(data)})
+        assert sent.status_code in (200, 201, 204), sent.text
+
+    async def scenario() -> dict:
+        holder = await asyncpg.connect(url)
+        observer = await asyncpg.connect(url)
+        seen: dict = {}
+        try:
+            # The upload's `complete` stages its bytes, then waits at its session's row lock:
+            # its publishing transaction starts only once cleanup is at the frozen store.
+            held = holder.transaction()
+            await held.start()
+            await holder.execute("SELECT 1 FROM arkvory_uploads WHERE id = $1 FOR UPDATE", uuid.UUID(session["id"]))
+            async with httpx.AsyncClient(base_url=writer.url, headers=AUTH, timeout=120) as http:
+                completing = asyncio.create_task(http.post(f"{base}/{session['id']}/complete"))
+                await _until(
+                    lambda: observer.fetchval(
+                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE '%FROM arkvory_uploads WHERE id = $1 FOR UPDATE%')"
+                    ),
+                    "staged and waiting for the session row",
+                )
+                os.kill(seaweedfs.pid, signal.SIGSTOP)
+                frozen_at = time.monotonic()
+                try:
+                    seen["task"] = await asyncio.to_thread(
+                        dispatch, url, "cleanup", {"grace_seconds": 0}, on_restart="fail"
+                    )
+                    await _until(lambda: _being_removed(observer, sha(data)), "removing the old blob")
+                    seen["exclusive_locks"] = await _exclusive_digest_locks(observer, sha(data))
+                    await held.commit()  # the upload publishes now, while the store is frozen
+                    await asyncio.sleep(max(0.0, frozen_at + FROZEN_S - time.monotonic()))
+                    seen["exclusive_locks_later"] = await _exclusive_digest_locks(observer, sha(data))
+                    seen["answered_while_frozen"] = completing.done()
+                finally:
+                    os.kill(seaweedfs.pid, signal.SIGCONT)
+                seen["answer"] = await completing
+        finally:
+            await holder.close()
+            await observer.close()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["exclusive_locks"] == 0 and seen["exclusive_locks_later"] == 0, "a digest lock was held across the store"
+    answer = seen["answer"]
+    assert not seen["answered_while_frozen"], answer.text
+    assert answer.status_code == 201, answer.text
+    ended = wait_task(url, seen["task"], ("completed", "failed"), timeout=60)
+    assert ended["status"] == "completed" and ended["result"]["steps"]["blobs"]["deleted"] == 1, ended
+    # Nothing lost: the blob is there, with its row, and the new artifact serves its bytes.
+    assert s3_cluster.has_blob(sha(data))
+    assert db_fetch(url, "SELECT sha256 FROM arkvory_blobs")[0]["sha256"] == sha(data)
+    assert not db_fetch(url, "SELECT id FROM arkvory_blob_removals WHERE settled_at IS NULL")
+    with writer.client(timeout=60) as client:
+        body = client.get(f"/api/v1/repositories/{REPO}/artifacts/{answer.json()['id']}/content")
+        assert body.status_code == 200 and body.content == data

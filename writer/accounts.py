@@ -44,6 +44,7 @@ from arkvory.shared.http.client_address import client_address
 from . import device_cookies
 from .account_names import FOLDED_NAME, check_account_name, fold
 from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
+from .credential_makers import require_still_valid, suspend_made_by
 from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
@@ -246,6 +247,8 @@ async def logout(request: Request) -> Response:
     runtime = runtime_of(request)
     assert runtime.pool is not None
     async with pooled(runtime.pool) as conn:
+        # What the session made without the password given again goes with it (the cascade of
+        # migration 0014: credential_makers.py).
         await conn.execute(
             "DELETE FROM arkvory_credentials WHERE id = $1", principal.credential_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
@@ -286,7 +289,8 @@ def _require_account(principal: Principal) -> uuid.UUID:
 
 
 async def change_password(request: Request) -> Response:
-    """Needs the old password; ends every other session of the account (not its tokens)."""
+    """Needs the old password; ends every other session of the account, and what they made
+    without the password given again (credential_makers.py), but not its other tokens."""
     principal = await principal_of(request)
     account_id = _require_account(principal)
     key_of(request)
@@ -390,8 +394,13 @@ async def _set_disabled(request: Request, disabled: bool) -> Response:
         )
         if row is None:
             raise NotFound(f"no account {name!r}")
+        # Under the account's row lock: a disable that committed meanwhile ended this credential
+        # if the account made it, and it cannot undo that (credential_makers.py).
+        await require_still_valid(conn, principal)
         if disabled:
-            # Its sessions and tokens end now, on every process (the delete notifies).
+            # The keys it made are suspended, its sessions and tokens end (and what they made
+            # with them), now, on every process (the update and the delete notify).
+            await suspend_made_by(conn, row["id"])
             await conn.execute(
                 "DELETE FROM arkvory_credentials WHERE account_id = $1", row["id"], timeout=POOLED_QUERY_TIMEOUT_S
             )

@@ -76,7 +76,7 @@ OPENAPI_PATHS: dict[str, Any] = {
         },
     }},
     "/api/v1/logout": {"post": {
-        "summary": "End this session and clear its cookie",
+        "summary": "End this session, and what it made without the password given again, and clear its cookie",
         "parameters": [openapi.IDEMPOTENCY_KEY],
         "responses": {"204": _ok("Logged out", headers=_SET_COOKIE), **openapi.errors(400, 401)},
     }},
@@ -89,7 +89,8 @@ OPENAPI_PATHS: dict[str, Any] = {
         "responses": {"201": _ok("Account created", _ACCOUNT), **openapi.errors(400, 403, 404, 409, 413, 415, 429)},
     }},
     "/api/v1/account/password": {"post": {
-        "summary": "Change your password (needs the old one); ends your other sessions",
+        "summary": "Change your password (needs the old one); ends your other sessions, and what they made without"
+        " the password given again",
         "description": "Wrong old passwords are limited per account (5 a minute) for its signed-in credentials"
         " only: a lockout by guessers at the login does not stop it.",
         "parameters": [openapi.IDEMPOTENCY_KEY],
@@ -113,12 +114,13 @@ OPENAPI_PATHS: dict[str, Any] = {
         },
     },
     "/api/v1/accounts/{name}/disable": {"post": {
-        "summary": "Disable an account (admin): its sessions and tokens end at once",
+        "summary": "Disable an account (admin): its sessions and tokens end at once, the managed keys it made are"
+        " suspended until an admin adopts them",
         "parameters": [_NAME_PARAM, openapi.IDEMPOTENCY_KEY],
         "responses": {"200": _ok("Disabled", _ACCOUNT), **openapi.errors(400, 401, 403, 404, 409, 422)},
     }},
     "/api/v1/accounts/{name}/enable": {"post": {
-        "summary": "Enable a disabled account (admin)",
+        "summary": "Enable a disabled account (admin); what the disable ended or suspended stays so",
         "parameters": [_NAME_PARAM, openapi.IDEMPOTENCY_KEY],
         "responses": {"200": _ok("Enabled", _ACCOUNT), **openapi.errors(400, 401, 403, 404, 409, 422)},
     }},

@@ -210,6 +210,19 @@ class Client:
     def revoke_token(self, token_id: str) -> None:
         credentials.revoke_token(self._transport, token_id)
 
+    def list_keys(self, *, page_size: int = 1000) -> list[dict[str, Any]]:
+        """Every managed service key, without secrets (an administrator's call); a key whose
+        maker account was disabled has `suspendedAt` and is refused until adopted."""
+        return credentials.list_keys(self._transport, page_size)
+
+    def adopt_key(self, key_id: str, *, password: str | None = None) -> dict[str, Any]:
+        """Make a suspended managed key this client's (an administrator's): it works again, and
+        ends with this client's token unless the account's `password` is sent."""
+        return credentials.adopt_key(self._transport, key_id, password)
+
+    def revoke_key(self, key_id: str) -> None:
+        credentials.revoke_key(self._transport, key_id)
+
 
 def _content_route(
     repo: str, artifact_id: str | None, asset: str | None, package: tuple[str, str, str] | None

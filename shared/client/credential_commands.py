@@ -1,4 +1,5 @@
-"""`arkvory login` and `arkvory token create|list|revoke`: credentials without curl (SPEC §5).
+"""`arkvory login` and `arkvory token create|list|revoke`: credentials without curl (SPEC §5);
+an administrator's managed keys are key_commands.py's.
 
 `login` signs in with the account's password, makes a personal token with it (the password
 makes it, so it may outlive the session, which is then ended) and files the token in a profile
@@ -24,7 +25,7 @@ import sys
 import uuid
 from typing import Any
 
-from .cli_output import Output
+from .cli_output import Output, text_table
 
 DEFAULT_LIFETIME = "90d"
 _DURATION = re.compile(r"(\d+)([smhd]?)")
@@ -63,7 +64,8 @@ def register(add) -> None:
     create.add_argument(
         "--password", action="store_true",
         help="re-enter your password (asked for, or read from standard input) so that the token may "
-        "outlive the credential that makes it; without it, it expires at the latest with that one",
+        "outlive the credential that makes it; without it, it expires at the latest with that one and "
+        "is revoked with it",
     )
     add("list", "show your tokens: id, access, expiry, last use and label (never a secret)", cmd_token_list,
         parent=actions)
@@ -137,7 +139,7 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
     )
     output.note(
         f"logged in as {args.account}: a {created.get('access')} token (id {created.get('id')}, expires "
-        f"{_day(created.get('expiresAt'))}) is stored in profile '{stored.profile}' of {path}"
+        f"{utc_minute(created.get('expiresAt'))}) is stored in profile '{stored.profile}' of {path}"
     )
     _notes_after_storing(output, stored)
     output.result({
@@ -177,13 +179,15 @@ def cmd_token_create(args: argparse.Namespace, output: Output) -> int:
             access=args.access, label=args.label, expires_in_seconds=args.expires, password=password
         )
     output.note(
-        f"token {created.get('id')} ({created.get('access')}, expires {_day(created.get('expiresAt'))}) "
+        f"token {created.get('id')} ({created.get('access')}, expires {utc_minute(created.get('expiresAt'))}) "
         "is shown only now: store it"
     )
-    if _capped(created.get("expiresAt"), args.expires):
+    capped = _capped(created.get("expiresAt"), args.expires)
+    if created.get("endsWith") or capped:
+        # Made without the password: the writer revokes it with the token that made it (SPEC §5).
         output.note(
-            "it expires with the credential that made it, sooner than asked; --password makes one that "
-            "outlives it"
+            f"it expires with the credential that made it{', sooner than asked' if capped else ' at the latest'}"
+            ", and is revoked with it; --password makes one that outlives it"
         )
     output.result(created, human=created["token"])
     return 0
@@ -196,14 +200,12 @@ def cmd_token_list(args: argparse.Namespace, output: Output) -> int:
         tokens = client.list_tokens()
     rows = [("ID", "ACCESS", "EXPIRES", "LAST USED", "LABEL")] + [
         (
-            str(t.get("id")), str(t.get("access")), _day(t.get("expiresAt")),
-            _day(t.get("lastUsedAt")) if t.get("lastUsedAt") else "never", str(t.get("label") or ""),
+            str(t.get("id")), str(t.get("access")), utc_minute(t.get("expiresAt")),
+            utc_minute(t.get("lastUsedAt")) if t.get("lastUsedAt") else "never", str(t.get("label") or ""),
         )
         for t in tokens
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[4]]).rstrip() for row in rows]
-    output.result({"tokens": tokens}, human="\n".join(lines) if tokens else "no tokens")
+    output.result({"tokens": tokens}, human=text_table(rows) if tokens else "no tokens")
     return 0
 
 
@@ -222,7 +224,7 @@ def cmd_token_revoke(args: argparse.Namespace, output: Output) -> int:
     return 0
 
 
-def _day(value: Any) -> str:
+def utc_minute(value: Any) -> str:
     """An ISO timestamp from the server, to the minute in UTC (what a person compares)."""
     moment = _moment(value)
     return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else str(value)

@@ -17,11 +17,13 @@ Exit statuses: 0 done; 1 the task failed; 2 usage or settings; 69 database unrea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TextIO
@@ -170,9 +172,16 @@ class OfflineContext:
     ) -> None:
         return None
 
+    @contextlib.asynccontextmanager
+    async def reserving(
+        self, *, items: int = 0, bytes: int = 0, transitions: int = 0, cost_units: int = 0
+    ) -> AsyncIterator[None]:
+        yield  # nothing to keep across a crash: an offline run is simply run again
+
     async def progress(
         self, *, items: int = 0, bytes: int = 0, cost_units: int = 0,
         message: str | None = None, data: dict[str, Any] | None = None,
+        conn: asyncpg.Connection | None = None,
     ) -> None:
         self.usage["items"] += items
         self.usage["bytes"] += bytes

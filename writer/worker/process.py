@@ -42,6 +42,8 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from arkvory.shared.auth.identity import KeyRing
+from arkvory.shared.cluster.lease_history import LeaseHistory
+from arkvory.shared.cluster.supervision import DATABASE, supervised
 from arkvory.shared.http.protocol import JsonRefusalsProtocol
 from arkvory.shared.process.systemd import ServiceManager, keep_informed
 from arkvory.shared.settings import Settings
@@ -49,7 +51,7 @@ from arkvory.shared.storage import BlobStorage
 from arkvory.writer.tasks import kinds
 
 from .health import build_health_app
-from .lock import Activation, WorkerLock
+from .lock import LOOP as LOCK_LOOP, Activation, WorkerLock
 from .metrics import WorkerMetrics
 from .recovery import recover
 from .runner import RecordingFailed, Runner
@@ -86,7 +88,12 @@ class WorkerProcess:
         self.storage = storage
         self.schema_version = schema_version
         self.registry = registry or CollectorRegistry()
-        self.metrics = WorkerMetrics(self.registry)
+        self.metrics = WorkerMetrics(self.registry, kinds.KINDS)
+        # Every slot's lease as the database knows it: the worker holds no slot, so it reports
+        # any process's lost lease (shared/cluster/lease_history.py).
+        self.lease_history = LeaseHistory()
+        self.registry.register(self.lease_history)
+        DATABASE.expect(LOCK_LOOP)
         self.state = "starting"
         self.exit_status = 0
         self.lock = WorkerLock(settings.database_url, self._on_task_event)
@@ -149,6 +156,11 @@ class WorkerProcess:
         server = _HealthServer(self._server_config())
         manager = self.service_manager
         informing = anyio.CancelScope()
+        reading = anyio.CancelScope()
+
+        async def read_lease_history(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            with reading:
+                await self.lease_history.run(lambda: self.pool, task_status=task_status)
 
         async def inform() -> None:
             with informing:
@@ -162,10 +174,13 @@ class WorkerProcess:
 
         try:
             async with anyio.create_task_group() as tg:
+                # Read once before the health port serves: the series are there from the first scrape.
+                await tg.start(supervised, "lease history", read_lease_history, self._history_failed)
                 tg.start_soon(self._serve_health, server, sock)
                 tg.start_soon(inform)
                 await self._take_turns()
                 informing.cancel()
+                reading.cancel()
                 server.should_exit = True
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -244,6 +259,11 @@ class WorkerProcess:
             self.metrics.active.set(0)
             self.metrics.tasks_running.set(0)
         return lost
+
+    async def _history_failed(self, name: str, exc: BaseException) -> None:
+        # Supervised: logged with its traceback; then the worker stops as for its health server.
+        self.exit_status = EXIT_FAILED
+        self.request_stop()
 
     # -- health -----------------------------------------------------------------------------
 
