@@ -26,7 +26,7 @@ import pytest
 from arkvory.shared.settings import Settings
 
 from .balancers import nginx_wrapper, running_balancer
-from .harness import eventually
+from .harness import eventually, free_port
 from .tools import require_tool
 
 pytestmark = pytest.mark.timeout(60)
@@ -394,6 +394,22 @@ def test_balancer_routes_content_reads_to_all_and_everything_else_to_the_writer(
         with httpx.Client(base_url=front.url, timeout=10) as client:
             eventually(lambda: client.get("/health/status").status_code == 200, f"{balancer} forwards", timeout=15)
             _check_routing(client)
+
+
+@pytest.mark.parametrize("balancer", ["nginx", "haproxy"])
+def test_a_balancer_with_no_process_answering_sends_arkvorys_503_with_retry_after(balancer, tmp_path):
+    """Every backend down: the balancer's own answer is the JSON error and Retry-After a process
+    would send (SPEC §6: every 503 carries Retry-After), for content and for the writer alike."""
+    nobody = {address: free_port() for address in (WRITER, *GATEWAYS)}  # nothing listens there
+    with running_balancer(balancer, tmp_path, nobody) as front:
+        with httpx.Client(base_url=front.url, timeout=30) as client:
+            for method, path in (("GET", f"/api/v1/repositories/builds/artifacts/{uuid.uuid4()}/content"),
+                                 ("GET", "/api/v1/repositories"), ("POST", "/api/v1/repositories/builds/artifacts")):
+                answer = client.request(method, path, content=b"x" if method == "POST" else None)
+                assert answer.status_code == 503, f"{balancer} {method} {path}: {answer.status_code} {answer.text}"
+                assert answer.headers["Retry-After"] == "2"
+                body = answer.json()
+                assert body["code"] == "unavailable" and body["requestId"] == answer.headers["X-Request-Id"] != ""
 
 
 def _check_routing(client: httpx.Client) -> None:
