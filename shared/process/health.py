@@ -35,12 +35,11 @@ from starlette.routing import Route
 from arkvory.shared.auth.credentials import resolve
 from arkvory.shared.errors import Unauthorized
 
-from .runtime import Runtime
+from .runtime import IN_POOL, Runtime
 
 log = logging.getLogger("arkvory.health")
 
 RETRY_AFTER = {"Retry-After": "2"}
-IN_POOL = ("ready", "degraded")  # the states /health/status answers with 200
 DIAGNOSTICS_FRESH_S = 5.0  # counts this old are answered from memory
 DIAGNOSTICS_WAIT_S = 0.5  # a request waits this long for a refresh, then answers null
 DIAGNOSTICS_QUERY_TIMEOUT_S = 5.0  # the refresh itself, in the background

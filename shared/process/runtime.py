@@ -61,6 +61,7 @@ log = logging.getLogger("arkvory.runtime")
 
 EXIT_LEASE_LOST = 75  # EX_TEMPFAIL: the service manager restarts us, we wait for the slot
 LOST_DRAIN_S = 2.0  # keep answering 503 `unavailable` this long before exiting
+IN_POOL = ("ready", "degraded")  # the states /health/status answers 200: the balancer keeps us
 
 
 class Runtime:

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp
 from arkvory.shared.http.protocol import protocol_for
 
 from .app import serving_app
-from .runtime import Runtime
+from .runtime import IN_POOL, Runtime
 from .systemd import ServiceManager, keep_informed
 
 log = logging.getLogger("arkvory.server")
@@ -91,8 +91,9 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         keep_informed,
         manager,
         # Listening comes after the lease, storage and policy checks (Runtime.start). A gateway
-        # whose schema is too new is up on purpose, saying why it does not serve.
-        ready=lambda: server.listening.is_set() and (runtime.status == "ready" or runtime.schema_too_new),
+        # whose schema is too new is up on purpose, saying why it does not serve; one whose store
+        # stopped answering since its check serves what it can (degraded), as in the balancer.
+        ready=lambda: server.listening.is_set() and (runtime.status in IN_POOL or runtime.schema_too_new),
         healthy=runtime.payload_allowed,
         status=lambda: service_status(runtime),
         stopping=lambda: runtime.stopping,
