@@ -3,7 +3,7 @@
 The states (Runtime.status): `ready` and `degraded` answer 200, so a balancer keeps the process;
 `unavailable` and `draining` answer 503 with Retry-After, so it takes the process out. Degraded:
 the object store does not answer, and the process serves what needs none (its read cache, all
-metadata) and answers the rest with its own 503 `unavailable` (docs/operations.md, "Readiness").
+metadata) and answers the rest with its own 503 `unavailable` (docs/operations.md, "Readiness states").
 
 Readiness also says where the process runs (`host`, `address`), which of its parts work now
 (`parts`: database, lease, storage, read cache; `readCache` with its figures), and whether its
