@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 
 import httpx
@@ -39,14 +40,15 @@ def retarget(text: str, ports: Mapping[str, int]) -> str:
     return text
 
 
-def haproxy_config(text: str, ports: Mapping[str, int], front: int, stats_socket: pathlib.Path | None = None) -> str:
+def haproxy_config(text: str, ports: Mapping[str, int], front: int, stats_socket: str | None = None) -> str:
     """A shipped HAProxy configuration for a test: backends and front port replaced, no user or
-    group (root only), the stats socket at `stats_socket` or none (/run is root's)."""
+    group (root only), the stats socket on the abstract socket `stats_socket` or none (/run is
+    root's, and a path under pytest's directories is longer than a socket's 97 characters)."""
     text = retarget(text, ports)
     text, count = re.subn(r"^(\s*)bind\s+:80\s*$", rf"\g<1>bind 127.0.0.1:{front}", text, flags=re.M)
     assert count == 1, "expected one `bind :80`"
     text = re.sub(r"^\s*(user|group)\s.*$", "", text, flags=re.M)
-    socket_line = rf"\g<1>stats socket {stats_socket} level admin" if stats_socket is not None else ""
+    socket_line = rf"\g<1>stats socket abns@{stats_socket} level admin" if stats_socket is not None else ""
     return re.sub(r"^(\s*)stats socket\s.*$", socket_line, text, flags=re.M)
 
 
@@ -81,7 +83,7 @@ class Balancer:
     """A running HAProxy or nginx; `url` is its front."""
 
     def __init__(self, kind: str, process: subprocess.Popen, front: int, log: pathlib.Path,
-                 stats_socket: pathlib.Path | None = None) -> None:
+                 stats_socket: str | None = None) -> None:
         self.kind = kind
         self.process = process
         self.url = f"http://127.0.0.1:{front}"
@@ -106,7 +108,8 @@ class Balancer:
         assert self.stats_socket is not None, "HAProxy with a stats socket only"
         with socket.socket(socket.AF_UNIX) as stats:
             stats.settimeout(5)
-            stats.connect(str(self.stats_socket))
+            # An abstract socket (no file), whose name HAProxy pads with zeros to sun_path's 108 bytes.
+            stats.connect(b"\0" + self.stats_socket.encode().ljust(107, b"\0"))
             stats.sendall(b"show stat\n")
             text = b""
             while chunk := stats.recv(65536):
@@ -129,7 +132,7 @@ def start_haproxy(directory: pathlib.Path, ports: Mapping[str, int], *, config: 
     haproxy = require_tool("haproxy", apt="haproxy")
     directory.mkdir(parents=True, exist_ok=True)
     front = free_port()
-    stats_socket = directory / "admin.sock" if stats else None
+    stats_socket = f"arkvory-test-{uuid.uuid4().hex}" if stats else None
     cfg = directory / "haproxy.cfg"
     cfg.write_text(haproxy_config(config.read_text(), ports, front, stats_socket))
     log = directory / "haproxy.log"
