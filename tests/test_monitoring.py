@@ -423,7 +423,7 @@ def test_health_status_is_one_for_ready_and_zero_for_the_others(live):
     for process in (live.writer, live.gateway):
         text = scrape(process.url)
         assert {s: value(text, "arkvory_health_status", status=s) for s in HEALTH_STATUSES} == {
-            "ready": 1, "draining": 0, "unavailable": 0
+            "ready": 1, "degraded": 0, "draining": 0, "unavailable": 0
         }
     assert value(scrape(live.worker.url), "arkvory_health_status") is None
 

@@ -207,9 +207,15 @@ _STATUS = {"type": "object", "required": ["status"], "properties": {"status": {"
 def _health_paths() -> dict[str, Any]:
     live = _health("Liveness: the HTTP process runs", False, _STATUS)
     del live["get"]["responses"]["503"], live["head"]["responses"]["503"]
-    ready = _health("Readiness: role, leases, admission, bandwidth, schema version (SPEC §8)", True,
+    ready = _health("Readiness: role, leases, admission, bandwidth, schema version, which parts work (SPEC §8)", True,
                     {"type": "object", "required": ["status", "role", "writable"], "properties": {
-                        "status": {"type": "string"}, "role": {"type": "string", "enum": ["api", "reader"]},
+                        "status": {"type": "string", "enum": ["ready", "degraded", "unavailable", "draining"]},
+                        "role": {"type": "string", "enum": ["api", "reader"]},
+                        "parts": {"type": "object", "description": "database, lease, storage and readCache, "
+                                  "each in a word (available, trusted, off...)",
+                                  "additionalProperties": {"type": "string"}},
+                        "readCache": {"type": ["object", "null"], "description": "files, bytes and maxBytes "
+                                      "of the read cache; null without one"},
                         "writable": {"type": "boolean"}, "sharedDownloads": {"type": ["object", "null"]},
                         "transfers": {"type": "object"}, "schemaVersion": {"type": ["integer", "null"]},
                         "storageDiagnostics": {
@@ -230,7 +236,8 @@ def _health_paths() -> dict[str, Any]:
     metrics = _health("Prometheus metrics of this process (needs a key unless ARKVORY_PUBLIC_METRICS)", True, {}, text=True)
     del metrics["get"]["responses"]["503"], metrics["head"]["responses"]["503"]
     return {
-        "/health/status": _health("For the balancer: ready (200) or not (503)", False, _STATUS),
+        "/health/status": _health("For the balancer: keep the process (200: ready, or degraded while its object "
+                                  "store does not answer) or take it out (503)", False, _STATUS),
         "/health/live": live,
         "/health/ready": ready,
         "/health/metrics": metrics,

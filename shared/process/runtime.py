@@ -19,8 +19,10 @@ dead task. `payload_allowed()` is the one cheap answer the streaming code asks b
 chunk.
 
 With an object store, a probe loop (shared/storage/health.py) says whether it answers: while it
-does not, `/health/status` is 503 (the balancer takes the process out) and reads answer 503, but
-the process keeps its lease and answers everything that needs no blob, and comes back by itself.
+does not, the process is `degraded`: it keeps its lease and its place in the balancer
+(`/health/status` 200), serves its read cache and everything that needs no store, answers what
+needs the store with its own 503 `unavailable` and Retry-After (a balancer's bare 503 would
+carry neither), and is `ready` again by itself once the store answers.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ log = logging.getLogger("arkvory.runtime")
 
 EXIT_LEASE_LOST = 75  # EX_TEMPFAIL: the service manager restarts us, we wait for the slot
 LOST_DRAIN_S = 2.0  # keep answering 503 `unavailable` this long before exiting
+IN_POOL = ("ready", "degraded")  # the states /health/status answers 200: the balancer keeps us
 
 
 class Runtime:
@@ -265,9 +268,13 @@ class Runtime:
 
     @property
     def status(self) -> str:
+        """What /health/status answers: ready or degraded (the balancer keeps the process),
+        unavailable or draining (it takes the process out). Degraded is a ready process whose
+        object store does not answer: every process shares that store, so taking them all out
+        would turn cached blobs and everything that needs no store into the balancer's 503."""
         serving = self._serving_status()
         if serving == "ready" and not self.storage_health.available:
-            return "unavailable"  # the balancer takes us out until the store answers again
+            return "degraded"
         return serving
 
     def _serving_status(self) -> str:

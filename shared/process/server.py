@@ -24,7 +24,7 @@ from starlette.types import ASGIApp
 from arkvory.shared.http.protocol import protocol_for
 
 from .app import serving_app
-from .runtime import Runtime
+from .runtime import IN_POOL, Runtime
 from .systemd import ServiceManager, keep_informed
 
 log = logging.getLogger("arkvory.server")
@@ -91,8 +91,9 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         keep_informed,
         manager,
         # Listening comes after the lease, storage and policy checks (Runtime.start). A gateway
-        # whose schema is too new is up on purpose, saying why it does not serve.
-        ready=lambda: server.listening.is_set() and (runtime.status == "ready" or runtime.schema_too_new),
+        # whose schema is too new is up on purpose, saying why it does not serve; one whose store
+        # stopped answering since its check serves what it can (degraded), as in the balancer.
+        ready=lambda: server.listening.is_set() and (runtime.status in IN_POOL or runtime.schema_too_new),
         healthy=runtime.payload_allowed,
         status=lambda: service_status(runtime),
         stopping=lambda: runtime.stopping,
@@ -120,6 +121,8 @@ def service_status(runtime: Runtime) -> str:
         f"slot {settings.shared.slot} of {settings.shared.slots}" if settings.shared else "standalone, no lease"
     )
     state = f"unavailable: {runtime.failure}" if runtime.failure else runtime.status
+    if state == "degraded":
+        state = "degraded: the object store does not answer (serving the read cache and what needs no store)"
     if runtime.schema_too_new:
         state = "unavailable: the database schema is newer than this code"
     text = f"{'writer' if settings.is_writer else 'gateway'}, {where}: {state}"
