@@ -34,7 +34,7 @@ import logging
 import os
 import urllib.parse
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httptools
 from prometheus_client.core import CounterMetricFamily
@@ -43,9 +43,6 @@ from prometheus_client.registry import Collector
 from .exchange import Exchange, FlowControl
 from .handle import HANDLE_KEY, ConnectionHandle, PayloadRefused, encode_header_block
 from .refusals import MAX_HEAD_BYTES, bad_request_response, head_too_large_response
-
-if TYPE_CHECKING:
-    from .server import HttpServer
 
 # The download modules import these from here (they are the protocol's per-request face).
 __all__ = [
@@ -61,6 +58,14 @@ LINGER_MAX_BYTES = 1024 * 1024
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 
 
+class Listener(Protocol):
+    """What a connection shares with the others of its server (server.HttpServer)."""
+
+    connections: set[HttpProtocol]
+    tasks: set[asyncio.Task]
+    date_line: bytes  # `date: ...\r\n`, made once a second
+
+
 class HttpProtocol(asyncio.Protocol):
     """One connection. Made by HttpServer; `protocol_for` sets the class attributes (the bounds,
     the metrics, the payload gate) for one process."""
@@ -73,7 +78,7 @@ class HttpProtocol(asyncio.Protocol):
     # (True while trusted: a bool, or the lease's seconds of trust left, 0.0 once over.)
     may_send_payload: Callable[[], object] = staticmethod(lambda: True)
 
-    def __init__(self, app: Callable, server: HttpServer) -> None:
+    def __init__(self, app: Callable, server: Listener) -> None:
         self.app = app
         self.server = server
         self.loop = asyncio.get_running_loop()

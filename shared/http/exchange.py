@@ -16,14 +16,11 @@ import http
 import logging
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from arkvory.shared.errors import TransferAborted
 
 from .refusals import internal_error_response
-
-if TYPE_CHECKING:
-    from .connection import HttpProtocol
 
 log = logging.getLogger("arkvory.http")
 
@@ -103,6 +100,29 @@ class FlowControl:
                 self._writable.set()
 
 
+class Connection(Protocol):
+    """What an exchange and its handle need of their connection (connection.HttpProtocol)."""
+
+    transport: asyncio.Transport
+    flow: FlowControl
+    loop: asyncio.AbstractEventLoop
+    socket_fd: int  # -1 unless plain TCP
+    stats: Any  # connection.HeadStats, or None
+
+    @property
+    def date_line(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+    def response_finished(self, exchange: Exchange) -> None: ...
+
+    def exchange_ended(self, exchange: Exchange) -> None: ...
+
+    def admit_payload(self) -> bool: ...
+
+    def wait_for_socket(self) -> None: ...
+
+
 class Exchange:
     """One request's state between the parser, the app and the connection."""
 
@@ -112,7 +132,7 @@ class Exchange:
         "expected_content_length", "more_body", "_body", "_body_size", "_news", "_waiter",
     )
 
-    def __init__(self, connection: HttpProtocol, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
+    def __init__(self, connection: Connection, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
         self.connection = connection
         self.transport = connection.transport
         self.flow = connection.flow

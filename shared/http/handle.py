@@ -16,12 +16,7 @@ import os
 import socket
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-from .exchange import INVALID_HEADER_NAME, INVALID_HEADER_VALUE, STATUS_LINES, Exchange
-
-if TYPE_CHECKING:
-    from .connection import HttpProtocol
+from .exchange import INVALID_HEADER_NAME, INVALID_HEADER_VALUE, STATUS_LINES, Connection, Exchange
 
 HANDLE_KEY = "arkvory.connection"
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
@@ -54,7 +49,7 @@ class ConnectionHandle:
 
     __slots__ = ("transport", "cycle", "cut", "status", "_on_lost", "_protocol")
 
-    def __init__(self, protocol: HttpProtocol, exchange: Exchange) -> None:
+    def __init__(self, protocol: Connection, exchange: Exchange) -> None:
         self.transport: asyncio.Transport = protocol.transport
         self.cycle = exchange
         # The response ended early and that was accounted for (the server cut it, or the
