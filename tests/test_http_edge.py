@@ -16,7 +16,7 @@ import tempfile
 import pytest
 
 from arkvory.shared.http.handle import HANDLE_KEY, encode_header_block
-from arkvory.shared.http.connection import HeadStats, HttpProtocol
+from arkvory.shared.http.protocol import HeadStats, HttpProtocol
 from arkvory.shared.http.server import HttpServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -149,6 +149,21 @@ async def test_what_the_parser_refuses_is_400_json_with_a_request_id():
     refusal = json.loads(body.removesuffix(b"<closed>"))
     assert refusal["code"] == "invalid_input"
     assert f"\r\nx-request-id: {refusal['requestId']}\r\n".encode() in head
+
+
+async def test_garbage_after_a_request_is_refused_after_that_request_is_answered():
+    """More bytes than the Content-Length, or a malformed head pipelined behind a request
+    still running: the request gets its answer first, then the 400, then the close (an early
+    400 would be followed by the first request's answer on the same stream)."""
+    served = await serve()
+    try:
+        overlong = await served.exchange(b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc[[[[[[[[[[")
+        behind_slow = await served.exchange(b"GET /slow?0.3 HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP\r\n\r\n", quiet_s=2)
+    finally:
+        await served.server.shutdown()
+    for answer, first in ((overlong, b"POST /p 3 1.1"), (behind_slow, b"GET /slow 0 1.1")):
+        assert heads(answer) == ["HTTP/1.1 200 OK", "HTTP/1.1 400 Bad Request"], answer
+        assert answer.index(first) < answer.index(b"HTTP/1.1 400") and answer.endswith(b"<closed>"), answer
 
 
 async def test_an_upgrade_is_answered_as_a_plain_request_and_then_the_connection_ends():

@@ -2,8 +2,7 @@
 chunk is written stops that chunk, cuts the transfer and counts it as an abort `lease_lost`,
 and `arkvory_payload_chunks_after_trust_total` stays 0 (it counts only a faulty gate).
 
-A real server: our protocol under uvicorn's config on a free port, real sockets, a real HTTP
-client; the lease's clock is injected (tests/fakeclock.py), so the deadline falls exactly
+A real server: our HTTP server and protocol on a free port, real sockets, a real HTTP client; the lease's clock is injected (tests/fakeclock.py), so the deadline falls exactly
 between two chunks, every run.
 """
 
@@ -16,14 +15,14 @@ import tempfile
 import types
 
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry
-from uvicorn.server import ServerState
 
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.download.payload import Payload
 from arkvory.shared.download.throttle import BandwidthScheduler
-from arkvory.shared.http.protocol import HANDLE_KEY, PayloadRefused, encode_header_block, protocol_for
+from arkvory.shared.http.handle import HANDLE_KEY, PayloadRefused, encode_header_block
+from arkvory.shared.http.protocol import protocol_for
+from arkvory.shared.http.server import HttpServer
 from arkvory.shared.metrics import Metrics
 from .fakeclock import FakeTime
 
@@ -64,15 +63,10 @@ def _runtime(time: FakeTime, lease: ClockedLease, bandwidth=None):
 async def _serve(runtime, app):
     """Our protocol class for `runtime` on a free port; returns (server, port, protocol class)."""
     protocol = protocol_for(runtime)
-    config = uvicorn.Config(app, http=protocol, lifespan="off", log_config=None, access_log=False)
-    config.load()
-    state = ServerState()
-    loop = asyncio.get_running_loop()
+    server = HttpServer(app, protocol)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = await loop.create_server(
-        lambda: protocol(config=config, server_state=state, app_state={}, _loop=loop), sock=sock
-    )
+    await server.start(sock=sock)
     return server, sock.getsockname()[1], protocol
 
 
@@ -117,7 +111,7 @@ async def test_a_deadline_between_two_writes_stops_the_second_at_the_write():
     try:
         received = await _get(port)
     finally:
-        server.close()
+        await server.shutdown()
     assert outcome == {"refused": True}
     assert received.endswith(b"\r\n\r\n1234"), received
     assert protocol.stats.late_payload_chunks == 0
@@ -160,7 +154,7 @@ async def test_a_transfer_whose_trust_ends_while_it_waits_for_tokens_is_cut_as_l
     try:
         received = await _get(port)
     finally:
-        server.close()
+        await server.shutdown()
     assert finished == {"done": False}
     assert received.endswith(b"\r\n\r\naaaa"), received
     assert _aborts(runtime, "lease_lost") == 1

@@ -31,7 +31,7 @@ from arkvory.shared.errors import (
 )
 from arkvory.shared.metrics import Metrics
 
-from .protocol import HANDLE_KEY
+from .handle import HANDLE_KEY
 
 log = logging.getLogger("arkvory.http")
 

@@ -101,13 +101,13 @@ class FlowControl:
 
 
 class Connection(Protocol):
-    """What an exchange and its handle need of their connection (connection.HttpProtocol)."""
+    """What an exchange and its handle need of their connection (protocol.HttpProtocol)."""
 
     transport: asyncio.Transport
     flow: FlowControl
     loop: asyncio.AbstractEventLoop
     socket_fd: int  # -1 unless plain TCP
-    stats: Any  # connection.HeadStats, or None
+    stats: Any  # protocol.HeadStats, or None
 
     @property
     def date_line(self) -> bytes: ...

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from email.utils import formatdate
 
-from .connection import HttpProtocol
+from .protocol import HttpProtocol
 
 log = logging.getLogger("arkvory.http")
 
