@@ -35,6 +35,9 @@ UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per wri
 SENDFILE_MIN_BYTES = 64 * 1024
 # When the socket is full, this much is copied into the transport to learn when it drains.
 COPY_PIECE_BYTES = 16 * 1024
+# The most one sendfile moves when the buckets have tokens to spare: what loopback's largest
+# socket buffer holds (tcp_wmem), so one call can fill it.
+ZERO_COPY_BYTES = 4 * 1024 * 1024
 
 
 class Payload:
@@ -112,6 +115,9 @@ class Payload:
                 want = min(remaining, chunk)
                 try:
                     granted = bandwidth.grant_now(principal_id, want) or await bandwidth.grant(principal_id, want)
+                    if zero_copy and granted < remaining:
+                        # Tokens to spare: one sendfile moves several grants (issue 26).
+                        granted += bandwidth.grant_now_up_to(principal_id, min(remaining, ZERO_COPY_BYTES) - granted)
                 except LeaseLost:
                     _cut_for_lease(runtime, handle)  # usually done already by the registry's abort_all
                     return False

@@ -51,21 +51,40 @@ class FlowControl:
 
     Writing pauses for two reasons: the transport's buffer is above its high-water mark (its
     `pause_writing`), or a zero-copy send found the socket full (handle.py waits for the socket
-    itself). `write_paused` is an attribute, read per payload chunk."""
+    itself). `write_paused` is an attribute, read per payload chunk. Waiting is a bare future
+    per waiter (and a timer for a bounded wait): a download may wait for its client hundreds of
+    times per GiB, where an Event and `asyncio.timeout` cost several times more."""
 
-    __slots__ = ("transport", "read_paused", "write_paused", "_buffer_full", "_socket_full", "_writable")
+    __slots__ = ("transport", "loop", "read_paused", "write_paused", "_buffer_full", "_socket_full", "_waiters")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self.transport = transport
+        self.loop = loop
         self.read_paused = False
         self.write_paused = False
         self._buffer_full = False
         self._socket_full = False
-        self._writable = asyncio.Event()
-        self._writable.set()
+        self._waiters: list[asyncio.Future] = []
 
     async def drain(self) -> None:
-        await self._writable.wait()
+        """Until writing resumes (at once when it is not paused)."""
+        if self.write_paused:
+            await self.wait(None)
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Until writing resumes: True; False when `timeout` seconds passed first."""
+        if not self.write_paused:
+            return True
+        waiter = self.loop.create_future()
+        self._waiters.append(waiter)
+        timer = None if timeout is None else self.loop.call_later(timeout, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if waiter in self._waiters:  # timed out, or cancelled while waiting
+                self._waiters.remove(waiter)
 
     def pause_reading(self) -> None:
         if not self.read_paused:
@@ -94,10 +113,16 @@ class FlowControl:
         paused = self._buffer_full or self._socket_full
         if paused != self.write_paused:
             self.write_paused = paused
-            if paused:
-                self._writable.clear()
-            else:
-                self._writable.set()
+            if not paused and self._waiters:
+                waiters, self._waiters = self._waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(True)
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 class Connection(Protocol):

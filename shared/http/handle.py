@@ -87,12 +87,7 @@ class ConnectionHandle:
         flow = self.cycle.flow
         if not flow.write_paused or self.lost:
             return True
-        try:
-            async with asyncio.timeout(timeout):
-                await flow.drain()
-        except TimeoutError:
-            return flow.write_paused is False
-        return True
+        return await flow.wait(timeout)
 
     def start(self, status: int, header_block: bytes, content_length: int, extra: bytes = b"", body: bytes = b"") -> None:
         """Write the response head (and `body`, the first payload bytes, in the same write: one

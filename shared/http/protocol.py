@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
+import select
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -106,9 +106,10 @@ class HttpProtocol(asyncio.Protocol):
         self._ignoring = False  # after an Upgrade or a malformed request: what follows is not parsed
         self._refusal_pending = False  # a malformed request, answered once those before it are
         self._keep_alive_timer: asyncio.TimerHandle | None = None
-        # A duplicate of the socket's descriptor, watched for writability when a zero-copy send
-        # found the socket full (the transport owns the original and may not share it).
-        self._watch_fd = -1
+        # Told when the socket takes more after a zero-copy send found it full: an epoll set of
+        # our own holding the socket edge-triggered, itself watched by the event loop (made at
+        # the first full socket, kept for the connection: no registration per wait).
+        self._writability: select.epoll | None = None
         self._watching = False
 
     @property
@@ -120,7 +121,7 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.server.connections.add(self)
         self.transport = transport
-        self.flow = FlowControl(transport)
+        self.flow = FlowControl(transport, self.loop)
         tls = transport.get_extra_info("sslcontext") is not None
         sock = transport.get_extra_info("socket")
         if sock is not None and not tls:
@@ -132,12 +133,11 @@ class HttpProtocol(asyncio.Protocol):
         self.server.connections.discard(self)
         self._cancel_head_timer()
         self._cancel_keep_alive()
-        if self._watch_fd >= 0:
-            if self._watching:
-                self.loop.remove_writer(self._watch_fd)
-                self._watching = False
-            os.close(self._watch_fd)
-            self._watch_fd = -1
+        if self._writability is not None:
+            self.loop.remove_reader(self._writability.fileno())
+            self._writability.close()
+            self._writability = None
+            self._watching = False
         for exchange in (self.exchange, *self._pipeline, *(handle.cycle for handle in self._handles)):
             if exchange is not None and not exchange.response_complete:
                 exchange.disconnected = True
@@ -445,19 +445,25 @@ class HttpProtocol(asyncio.Protocol):
         return True
 
     def wait_for_socket(self) -> None:
-        """A zero-copy send found the socket full: writing pauses until the socket takes more."""
+        """A zero-copy send found the socket full: writing pauses until the socket takes more.
+
+        As nginx waits: edge-triggered, so the kernel reports the socket once each time it
+        drains after it was full, and nothing is registered or removed per wait (the transport
+        owns the socket's own registration with the loop and may not share it)."""
         if self._watching or self.transport.is_closing():
             return
-        if self._watch_fd < 0:
-            self._watch_fd = os.dup(self.socket_fd)
+        if self._writability is None:
+            self._writability = select.epoll()
+            self._writability.register(self.socket_fd, select.EPOLLOUT | select.EPOLLET)
+            self.loop.add_reader(self._writability.fileno(), self._socket_writable)
         self._watching = True
         self.flow.socket_full(True)
-        self.loop.add_writer(self._watch_fd, self._socket_writable)
 
     def _socket_writable(self) -> None:
-        self._watching = False
-        self.loop.remove_writer(self._watch_fd)
-        self.flow.socket_full(False)
+        self._writability.poll(0)  # take the edge: the loop watches our epoll level-triggered
+        if self._watching:
+            self._watching = False
+            self.flow.socket_full(False)
 
 
 def _address(transport: asyncio.BaseTransport, which: str) -> tuple[str, int] | None:
