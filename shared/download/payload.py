@@ -33,7 +33,8 @@ class SentResponse(Protocol):
 UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per write
 # Below this a body is copied: headers and body then leave in one go, which beats a sendfile.
 SENDFILE_MIN_BYTES = 64 * 1024
-# When the socket is full, this much is copied into the transport to learn when it drains.
+# When sendfile sends nothing and the socket could not be waited for, this much is copied into
+# the transport instead (its flow control then says when it has left).
 COPY_PIECE_BYTES = 16 * 1024
 # The most one sendfile moves when the buckets have tokens to spare: what loopback's largest
 # socket buffer holds (tcp_wmem), so one call can fill it.
@@ -48,11 +49,11 @@ class Payload:
     send timeout; at the write itself, in the same synchronous step, the payload gate
     (`ConnectionHandle.write`/`sendfile` raise PayloadRefused when trust is over, and the
     transfer is cut and counted as an abort `lease_lost`). On plain TCP the bytes go with
-    `os.sendfile` from the page cache to the socket (uvloop has no `loop.sendfile`); when the
-    socket is full, one copied piece is handed to the transport, whose flow control then says
-    when it has left. With the transport's write-buffer limits at zero "writable" means
-    "nothing queued", so a sendfile never overtakes queued bytes. TLS, and small bodies, take
-    the copying path.
+    `os.sendfile` from the page cache to the socket (uvloop has no `loop.sendfile`), several
+    grants per call when the buckets have tokens to spare; when the socket is full, the handle
+    waits for the socket itself to take more (nothing is copied to learn that). With the
+    transport's write-buffer limits at zero "writable" means "nothing queued", so a sendfile
+    never overtakes queued bytes. TLS, and small bodies, take the copying path.
 
     While it runs, the transfer is registered with the process's `transfers` (a Payload is
     its own aborter), so that a lost lease cuts it while it waits.
@@ -139,7 +140,7 @@ class Payload:
                     except ConnectionError as exc:  # broken pipe, reset
                         _client_gone(runtime, handle, f"{exc.__class__.__name__}: {exc}")
                         return False
-                if not sent:
+                if not sent and not (zero_copy and flow.write_paused):  # (paused: the socket is full)
                     size = granted if not zero_copy else min(granted, COPY_PIECE_BYTES)
                     data = os.pread(fd, size, offset)
                     if len(data) != size:

@@ -55,7 +55,6 @@ log = logging.getLogger("arkvory.protocol")
 KEEP_ALIVE_S = 5.0  # an idle kept-alive connection is closed after this long
 LINGER_S = 2.0
 LINGER_MAX_BYTES = 1024 * 1024
-_ASGI = {"version": "3.0", "spec_version": "2.3"}
 
 
 class Listener(Protocol):
@@ -189,7 +188,8 @@ class HttpProtocol(asyncio.Protocol):
                 # alone hold more than LINGER_MAX_BYTES). The LINGER_S timer drops it.
                 self.transport.pause_reading()
             return
-        if self._ignoring:
+        if self._ignoring:  # not parsed: reading waits (a request's `receive` reads one more piece)
+            self.flow.pause_reading()
             return
         if self._keep_alive_timer is not None:
             self._cancel_keep_alive()
@@ -291,7 +291,7 @@ class HttpProtocol(asyncio.Protocol):
         handle_slot: dict[str, Any] = {}
         scope = {
             "type": "http",
-            "asgi": _ASGI,
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": http_version,
             "server": server,
             "client": client,
