@@ -144,13 +144,8 @@ class ConnectionHandle:
     def write(self, data: bytes) -> None:
         """Hand payload to the transport; PayloadRefused (nothing written) when the payload gate
         is closed at this instant."""
-        size = len(data)
-        exchange = self.cycle
-        if size > exchange.expected_content_length:
-            raise RuntimeError("Response content longer than Content-Length")
-        if not self._protocol.admit_payload():
-            raise PayloadRefused()
-        exchange.expected_content_length -= size
+        self._admit(len(data))
+        self.cycle.expected_content_length -= len(data)
         self.transport.write(data)
 
     def sendfile(self, fd: int, offset: int, count: int) -> int:
@@ -161,26 +156,20 @@ class ConnectionHandle:
         took less than `count`, writing pauses (`cycle.flow.write_paused`) until the socket
         takes more. Only call with nothing buffered in the transport, or the bytes would
         overtake what is queued."""
-        exchange = self.cycle
-        if count > exchange.expected_content_length:
-            raise RuntimeError("Response content longer than Content-Length")
+        self._admit(count)
         protocol = self._protocol
-        if not protocol.admit_payload():
-            raise PayloadRefused()
         try:
             sent = os.sendfile(protocol.socket_fd, fd, offset, count)
         except BlockingIOError:
             protocol.wait_for_socket()
             return 0
         except ConnectionError:  # EPIPE or ECONNRESET: the client reset or closed its end
-            exchange.disconnected = True  # nothing more is written, and no error is reported
-            self.transport.abort()
+            self._drop()
             raise
         if not sent:
             raise EOFError(f"the file ends before offset {offset} + {count}")
-        exchange.expected_content_length -= sent
-        if sent < count:
-            protocol.wait_for_socket()  # full (or the file ended: then the next call says so)
+        # A short count: the socket is full (or the file ended, which the next call says).
+        self._moved(sent, count)
         stats = protocol.stats
         if stats is not None:
             stats.sendfile_bytes += sent
@@ -192,28 +181,41 @@ class ConnectionHandle:
         socket took (0 when it is full), raises a ConnectionError when the client is gone and
         PayloadRefused, with nothing moved, when the payload gate is closed. Only with nothing
         buffered in the transport, and only with at least `count` bytes in the pipe."""
-        exchange = self.cycle
-        if count > exchange.expected_content_length:
-            raise RuntimeError("Response content longer than Content-Length")
+        self._admit(count)
         protocol = self._protocol
-        if not protocol.admit_payload():
-            raise PayloadRefused()
         try:
             sent = os.splice(pipe_fd, protocol.socket_fd, count, flags=_SPLICE_FLAGS)
         except BlockingIOError:
             protocol.wait_for_socket()
             return 0
         except ConnectionError:
-            exchange.disconnected = True
-            self.transport.abort()
+            self._drop()
             raise
-        exchange.expected_content_length -= sent
-        if sent < count:
-            protocol.wait_for_socket()
+        self._moved(sent, count)
         stats = protocol.stats
         if stats is not None:
             stats.splice_bytes += sent
         return sent
+
+    def _admit(self, count: int) -> None:
+        """What every payload write passes first: within the Content-Length, and the gate."""
+        if count > self.cycle.expected_content_length:
+            raise RuntimeError("Response content longer than Content-Length")
+        if not self._protocol.admit_payload():
+            raise PayloadRefused()
+
+    def _moved(self, sent: int, count: int) -> None:
+        """`sent` of `count` bytes went to the socket: fewer means it is full, and writing
+        pauses until it takes more."""
+        self.cycle.expected_content_length -= sent
+        if sent < count:
+            self._protocol.wait_for_socket()
+
+    def _drop(self) -> None:
+        """The client reset or closed its end under a zero-copy send: nothing more is written
+        (and no unfinished response is reported), the connection goes."""
+        self.cycle.disconnected = True
+        self.transport.abort()
 
     def abort(self) -> None:
         """Drop the connection now: `close()` would wait to flush to a client that reads nothing."""
