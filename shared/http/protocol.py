@@ -145,6 +145,9 @@ class HttpProtocol(asyncio.Protocol):
         if exc is None:
             self.transport.close()
         self.parser = None  # type: ignore[assignment]
+        # Each exchange points back here: let them go now, not at a garbage collection.
+        self.exchange = self._answering = None
+        self._pipeline.clear()
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.cycle.scope["extensions"].pop(HANDLE_KEY, None)
