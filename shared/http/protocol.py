@@ -24,6 +24,10 @@ is dropped at LINGER_S.
 
 Each request gets a ConnectionHandle (handle.py, `scope["extensions"]["arkvory.connection"]`),
 through which the content routes write payload past `send`, gated by `admit_payload`.
+
+The module is long because all of it reads and changes one connection's state (the head being
+counted, the requests in turn, lingering, the wait for a full socket); a request's own side is
+exchange.py, the payload's handle.py, the answers of our own refusals.py.
 """
 
 from __future__ import annotations
