@@ -9,12 +9,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# The locked versions first (hash-checked), then Arkvory without resolving again: the image runs
+# what CI tested.
 WORKDIR /src
+COPY requirements.lock ./
+RUN pip install -r requirements.lock
 COPY pyproject.toml __init__.py ./
 COPY shared ./shared
 COPY writer ./writer
 COPY gateway ./gateway
-RUN pip install . && rm -rf /src
+RUN pip install --no-deps . && rm -rf /src
 
 # A fixed uid, so a storage volume keeps one owner across rebuilds. The storage directory (and
 # `local`, a gateway's own state with an object store) exists in the image owned by that user:

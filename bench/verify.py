@@ -81,8 +81,8 @@ async def record_blobs(database_url: str, blobs: list[tuple[str, int]]) -> None:
 
 class BenchContext(RunningTask):
     """The worker's own TaskContext (per-blob progress counted and checked against a budget,
-    events coalesced), minus the task rows: the at most two writes a second it would make are
-    left out."""
+    events coalesced), minus the task rows: the writes it would make (at most two progress
+    events a second, and one reservation per thread hop of a budgeted task) are left out."""
 
     def __init__(self, pool: asyncpg.Pool, storage: Storage, settings: Settings) -> None:
         task = {
@@ -96,7 +96,10 @@ class BenchContext(RunningTask):
             metrics=WorkerMetrics(CollectorRegistry()),
         )
 
-    async def _write(self, event: str, data: dict, fields: dict) -> None:
+    async def _write(self, event: str, data: dict, fields: dict, *, conn=None) -> None:
+        pass
+
+    async def _write_usage(self, usage: dict, event: dict | None = None, *, conn=None) -> None:
         pass
 
 

@@ -13,7 +13,7 @@ import re
 
 import asyncpg
 
-from .errors import DatabaseUnavailable, StartupRefused
+from .errors import DatabaseRefused, DatabaseUnavailable, StartupRefused
 from .settings import Settings, mask_url
 
 log = logging.getLogger("arkvory.db")
@@ -47,17 +47,42 @@ def migrations() -> list[tuple[int, str, str]]:
     return found
 
 
-CODE_SCHEMA_VERSION = 11  # the highest migration this code knows (tests/test_startup checks it)
+CODE_SCHEMA_VERSION = 15  # the highest migration this code knows (tests/test_startup checks it)
+
+
+# What a restart cannot cure: the server answered and refused this client. SQLSTATE class 28 (a
+# wrong password 28P01; an unknown role, a role that may not log in, no pg_hba.conf line for this
+# host, user and database, with or without SSL: 28000), 3D000 (no such database), 42501 (no CONNECT
+# right on it). Anything else (refused or timed-out connections, too many clients, a server
+# starting or shutting down) may pass: a retry may help.
+_REFUSALS = (
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.InsufficientPrivilegeError,
+)
+CONNECT_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError)
+
+
+def connect_failed(url: str, exc: BaseException) -> DatabaseUnavailable:
+    """The start-up error for a failed connection to `url` (one of CONNECT_ERRORS): refused
+    (exit 78) or unavailable (69), in one line naming ARKVORY_DATABASE_URL, its password masked."""
+    # One line: a server's refusal may carry a DETAIL line.
+    why = f"{exc.__class__.__name__}: {' '.join(str(exc).split())}"
+    if isinstance(exc, _REFUSALS):
+        return DatabaseRefused(
+            f"the database at {mask_url(url)} (ARKVORY_DATABASE_URL) refuses us: {why}; fix the"
+            " URL or the server's roles, databases or pg_hba.conf, then start again"
+        )
+    return DatabaseUnavailable(
+        f"cannot connect to the database at {mask_url(url)} (ARKVORY_DATABASE_URL): {why}"
+    )
 
 
 async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -> asyncpg.Connection:
     try:
         return await asyncpg.connect(url, timeout=timeout, command_timeout=QUERY_TIMEOUT_S, **kwargs)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise DatabaseUnavailable(
-            f"cannot connect to the database at {mask_url(url)} "
-            f"(ARKVORY_DATABASE_URL): {exc.__class__.__name__}: {exc}"
-        ) from exc
+    except CONNECT_ERRORS as exc:
+        raise connect_failed(url, exc) from exc
     except ValueError as exc:  # asyncpg's ClientConfigurationError: an option of the URL it refuses
         raise StartupRefused(
             f"invalid setting ARKVORY_DATABASE_URL: {exc}, got {mask_url(url)!r}"
@@ -71,15 +96,18 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(settings: Settings) -> asyncpg.Pool:
-    return await asyncpg.create_pool(
-        settings.database_url,
-        reset=_keep_session,
-        min_size=1,
-        max_size=settings.database_pool_size,
-        timeout=CONNECT_TIMEOUT_S,
-        command_timeout=QUERY_TIMEOUT_S,
-        max_inactive_connection_lifetime=60.0,
-    )
+    try:
+        return await asyncpg.create_pool(
+            settings.database_url,
+            reset=_keep_session,
+            min_size=1,
+            max_size=settings.database_pool_size,
+            timeout=CONNECT_TIMEOUT_S,
+            command_timeout=QUERY_TIMEOUT_S,
+            max_inactive_connection_lifetime=60.0,
+        )
+    except CONNECT_ERRORS as exc:
+        raise connect_failed(settings.database_url, exc) from exc
 
 
 def pooled(pool: asyncpg.Pool):
@@ -100,6 +128,16 @@ async def schema_version(conn: asyncpg.Connection) -> int | None:
     )
 
 
+def _migration_refused(name: str, exc: asyncpg.RaiseError) -> StartupRefused:
+    """A migration that RAISEs on purpose (0012: accounts whose names differ only in case) found
+    data that an operator must change first: a refusal on one line, with what to do (its HINT),
+    not a database failure a restart could cure."""
+    text = exc.message + (f"; {exc.hint}" if exc.hint else "")
+    # One line in the log whatever the data held (an account name inserted by hand, say).
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return StartupRefused(f"migration {name} cannot be applied: {text}")
+
+
 async def migrate(conn: asyncpg.Connection) -> int:
     """Apply pending migrations (writer only); safe to run again and from racing writers."""
     await conn.execute(
@@ -117,7 +155,10 @@ async def migrate(conn: asyncpg.Connection) -> int:
             if done:
                 continue
             log.info("applying migration %s", name)
-            await conn.execute(sql, timeout=60.0)
+            try:
+                await conn.execute(sql, timeout=60.0)
+            except asyncpg.RaiseError as exc:
+                raise _migration_refused(name, exc) from None
             await conn.execute(
                 "INSERT INTO arkvory_schema_version (version, name) VALUES ($1, $2)", version, name
             )

@@ -27,6 +27,8 @@
         ├── PortUnavailable        exit 1: the port cannot be bound (in use)
         ├── SlotBusy               exit 3: another holder still renews the slot
         ├── DatabaseUnavailable    exit 69: cannot reach the database (a restart may help)
+        │   └── DatabaseRefused    exit 78: the database refuses us (credentials, role, database
+        │                                   name, pg_hba.conf): a restart will not help
         ├── StorageUnreachable     exit 69: cannot reach the object store (a restart may help)
         └── StartupRefused         exit 78: storage, policy or schema do not match
 """
@@ -195,6 +197,14 @@ class PortUnavailable(StartupError):
 
 class DatabaseUnavailable(StartupError):
     exit_status = 69  # EX_UNAVAILABLE: transient, the service manager may retry
+
+
+class DatabaseRefused(DatabaseUnavailable):
+    """The server answered and will not take us: restarting will not help until an operator
+    acts. A DatabaseUnavailable still, so that a running process's reconnect loops, which retry
+    an unavailable database, treat a password changed under them the same way."""
+
+    exit_status = 78  # EX_CONFIG, as StartupRefused
 
 
 class StorageUnreachable(StartupError):

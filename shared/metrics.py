@@ -14,6 +14,22 @@ from prometheus_client.utils import floatToGoString
 # What /health/status answers (SPEC §8), one series each.
 HEALTH_STATUSES = ("ready", "draining", "unavailable")
 
+# The label values each labelled series starts with, at 0 (issue 24 item 2; Prometheus'
+# instrumentation guide, "avoid missing metrics"): a series that first appears at 1 shows no
+# `increase()`, so the first event an alert waits for would fire nothing.
+# tests/test_monitoring.py checks that the code counts no other literal value.
+LEASE_RENEWAL_RESULTS = ("ok", "failed", "rejected", "late")  # shared/cluster/lease.py
+ADMISSION_FAILURE_REASONS = ("full", "timed_out", "draining")  # shared/download/admission.py
+TRANSFER_ABORT_REASONS = {
+    # shared/download/: cut by the server, or lost by the client
+    "download": (
+        "send_timeout", "lease_lost", "process_failed", "pins_unwritable", "short_read",
+        "storage_unavailable", "client_gone",
+    ),
+    "upload": ("receive_timeout", "min_rate"),  # shared/http/bodies.py's ReceiveTimedOut
+}
+STORAGE_READ_RESULTS = ("ok", "failed")  # shared/download/object_transfer.py
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -96,6 +112,18 @@ class Metrics:
             "(refreshed every 2 s; past 8 s no payload is served)",
             registry=registry,
         )
+        self._start_at_zero()
+
+    def _start_at_zero(self) -> None:
+        for result in LEASE_RENEWAL_RESULTS:
+            self.lease_renewals.labels(result=result)
+        for reason in ADMISSION_FAILURE_REASONS:
+            self.admission_failures.labels(reason=reason)
+        for direction, reasons in TRANSFER_ABORT_REASONS.items():
+            for reason in reasons:
+                self.transfer_aborts.labels(direction=direction, reason=reason)
+        for result in STORAGE_READ_RESULTS:
+            self.storage_reads.labels(result=result)
 
     def observe_status(self, status_of: Callable[[], str]) -> None:
         """Export what /health/status answers, read at scrape time."""
@@ -235,8 +263,8 @@ class _ReadCacheCollector(Collector):
         requests = CounterMetricFamily(
             "arkvory_read_cache_requests",
             "Downloads of object-store blobs by what the read cache did: hit (its checked file was"
-            " sent), miss (read behind the digest's fill), bypass (not cached: larger than the"
-            " limit, or no room beside files being read)",
+            " sent), miss (read behind the digest's fill, or behind its file's first-read check),"
+            " bypass (not cached: larger than the limit, or no room beside files being read)",
             labels=["result"],
         )
         for result, count in cache.requests.items():
@@ -254,7 +282,8 @@ class _ReadCacheCollector(Collector):
         discards = CounterMetricFamily(
             "arkvory_read_cache_discards",
             "Cached files dropped because they changed since their hash was checked (changed) or"
-            " failed the check again after a restart (corrupt); each is fetched again",
+            " failed the check of their bytes on the disk at their first read in this process,"
+            " after their fill or a restart (corrupt); each is fetched again",
             labels=["reason"],
         )
         for reason, count in cache.discards.items():

@@ -410,12 +410,20 @@ def _shared_downloads(reader: _Reader, role: str) -> SharedDownloads | None:
                 show_value=False,
             )
         return None
+    # A gateway started by hand with the common settings but not the unit's two lines runs as the
+    # writer (the default role): say which variable makes it a gateway, not only that a slot is missing.
+    role_hint = (
+        "; ARKVORY_ROLE is not set, so this process is the writer (slot 0): a gateway needs "
+        "ARKVORY_ROLE=reader and its ARKVORY_GATEWAY_SLOT (1..N), as the gateway unit sets them"
+        if reader._raw("ARKVORY_ROLE") is None
+        else ""
+    )
     for name in _SHARED_VARIABLES[:3]:
         if reader._raw(name) is None:
             reader.problem(
                 name,
                 f"expected to be set because {', '.join(given)} is set "
-                "(slot, slots and total rate go together)",
+                "(slot, slots and total rate go together)" + (role_hint if name == "ARKVORY_GATEWAY_SLOT" else ""),
                 show_value=False,
             )
     slots = reader.integer("ARKVORY_GATEWAY_SLOTS", 2, 16, None)
@@ -423,7 +431,7 @@ def _shared_downloads(reader: _Reader, role: str) -> SharedDownloads | None:
     # so one run reports every problem.
     bound = slots or 16
     low, high = (0, 0) if role == "api" else (1, bound - 1)
-    who = "the writer (ARKVORY_ROLE=api) is slot 0" if role == "api" else (
+    who = "the writer (ARKVORY_ROLE=api) is slot 0" + role_hint if role == "api" else (
         f"a gateway uses slot 1..{bound - 1}"
     )
     slot = reader.integer("ARKVORY_GATEWAY_SLOT", low, high, None, why=who)

@@ -217,14 +217,35 @@ def eventually(check, what: str, timeout: float = 10.0, every: float = 0.05):
     """Wait for a condition (never a fixed sleep): `check()`'s first true value, or fail
     after `timeout` naming `what`. For what happens a moment later by design: a NOTIFY
     reaching another process, a process noticing a loss, a file going."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout} s (last: {value!r})")
+    deadline = _Deadline(what, timeout)
+    while not deadline.met(value := check()):
         time.sleep(every)
+    return value
+
+
+async def eventually_async(check, what: str, timeout: float = 10.0, every: float = 0.01):
+    """`eventually` inside an event loop, which runs on between the checks (the condition
+    usually waits for one of its tasks or threads)."""
+    deadline = _Deadline(what, timeout)
+    while not deadline.met(value := check()):
+        await asyncio.sleep(every)
+    return value
+
+
+class _Deadline:
+    """What `eventually` and `eventually_async` wait against."""
+
+    def __init__(self, what: str, timeout: float) -> None:
+        self.what, self.timeout = what, timeout
+        self.at = time.monotonic() + timeout
+
+    def met(self, value) -> bool:
+        """True for a true value; False while there is time left; then fails."""
+        if value:
+            return True
+        if time.monotonic() > self.at:
+            raise AssertionError(f"not {self.what} after {self.timeout} s (last: {value!r})")
+        return False
 
 
 def _on_fresh_connection(database_url: str, method: str, sql: str, *args):

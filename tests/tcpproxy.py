@@ -21,6 +21,9 @@ CHUNK = 64 * 1024
 class TcpProxy:
     """Listens on 127.0.0.1 and forwards each connection to upstream_host:upstream_port.
 
+    `sent_upstream`: bytes forwarded from clients to the server so far (a test waits on it to
+    act at a known point of a transfer instead of racing it).
+
     stall(): nothing is forwarded any more, in either direction, on current and new connections,
     and the sockets stay open, as in a network partition. A connection accepted during a stall
     reaches the server only after resume(). cut(): every current connection is closed.
@@ -38,6 +41,7 @@ class TcpProxy:
         self._flowing: asyncio.Event | None = None
         self._refusing = False
         self._links: dict[asyncio.Task, list[socket.socket | asyncio.StreamWriter]] = {}
+        self.sent_upstream = 0  # written by the proxy's thread only; an int read is atomic
 
     @classmethod
     def for_url(cls, database_url: str) -> TcpProxy:
@@ -159,7 +163,7 @@ class TcpProxy:
             )
             link.append(upstream_writer)
             async with asyncio.TaskGroup() as pumps:
-                pumps.create_task(self._pump(client_reader, upstream_writer))
+                pumps.create_task(self._pump(client_reader, upstream_writer, upstream=True))
                 pumps.create_task(self._pump(upstream_reader, client_writer))
         except* (OSError, TimeoutError):
             pass  # a peer went away or the server is down: the link just ends
@@ -167,10 +171,12 @@ class TcpProxy:
             self._links.pop(asyncio.current_task(), None)
             _close(link)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool = False) -> None:
         while data := await reader.read(CHUNK):
             await self._flowing.wait()  # after the read: a chunk read before a stall waits too
             writer.write(data)
+            if upstream:
+                self.sent_upstream += len(data)
             await writer.drain()
         if writer.can_write_eof() and not writer.is_closing():
             writer.write_eof()  # pass the half-close on, as a real network would

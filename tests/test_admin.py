@@ -4,6 +4,7 @@ a server), and one line naming what to set when no database is given."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -183,6 +184,48 @@ def test_init_refuses_a_foreign_storage_directory_as_the_writer_does(cluster, tm
     )
     writer = run_arkvory(env, "serve", timeout=30)  # the writer says the very same
     assert writer.returncode == 78 and refused.stderr in writer.stderr
+
+
+def test_init_and_status_on_an_object_store_and_init_again_after_it_stopped_half_way(s3_cluster):
+    """Issue 22: on S3 storage `admin init` made the schema and the storage id, then crashed (exit
+    1) before saving the download policy. The first run here leaves that very state (no policy:
+    no shared variables); the next, with them, completes."""
+    env = s3_cluster.base_env()
+    location = f"s3://{s3_cluster.bucket.name}/{s3_cluster.prefix}"
+    first = run_arkvory(env, "admin", "init")
+    assert first.returncode == 0, first.stderr
+    created = re.search(
+        rf"^storage +created {re.escape(location)} \(storage id (\S+), in its arkvory-storage-id object"
+        r" and the database\)$", first.stdout, re.M,
+    )
+    assert created, first.stdout
+    storage_id = created.group(1)
+    assert asyncio.run(s3_cluster.object_store().read_identity()) == storage_id
+    assert [str(r["storage_id"]) for r in db_fetch(s3_cluster.database_url, "SELECT storage_id FROM arkvory_storage")] == [storage_id]
+    assert "download policy  none (a standalone writer" in first.stdout
+
+    shared = s3_cluster.shared_env(slots=2, total=4 * 1024 * 1024)
+    again = run_arkvory(s3_cluster.base_env(ARKVORY_GATEWAY_SLOT="0", **shared), "admin", "init")
+    assert again.returncode == 0, again.stderr
+    assert re.search(r"^schema +version \d+, up to date$", again.stdout, re.M)
+    assert f"storage          {location}: storage id {storage_id}, this database's" in again.stdout
+    assert "download policy  saved: 2 slots, total 4,194,304 bytes/s" in again.stdout
+    assert again.stdout.endswith("ready: start the writer, then the gateways and the worker\n")
+
+    status = run_arkvory(env, "admin", "status")
+    assert status.returncode == 0, status.stderr
+    assert f"storage          {location} (storage id {storage_id})" in status.stdout
+    assert "download policy  2 slots" in status.stdout
+    report = json.loads(run_arkvory(env, "admin", "status", "--json").stdout)
+    assert report["storage"] == {"id": storage_id, "location": location}
+
+    writer = s3_cluster.writer(shared).wait_ready()
+    beside = run_arkvory(env, "admin", "init")  # beside a running writer: it only checks
+    assert beside.returncode == 0, beside.stderr
+    assert "a writer is running against this database" in beside.stdout
+    assert f"storage          {location}: storage id {storage_id}, this database's" in beside.stdout
+    writer.kill()
+    s3_cluster.assert_secret_nowhere(first.stdout, again.stdout, status.stdout, beside.stdout)
 
 
 def test_init_with_a_gateway_s_settings_or_no_database_is_one_line(cluster):

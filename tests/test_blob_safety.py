@@ -40,8 +40,7 @@ async def _hammer(pool: asyncpg.Pool, storage: Storage, sha256: str, stop: async
     deleted = 0
     await asyncio.sleep(delay)
     while not stop.is_set():
-        async with pool.acquire() as conn:
-            count, _ = await remove_unreferenced(conn, storage, [sha256], 0)
+        count, _ = await remove_unreferenced(pool, storage, [sha256], 0)
         deleted += count
         await asyncio.sleep(0)
     return deleted
@@ -223,7 +222,7 @@ def test_a_claimed_digest_is_skipped_and_an_unclaimed_one_waits_for_nobody(clust
 
     async def scenario() -> None:
         upload = await asyncpg.connect(cluster.database_url)
-        cleaner = await asyncpg.connect(cluster.database_url)
+        cleaner = await asyncpg.create_pool(cluster.database_url, min_size=1, max_size=2)
         try:
             tx = upload.transaction()
             await tx.start()
@@ -250,6 +249,37 @@ def test_a_claimed_digest_is_skipped_and_an_unclaimed_one_waits_for_nobody(clust
     asyncio.run(scenario())
 
 
+@pytest.mark.soak  # 30 s of real time: .ci/run runs it (pytest -m soak)
+def test_an_upload_waits_for_a_removal_at_most_30_s_then_answers_503(cluster):
+    """A removal of the same bytes that does not settle (the store hangs, or the run that marked
+    it died) holds an upload for REMOVAL_WAIT_S at most, without a transaction: then 503
+    `unavailable` with Retry-After, nothing published; once it settles, the same request
+    (the same key) publishes."""
+    from arkvory.writer.maintenance.blob_locks import REMOVAL_WAIT_S
+
+    writer = cluster.writer().wait_ready()
+    content = os.urandom(5000)
+    sha256 = hashlib.sha256(content).hexdigest()
+    db_fetch(
+        cluster.database_url,
+        "INSERT INTO arkvory_blob_removals (sha256, reason) VALUES ($1, 'unreferenced') RETURNING id", sha256,
+    )
+    with writer.client(timeout=REMOVAL_WAIT_S + 30) as client:
+        assert client.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        started = time.monotonic()
+        key = {"Idempotency-Key": "again-and-again"}
+        refused = client.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content, headers=key)
+        took = time.monotonic() - started
+        assert refused.status_code == 503 and refused.json()["code"] == "unavailable", refused.text
+        assert refused.headers["Retry-After"] == "5" and "removing an earlier copy" in refused.json()["message"]
+        assert REMOVAL_WAIT_S <= took < REMOVAL_WAIT_S + 10
+        assert db_fetch(cluster.database_url, "SELECT id FROM arkvory_artifacts") == []
+        db_fetch(cluster.database_url, "UPDATE arkvory_blob_removals SET settled_at = now() RETURNING id")
+        made = client.post("/api/v1/repositories/r/artifacts", params={"name": "x"}, content=content, headers=key)
+        assert made.status_code == 201, made.text
+        assert client.get(f"/api/v1/repositories/r/artifacts/{made.json()['id']}/content").content == content
+
+
 class _GatedStorage(Storage):
     """The store seen by a cleanup whose disk thread stops just before it unlinks `gated`, until
     the test opens `gate`: a slow unlink at a known moment (the thread is where a cancel cannot
@@ -273,12 +303,12 @@ async def _disk_thread_idle() -> None:
     await cleanup._on_disk(lambda: None)
 
 
-def test_a_cancelled_cleanup_keeps_its_digest_lock_until_its_unlinks_are_done(cluster):
+def test_a_cancelled_cleanup_settles_its_removal_only_after_its_unlinks_are_done(cluster):
     """Cleanup is cancelled (worker lock lost, drain timeout, second SIGTERM) while its disk
     thread is about to unlink an unreferenced blob, and an upload of the same bytes starts at
-    once: the upload waits for the digest until the thread is done, then places its own file,
-    and its artifact has its bytes. (Unshielded, the cancel rolled back at once and freed the
-    digest lock, the upload committed, and the thread went on to delete the upload's file.)"""
+    once: it holds no lock and no transaction meanwhile, yet the upload waits for the removal it
+    marked until the thread is done, then places its own file, and its artifact has its bytes.
+    (Settled at the cancel, the upload would commit and the thread delete the upload's file.)"""
     writer = cluster.writer().wait_ready()
     content = os.urandom(100_000)
     with writer.client() as client:
@@ -289,12 +319,16 @@ def test_a_cancelled_cleanup_keeps_its_digest_lock_until_its_unlinks_are_done(cl
     storage = _GatedStorage(cluster.data_dir, sha256)
 
     async def scenario() -> None:
-        conn = await asyncpg.connect(cluster.database_url)
+        pool = await asyncpg.create_pool(cluster.database_url, min_size=1, max_size=2)
+        observer = await asyncpg.connect(cluster.database_url)
         try:
-            cleaning = asyncio.create_task(remove_unreferenced(conn, storage, [sha256], 0))
+            cleaning = asyncio.create_task(remove_unreferenced(pool, storage, [sha256], 0))
             assert await asyncio.to_thread(storage.reached.wait, 10), "cleanup never reached the unlink"
             cleaning.cancel()
-            async with httpx.AsyncClient(base_url=writer.url, headers=AUTH, timeout=30) as http:
+            assert await _lock_is_free(observer, sha256), "a digest lock is held across the storage"
+            assert await _open_transactions(observer) == 0, "a transaction is open across the storage"
+            assert await _pending(observer, sha256) == 1
+            async with httpx.AsyncClient(base_url=writer.url, headers=AUTH, timeout=60) as http:
                 upload = asyncio.create_task(
                     http.post("/api/v1/repositories/r/artifacts", params={"name": "again"}, content=content)
                 )
@@ -304,6 +338,7 @@ def test_a_cancelled_cleanup_keeps_its_digest_lock_until_its_unlinks_are_done(cl
                 with pytest.raises(asyncio.CancelledError):
                     await cleaning
                 await _disk_thread_idle()
+                assert await _pending(observer, sha256) == 0, "the cancelled removal was not settled"
                 again = await upload
                 assert again.status_code == 201, again.text
                 path = _blob_path(cluster.data_dir, sha256)
@@ -311,18 +346,41 @@ def test_a_cancelled_cleanup_keeps_its_digest_lock_until_its_unlinks_are_done(cl
                 assert path.read_bytes() == content
                 served = await http.get(f"/api/v1/repositories/r/artifacts/{again.json()['id']}/content")
                 assert served.status_code == 200 and served.content == content
-            assert waited_for_cleanup, "the upload took the digest while cleanup was still deleting"
+            assert waited_for_cleanup, "the upload published while cleanup was still deleting"
         finally:
             storage.gate.set()
-            await conn.close()
+            await pool.close()
+            await observer.close()
 
     asyncio.run(scenario())
 
 
+async def _lock_is_free(conn: asyncpg.Connection, sha256: str) -> bool:
+    key = digest_key(sha256)
+    if await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", DIGEST_NAMESPACE, key):
+        await conn.execute("SELECT pg_advisory_unlock($1, $2)", DIGEST_NAMESPACE, key)
+        return True
+    return False
+
+
+async def _open_transactions(conn: asyncpg.Connection) -> int:
+    return await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+    )
+
+
+async def _pending(conn: asyncpg.Connection, sha256: str) -> int:
+    return await conn.fetchval(
+        "SELECT count(*) FROM arkvory_blob_removals WHERE sha256 = $1 AND settled_at IS NULL", sha256
+    )
+
+
 @pytest.mark.parametrize("step", ["unreferenced", "stray"])
-def test_a_cancelled_cleanup_batch_ends_its_transaction_only_after_its_disk_thread(cluster, step):
-    """Both deleting steps: after a cancel, the digest's exclusive lock is still held for as
-    long as the thread may unlink; it goes with the transaction once the thread is done."""
+def test_a_cleanup_batch_holds_no_lock_while_it_unlinks_and_settles_only_after(cluster, step):
+    """Both deleting steps: while the disk thread may unlink, no digest lock and no transaction
+    is held, and the removal is marked (pending); a cancel meanwhile waits for the thread and
+    settles the removal only once it is done."""
     writer = cluster.writer().wait_ready()
     content = os.urandom(10_000)
     sha256 = hashlib.sha256(content).hexdigest()
@@ -338,36 +396,32 @@ def test_a_cancelled_cleanup_batch_ends_its_transaction_only_after_its_disk_thre
         os.utime(path, (time.time() - 7200, time.time() - 7200))
     storage = _GatedStorage(cluster.data_dir, sha256)
 
-    async def lock_is_free(conn: asyncpg.Connection) -> bool:
-        key = digest_key(sha256)
-        if await conn.fetchval("SELECT pg_try_advisory_lock_shared($1, $2)", DIGEST_NAMESPACE, key):
-            await conn.execute("SELECT pg_advisory_unlock_shared($1, $2)", DIGEST_NAMESPACE, key)
-            return True
-        return False
-
     async def scenario() -> None:
-        conn = await asyncpg.connect(cluster.database_url)
+        pool = await asyncpg.create_pool(cluster.database_url, min_size=1, max_size=2)
         observer = await asyncpg.connect(cluster.database_url)
         try:
             if step == "unreferenced":
-                work = remove_unreferenced(conn, storage, [sha256], 0)
+                work = remove_unreferenced(pool, storage, [sha256], 0)
             else:
-                work = cleanup.remove_strays(conn, storage, [sha256], time.time() - 60)
+                work = cleanup.remove_strays(pool, storage, [(sha256, len(content))])
             cleaning = asyncio.create_task(work)
             assert await asyncio.to_thread(storage.reached.wait, 10), "cleanup never reached the unlink"
+            assert await _lock_is_free(observer, sha256) and await _open_transactions(observer) == 0
+            assert await _pending(observer, sha256) == 1
             cleaning.cancel()
             await asyncio.sleep(0.5)
-            held_while_deleting = not await lock_is_free(observer)
             ended_early = cleaning.done()
+            assert await _pending(observer, sha256) == 1, "settled before the disk thread was done"
             storage.gate.set()
             with pytest.raises(asyncio.CancelledError):
                 await cleaning
             await _disk_thread_idle()
-            assert held_while_deleting and not ended_early, "the transaction ended before the disk thread"
-            assert await lock_is_free(observer)
+            assert not ended_early, "the cancel did not wait for the disk thread"
+            assert await _pending(observer, sha256) == 0
+            assert not _blob_path(cluster.data_dir, sha256).exists()
         finally:
             storage.gate.set()
-            await conn.close()
+            await pool.close()
             await observer.close()
 
     asyncio.run(scenario())

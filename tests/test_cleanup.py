@@ -213,14 +213,16 @@ def test_grace_pins_strays_uploads_keys_and_retention(cluster):
 def test_expired_credentials_of_an_idle_account_are_deleted_and_live_ones_kept(cluster):
     """An account that makes no more tokens and logs in no more keeps its expired rows until a
     cleanup takes them (writer/tokens.py forgets them only at the account's next token)."""
-    from .test_accounts import make_account, session_of
+    from .test_accounts import PASSWORD, make_account, session_of
 
     writer = cluster.writer().wait_ready()
     db = cluster.database_url
     make_account(writer, "idle")
     session = session_of(writer, "idle")
     with writer.client(session) as client:
-        made = [client.post("/api/v1/tokens", json={"access": "read", "label": f"t{n}"}) for n in range(3)]
+        # With the password: made through the session without it, they would end with it.
+        made = [client.post("/api/v1/tokens", json={"access": "read", "label": f"t{n}", "password": PASSWORD})
+                for n in range(3)]
     assert [m.status_code for m in made] == [201] * 3
     live, expired = made[0].json(), [m.json()["id"] for m in made[1:]]
     db_execute(db, "UPDATE arkvory_credentials SET expires_at = now() - interval '1 second'"
@@ -251,3 +253,39 @@ def test_bad_params_are_invalid_input(params):
 def test_params_default_and_override():
     assert cleanup.validate_params(None) == {}
     assert cleanup.validate_params({"grace_seconds": 0}) == {"grace_seconds": 0}
+
+
+def test_cleanup_finishes_the_removals_earlier_runs_left(cluster):
+    """What a crash or a failing store left between a removal's mark and its settling: the
+    next cleanup deletes those blobs (again) and settles them first thing; a quarantine whose
+    verify ended without settling it is settled (uploads of those bytes need not wait for the
+    next verify); settled marks older than a day go."""
+    from arkvory.writer.maintenance.blob_locks import SETTLED_KEPT_S
+
+    cluster.writer().wait_ready()
+    url = cluster.database_url
+    left = hashlib.sha256(b"left pending").hexdigest()
+    path = blob_path(cluster.data_dir, left)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"left pending")  # its row went with the mark; the file did not
+    quarantined, running_verify = hashlib.sha256(b"q").hexdigest(), hashlib.sha256(b"r").hexdigest()
+    verify_task = uuid.uuid4()
+    db_execute(
+        url,
+        "INSERT INTO arkvory_tasks (id, kind, params, on_restart, definition_hash, budget, status, last_event)"
+        " VALUES ($1, 'verify', '{}', 'resume', repeat('0', 64), '{}', 'running', 1)",
+        verify_task,
+    )
+    db_execute(
+        url,
+        "INSERT INTO arkvory_blob_removals (sha256, reason, task_id, settled_at) VALUES"
+        " ($1, 'unreferenced', NULL, NULL), ($2, 'quarantine', gen_random_uuid(), NULL),"
+        " ($3, 'quarantine', $4, NULL), (repeat('a', 64), 'stray', NULL, now() - make_interval(secs => $5 + 60)),"
+        " (repeat('b', 64), 'stray', NULL, now())",
+        left, quarantined, running_verify, verify_task, float(SETTLED_KEPT_S),
+    )
+    result, _ = asyncio.run(run_cleanup(cluster, {"grace_seconds": 0}))
+    assert not path.exists()
+    marks = {r["sha256"]: r["settled"] for r in db_fetch(url, "SELECT sha256, settled_at IS NOT NULL AS settled FROM arkvory_blob_removals")}
+    # The running verify's quarantine is its own to settle.
+    assert marks == {left: True, quarantined: True, running_verify: False, "b" * 64: True}, marks

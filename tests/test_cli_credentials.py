@@ -1,4 +1,5 @@
-"""`arkvory login` and `arkvory token create|list|revoke` (issue 14 §4): credentials without curl.
+"""`arkvory login`, `arkvory token create|list|revoke` (issue 14 §4) and `arkvory key list|adopt|revoke`
+(issue 22 §3): credentials without curl.
 
 The real CLI in a subprocess against a real writer and gateway; the password comes through
 standard input (what scripts do) and through a terminal (getpass, on a pty). Plus the config
@@ -222,6 +223,41 @@ def days_left(env, cwd, token: str) -> int:
     return (datetime.datetime.fromisoformat(item["expiresAt"]) - datetime.datetime.now(datetime.timezone.utc)).days
 
 
+def test_a_device_that_logged_in_before_is_not_locked_out_by_others_guesses(cluster, home, tmp_path):
+    """Issue 22 §5: `login` keeps the writer's device cookie next to the token and sends it back,
+    so guessers who lock the account out (from elsewhere: the writer believes the test's
+    X-Forwarded-For as a balancer's) do not lock out this device."""
+    import httpx
+
+    from arkvory.writer.login_limits import ACCOUNT_LIMIT
+
+    writer = cluster.writer(ARKVORY_TRUSTED_PROXIES="127.0.0.1").wait_ready()
+    with writer.client(ADMIN_TOKEN) as admin:
+        assert admin.post("/api/v1/accounts", json={"name": "Dana", "password": PASSWORD}).status_code == 201
+    env = cli_env(home, writer.url, token=None)
+    assert_exit(typed(env, tmp_path, PASSWORD + "\n", "login", "Dana"), 0)
+    path = config_of(home)
+    first = tomllib.loads(path.read_text())["profiles"]["default"]["device_cookies"]["dana"]
+    assert first.startswith("v1.") and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+    def guess(address: str, password: str = "not the password") -> int:
+        with httpx.Client(base_url=writer.url, timeout=30, headers={"X-Forwarded-For": address}) as client:
+            return client.post("/api/v1/login", json={"name": "dana", "password": password}).status_code
+
+    assert [guess(f"203.0.113.{i + 1}") for i in range(ACCOUNT_LIMIT)] == [401] * ACCOUNT_LIMIT
+    assert guess("203.0.113.99", PASSWORD) == 429  # dana is locked out for clients without a cookie...
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    refused = typed(cli_env(elsewhere, writer.url, token=None), tmp_path, PASSWORD + "\n", "login", "dana",
+                    "--retries", "0")
+    assert refused.returncode != 0 and "too many login attempts" in refused.stderr, refused.stderr
+    # ...but this device signed in before: it signs in at once, in any spelling, and keeps a fresh cookie.
+    again = typed(env, tmp_path, PASSWORD + "\n", "login", "DANA", "--retries", "0")
+    assert_exit(again, 0)
+    second = tomllib.loads(path.read_text())["profiles"]["default"]["device_cookies"]["dana"]
+    assert second.startswith("v1.") and second != first
+
+
 @pytest.mark.parametrize("args", [("token", "create", "--access", "write", "--expires", "367d"),
                                   ("token", "create", "--access", "admin"),
                                   ("token", "revoke", "not-an-id"),
@@ -274,3 +310,51 @@ def test_the_toml_writer_round_trips_what_tomllib_reads():
         'e = [1, 2]\nf = true\n[g.h]\n"dotted.key" = "x"\n[i]\n'
     )
     assert tomllib.loads(dumps(document)) == document
+
+
+def test_a_token_made_without_the_password_is_revoked_with_the_token_that_made_it(stack, alice, home, tmp_path):
+    """Issue 22 §3: what a credential makes without the password never outlives it."""
+    profile_token = logged_in(stack, alice, home, tmp_path)
+    env = cli_env(home, None, token=None)
+    made = arkvory(env, tmp_path, "token", "create", "--access", "read", "--expires", "30d")
+    assert_exit(made, 0)
+    assert "is revoked with it" in made.stderr
+    child = cli_env(home, None, token=made.stdout.strip())
+    assert_exit(arkvory(child, tmp_path, "ls", REPO), 0)
+    profile_id = str(uuid.UUID(profile_token.removeprefix("pat_").split(".")[0]))
+    assert_exit(arkvory(env, tmp_path, "token", "revoke", profile_id), 0)
+    assert_exit(arkvory(child, tmp_path, "ls", REPO), 3)
+
+
+def test_an_administrator_adopts_a_suspended_key_from_the_command_line(stack, home, tmp_path):
+    """A managed key of a disabled account is suspended (exit 3 with it); `key adopt` makes it the
+    caller's, with the password from standard input, and it works again."""
+    writer = stack.writer_process
+    maker, rescuer = (f"admin-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    with writer.client(ADMIN_TOKEN) as admin:
+        for name in (maker, rescuer):
+            assert admin.post("/api/v1/accounts", json={"name": name, "password": PASSWORD, "admin": True}).status_code == 201
+    with writer.client(None) as client:
+        session = client.post("/api/v1/login", json={"name": maker, "password": PASSWORD}).json()["token"]
+    with writer.client(session) as client:
+        made = client.post("/api/v1/keys", json={"scopes": [f"read:{REPO}"], "password": PASSWORD, "label": maker})
+    assert made.status_code == 201, made.text
+    key_id, key = made.json()["id"], cli_env(home, stack.urls, token=made.json()["token"])
+    with writer.client(ADMIN_TOKEN) as admin:
+        assert admin.post(f"/api/v1/accounts/{maker}/disable").status_code == 200
+    assert_exit(arkvory(key, tmp_path, "ls", REPO), 3)
+
+    assert_exit(typed(cli_env(home, stack.urls, token=None), tmp_path, PASSWORD + "\n", "login", rescuer), 0)
+    env = cli_env(home, None, token=None)
+    listed = arkvory(env, tmp_path, "key", "list")
+    assert_exit(listed, 0)
+    (line,) = [line for line in listed.stdout.splitlines() if line.startswith(key_id)]
+    assert "suspended" in line and maker in line
+    assert_exit(arkvory(env, tmp_path, "key", "adopt", "not-a-uuid"), 2)
+    adopted = typed(env, tmp_path, PASSWORD + "\n", "key", "adopt", key_id, "--password")
+    assert_exit(adopted, 0)
+    assert f"key {key_id} is yours now" in adopted.stderr and PASSWORD not in adopted.stdout + adopted.stderr
+    assert_exit(arkvory(key, tmp_path, "ls", REPO), 0)
+    assert_exit(arkvory(env, tmp_path, "key", "adopt", key_id), 6)  # not suspended any more
+    assert_exit(arkvory(env, tmp_path, "key", "revoke", key_id), 0)
+    assert_exit(arkvory(key, tmp_path, "ls", REPO), 3)

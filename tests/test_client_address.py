@@ -54,3 +54,23 @@ def test_resolved_once_per_request_from_the_scope():
     scope["headers"] = []
     assert client_address(scope, BALANCERS) == "198.51.100.1"  # kept for the log lines that follow
     assert client_address({"client": None, "headers": []}, BALANCERS) == "unknown"
+
+
+def test_forwarding_from_a_peer_not_trusted_is_said_once(monkeypatch, caplog):
+    """Behind a balancer missing from ARKVORY_TRUSTED_PROXIES every client is the balancer (one
+    login limit for all): the first such request says so, naming the variable; later ones, and
+    a trusted balancer's, say nothing."""
+    from arkvory.shared.http import client_address as module
+
+    monkeypatch.setattr(module, "_untrusted_forwarding_seen", False)
+    forwarded = [(b"x-forwarded-for", b"198.51.100.1")]
+    with caplog.at_level("WARNING", logger="arkvory.http"):
+        client_address({"client": ("10.0.0.2", 1), "headers": forwarded}, BALANCERS)  # trusted
+        client_address({"client": ("127.0.0.1", 1), "headers": []}, ())  # no header
+        assert not caplog.records
+        for _ in range(3):
+            assert client_address({"client": ("127.0.0.1", 1), "headers": forwarded}, ()) == "127.0.0.1"
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert "127.0.0.1" in message and "ARKVORY_TRUSTED_PROXIES (not set)" in message
+    assert "198.51.100.1" not in message  # the header's words are never echoed into a log

@@ -23,7 +23,7 @@ import pytest
 from arkvory.shared.client import Client, RetryPolicy, errors
 
 from .clientproxy import Cut, HttpFaultProxy
-from .harness import ADMIN_TOKEN, ROOT, free_port
+from .harness import ADMIN_TOKEN, ROOT, eventually, free_port
 from .tools import require_tool
 
 pytestmark = pytest.mark.timeout(120)
@@ -125,23 +125,28 @@ def test_a_gateway_killed_mid_download_behind_haproxy_costs_only_the_missing_byt
 
     # Three downloads started one after another: HAProxy's leastconn puts them on three different
     # backends, so exactly one of them streams from the gateway we kill.
-    results, failures, started = [None] * 3, [], [threading.Event() for _ in range(3)]
+    results, failures, received = [None] * 3, [], [0] * 3
+
+    def progress(i: int, done: int) -> None:
+        received[i] = done
 
     def download(i: int) -> None:
         try:
             with Client(front, ADMIN_TOKEN, retry=QUICK) as client:
                 results[i] = client.download(
                     "builds", cluster.workdir / f"out{i}.bin", artifact_id=artifact["id"],
-                    progress=lambda done, total: started[i].set(),
+                    progress=lambda done, total: progress(i, done),
                 )
         except Exception as exc:  # reported below
             failures.append(exc)
 
     threads = [threading.Thread(target=download, args=(i,)) for i in range(3)]
-    for thread, ready in zip(threads, started):
+    for i, thread in enumerate(threads):
         thread.start()
-        assert ready.wait(20), failures
-    time.sleep(1.5)
+        eventually(lambda i=i: failures or received[i], f"download {i} under way", timeout=20)
+    # Well into every download (about 1 s of 5 at 1 MiB/s each), far from its end.
+    eventually(lambda: failures or min(received) >= MiB, "a MiB of every download", timeout=20)
+    assert not failures, failures
     gateways[0].kill()  # SIGKILL, mid-stream
     for thread in threads:
         thread.join(90)

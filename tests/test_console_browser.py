@@ -13,16 +13,20 @@ saved under the test's tmp dir (and copied to $CONSOLE_SCREENSHOTS_DIR when that
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import http.server
 import os
 import pathlib
 import shutil
+import threading
 
 import httpx
 import pytest
 
 from .console_client import PASSWORD, make_account
-from .harness import ADMIN_TOKEN
+from .harness import ADMIN_TOKEN, db_fetch
 from .worker_harness import start_worker
 
 pytestmark = pytest.mark.timeout(420)
@@ -329,3 +333,53 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
         pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
         for path in walk.taken:
             shutil.copy2(path, pathlib.Path(keep) / path.name)
+
+
+# The login CSRF of issue 22 §2, as it was reproduced: another site's page posts the attacker's
+# name and password to the login (a text/plain form, and a no-cors fetch: neither needs a
+# preflight), and the victim's console then said "Signed in as mallory".
+ATTACK_PAGE = """<!doctype html><title>You won</title>
+<form id="f" method="post" action="{writer}/api/v1/login" enctype="text/plain">
+<input type="hidden" name='{{"name": "mallory", "password": "{password}", "x": "' value='"}}'>
+</form>
+<script>
+fetch("{writer}/api/v1/login", {{method: "POST", mode: "no-cors", credentials: "include",
+  headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify({{name: "mallory", password: "{password}"}})}})
+  .finally(function () {{ document.getElementById("f").submit(); }});
+</script>
+"""
+
+
+@contextlib.contextmanager
+def attacker_site(directory: pathlib.Path):
+    """A plain web server for `directory`, on `localhost` (another site than the writer's
+    127.0.0.1)."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.mark.soak
+def test_another_sites_page_cannot_sign_the_browser_in(cluster, browser, tmp_path):
+    writer = cluster.writer().wait_ready()
+    make_account(writer.url, "mallory")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "prize.html").write_text(ATTACK_PAGE.format(writer=writer.url, password=PASSWORD))
+    walk = Walk(browser, writer.url, tmp_path)
+    with attacker_site(site) as attacker:
+        browser.get(f"{attacker}/prize.html")
+        walk.wait(lambda d: d.current_url.startswith(writer.url + "/api/v1/login"), "the form posted to the writer")
+    assert "unsupported_media_type" in browser.page_source or "forbidden" in browser.page_source
+    sessions = db_fetch(cluster.database_url, "SELECT count(*) AS n FROM arkvory_credentials WHERE kind = 'session'")
+    assert sessions[0]["n"] == 0
+    assert browser.get_cookie("arkvory_session") is None
+    walk.open("/console/")
+    walk.wait(lambda d: "/console/sign-in" in d.current_url, "the console asks who signs in")

@@ -555,7 +555,8 @@ def test_dockerfile_installs_every_package_and_runs_serve_as_non_root():
         top = package.split(".")[1] if "." in package else "__init__.py"
         assert top in copied, f"package {package} is not copied into the image ({top})"
     runs = [args for op, args in instructions if op == "RUN"]
-    assert any(re.search(r"\bpip install \.(\s|$)", args) for args in runs)
+    assert any(re.search(r"\bpip install -r requirements\.lock(\s|$)", args) for args in runs)
+    assert any(re.search(r"\bpip install --no-deps \.(\s|$)", args) for args in runs)
     users = [args for op, args in instructions if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
     cmd = [args for op, args in instructions if op == "CMD"]
@@ -620,6 +621,35 @@ def compose() -> dict:
     yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
     document = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     return _interpolate(document, {"ARKVORY_DB_PASSWORD": PLACEHOLDER_DB_PASSWORD})
+
+
+def _compose_spec_errors(document: dict) -> list[str]:
+    import importlib.resources
+
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    vendor = pytest.importorskip(
+        "check_jsonschema.builtin_schemas.vendor", reason="check-jsonschema (the Compose Specification's schema)"
+    )
+    schema = json.loads(importlib.resources.files(vendor).joinpath("compose-spec.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(document)]
+
+
+def test_compose_file_follows_the_compose_specification():
+    """docker-compose.yml uses the Compose Specification (top-level `name`, `depends_on.required`),
+    which the old Python docker-compose 1.x refuses: it is held to the specification's own JSON
+    schema (as vendored by check-jsonschema), so `docker compose` 2.20+ reads it."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    document = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert _compose_spec_errors(document) == []
+    # The schema has teeth: a misspelt service key and a wrong condition are refused.
+    broken = json.loads(json.dumps(document))
+    writer = broken["services"]["writer"]
+    writer["enviroment"] = {}
+    assert any("enviroment" in error for error in _compose_spec_errors(broken))
+    gateway = next(s for s in broken["services"].values() if "writer" in (s.get("depends_on") or {}))
+    gateway["depends_on"]["writer"]["condition"] = "service_ready"
+    assert any("service_ready" in error for error in _compose_spec_errors(broken))
 
 
 def test_compose_runs_one_writer_and_gateways_on_distinct_slots_and_ports(compose):
@@ -744,13 +774,14 @@ def test_compose_s3_profile_runs_seaweedfs_and_points_every_process_at_the_bucke
     services = compose["services"]
     seaweedfs, bucket = services["seaweedfs"], services["seaweedfs-bucket"]
     assert seaweedfs["profiles"] == ["s3"] and bucket["profiles"] == ["s3"]
-    command = seaweedfs["command"]
-    assert command[0] == "server" and "-s3" in command and "-s3.port=8333" in command
+    command = _weed_server_arguments(seaweedfs)
+    assert "-s3" in command and "-s3.port=8333" in command
     assert "-s3.autoCreateBucket=false" in command  # a mistyped bucket must fail, not appear
     assert "-s3.config=/run/secrets/seaweedfs-s3" in command and seaweedfs["secrets"] == ["seaweedfs-s3"]
     assert "seaweedfs-s3" in compose["secrets"]
+    assert "ports" not in seaweedfs  # nothing of the store on the host
     assert bucket["depends_on"]["seaweedfs"]["condition"] == "service_healthy"
-    assert "/buckets/arkvory/" in " ".join(bucket["command"])
+    assert "s3.bucket.create -name arkvory" in bucket["command"][0]
     writer_needs = services["writer"]["depends_on"]["seaweedfs-bucket"]
     assert writer_needs == {"condition": "service_completed_successfully", "required": False}
 
@@ -775,6 +806,45 @@ def test_compose_s3_profile_runs_seaweedfs_and_points_every_process_at_the_bucke
 
     keys = tmp_path / "keys.toml"
     assert worker_settings({**_environment(worker), "ARKVORY_KEYS_FILE": str(keys)}).storage_url == "s3://arkvory"
+
+
+def _weed_server_arguments(seaweedfs: dict) -> list[str]:
+    """The arguments of the `weed server` that the seaweedfs service's script ends in."""
+    assert seaweedfs["entrypoint"] == ["/bin/sh", "-c"]
+    script = seaweedfs["command"][0]
+    exec_line = script[script.index("exec /usr/bin/weed"):].replace("\\\n", " ")
+    words = exec_line.split()
+    assert words[:4] == ["exec", "/usr/bin/weed", "-logtostderr=true", "server"], words
+    return words[4:]
+
+
+def test_compose_seaweedfs_serves_blobs_through_s3_alone(tmp_path):
+    """Issue 22: the filer's HTTP API gave every blob and listing to anyone on the network (with
+    CORS `*`), the master's a write token; the volume server's reads need a signed token, with
+    keys the script makes anew at each start (run here: the image's shell and coreutils only)."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    raw = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    seaweedfs = _interpolate(raw, S3_COMPOSE_ENV)["services"]["seaweedfs"]
+    arguments = _weed_server_arguments(seaweedfs)
+    assert "-disableHttp" in arguments and "-filer" in arguments
+    assert "-s3.allowedOrigins=https://no-browser.invalid" in arguments
+    assert not any(a.startswith(("-filer.port.public", "-volume.port.public")) for a in arguments)
+
+    script = seaweedfs["command"][0]
+    config_dir = tmp_path / "etc"
+    keys_part = script[:script.index("exec /usr/bin/weed")].replace("/etc/seaweedfs", str(config_dir))
+    made = []
+    for _ in range(2):
+        subprocess.run(["sh", "-c", keys_part], check=True, timeout=30)
+        written = config_dir / "security.toml"
+        assert written.stat().st_mode & 0o777 == 0o600
+        config = tomllib.loads(written.read_text())
+        write_key, read_key = config["jwt"]["signing"]["key"], config["jwt"]["signing"]["read"]["key"]
+        assert len(write_key) == len(read_key) == 43 and write_key != read_key
+        assert config["cors"]["allowed_origins"]["values"] == "https://no-browser.invalid"
+        made += [write_key, read_key]
+    assert len(set(made)) == 4  # new at each start
+    assert not any(key in yaml.safe_dump(raw) for key in made)
 
 
 def test_compose_without_the_profile_keeps_the_storage_directory(compose, tmp_path):

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from .harness import ADMIN_TOKEN, READER_TOKEN
+from .harness import ADMIN_TOKEN, READER_TOKEN, eventually
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -84,6 +84,7 @@ def test_hostile_requests_cost_no_lease_no_readiness_and_no_download(site):
     stop = threading.Event()
     problems: list[str] = []
     downloads: dict[str, bytes] = {}
+    received = {writer.name: 0, gateway.name: 0}  # bytes so far, per download
 
     def watch(process) -> None:
         with process.client(READER_TOKEN, timeout=3) as client:
@@ -99,8 +100,12 @@ def test_hostile_requests_cost_no_lease_no_readiness_and_no_download(site):
 
     def download(process) -> None:
         try:
-            with httpx.Client(base_url=process.url, timeout=30) as client:
-                downloads[process.name] = client.get(path).content
+            with httpx.Client(base_url=process.url, timeout=30) as client, client.stream("GET", path) as answer:
+                body = bytearray()
+                for chunk in answer.iter_bytes():
+                    body += chunk
+                    received[process.name] = len(body)
+                downloads[process.name] = bytes(body)
         except httpx.HTTPError as exc:
             problems.append(f"{process.name}: the download failed: {exc!r}")
 
@@ -135,7 +140,8 @@ def test_hostile_requests_cost_no_lease_no_readiness_and_no_download(site):
     threads += [threading.Thread(target=download, args=(p,)) for p in (writer, gateway)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)  # the downloads are under way before the attacks begin
+    # The downloads are under way before the attacks begin.
+    eventually(lambda: problems or all(received.values()), "both downloads under way", timeout=20)
     attackers = [threading.Thread(target=attack, args=item) for item in attacks.items()]
     for thread in attackers:
         thread.start()

@@ -7,7 +7,10 @@ hold together, and the metrics they read are what live processes export.
   and `promtool check metrics` finds nothing wrong in their output.
 - The metrics added for the alerts say the truth: live leases against the policy's slots, the
   worker lock and the worker's own state, the health status (ready, draining, unavailable), the
-  read pins' write age and the database errors by loop.
+  read pins' write age and the database errors by loop, the free space (issue 24 item 3).
+- Every label value the code counts is one its series starts with at 0 (issue 24 item 2).
+
+The same files against a fresh installation and real events: tests/test_monitoring_live.py.
 
 Tests that need promtool skip, naming the package, where it is missing (.ci/run installs it).
 """
@@ -16,10 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pathlib
 import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import types
@@ -74,40 +80,62 @@ def dashboard_expressions(dashboard: dict) -> list[str]:
     return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
 
 
-# -- PromQL metric names --------------------------------------------------------------------------
+# -- PromQL selectors ----------------------------------------------------------------------------
 
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$job": ".*", "$role": ".*", "$instance": ".*"}
 _PROMQL_WORDS = {
     "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
     "offset", "inf", "nan",
 }
+_SELECTOR = re.compile(
+    r"""(?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+      | (?P<grouping>\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\))
+      | (?P<range>\[[^\]]*\])
+      | (?<![\w.:])(?P<name>[A-Za-z_:][\w:]*)
+        (?P<matchers>\s*\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\})?
+        (?P<call>\s*(?:(?:by|without)\s*\([^)]*\)\s*)?\()?""",  # a function, an aggregation
+    re.X,
+)
+_MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+
+
+def promql_selectors(expr: str) -> list[tuple[str, tuple[tuple[str, str, str], ...]]]:
+    """The series selectors of a PromQL expression: (metric name, sorted (label, op, value)
+    matchers). A regex reading, honest about its reach: it skips strings, ranges, grouping lists,
+    function calls and keywords, and takes every other identifier as a metric name with the
+    matchers in braces right after it. It does not resolve `{__name__=...}` selectors, recording
+    rules or what a function does to its argument (the shipped files use none of these)."""
+    for variable, replacement in GRAFANA_VARIABLES.items():
+        expr = expr.replace(variable, replacement)
+    found = []
+    for match in _SELECTOR.finditer(expr):
+        name = match.group("name")
+        if not name or match.group("call") or name.lower() in _PROMQL_WORDS:
+            continue
+        matchers = tuple(sorted(_MATCHER.findall(match.group("matchers") or "")))
+        found.append((name, matchers))
+    return found
 
 
 def promql_metric_names(expr: str) -> set[str]:
-    """The metric names an expression selects: identifiers outside strings, label matchers,
-    ranges and grouping lists, not called as functions, not operators. Grafana's variables
-    (`$job`, `$__rate_interval`) go first."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)
-    text = re.sub(r"\$\{?\w+\}?", " ", text)
-    text = re.sub(r"\{[^}]*\}", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
-    names = set()
-    for match in re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)(\s*\()?", text):
-        name, called = match.group(1), match.group(2)
-        if called or name.lower() in _PROMQL_WORDS:
-            continue
-        names.add(name)
-    return names
+    """The metric names an expression selects."""
+    return {name for name, _ in promql_selectors(expr)}
 
 
-def test_the_promql_name_parser_finds_metrics_only():
+def test_the_selector_reader_finds_names_and_matchers():
     expr = (
         'sum by (job, instance) (rate(arkvory_a_total{status=~"5..", route="/x/{id}"}[5m]))'
-        " / ignoring (scope) (arkvory_b{scope=\"process\"} > 0) or vector(0)"
-        ' + histogram_quantile(0.99, sum by (le) (rate(arkvory_c_bucket{job=~"$job"}[$__rate_interval])))'
-        " and on () arkvory_d offset 5m > bool 1e3"
+        ' / ignoring (scope) (arkvory_b{scope="process", job=~"$job"} > 0) or vector(0)'
+        ' + histogram_quantile(0.99, sum by (le) (rate(arkvory_c_bucket[$__rate_interval])))'
+        " and on () arkvory_d offset 5m > bool 1e3 < on (job) group_left () 2 * arkvory_e"
     )
-    assert promql_metric_names(expr) == {"arkvory_a_total", "arkvory_b", "arkvory_c_bucket", "arkvory_d"}
+    assert promql_selectors(expr) == [
+        ("arkvory_a_total", (("route", "=", "/x/{id}"), ("status", "=~", "5.."))),
+        ("arkvory_b", (("job", "=~", ".*"), ("scope", "=", "process"))),
+        ("arkvory_c_bucket", ()),
+        ("arkvory_d", ()),
+        ("arkvory_e", ()),
+    ]
 
 
 # -- the shipped files and promtool ---------------------------------------------------------------
@@ -551,3 +579,89 @@ def test_request_counts_export_what_prometheus_client_s_own_metrics_would():
         return {line for line in generate_latest(registry).decode().splitlines() if "_created" not in line}
 
     assert lines(ours) == lines(theirs)
+
+
+# -- labelled series start at 0, free space (issue 24 items 2 and 3) -----------------------------
+
+
+def _literals(pattern: str, *paths: str) -> set[str]:
+    found = set()
+    for path in paths:
+        for file in sorted(ROOT.glob(path)):
+            found.update(re.findall(pattern, file.read_text()))
+    return found
+
+
+def test_every_label_value_the_code_counts_is_one_its_series_starts_with():
+    """The labelled counters start at 0 for the values listed in shared/metrics.py and
+    writer/worker/metrics.py; a value counted anywhere else would first appear at 1, and its
+    first event would show no increase(). Read from the source with regular expressions over the
+    literal values at the places that count (a value computed elsewhere is not seen here)."""
+    from arkvory.shared import metrics
+    from arkvory.writer.worker import metrics as worker_metrics
+
+    downloads = set(metrics.TRANSFER_ABORT_REASONS["download"])
+    uploads = set(metrics.TRANSFER_ABORT_REASONS["upload"])
+    counted = {
+        "download aborts": (
+            _literals(r'transfer_aborts\.labels\(direction="download", reason="(\w+)"\)', "shared/**/*.py", "writer/**/*.py")
+            | _literals(r'abort_all\("(\w+)"\)', "shared/**/*.py")
+            | _literals(r'_stop_serving\([^\n]*, "(\w+)"\)', "shared/process/runtime.py"),
+            downloads,
+        ),
+        "upload aborts": (
+            _literals(r'transfer_aborts\.labels\(direction="upload", reason="(\w+)"\)', "shared/**/*.py", "writer/**/*.py")
+            | _literals(r'\n    reason = "(\w+)"', "shared/http/bodies.py"),
+            uploads,
+        ),
+        "admission failures": (_literals(r'AdmissionRejected\("(\w+)"\)', "shared/**/*.py"),
+                               set(metrics.ADMISSION_FAILURE_REASONS)),
+        "lease renewals": (_literals(r'\.renewal\("(\w+)"\)', "shared/cluster/lease.py"),
+                           set(metrics.LEASE_RENEWAL_RESULTS)),
+        "storage reads": (_literals(r'_counted\("(\w+)"\)', "shared/**/*.py"), set(metrics.STORAGE_READ_RESULTS)),
+        "task outcomes": (_literals(r'(?:return|outcome =) "(\w+)"', "writer/worker/runner.py"),
+                          set(worker_metrics.TASK_OUTCOMES)),
+        # recovery.py counts a task moved back to running as "resumed".
+        "recovered tasks": ({"resumed" if to == "running" else to
+                             for to in _literals(r'return "(\w+)", "task\.', "writer/worker/recovery.py")},
+                            set(worker_metrics.RECOVERED_TO)),
+    }
+    problems = [f"{what}: {sorted(found - known)} counted but not started at 0" for what, (found, known) in counted.items()
+                if found - known]
+    assert not problems, "\n".join(problems)
+    empty = [what for what, (found, _) in counted.items() if not found]
+    assert not empty, f"the patterns found nothing for {empty}: they no longer match the code"
+
+
+def test_free_space_is_statvfs_once_per_filesystem(tmp_path):
+    from arkvory.shared.storage.directory import Storage
+    from arkvory.shared.storage.free_space import FreeSpace
+
+    data = tmp_path / "data"
+    (data / "tmp").mkdir(parents=True)
+    (data / "uploads").mkdir()
+    elsewhere = pathlib.Path(tempfile.mkdtemp(dir="/dev/shm")) if os.path.isdir("/dev/shm") else None
+    try:
+        apart = elsewhere is not None and os.stat(elsewhere).st_dev != os.stat(data).st_dev
+        directories = [("data", data), ("tmp", data / "tmp"), ("uploads", data / "uploads"), ("gone", tmp_path / "gone")]
+        if apart:
+            directories.append(("cache", elsewhere))
+        registry = CollectorRegistry()
+        registry.register(FreeSpace(directories, 5 * 1024**3))
+        before = os.statvfs(data)
+        text = generate_latest(registry).decode()
+        after = os.statvfs(data)
+        free = {(s.labels["dir"], s.labels["path"]): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples if s.name == "arkvory_disk_free_bytes"}
+        # One series per filesystem, named after its first directory; a missing one left out.
+        assert set(free) == {("data", str(data))} | ({("cache", str(elsewhere))} if apart else set())
+        low, high = sorted(s.f_bavail * s.f_frsize for s in (before, after))
+        assert low <= free[("data", str(data))] <= high  # others write to this disk meanwhile
+        assert value(text, "arkvory_disk_size_bytes", dir="data") == before.f_blocks * before.f_frsize
+        assert value(text, "arkvory_disk_min_free_bytes") == 5 * 1024**3
+    finally:
+        if elsewhere is not None:
+            elsewhere.rmdir()
+    # Which directories a process writes: the writer its uploads, a gateway (no read cache) none.
+    assert [name for name, _ in FreeSpace.of(Storage(data), True, 0).directories] == ["data", "tmp", "uploads"]
+    assert FreeSpace.of(Storage(data), False, 0).directories == []

@@ -87,6 +87,38 @@ def test_gc_names_an_unknown_holder_of_the_worker_lock(cluster):
     assert run_arkvory(cluster.base_env(), "admin", "gc").returncode == 0
 
 
+def test_gc_names_a_worker_waiting_in_standby(cluster):
+    """A standby worker holds no lock, only its named connection: once the tool let the worker
+    lock go it would become active with the settings it started with (for migrate-storage, the
+    old storage). The offline tools refuse it too, naming it beside the lock's holder."""
+    cluster.writer().wait_ready().kill()
+    import asyncio
+
+    import asyncpg
+
+    async def scenario() -> None:
+        holder = await asyncpg.connect(cluster.database_url, server_settings={"application_name": "some-old-worker"})
+        try:
+            assert await holder.fetchval("SELECT pg_try_advisory_lock($1)", db.WORKER_LOCK)
+            standby = await asyncio.to_thread(lambda: start_worker(cluster, real=True).wait_status("standby"))
+            refused = await asyncio.to_thread(run_arkvory, cluster.base_env(), "admin", "gc")
+            assert refused.returncode == 75, refused.stderr
+            assert "the worker (some-old-worker, " in refused.stderr
+            assert f"a worker in standby (arkvory-worker {os.uname().nodename}"[:60] in refused.stderr
+            assert f" pid {standby.proc.pid}, database backend pid " in refused.stderr
+            assert "would take over when this tool ends" in refused.stderr
+            assert refused.stderr.count("in standby") == 1, refused.stderr  # the holder is named once
+            return standby
+        finally:
+            await holder.close()
+
+    standby = asyncio.run(scenario())
+    # With the other holder gone the standby worker becomes the active one: still refused.
+    standby.wait_active()
+    refused = run_arkvory(cluster.base_env(), "admin", "gc")
+    assert refused.returncode == 75 and "holds the worker lock" in refused.stderr
+
+
 def test_gc_bad_params_exit_2(cluster):
     env = cluster.base_env()
     assert run_arkvory(env, "admin", "gc", "--params", "{nope").returncode == 2

@@ -1,14 +1,18 @@
 """The payload gate sits at the write itself (issue 14 §3): a trust deadline that passes before a
 chunk is written stops that chunk, cuts the transfer and counts it as an abort `lease_lost`,
-and `arkvory_payload_chunks_after_trust_total` stays 0 (it counts only a faulty gate).
+and `arkvory_payload_chunks_after_trust_total` stays 0 (it counts only a faulty gate). The same
+for a file's transfer and an object store's (issue 22 §7): wherever the deadline falls, the
+connection is reset, the abort counted once, and no error leaves the transfer.
 
-A real server: our HTTP server and protocol on a free port, real sockets, a real HTTP client; the lease's clock is injected (tests/fakeclock.py), so the deadline falls exactly
-between two chunks, every run.
+A real server: our HTTP server and protocol on a free port, real sockets, a real HTTP client;
+the lease's clock is injected (tests/fakeclock.py), or its trust ends after an exact number of
+readings, so the deadline falls exactly where the test puts it, every run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import socket
 import tempfile
@@ -18,12 +22,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from arkvory.shared.cluster.transfers import Transfers
+from arkvory.shared.download.object_transfer import stream_from_store
+from arkvory.shared.download import payload
 from arkvory.shared.download.payload import Payload
 from arkvory.shared.download.throttle import BandwidthScheduler
 from arkvory.shared.http.handle import HANDLE_KEY, PayloadRefused, encode_header_block
 from arkvory.shared.http.protocol import protocol_for
 from arkvory.shared.http.server import HttpServer
 from arkvory.shared.metrics import Metrics
+from arkvory.shared.storage import StorageHealth
+from arkvory.shared.storage.directory import Storage
 from .fakeclock import FakeTime
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -167,3 +175,95 @@ def _blob(data: bytes) -> int:
         file.write(data)
         file.flush()
         return os.dup(file.fileno())
+
+
+class TrustForReadings:
+    """A lease whose trust ends after its first `readings` readings: the deadline falls at an
+    exact point among the reads of the gate (a loop's own check, the write's gate, its audit)."""
+
+    def __init__(self, readings: int) -> None:
+        self.left = readings
+
+    def trust_remaining(self) -> float:
+        if self.left <= 0:
+            return 0.0
+        self.left -= 1
+        return TRUST_S
+
+
+BLOB = bytes(range(256)) * (16 * 1024)  # 4 MiB: four unthrottled chunks
+
+
+async def _get_until_cut(port: int) -> tuple[bytes, str]:
+    """Everything the server sends for one GET, and how it ended: 'reset' or 'closed'."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+    received, ending = b"", "closed"
+    try:
+        while chunk := await asyncio.wait_for(reader.read(1024 * 1024), 10):
+            received += chunk
+    except ConnectionResetError:
+        ending = "reset"
+    finally:
+        writer.close()
+    return received, ending
+
+
+@pytest.mark.parametrize("trusted_readings", range(8))
+@pytest.mark.parametrize("source", ["file", "object store"])
+async def test_wherever_trust_ends_a_transfer_is_reset_and_counted_once_and_nothing_escapes(
+    source, trusted_readings, tmp_path, monkeypatch
+):
+    """Issue 22 §7: the object store's loop checked the gate, then wrote; trust ending between
+    the two (here: after reading 1 or 2 of each chunk's three) raised PayloadRefused out of the
+    transfer, an "unexpected error" with a traceback at the edge, uncounted, and the connection
+    closed in order (queued bytes still left). Both paths now run in one frame
+    (payload.send_payload): wherever trust ends, the connection is reset, the abort is counted
+    once as `lease_lost`, and the transfer ends quietly."""
+    # One sendfile per chunk, as the readings count them (with tokens to spare, a file's
+    # transfer would gather all four into one sendfile: payload.ZERO_COPY_BYTES).
+    monkeypatch.setattr(payload, "ZERO_COPY_BYTES", 1024 * 1024)
+    lease = TrustForReadings(trusted_readings)
+    runtime = _runtime(FakeTime(), lease)
+    storage = Storage(tmp_path)
+    sha256 = hashlib.sha256(BLOB).hexdigest()
+    storage.blob_path(sha256).parent.mkdir(parents=True)
+    storage.blob_path(sha256).write_bytes(BLOB)
+    runtime.storage, runtime.storage_health = storage, StorageHealth(storage)
+    headers = [(b"content-length", str(len(BLOB)).encode())]
+    response = types.SimpleNamespace(
+        runtime=runtime,
+        principal=types.SimpleNamespace(id="p"),
+        artifact=types.SimpleNamespace(id="a", sha256=sha256, size=len(BLOB)),
+        status_code=200,
+        raw_headers=headers,
+    )
+    outcome = {}
+
+    async def app(scope, receive, send):
+        handle = scope["extensions"][HANDLE_KEY]
+        try:
+            if source == "file":
+                fd = storage.acquire_file(sha256)
+                try:
+                    head = (200, encode_header_block(headers), len(BLOB), b"")
+                    outcome["done"] = await Payload(runtime, response, handle, fd).send(0, len(BLOB), head=head)
+                finally:
+                    storage.release_file(sha256, fd)
+            else:
+                await stream_from_store(response, send, handle, 0, len(BLOB))
+                outcome["done"] = handle.cycle.response_complete
+        except BaseException as exc:  # what would reach the edge
+            outcome["escaped"] = exc
+
+    server, port, protocol = await _serve(runtime, app)
+    try:
+        received, ending = await _get_until_cut(port)
+    finally:
+        await server.shutdown()
+    assert outcome == {"done": False}
+    assert ending == "reset"
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and len(body) < len(BLOB) and BLOB.startswith(body)
+    assert _aborts(runtime, "lease_lost") == 1 and len(runtime.transfers) == 0
+    assert protocol.stats.late_payload_chunks == 0

@@ -1,7 +1,8 @@
 """The read cache (shared/storage/read_cache.py) on real files, filled from a real directory
 backend as its origin: one fill per digest however many read at once, a wrong fill never kept and
 no response that read its file completed (those sent from the store's own buffers complete, as
-without a cache), the hash trailing the fill from memory or from the file, the limit held (never
+without a cache), the hash trailing the fill from memory or from the file, a file's first read
+checking its bytes on the disk (a disk that stored them wrongly is caught), the limit held (never
 evicting a file being read), a changed file dropped and refetched, and the directory as the index
 after a restart, re-checked. The same on a real SeaweedFS through real processes:
 tests/test_s3_cache.py."""
@@ -19,6 +20,8 @@ from arkvory.shared.storage import StorageUnavailable
 from arkvory.shared.storage.directory import Storage
 from arkvory.shared.storage.cache_files import ALIGN, DirectReader, FillFile
 from arkvory.shared.storage.read_cache import FILL_CHUNK, ReadCache, _Flight, _hash_behind
+
+from .harness import eventually_async
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -110,6 +113,15 @@ async def read_all(
     return bytes(out)
 
 
+def hit(cache: ReadCache, sha256: str) -> bool:
+    """Whether a download now would be a hit (the descriptor is given back at once)."""
+    fd = cache.acquire(sha256)
+    if fd is None:
+        return False
+    cache.release(sha256, fd)
+    return True
+
+
 @pytest.fixture
 def origin(tmp_path):
     return Origin(tmp_path / "origin")
@@ -127,7 +139,10 @@ def test_fifty_readers_of_a_cold_blob_make_one_fill_and_then_it_is_a_hit(origin,
         assert origin.opened == 1
         assert cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 0}
         assert cache.requests["miss"] == 50
+        # Its first read after the fill checks the file's bytes on the disk (not the store) ...
         assert await read_all(cache, sha256, len(data)) == data
+        assert cache.requests == {"hit": 0, "miss": 51, "bypass": 0} and origin.opened == 1
+        assert await read_all(cache, sha256, len(data)) == data  # ... then it is a hit
         assert cache.requests["hit"] == 1 and origin.opened == 1
         assert cache.held == len(data) and os.listdir(cache.filling) == []
         cache.close()
@@ -162,7 +177,7 @@ def test_a_wrong_fill_is_not_kept_and_no_read_of_its_file_completes(origin, tmp_
                 got.extend(behind.take(behind.buffered))
 
         reading = asyncio.create_task(read_behind())
-        await asyncio.sleep(0.3)
+        await eventually_async(lambda: len(got) >= 1024 * KiB - 1, "the file read up to its last byte")
         assert len(got) == 1024 * KiB - 1 and not reading.done()  # its last byte waits for the hash
         origin.resume.set()
         with pytest.raises(StorageUnavailable, match="do not match its digest"):
@@ -172,13 +187,12 @@ def test_a_wrong_fill_is_not_kept_and_no_read_of_its_file_completes(origin, tmp_
         assert await along == stored  # as the store sent them: a download without a cache
         await cache.drained()
         assert cache.fills["corrupt"] == 1 and cache.held == 0 and cache.acquire(sha256) is None
-        await asyncio.sleep(0.05)  # the background unlinks
-        assert os.listdir(cache.filling) == []
+        await eventually_async(lambda: os.listdir(cache.filling) == [], "the fill's file unlinked")
         origin.pause_before = None
         origin.put(data)  # repaired: the next read fills afresh
         assert await read_all(cache, sha256, size) == data
         await cache.drained()
-        assert cache.fills["ok"] == 1 and cache.acquire(sha256) is not None
+        assert cache.fills["ok"] == 1 and await read_all(cache, sha256, size) == data and hit(cache, sha256)
         cache.close()
 
     asyncio.run(run())
@@ -202,8 +216,7 @@ def test_a_fill_whose_readers_all_left_early_stops_and_frees_its_room(origin, tm
         await asyncio.wait_for(cache.drained(), 5)  # stopped, not waiting on the store
         assert cache.fills["abandoned"] == 1 and cache.fills["ok"] == 0
         assert cache.held == 0 and cache.files == 0 and cache.acquire(sha256) is None
-        await asyncio.sleep(0.05)  # the fill's thread removes its file
-        assert os.listdir(cache.filling) == []
+        await eventually_async(lambda: os.listdir(cache.filling) == [], "the fill's file removed by its thread")
 
         origin.paused.clear()
         whole = asyncio.create_task(read_all(cache, sha256, size, settle=False))  # all of it, and ...
@@ -216,7 +229,7 @@ def test_a_fill_whose_readers_all_left_early_stops_and_frees_its_room(origin, tm
         assert await whole == data
         await cache.drained()
         assert cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 1}
-        assert origin.opened == 2 and cache.acquire(sha256) is not None
+        assert await read_all(cache, sha256, size) == data and hit(cache, sha256) and origin.opened == 2
         cache.close()
 
     asyncio.run(run())
@@ -237,7 +250,8 @@ def test_only_a_whole_read_starts_a_fill_a_range_of_a_cold_blob_goes_to_the_stor
         assert origin.opened == 0 and cache.held == 0
         assert await read_all(cache, sha256, len(data)) == data  # the whole blob: filled
         assert cache.fills["ok"] == 1 and origin.opened == 1
-        assert await read_all(cache, sha256, len(data), FILL_CHUNK, 5) == data[FILL_CHUNK:FILL_CHUNK + 5]
+        for _ in range(2):  # a range joins the file's first-read check, then hits
+            assert await read_all(cache, sha256, len(data), FILL_CHUNK, 5) == data[FILL_CHUNK:FILL_CHUNK + 5]
         assert cache.requests["hit"] == 1 and origin.opened == 1
         cache.close()
 
@@ -301,6 +315,19 @@ def test_a_fill_file_whose_writes_fail_even_buffered_raises_rather_than_retrying
         file.close()
 
 
+def on_disk(cache: ReadCache) -> int:
+    """Bytes of the cached files (an evicted one is unlinked in the background, maybe while
+    this looks)."""
+    total = 0
+    for top in os.scandir(cache.blobs):
+        for entry in os.scandir(top.path):
+            try:
+                total += entry.stat().st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
 def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_stays(origin, tmp_path):
     blobs = [os.urandom(100 * KiB) for _ in range(5)]
     digests = [origin.put(b) for b in blobs]
@@ -310,6 +337,7 @@ def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_st
         cache = await ReadCache.open(tmp_path / "cache", 3 * size, origin)
         for sha256, data in zip(digests[:3], blobs[:3]):
             assert await read_all(cache, sha256, size) == data
+        assert await read_all(cache, digests[0], size) == blobs[0]  # its first read checks it
         held = cache.acquire(digests[0])  # being read (sendfile)...
         assert held is not None
         for sha256, data in zip(digests[1:3], blobs[1:3]):
@@ -322,9 +350,8 @@ def test_the_limit_holds_least_recently_used_goes_first_and_a_file_being_read_st
         assert await read_all(cache, digests[4], size) == blobs[4]  # now 0 can go
         assert cache.evictions == 2 and cache.held <= 3 * size
         assert cache.acquire(digests[0]) is None
-        await asyncio.sleep(0.05)
-        on_disk = sum(e.stat().st_size for top in os.scandir(cache.blobs) for e in os.scandir(top.path))
-        assert on_disk == cache.held == 3 * size
+        assert cache.held == 3 * size
+        await eventually_async(lambda: on_disk(cache) == 3 * size, "the evicted files unlinked")
         # Larger than the whole limit: not cached, read from the store.
         assert cache.reader(digests[0], 3 * size + 1, 0, 10, no_fallback) is None
         assert cache.requests["bypass"] == 1
@@ -349,10 +376,9 @@ def test_a_principal_reading_many_blobs_evicts_only_its_own_files_past_its_share
             assert await read_all(cache, sha256, size, owner="victim") == data
         for sha256, data in zip(digests[2:8], blobs[2:8]):
             assert await read_all(cache, sha256, size, owner="scanner") == data
-        for sha256 in digests[:2]:  # still hits
-            fd = cache.acquire(sha256)
-            assert fd is not None
-            cache.release(sha256, fd)
+        for sha256, data in zip(digests[:2], blobs[:2]):  # still there: read from the file
+            assert await read_all(cache, sha256, size, owner="victim") == data
+        assert origin.opened == 8
         assert cache.held == 4 * size and cache.evictions == 4
         assert [cache.acquire(d) is None for d in digests[2:6]] == [True] * 4  # its own went
         # The victim's next blob is within its share again only by evicting its own.
@@ -374,12 +400,14 @@ def test_a_changed_file_is_dropped_and_fetched_again(origin, tmp_path):
     async def run():
         cache = await ReadCache.open(tmp_path / "cache", 1024 * KiB, origin)
         assert await read_all(cache, sha256, len(data)) == data
+        assert await read_all(cache, sha256, len(data)) == data and hit(cache, sha256)  # checked
         with open(cache.path_of(sha256), "r+b") as file:  # bit rot, or a person
             file.seek(1000)
             file.write(b"\0" * 10)
         assert cache.acquire(sha256) is None and cache.discards["changed"] == 1
         assert await read_all(cache, sha256, len(data)) == data
         assert origin.opened == 2
+        assert await read_all(cache, sha256, len(data)) == data and hit(cache, sha256)  # checked
         os.truncate(cache.path_of(sha256), 10)
         assert await read_all(cache, sha256, len(data)) == data
         assert origin.opened == 3 and cache.discards["changed"] == 2
@@ -419,3 +447,50 @@ def test_after_a_restart_files_are_rechecked_before_use_and_a_corrupt_one_is_fet
         cache.close()
 
     asyncio.run(restarted())
+
+
+def test_a_file_the_disk_stored_wrongly_is_caught_by_its_first_read_and_fetched_again(origin, tmp_path, monkeypatch):
+    """Issue 22 §10. The fill's hash is of the bytes as they came from the store (a blob within
+    WINDOW: all from memory); a disk that stores one of them wrongly, a fault that no size,
+    time or inode shows once the file is in place, was served by every hit until a restart.
+    Now the file's first read hashes it from the disk: the bad file is dropped (counted as a
+    `corrupt` discard) and fetched again behind that read, which gets the right bytes; the new
+    file is checked by its own first read, and then hits."""
+    data = os.urandom(2 * FILL_CHUNK + 5)
+    sha256 = origin.put(data)
+    real_write, faults = os.write, []
+
+    def storing_one_byte_wrong(fd: int, payload) -> int:
+        written = real_write(fd, payload)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if f"{os.sep}filling{os.sep}" in path and not faults:  # the fill's first write
+            where = os.lseek(fd, 0, os.SEEK_CUR) - written + 7
+            other = os.open(path, os.O_RDWR)  # not the fill's (direct) descriptor
+            try:
+                os.pwrite(other, bytes([os.pread(other, 1, where)[0] ^ 0xFF]), where)
+            finally:
+                os.close(other)
+            faults.append(where)
+        return written
+
+    async def run():
+        cache = await ReadCache.open(tmp_path / "cache", 64 * 1024 * KiB, origin)
+        monkeypatch.setattr(os, "write", storing_one_byte_wrong)
+        try:
+            assert await read_all(cache, sha256, len(data)) == data  # sent from the fill's buffers
+        finally:
+            monkeypatch.undo()
+        assert faults == [7] and cache.fills["ok"] == 1
+        with open(cache.path_of(sha256), "rb") as file:
+            assert file.read() != data  # what the disk holds
+        assert cache.discards == {"changed": 0, "corrupt": 0}
+        assert await read_all(cache, sha256, len(data)) == data  # the first read: checked, refetched
+        assert cache.discards == {"changed": 0, "corrupt": 1} and cache.fills["ok"] == 2 and origin.opened == 2
+        with open(cache.path_of(sha256), "rb") as file:
+            assert file.read() == data  # replaced
+        assert not hit(cache, sha256)  # the new file is not trusted before its own first read
+        assert await read_all(cache, sha256, len(data)) == data and origin.opened == 2
+        assert hit(cache, sha256) and cache.discards["corrupt"] == 1
+        cache.close()
+
+    asyncio.run(run())

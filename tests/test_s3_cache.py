@@ -1,6 +1,7 @@
 """The read cache (ARKVORY_CACHE_MAX_BYTES, SPEC §11) in real processes on a real SeaweedFS: 50
 concurrent readers of a cold blob make exactly one fill from the store; a cache file changed on
-disk is refetched and the right bytes served; the limit holds by evicting the least recently
+disk is refetched and the right bytes served, whether it changed before its first read (caught
+by that read's check of its bytes) or after; the limit holds by evicting the least recently
 used; the cache survives a restart (re-checked, not refetched). The cache's logic on plain files:
 tests/test_read_cache.py."""
 
@@ -12,10 +13,13 @@ import os
 import signal
 import time
 
+import urllib.parse
+
 import httpx
 import pytest
 
 from .harness import ADMIN_TOKEN
+from .tcpproxy import TcpProxy
 
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -63,8 +67,8 @@ def cache_file(process, sha256: str):
     return process.cache_dir / "blobs" / sha256[:2] / sha256
 
 
-def start_writer(cluster, limit: int):
-    writer = cluster.writer(ARKVORY_CACHE_MAX_BYTES=str(limit), **CONCURRENT).wait_ready()
+def start_writer(cluster, limit: int, **env: str):
+    writer = cluster.writer(ARKVORY_CACHE_MAX_BYTES=str(limit), **CONCURRENT, **env).wait_ready()
     writer.cache_dir = cluster.data_dir / "cache"
     return writer
 
@@ -86,8 +90,11 @@ def test_fifty_readers_of_a_cold_blob_make_one_fill_and_a_changed_cache_file_is_
     path = cache_file(writer, artifact["sha256"])
     assert hashlib.sha256(path.read_bytes()).hexdigest() == artifact["sha256"]
 
-    assert download(writer, artifact) == data  # a hit: the store is not asked
-    assert metric(writer, 'arkvory_read_cache_requests_total{result="hit"}') == served + 1
+    # Its first read after the fill (maybe one of the 50) checked the file's bytes on the disk;
+    # from then on it is a hit, and the store is not asked.
+    assert download(writer, artifact) == data
+    assert download(writer, artifact) == data
+    assert metric(writer, 'arkvory_read_cache_requests_total{result="hit"}') >= served + 1
     assert metric(writer, 'arkvory_storage_read_requests_total{result="ok"}') == 1
 
     with open(path, "r+b") as file:  # bit rot, or a person: same size, other bytes
@@ -101,6 +108,63 @@ def test_fifty_readers_of_a_cold_blob_make_one_fill_and_a_changed_cache_file_is_
     assert download(writer, artifact) == data
     fills(writer, "ok", 3)
     assert path.stat().st_size == len(data)
+
+
+def test_a_cache_file_corrupted_before_its_first_read_is_caught_by_that_read_and_replaced(s3_cluster):
+    """Issue 22 §10: a filled file is trusted for hits only once its first read has hashed it
+    from the disk. One byte flipped between the fill and that read: the read finds it, drops the
+    file (arkvory_read_cache_discards_total{reason="corrupt"}, exported at 0 from the start),
+    and sends the store's bytes, filled again; the next read checks the new file, then hits."""
+    writer = start_writer(s3_cluster, 64 * MiB)
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        exported = client.get("/health/metrics").text.splitlines()
+    assert 'arkvory_read_cache_discards_total{reason="corrupt"} 0.0' in exported
+    data = os.urandom(3 * MiB + 3)
+    artifact = upload(writer, data, "flipped.bin")
+    assert download(writer, artifact) == data
+    fills(writer, "ok", 1)
+    path = cache_file(writer, artifact["sha256"])
+    with open(path, "r+b") as file:  # one byte, as a failing disk would
+        file.seek(MiB + 1)
+        byte = file.read(1)
+        file.seek(MiB + 1)
+        file.write(bytes([byte[0] ^ 0x01]))
+    assert download(writer, artifact) == data
+    assert metric(writer, 'arkvory_read_cache_discards_total{reason="corrupt"}') == 1
+    fills(writer, "ok", 2)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == artifact["sha256"]
+    hits = metric(writer, 'arkvory_read_cache_requests_total{result="hit"}')
+    assert download(writer, artifact) == data  # the new file's first read: checked
+    assert download(writer, artifact) == data
+    assert metric(writer, 'arkvory_read_cache_requests_total{result="hit"}') == hits + 1
+    assert metric(writer, 'arkvory_storage_read_requests_total{result="ok"}') == 2
+
+
+def test_a_cached_file_waiting_for_its_first_read_is_served_while_the_store_is_down(s3_cluster):
+    """Its first read checks it from the disk and asks the store nothing, so it is served while
+    the store does not answer (as a checked file is); a blob that is not cached answers 503."""
+    endpoint = urllib.parse.urlsplit(s3_cluster.settings().object_store.endpoint_url)
+    with TcpProxy(endpoint.hostname, endpoint.port) as store_link:
+        writer = start_writer(s3_cluster, 64 * MiB, ARKVORY_S3_ENDPOINT_URL=f"http://127.0.0.1:{store_link.port}")
+        with writer.client() as client:
+            assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        cached, cold = os.urandom(MiB + 1), os.urandom(MiB + 2)
+        cached_artifact, cold_artifact = upload(writer, cached, "cached.bin"), upload(writer, cold, "cold.bin")
+        assert download(writer, cached_artifact) == cached
+        fills(writer, "ok", 1)
+        store_link.refuse()
+        with writer.client() as client:
+            answer = client.get(f"/api/v1/repositories/{REPO}/artifacts/{cold_artifact['id']}/content")
+            assert answer.status_code == 503 and answer.json()["code"] == "unavailable"
+            deadline = time.monotonic() + 15
+            while client.get("/health/status").status_code != 503 and time.monotonic() < deadline:
+                time.sleep(0.1)  # the probe's verdict: the store is down
+            assert metric(writer, "arkvory_storage_available") == 0
+        assert download(writer, cached_artifact) == cached  # its first read: checked, not fetched
+        assert download(writer, cached_artifact) == cached  # a hit
+        assert metric(writer, 'arkvory_read_cache_discards_total{reason="corrupt"}') == 0
+        store_link.resume()
 
 
 def test_the_limit_holds_and_the_cache_survives_a_restart(s3_cluster):

@@ -73,6 +73,8 @@ def test_dev_on_seaweedfs_serves_through_the_gateway_and_keeps_its_storage(tmp_p
             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120,
         )
         assert moved.returncode == 0, moved.stdout + moved.stderr
+        assert f" dev --dir {state} --storage file" in moved.stdout  # in dev, the dev's own flag
+        assert "ARKVORY_STORAGE_URL" not in moved.stdout
         assert not weed_processes_in(state)
         again = Dev(state, port, "--gateways", "1")
         try:

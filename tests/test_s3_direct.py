@@ -29,7 +29,7 @@ from arkvory.shared.storage.s3 import ObjectStorage, blob_key
 from arkvory.shared.storage.s3_client import ObjectStore
 from arkvory.shared.storage.s3_direct import MAX_HEAD_BYTES, DirectRange
 
-from .harness import ADMIN_TOKEN
+from .harness import ADMIN_TOKEN, eventually_async
 from .s3cluster import s3_bucket, s3_cluster, seaweedfs  # noqa: F401  (pytest fixtures)
 from .tcpproxy import TcpProxy
 
@@ -319,12 +319,15 @@ def test_a_cache_fill_from_a_plain_http_store_is_received_on_its_own_connection(
         await cache.drained()
         assert all(body == data for body in bodies)
         assert storage.direct == 1 and cache.fills == {"ok": 1, "failed": 0, "corrupt": 0, "abandoned": 0}
+        assert await read_through(cache, sha256, size) == data  # its first read checks the file
+        await cache.drained()
         fd = cache.acquire(sha256)
         assert fd is not None and os.pread(fd, 100, size - 100) == data[-100:]
         cache.release(sha256, fd)
         # An empty blob has nothing to receive: the store's stream, as before.
-        await (cache.reader(empty, 0, 0, 0, lambda start, length: pytest.fail("fell back"))).aclose()
-        await cache.drained()
+        for _ in range(2):  # filled, then checked
+            await (cache.reader(empty, 0, 0, 0, lambda start, length: pytest.fail("fell back"))).aclose()
+            await cache.drained()
         fd = cache.acquire(empty)
         assert cache.fills["ok"] == 2 and fd is not None and os.fstat(fd).st_size == 0
         cache.release(empty, fd)
@@ -357,8 +360,7 @@ def test_a_cache_fill_cut_mid_way_fails_its_readers_and_keeps_nothing(s3_cluster
             assert 8 * MiB <= len(got) < size and bytes(got) == data[:len(got)]
             assert storage.direct == 1 and cache.fills["failed"] == 1
             assert cache.held == 0 and cache.acquire(sha256) is None
-            await asyncio.sleep(0.05)  # the background unlinks
-            assert os.listdir(cache.filling) == []
+            await eventually_async(lambda: os.listdir(cache.filling) == [], "the fill's file unlinked")
             cache.close()
 
         proxy_cut: list = []

@@ -3,22 +3,27 @@ middle of a download and in the middle of a `complete`, then started again on th
 data. A transfer in flight is cut (never padded or silently short), new reads answer 503
 `unavailable` with Retry-After, readiness says so and /health/status takes the process out of the
 balancer; once the store answers, serving resumes with no restart and nothing lost, and a repeat
-of `complete` publishes exactly one artifact."""
+of `complete` publishes exactly one artifact. Frozen (SIGSTOP) under a cleanup's DELETE, the store
+holds up no upload of the same bytes: cleanup holds no transaction or lock across it."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
-import pathlib
+import signal
 import threading
 import time
 import uuid
 
+import asyncpg
 import httpx
 import pytest
 
 from .harness import ADMIN_TOKEN, db_fetch
+from .tcpproxy import TcpProxy
 from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip
+from .worker_harness import dispatch, start_worker, wait_task
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -118,20 +123,16 @@ def _unavailable_status(gateway) -> httpx.Response | None:
     return status if status.status_code == 503 else None
 
 
-def _store_bytes(home: pathlib.Path) -> int:
-    total = 0
-    for folder, _, files in os.walk(home):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(folder, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
-
-
 @pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
-def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one_artifact(s3_cluster, seaweedfs):
-    writer = s3_cluster.writer().wait_ready()
+def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one_artifact(s3_cluster, seaweedfs, request):
+    """The kill lands while the publish is under way, never after it: the writer reaches the
+    store through a TCP proxy that counts what it forwards; once the publish has sent 8 MiB the
+    proxy stalls (the publish is held where it is, provably unfinished), the store is killed,
+    and only then do the held connections drop. (Waiting on the store's own disk raced: the
+    publish could finish before the kill, and the writer answered 201.)"""
+    proxy = TcpProxy("127.0.0.1", seaweedfs.ports.s3).start()
+    request.addfinalizer(proxy.stop)
+    writer = s3_cluster.writer(ARKVORY_S3_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}").wait_ready()
     data = os.urandom(96 * MiB)  # six 16 MiB parts to the store: long enough to kill it midway
     part_size = 32 * MiB
     base = f"/api/v1/repositories/{REPO}/uploads"
@@ -145,16 +146,20 @@ def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one
                               headers={"X-Content-SHA256": sha(part)})
             assert sent.status_code in (200, 201, 204), sent.text
 
-        before = _store_bytes(seaweedfs.data_dir)
+        before = proxy.sent_upstream
         answer: dict[str, httpx.Response] = {}
         completing = threading.Thread(
             target=lambda: answer.setdefault("first", client.post(f"{base}/{session['id']}/complete"))
         )
         completing.start()
-        # Killed once the store has taken some of the parts, not all of them.
-        wait_until(lambda: _store_bytes(seaweedfs.data_dir) - before > 8 * MiB or not completing.is_alive(),
+        wait_until(lambda: proxy.sent_upstream - before > 8 * MiB or not completing.is_alive(),
                    "publishing", timeout=60)
+        proxy.stall()  # the fault point, held: the publish cannot move on
+        assert completing.is_alive(), f"the publish ended before the store was stopped: {answer}"
+        assert proxy.sent_upstream - before < len(data), "the whole blob had reached the store"
         seaweedfs.kill()
+        proxy.cut()  # what the writer's held connections meet now: a store that is gone
+        proxy.resume()  # new connections reach the dead port and are refused
         completing.join(60)
         first = answer["first"]
         assert first.status_code == 503, first.text
@@ -174,3 +179,114 @@ def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one
         body = client.get(f"/api/v1/repositories/{REPO}/artifacts/{again.json()['id']}/content")
         assert body.status_code == 200 and body.content == data
     assert s3_cluster.has_blob(sha(data))
+
+
+async def _exclusive_digest_locks(conn, sha256: str) -> int:
+    """Granted exclusive claims of the digest (cleanup's and verify's; uploads take it shared)."""
+    from arkvory.writer.maintenance.blob_locks import DIGEST_NAMESPACE, digest_key
+
+    return await conn.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'"
+        " AND classid = $1::bigint::oid AND objid = ($2::bigint & 4294967295)::oid AND objsubid = 2",
+        DIGEST_NAMESPACE, digest_key(sha256),
+    )
+
+
+async def _being_removed(conn, sha256: str) -> bool:
+    """Cleanup has decided to remove the blob and is at the store: a pending removal mark (or,
+    before marks existed, its exclusive claim held across the store's DELETE)."""
+    if await conn.fetchval("SELECT to_regclass('arkvory_blob_removals') IS NOT NULL"):
+        if await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM arkvory_blob_removals WHERE sha256 = $1 AND settled_at IS NULL)", sha256
+        ):
+            return True
+    return await _exclusive_digest_locks(conn, sha256) > 0
+
+
+async def _until(check, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (found := await check()):
+        assert time.monotonic() < deadline, f"not {what} after {timeout} s"
+        await asyncio.sleep(0.05)
+    return found
+
+
+FROZEN_S = 12.0  # longer than the 10 s an upload used to wait for cleanup's digest lock
+
+
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
+def test_a_store_frozen_during_a_cleanup_delete_holds_up_no_upload_of_the_same_bytes(s3_cluster, seaweedfs):
+    """Cleanup removes an old unreferenced blob while SeaweedFS is frozen (SIGSTOP) under its
+    DELETE, and an upload of the same bytes, staged a moment before, reaches its publishing
+    transaction meanwhile. Cleanup holds no transaction and no digest lock across the store
+    (it marked the removal and committed first), the upload waits for the removal without one,
+    stages its bytes again once the store is back, and completes: the blob is there after both.
+    (Cleanup held its transaction and the digest lock across the DELETE: the upload's claim
+    gave up after 10 s and the upload failed.)"""
+    url = s3_cluster.database_url
+    writer = s3_cluster.writer().wait_ready()
+    start_worker(s3_cluster, real=True).wait_active()
+    data = os.urandom(200 * KiB)
+    base = f"/api/v1/repositories/{REPO}/uploads"
+    with writer.client(timeout=60) as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        old = client.post(f"/api/v1/repositories/{REPO}/artifacts", params={"name": "old"}, content=data).json()
+        assert client.delete(f"/api/v1/repositories/{REPO}/artifacts/{old['id']}").status_code == 204
+        descriptor = {"name": "again.bin", "size": len(data), "sha256": sha(data), "partSize": MiB}
+        session = client.post(base, json=descriptor, headers={"Idempotency-Key": uuid.uuid4().hex}).json()
+        sent = client.put(f"{base}/{session['id']}/parts/0", content=data, headers={"X-Content-SHA256": sha(data)})
+        assert sent.status_code in (200, 201, 204), sent.text
+
+    async def scenario() -> dict:
+        holder = await asyncpg.connect(url)
+        observer = await asyncpg.connect(url)
+        seen: dict = {}
+        try:
+            # The upload's `complete` stages its bytes, then waits at its session's row lock:
+            # its publishing transaction starts only once cleanup is at the frozen store.
+            held = holder.transaction()
+            await held.start()
+            await holder.execute("SELECT 1 FROM arkvory_uploads WHERE id = $1 FOR UPDATE", uuid.UUID(session["id"]))
+            async with httpx.AsyncClient(base_url=writer.url, headers=AUTH, timeout=120) as http:
+                completing = asyncio.create_task(http.post(f"{base}/{session['id']}/complete"))
+                await _until(
+                    lambda: observer.fetchval(
+                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE '%FROM arkvory_uploads WHERE id = $1 FOR UPDATE%')"
+                    ),
+                    "staged and waiting for the session row",
+                )
+                os.kill(seaweedfs.pid, signal.SIGSTOP)
+                frozen_at = time.monotonic()
+                try:
+                    seen["task"] = await asyncio.to_thread(
+                        dispatch, url, "cleanup", {"grace_seconds": 0}, on_restart="fail"
+                    )
+                    await _until(lambda: _being_removed(observer, sha(data)), "removing the old blob")
+                    seen["exclusive_locks"] = await _exclusive_digest_locks(observer, sha(data))
+                    await held.commit()  # the upload publishes now, while the store is frozen
+                    await asyncio.sleep(max(0.0, frozen_at + FROZEN_S - time.monotonic()))
+                    seen["exclusive_locks_later"] = await _exclusive_digest_locks(observer, sha(data))
+                    seen["answered_while_frozen"] = completing.done()
+                finally:
+                    os.kill(seaweedfs.pid, signal.SIGCONT)
+                seen["answer"] = await completing
+        finally:
+            await holder.close()
+            await observer.close()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["exclusive_locks"] == 0 and seen["exclusive_locks_later"] == 0, "a digest lock was held across the store"
+    answer = seen["answer"]
+    assert not seen["answered_while_frozen"], answer.text
+    assert answer.status_code == 201, answer.text
+    ended = wait_task(url, seen["task"], ("completed", "failed"), timeout=60)
+    assert ended["status"] == "completed" and ended["result"]["steps"]["blobs"]["deleted"] == 1, ended
+    # Nothing lost: the blob is there, with its row, and the new artifact serves its bytes.
+    assert s3_cluster.has_blob(sha(data))
+    assert db_fetch(url, "SELECT sha256 FROM arkvory_blobs")[0]["sha256"] == sha(data)
+    assert not db_fetch(url, "SELECT id FROM arkvory_blob_removals WHERE settled_at IS NULL")
+    with writer.client(timeout=60) as client:
+        body = client.get(f"/api/v1/repositories/{REPO}/artifacts/{answer.json()['id']}/content")
+        assert body.status_code == 200 and body.content == data

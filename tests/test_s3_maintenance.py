@@ -17,7 +17,7 @@ import pytest
 from arkvory.shared.cluster.pins import LINGER_S
 from arkvory.shared.storage.s3 import QUARANTINE, blob_key
 
-from .harness import ADMIN_TOKEN, db_fetch
+from .harness import ADMIN_TOKEN, db_fetch, eventually
 from .s3cluster import GATEWAY_HOSTS, loopback_aliases_or_skip
 from .worker_harness import start_worker
 
@@ -44,6 +44,13 @@ def run_task(writer, kind: str, params: dict, timeout: float = 60) -> dict:
                 return task["result"]
             time.sleep(0.2)
     raise AssertionError(f"{kind} did not finish in {timeout} s")
+
+
+def pinned(database_url: str, sha256: str) -> bool:
+    """A read pin that cleanup would respect now."""
+    return bool(db_fetch(
+        database_url, "SELECT 1 FROM arkvory_read_pins WHERE sha256 = $1 AND pinned_until > now()", sha256
+    ))
 
 
 def upload(client: httpx.Client, data: bytes, name: str) -> dict:
@@ -78,7 +85,8 @@ def test_cleanup_keeps_a_deleted_blob_while_a_download_reads_it_then_reclaims_it
 
     thread = threading.Thread(target=download)
     thread.start()
-    time.sleep(1.5)
+    # The download holds its read pin before the artifact goes.
+    eventually(lambda: pinned(s3_cluster.database_url, doomed["sha256"]), "the download's read pin", timeout=20)
     with writer.client() as client:
         assert client.delete(f"/api/v1/repositories/{REPO}/artifacts/{doomed['id']}").status_code == 204
     time.sleep(1.0)  # past the grace period of the blob row
@@ -89,7 +97,9 @@ def test_cleanup_keeps_a_deleted_blob_while_a_download_reads_it_then_reclaims_it
     thread.join(30)
     assert received["status"] == 200 and received["body"] == data  # byte-exact to the end
 
-    time.sleep(LINGER_S + 3)  # the pin outlives its transfer by LINGER_S, its row by 2 s more
+    # The pin outlives its transfer by LINGER_S, its row by 2 s more.
+    gone = "the read pin expired"
+    eventually(lambda: not pinned(s3_cluster.database_url, doomed["sha256"]), gone, timeout=LINGER_S + 20)
     after = run_task(writer, "cleanup", {"grace_seconds": 0})
     assert after["steps"]["blobs"]["deleted"] == 1 and after["reclaimed_bytes"] == len(data)
     assert not s3_cluster.has_blob(doomed["sha256"])

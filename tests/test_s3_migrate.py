@@ -83,6 +83,7 @@ def test_migrate_refuses_while_a_lease_is_held_resumes_after_a_kill_and_goes_the
     assert present >= copied_before and copied + present == 26, switched
     assert location(s3_cluster) == bucket_url
     assert sum(1 for key in s3_cluster.object_keys() if key.startswith("blobs/")) == 26
+    assert f"now set ARKVORY_STORAGE_URL={bucket_url}, with the same ARKVORY_S3_ENDPOINT_URL" in resumed.stdout
     advice = next(line for line in summary if line.startswith("the old copy is left in "))
     assert (s3_cluster.data_dir / "blobs").is_dir()  # left in place until the operator removes it
 
@@ -99,6 +100,15 @@ def test_migrate_refuses_while_a_lease_is_held_resumes_after_a_kill_and_goes_the
     back = run_arkvory(env, "admin", "migrate-storage", "--to", "file:")
     assert back.returncode == 0, back.stderr
     assert "26 blobs copied, 0 were there already" in back.stdout
+    # Every step of the move back, not only the URL: the S3 settings and the cache go, and every
+    # process shares the one directory.
+    for step in (
+        "set ARKVORY_STORAGE_URL=file: (or remove it)",
+        "remove ARKVORY_S3_ENDPOINT_URL, ARKVORY_S3_REGION and the AWS_* keys",
+        "set ARKVORY_CACHE_MAX_BYTES=0",
+        f"the one storage directory, ARKVORY_DATA_DIR={s3_cluster.data_dir}",
+    ):
+        assert step in back.stdout, back.stdout
     assert location(s3_cluster) == "file:"
     for data in contents:
         digest = hashlib.sha256(data).hexdigest()

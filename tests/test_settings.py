@@ -621,3 +621,22 @@ def test_an_invalid_slot_count_does_not_hide_other_shared_problems():
         "ARKVORY_GATEWAY_SLOT",
         "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND",
     ]
+
+
+@pytest.mark.parametrize("slot", [None, "1"], ids=["no slot", "a gateway's slot"])
+def test_a_gateway_started_without_its_role_is_told_it_runs_as_the_writer(slot):
+    """Started by hand with common.env alone (or plus its slot), a gateway is the writer by the
+    default role: the line names ARKVORY_ROLE=reader, not only the slot."""
+    environ = {"ARKVORY_DATABASE_URL": DSN, "ARKVORY_DATA_DIR": "/srv/arkvory", **SHARED}
+    environ.pop("ARKVORY_GATEWAY_SLOT")
+    if slot is not None:
+        environ["ARKVORY_GATEWAY_SLOT"] = slot
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(environ)
+    (line,) = caught.value.problems
+    assert line.startswith("ARKVORY_GATEWAY_SLOT: ")
+    assert "ARKVORY_ROLE is not set" in line and "ARKVORY_ROLE=reader" in line
+    # With the role given, the line is about the slot alone.
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({**environ, "ARKVORY_ROLE": "api"})
+    assert "ARKVORY_ROLE is not set" not in caught.value.problems[0]

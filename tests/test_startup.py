@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import shutil
+import urllib.parse
+import uuid
 
 import pytest
 
 from arkvory.shared import db
 from arkvory.shared.db import MAINTENANCE_LOCK
 
-from .harness import WRITER_SHARED, db_fetch as fetch, run_arkvory
+from .harness import WRITER_SHARED, db_execute, db_fetch as fetch, free_port, run_arkvory
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -172,6 +174,61 @@ def test_unreachable_database_exits_69_without_the_password(cluster):
     assert status == 69
     assert "cannot connect to the database" in stderr
     assert "hunter2" not in stderr
+
+
+# The commands that connect first thing: a server, the worker, an admin tool, the offline init.
+CONNECTING_COMMANDS = [("serve",), ("worker",), ("admin", "status"), ("admin", "init")]
+
+
+@pytest.fixture
+def refused_urls(cluster):
+    """URLs that the running test server answers with a refusal, by kind (issue 22: they exited
+    69, so the units restarted a wrong password every second for ever; they stop at 78). An
+    unknown role is refused as a wrong password (SCRAM hides which roles exist)."""
+    parts = urllib.parse.urlsplit(cluster.database_url)
+    where, database = f"{parts.hostname}:{parts.port}", parts.path.lstrip("/")
+    suffix, password = uuid.uuid4().hex[:8], uuid.uuid4().hex
+    barred, outsider = f"barred_{suffix}", f"outsider_{suffix}"
+    # Roles belong to the whole server: made for this test, dropped after it.
+    db_execute(cluster.database_url, f"CREATE ROLE {barred} NOLOGIN PASSWORD '{password}'")
+    db_execute(cluster.database_url, f"CREATE ROLE {outsider} LOGIN PASSWORD '{password}'")
+    db_execute(cluster.database_url, f'REVOKE CONNECT ON DATABASE "{database}" FROM PUBLIC')
+    try:
+        yield {
+            "InvalidPasswordError": parts._replace(netloc=f"{parts.username}:Wr0ng-hunter2@{where}").geturl(),
+            "InvalidCatalogNameError": parts._replace(path=f"/no_such_db_{suffix}").geturl(),
+            # "role ... is not permitted to log in": SQLSTATE 28000, as a pg_hba.conf rejection.
+            "InvalidAuthorizationSpecificationError": parts._replace(netloc=f"{barred}:{password}@{where}").geturl(),
+            "InsufficientPrivilegeError": parts._replace(netloc=f"{outsider}:{password}@{where}").geturl(),
+        }
+    finally:
+        db_execute(cluster.database_url, f"DROP ROLE {barred}")
+        db_execute(cluster.database_url, f"DROP ROLE {outsider}")
+
+
+@pytest.mark.parametrize("command", CONNECTING_COMMANDS, ids=" ".join)
+def test_a_database_that_refuses_us_exits_78_in_one_line_without_the_password(cluster, refused_urls, command):
+    real_password = urllib.parse.urlsplit(cluster.database_url).password
+    for error, url in refused_urls.items():
+        env = cluster.base_env(ARKVORY_DATABASE_URL=url, ARKVORY_WORKER_PORT=str(free_port()))
+        result = run_arkvory(env, *command)
+        assert result.returncode == 78, (error, result.stderr)
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, (error, result.stderr)
+        assert lines[0].startswith("arkvory: the database at postgresql://"), lines[0]
+        assert f"(ARKVORY_DATABASE_URL) refuses us: {error}: " in lines[0], lines[0]
+        for secret in ("hunter2", real_password, urllib.parse.urlsplit(url).password):
+            assert secret not in result.stderr + result.stdout
+    assert not cluster.data_dir.exists()  # nothing was created
+
+
+@pytest.mark.parametrize("command", CONNECTING_COMMANDS, ids=" ".join)
+def test_a_database_that_does_not_answer_still_exits_69(cluster, command):
+    url = f"postgresql://arkvory:hunter2@127.0.0.1:{free_port()}/none"
+    result = run_arkvory(cluster.base_env(ARKVORY_DATABASE_URL=url, ARKVORY_WORKER_PORT=str(free_port())), *command)
+    assert result.returncode == 69, result.stderr
+    assert "cannot connect to the database at postgresql://arkvory:***@127.0.0.1:" in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout
 
 
 def test_code_schema_version_is_the_highest_migration():

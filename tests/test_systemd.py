@@ -20,7 +20,7 @@ import pytest
 from arkvory.shared.process import systemd
 from arkvory.shared.process.systemd import ServiceManager, keep_informed
 
-from .harness import db_execute, db_fetch
+from .harness import db_execute, db_fetch, eventually
 from .notify_socket import Message, NotifySocket
 from .worker_harness import start_worker
 
@@ -173,8 +173,7 @@ def test_watchdog_pings_stop_within_the_trust_window_when_postgres_stalls(cluste
         cluster.shared_env() if shared else None, ARKVORY_DATABASE_URL=proxied, **notify.env(watchdog_s=WATCHDOG_S)
     )
     ready = notify.wait_for("READY")
-    time.sleep(1.0)
-    assert len(watchdog_pings(notify, after=ready.at)) >= 3
+    eventually(lambda: len(watchdog_pings(notify, after=ready.at)) >= 3, "three watchdog pings")
     db_proxy.stall()
     stalled = time.monotonic()
     try:
@@ -223,9 +222,8 @@ def test_the_worker_is_ready_when_active_or_standing_by(cluster):
         second = start_worker(cluster, "second", real=True, **second_socket.env(watchdog_s=WATCHDOG_S))
         standby = second_socket.wait_for("READY")
         assert standby.fields["STATUS"].startswith("worker: standby")
-        time.sleep(1.0)
         for sock in (first_socket, second_socket):
-            assert len(watchdog_pings(sock)) >= 3
+            eventually(lambda sock=sock: len(watchdog_pings(sock)) >= 3, "three watchdog pings")
         first.signal(signal.SIGTERM)
         assert first_socket.wait_for("STOPPING", timeout=10).fields["STATUS"] == "worker: draining"
         assert first.wait_exit(30) == 0

@@ -49,11 +49,13 @@ def assert_ceiling(events: list[tuple[int, int]], rate: int, burst: int) -> None
 
 @pytest.mark.timeout(30)
 def test_burst_is_a_tenth_of_the_rate_capped_at_one_mebibyte() -> None:
+    # SPEC §4's numbers, written out (a test that read MAX_BURST_BYTES would follow a change of it).
     assert burst_for(1) == 1
     assert burst_for(15) == 1
     assert burst_for(65_536) == 6_553
-    assert burst_for(10 * MAX_BURST_BYTES) == MAX_BURST_BYTES
-    assert burst_for(2**40) == MAX_BURST_BYTES
+    assert burst_for(10_485_759) == 1_048_575
+    assert burst_for(10_485_760) == 1_048_576
+    assert burst_for(2**40) == 1_048_576
     with pytest.raises(ValueError, match="rate"):
         burst_for(0)
 
@@ -343,14 +345,28 @@ async def test_a_principal_at_its_limit_does_not_delay_another() -> None:
 
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
-async def test_a_small_request_does_not_overtake_its_principals_queue() -> None:
+@pytest.mark.parametrize(
+    ("process_rate", "principal_rate", "later"),
+    [
+        (None, 100_000, "a"),  # A's own bucket: its principal's queue decides
+        (100_000, None, "b"),  # the process bucket: the ring decides
+        (100_000, 1_000_000, "b"),  # both buckets: the ring still decides
+    ],
+)
+async def test_a_later_smaller_request_does_not_overtake_a_waiter(
+    process_rate: int | None, principal_rate: int | None, later: str
+) -> None:
+    """A waits for 10 000 bytes; 5 000 are back when a request for 3 000 arrives: it is not
+    served before A, neither at once (`grant_now`) nor by the dispatcher, so a stream of small
+    requests never starves a big one."""
     fake = FakeTime(auto=False)
-    scheduler = BandwidthScheduler(None, 100_000, clock=fake.clock, sleep=fake.sleep)
-    await scheduler.grant("a", 10_000)
+    scheduler = BandwidthScheduler(process_rate, principal_rate, clock=fake.clock, sleep=fake.sleep)
+    await scheduler.grant("a", 10_000)  # the bucket that decides is empty
     big = asyncio.create_task(scheduler.grant("a", 10_000))
     await settle()
     fake.advance(0.05)  # 5 000 bytes back: enough for the small one, not for the big one
-    small = asyncio.create_task(scheduler.grant("a", 3_000))
+    assert scheduler.grant_now(later, 3_000) == 0
+    small = asyncio.create_task(scheduler.grant(later, 3_000))
     await settle()
     assert not small.done() and not big.done()
     fake.advance(0.05)
@@ -468,6 +484,91 @@ async def test_tokens_granted_to_a_waiter_cancelled_before_it_resumed_come_back(
     await settle()
     assert again.done() and again.result() == 10_000
     assert scheduler.granted_bytes == 20_000
+
+
+async def _cancel_a_grant_after(scheduler: BandwidthScheduler, fake: FakeTime, out_for: float, taken: int) -> None:
+    """A waiter of principal "a" is granted a burst (the bucket is empty again) and, before it
+    resumes, `out_for` seconds pass, `taken` bytes are granted to another transfer of "a", and
+    the waiter is cancelled: its tokens go back."""
+    assert await scheduler.grant("a", 10_000) == 10_000  # the bucket is empty
+    waiter = asyncio.create_task(scheduler.grant("a", 10_000))
+    await settle()
+    fake.advance(0.1)  # the dispatcher wakes and takes a burst for it...
+    await asyncio.sleep(0)  # ...and runs before the waiter resumes
+    assert scheduler.grant_now("a", 1) == 0 and not waiter.done()
+    fake.advance(out_for)
+    assert scheduler.grant_now("a", taken) == taken
+    waiter.cancel()
+    await settle()
+    assert waiter.cancelled()
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("process_rate", "principal_rate"), [(100_000, None), (None, 100_000)])
+async def test_a_cancelled_grant_gives_back_only_what_the_bucket_could_still_hold(
+    process_rate: int | None, principal_rate: int | None
+) -> None:
+    """Tokens that come back after a while must not beat the ceiling: while they were out, the
+    bucket refilled and threw away what did not fit. It ends no fuller than if the grant had
+    never been made (mutation (b) of issue 22 §15 gave all of them back). Burst 10 000 here,
+    for the process bucket and for a principal's."""
+    fake = FakeTime(auto=False)
+    scheduler = BandwidthScheduler(process_rate, principal_rate, clock=fake.clock, sleep=fake.sleep)
+
+    # The bucket refilled to its burst while the tokens were out, and that burst was taken:
+    # none of them come back (20 000 bytes at one instant would pass one burst).
+    await _cancel_a_grant_after(scheduler, fake, 0.5, taken=10_000)
+    assert scheduler.grant_now("a", 1) == 0
+
+    # Half of a burst refilled meanwhile and was taken: the other half comes back.
+    fake.advance(0.1)
+    await _cancel_a_grant_after(scheduler, fake, 0.05, taken=5_000)
+    assert scheduler.grant_now("a", 5_001) == 0
+    assert scheduler.grant_now("a", 5_000) == 5_000
+    assert scheduler.grant_now("a", 1) == 0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("rate", "burst"), [(100_000, 10_000), (5_000_000, 500_000), (50 * 1_048_576, 1_048_576)]
+)
+@pytest.mark.parametrize("bucket", ["process", "principal"])
+def test_a_full_bucket_hands_out_exactly_one_burst_at_once(rate: int, burst: int, bucket: str) -> None:
+    fake = FakeTime()
+    rates = (rate, None) if bucket == "process" else (None, rate)
+    scheduler = BandwidthScheduler(*rates, clock=fake.clock, sleep=fake.sleep)
+    left = burst
+    while left:
+        want = min(left, scheduler.quantum_bytes)
+        assert scheduler.grant_now("a", want) == want
+        left -= want
+    assert scheduler.grant_now("a", 1) == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(30)
+async def test_principals_take_turns_one_grant_each() -> None:
+    """A queued three transfers before B and C queued one each: the grants go A, B, C, A, A
+    (round-robin over principals, one grant per turn), not in the order they queued."""
+    fake = FakeTime(auto=False)
+    scheduler = BandwidthScheduler(100_000, None, clock=fake.clock, sleep=fake.sleep)
+    assert await scheduler.grant("z", 10_000) == 10_000  # the process bucket is empty
+    order: list[str] = []
+
+    async def transfer(name: str) -> None:
+        await scheduler.grant(name[0], 10_000)
+        order.append(name)
+
+    tasks = []
+    for name in ("a1", "a2", "a3", "b1", "c1"):
+        tasks.append(asyncio.create_task(transfer(name)))
+        await settle()
+    for _ in tasks:
+        fake.advance(0.1)  # one burst: one grant
+        await settle()
+    assert order == ["a1", "b1", "c1", "a2", "a3"]
+    await asyncio.gather(*tasks)
 
 
 @pytest.mark.anyio

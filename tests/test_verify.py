@@ -10,6 +10,7 @@ what its checkpoint covers; and the rate bound holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -55,7 +56,11 @@ class LocalContext:
         self.checkpoints: list[dict] = []
         self.cancel = False
 
-    async def progress(self, *, items=0, bytes=0, cost_units=0, message=None, data=None) -> None:
+    @contextlib.asynccontextmanager
+    async def reserving(self, **needed):
+        yield
+
+    async def progress(self, *, items=0, bytes=0, cost_units=0, message=None, data=None, conn=None) -> None:
         self.progressed.append({"items": items, "bytes": bytes, "data": data})
         if self.cancel:
             raise TaskCancelled()
@@ -333,6 +338,30 @@ def test_a_resumed_run_skips_the_blobs_its_checkpoint_covers(cluster, monkeypatc
     # A fresh run does find it.
     fresh, _ = run_verify(cluster)
     assert fresh["corrupt"] == 1
+
+
+def test_a_blob_back_before_verify_records_it_missing_is_not_reported(cluster, monkeypatch):
+    """The file is gone when verify reads it, and back (an upload put the bytes back) by the
+    time verify claims the digest to record it: verify looks once more after recording, outside
+    any transaction, and withdraws the finding."""
+    writer = cluster.writer().wait_ready()
+    content = os.urandom(20_000)
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        made = upload(admin, "r", "x.bin", content)
+    path = blob_path(cluster, made["sha256"])
+    os.unlink(path)
+    claim = verify.claim_for_diagnosis
+
+    async def put_back_then_claim(conn, sha256):
+        with open(path, "wb") as back:
+            back.write(content)
+        await claim(conn, sha256)
+
+    monkeypatch.setattr(verify, "claim_for_diagnosis", put_back_then_claim)
+    result, _ = run_verify(cluster)
+    assert (result["checked"], result["missing"]) == (1, 0), result
+    assert db_fetch(cluster.database_url, "SELECT sha256 FROM arkvory_storage_diagnostics") == []
 
 
 @pytest.mark.parametrize("blobs", [1, 16])  # one large blob (paced by piece), small ones (by group)

@@ -188,6 +188,39 @@ def test_a_cancel_stops_the_running_task_and_it_ends_cancelled(cluster, writer):
     assert len(steps_done(cluster.database_url, task_id)) == done < 200
 
 
+def _stop_reason(worker, task_id) -> str | None:
+    tasks = worker.get("/health/ready").json().get("tasks", [])
+    return next((t["stopping"] for t in tasks if t["id"] == str(task_id)), None)
+
+
+def test_a_cancel_notice_reaches_the_running_kind_at_once_and_logs_no_traceback(cluster, writer):
+    """The `task.cancelling` notification itself asks the kind to stop, not the heartbeat that
+    re-reads the status every HEARTBEAT_EVERY_S (3 s): the task waits at a gate (so no
+    progress write of its own can find the cancel either), the cancel comes right after a
+    heartbeat, and the worker says the kind is stopping within a fraction of the interval.
+    (The LISTEN callback used to start the status read with anyio's `start_soon` outside any
+    task: NoEventLoopError, a traceback per notice, and the stop waited for the heartbeat.)"""
+    from arkvory.writer.worker.runner import HEARTBEAT_EVERY_S
+
+    url = cluster.database_url
+    worker = start_worker(cluster).wait_active()
+    task_id = dispatch(url, "steps", {"steps": 3, "hold_at": 1})
+    wait_held(url, task_id, 1)
+    beat = task(url, task_id)["heartbeat_at"]
+    wait_for(lambda: task(url, task_id)["heartbeat_at"] != beat, "a heartbeat", timeout=10, every=0.02)
+    asked = time.monotonic()  # the next heartbeat is HEARTBEAT_EVERY_S away
+    with writer.client(ADMIN_TOKEN) as client:
+        answer = client.post(f"/api/v1/tasks/{task_id}/cancel")
+    assert answer.status_code == 202, answer.text
+    wait_for(lambda: _stop_reason(worker, task_id) == "cancel", "asked to stop", timeout=10, every=0.02)
+    took = time.monotonic() - asked
+    assert took < HEARTBEAT_EVERY_S / 2, f"asked to stop {took:.2f} s after the cancel: by the heartbeat"
+    assert "cancel requested" in worker.stderr
+    open_gate(url, task_id)
+    wait_task(url, task_id, "cancelled", timeout=10)
+    assert "Traceback" not in worker.stderr and "NoEventLoopError" not in worker.stderr, worker.stderr
+
+
 # -- one active worker -------------------------------------------------------------------------
 
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import time
 
 import pytest
+
+from arkvory.shared.storage import Storage
 
 from .harness import db_execute, db_fetch
 from .worker_harness import dispatch, events, start_worker, steps_done, task, wait_task
@@ -264,3 +267,93 @@ def test_the_abandoned_upload_sweep_stops_before_its_budget(cluster, writer):
     done = cleanup_with({"max_items": 1})
     assert done["status"] == "completed" and done["usage"]["items"] == 1, done
     assert not any(path.exists() for path in temp_files)
+
+
+# -- a crash buys no budget ---------------------------------------------------------------------
+
+
+def _unreferenced_blobs(writer, count: int, size: int = 1000) -> list[str]:
+    """`count` blobs no artifact references any more (rows and files stay for cleanup)."""
+    digests = []
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        for i in range(count):
+            made = admin.post("/api/v1/repositories/r/artifacts", params={"name": f"{i}.bin"}, content=os.urandom(size))
+            assert made.status_code == 201, made.text
+            assert admin.delete(f"/api/v1/repositories/r/artifacts/{made.json()['id']}").status_code == 204
+            digests.append(made.json()["sha256"])
+    return digests
+
+
+@pytest.mark.parametrize(
+    "killed_at",
+    [
+        # Right after a batch of removals committed (and, with it, its usage).
+        "arkvory.writer.maintenance.cleanup:remove_unreferenced:after:1",
+        # Between that commit and the storage's deletes: the retry finishes the removals.
+        "arkvory.writer.maintenance.cleanup:remove_marked:before:1",
+    ],
+    ids=["after-the-batch", "before-the-store-deletes"],
+)
+def test_a_cleanup_killed_after_a_batch_keeps_its_usage_and_the_retry_stays_within_the_budget(cluster, writer, killed_at):
+    """SIGKILL right after cleanup's first batch of unreferenced blobs committed: the usage on
+    record is exactly what was removed (it commits with the batch), and the retry, which goes
+    on from that usage, removes nothing more than `max_items` allows in total. (The usage was
+    written only by a later progress event, checkpoint or heartbeat: the kill lost it, and the
+    retry removed another `max_items`.)"""
+    url = cluster.database_url
+    digests = _unreferenced_blobs(writer, 20)
+    worker = start_worker(cluster, "killed", TEST_WORKER_KILL_AT=killed_at).wait_active()
+    task_id = dispatch(url, "cleanup", {"grace_seconds": 0}, on_restart="retry", budget={"max_items": 12})
+    assert worker.wait_exit(60) == -signal.SIGKILL, worker.stderr
+
+    def rows_left() -> set[str]:
+        return {r["sha256"] for r in db_fetch(url, "SELECT sha256 FROM arkvory_blobs")}
+
+    removed = set(digests) - rows_left()
+    recorded = task(url, task_id)
+    assert recorded["status"] == "running" and len(removed) == 12, (recorded, len(removed))
+    assert recorded["usage"]["items"] == 12, recorded["usage"]
+    assert recorded["usage"]["cost_units"] == 12 * 2 and recorded["usage"]["bytes"] == 12 * 1000
+
+    start_worker(cluster, "next").wait_active()
+    ended = wait_task(url, task_id, ("failed", "completed"), timeout=60)
+    assert (ended["status"], ended["error_code"]) == ("failed", "budget_exceeded"), ended
+    assert ended["attempts"] == 2 and ended["usage"]["items"] == 12, ended
+    assert set(digests) - rows_left() == removed, "the retry removed more than the budget allows"
+    storage = Storage(cluster.data_dir)
+    assert not any(os.path.exists(storage.blob_file(d)) for d in removed), "a removed blob's file stayed"
+    assert all(os.path.exists(storage.blob_file(d)) for d in set(digests) - removed)
+    assert not db_fetch(url, "SELECT id FROM arkvory_blob_removals WHERE settled_at IS NULL")
+
+
+def test_a_verify_killed_while_reading_keeps_its_usage_and_the_retry_stays_within_the_budget(cluster, writer, tmp_path):
+    """SIGKILL right after verify read a group of blobs, before it reported them: the group's
+    cost was on record before it was read, so the retry (which starts over) reads nothing the
+    budget does not cover: in all, the two runs read `max_items` blobs. (Unreserved, the kill
+    lost the usage and the retry read another `max_items`.)"""
+    url = cluster.database_url
+    with writer.client() as admin:
+        assert admin.post("/api/v1/repositories", json={"name": "r"}).status_code == 201
+        for i in range(10):
+            answer = admin.post("/api/v1/repositories/r/artifacts", params={"name": f"{i}.bin"}, content=os.urandom(1000))
+            assert answer.status_code == 201, answer.text
+    reads = tmp_path / "reads"
+    hooks = {"TEST_WORKER_CALLS_LOG": f"arkvory.writer.maintenance.verify:check_whole={reads}"}
+    worker = start_worker(
+        cluster, "killed", TEST_WORKER_KILL_AT="arkvory.writer.maintenance.verify:check_whole:after:1", **hooks
+    ).wait_active()
+    task_id = dispatch(url, "verify", {"bytes_per_second": 0}, on_restart="retry", budget={"max_items": 6})
+    assert worker.wait_exit(60) == -signal.SIGKILL, worker.stderr
+    recorded = task(url, task_id)
+    first_run = sum(int(n) for n in reads.read_text().split())
+    assert recorded["status"] == "running" and first_run == 6, (recorded, first_run)
+    # On record before the read; only the limited counter must be (the others are news).
+    assert recorded["usage"].get("items", 0) == first_run, recorded["usage"]
+
+    start_worker(cluster, "next", **hooks).wait_active()
+    ended = wait_task(url, task_id, ("failed", "completed"), timeout=60)
+    assert (ended["status"], ended["error_code"]) == ("failed", "budget_exceeded"), ended
+    assert ended["attempts"] == 2 and ended["usage"]["items"] <= 6, ended
+    read_in_all = sum(int(n) for n in reads.read_text().split())
+    assert read_in_all == 6, f"the two runs read {read_in_all} blobs with max_items 6"

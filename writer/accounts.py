@@ -2,8 +2,10 @@
 administrators' account management (create, list, disable, enable).
 
 A failed login says the same thing whether the account exists or not, and takes as long: an
-unknown name is verified against a dummy hash. Attempts are limited per client address (as seen
-through ARKVORY_TRUSTED_PROXIES, shared/http/client_address.py) and per account name, or per device
+unknown name is verified against a dummy hash. A name is one name in any case (`BOB` signs in to
+`bob`, account_names.py). Login and sign-up take only JSON, never from another site's page
+(sign_in_guard.py). Attempts are limited per client address (as seen through
+ARKVORY_TRUSTED_PROXIES, shared/http/client_address.py) and per account name, or per device
 for a client that signed in before (its device cookie, device_cookies.py), counted before
 anything is hashed (login_limits.py); scrypt runs off the event loop, bounded (passwords.py),
 and a hash made at an older cost is replaced at the next successful login. An account holds at
@@ -25,7 +27,6 @@ their key like every other change.
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Any
 
@@ -41,15 +42,17 @@ from arkvory.shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFo
 from arkvory.shared.http.client_address import client_address
 
 from . import device_cookies
+from .account_names import FOLDED_NAME, check_account_name, fold
 from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
+from .credential_makers import require_still_valid, suspend_made_by
 from .device_cookies import DeviceCookies
 from .idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
 from .pagination import page, page_cursor, page_limit
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from .repositories import json_body, principal_of, require_admin_scope, runtime_of
+from .sign_in_guard import check_sign_in_request
 
-ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 LOGIN_FAILED = "wrong account name or password"
 
 
@@ -68,15 +71,6 @@ def accounts_state(request: Request) -> AccountsState:
     if state is None:
         state = request.app.state.accounts = AccountsState()
     return state
-
-
-def check_account_name(name: object) -> str:
-    if not isinstance(name, str) or not ACCOUNT_NAME.fullmatch(name):
-        raise InvalidInput(
-            "'name' must be 1-64 characters of letters, digits, '.', '_', '@' and '-', "
-            "starting with a letter or digit"
-        )
-    return name
 
 
 def account_json(row: asyncpg.Record) -> dict[str, Any]:
@@ -105,16 +99,23 @@ def _stored_hash(row: asyncpg.Record | None) -> PasswordHash:
 
 
 async def insert_account(conn: asyncpg.Connection, name: str, hashed: PasswordHash, admin: bool) -> asyncpg.Record:
-    """Also used by `arkvory admin create-user`; a taken name is 409 (UniqueViolationError)."""
+    """Also used by `arkvory admin create-user`; a taken name, in any case, is 409. The unique
+    index on the folded name (migration 0012) decides under races; the NOT EXISTS also keeps a
+    twin out of a database the writer has not migrated yet (create-user runs without a writer)."""
     try:
-        return await conn.fetchrow(
+        row = await conn.fetchrow(
             "INSERT INTO arkvory_accounts (id, name, password_hash, password_salt, scrypt_n, scrypt_r,"
-            f" scrypt_p, is_admin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {_ACCOUNT_COLUMNS}",
-            uuid.uuid4(), name, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, admin,
+            " scrypt_p, is_admin) SELECT $1, $2, $3, $4, $5, $6, $7, $8"
+            f" WHERE NOT EXISTS (SELECT 1 FROM arkvory_accounts WHERE {FOLDED_NAME} = $9)"
+            f" RETURNING {_ACCOUNT_COLUMNS}",
+            uuid.uuid4(), name, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, admin, fold(name),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
     except asyncpg.UniqueViolationError:
-        raise Conflict(f"account {name!r} already exists") from None
+        row = None
+    if row is None:
+        raise Conflict(f"account {name!r} already exists (names are the same in upper and lower case)")
+    return row
 
 
 async def _upgrade_hash(
@@ -156,6 +157,7 @@ async def _checked(state: AccountsState, attempt: PasswordAttempt, password: str
 
 
 async def login(request: Request) -> Response:
+    check_sign_in_request(request, runtime_of(request).settings.trusted_proxies)
     key_of(request)  # checked, never recorded (see the module docstring)
     body = await json_body(request)
     name, password = body.get("name"), body.get("password")
@@ -173,8 +175,8 @@ async def login(request: Request) -> Response:
     async with pooled(runtime.pool) as conn:
         row = await conn.fetchrow(
             f"SELECT {_ACCOUNT_COLUMNS}, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
-            " FROM arkvory_accounts WHERE name = $1",
-            name,
+            f" FROM arkvory_accounts WHERE {FOLDED_NAME} = $1",
+            fold(name),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
     stored = _stored_hash(row)
@@ -245,6 +247,8 @@ async def logout(request: Request) -> Response:
     runtime = runtime_of(request)
     assert runtime.pool is not None
     async with pooled(runtime.pool) as conn:
+        # What the session made without the password given again goes with it (the cascade of
+        # migration 0014: credential_makers.py).
         await conn.execute(
             "DELETE FROM arkvory_credentials WHERE id = $1", principal.credential_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
@@ -258,6 +262,7 @@ async def register(request: Request) -> Response:
     if not runtime_of(request).settings.allow_signup:
         # As if the route did not exist: an installation without sign-up shows no sign-up.
         raise NotFound("self-registration is not enabled on this installation (ARKVORY_ALLOW_SIGNUP)")
+    check_sign_in_request(request, runtime_of(request).settings.trusted_proxies)
     key_of(request)
     body = await json_body(request)
     name = check_account_name(body.get("name"))
@@ -284,7 +289,8 @@ def _require_account(principal: Principal) -> uuid.UUID:
 
 
 async def change_password(request: Request) -> Response:
-    """Needs the old password; ends every other session of the account (not its tokens)."""
+    """Needs the old password; ends every other session of the account, and what they made
+    without the password given again (credential_makers.py), but not its other tokens."""
     principal = await principal_of(request)
     account_id = _require_account(principal)
     key_of(request)
@@ -382,14 +388,19 @@ async def _set_disabled(request: Request, disabled: bool) -> Response:
 
     async def work(conn: asyncpg.Connection):
         row = await conn.fetchrow(
-            f"UPDATE arkvory_accounts SET disabled = $2 WHERE name = $1 RETURNING {_ACCOUNT_COLUMNS}",
-            name, disabled,
+            f"UPDATE arkvory_accounts SET disabled = $2 WHERE {FOLDED_NAME} = $1 RETURNING {_ACCOUNT_COLUMNS}",
+            fold(name), disabled,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if row is None:
             raise NotFound(f"no account {name!r}")
+        # Under the account's row lock: a disable that committed meanwhile ended this credential
+        # if the account made it, and it cannot undo that (credential_makers.py).
+        await require_still_valid(conn, principal)
         if disabled:
-            # Its sessions and tokens end now, on every process (the delete notifies).
+            # The keys it made are suspended, its sessions and tokens end (and what they made
+            # with them), now, on every process (the update and the delete notify).
+            await suspend_made_by(conn, row["id"])
             await conn.execute(
                 "DELETE FROM arkvory_credentials WHERE account_id = $1", row["id"], timeout=POOLED_QUERY_TIMEOUT_S
             )

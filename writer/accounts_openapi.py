@@ -20,9 +20,17 @@ _ACCOUNT = {
         "createdAt": {"type": "string", "format": "date-time"},
     },
 }
-_NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"}
+_NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$",
+         "description": "Unique without regard to case: `bob` and `BOB` are one name."}
+# Login and sign-up (writer/sign_in_guard.py): no other site's page may sign a browser in.
+_SIGN_IN_GUARD = (
+    " Only `Content-Type: application/json` (else 415); a request from another site's page (an `Origin`"
+    " that is not this server, `Sec-Fetch-Site: cross-site` or `same-site`) is 403."
+)
 _NEW_PASSWORD = {"type": "string", "minLength": 8, "maxLength": MAX_PASSWORD}
-_NAME_PARAM = {"name": "name", "in": "path", "required": True, "description": "Account name.", "schema": _NAME}
+_NAME_PARAM = {
+    "name": "name", "in": "path", "required": True, "description": "Account name, in any case.", "schema": _NAME,
+}
 
 
 def _ok(description: str, schema: dict | None = None, **extra: Any) -> dict[str, Any]:
@@ -50,9 +58,9 @@ _DEVICE_COOKIE = {
 OPENAPI_PATHS: dict[str, Any] = {
     "/api/v1/login": {"post": {
         "summary": "Log in: a session token, also set as the arkvory_session cookie (never recorded by Idempotency-Key)",
-        "description": "Limited per client address (20 a minute, through ARKVORY_TRUSTED_PROXIES) and per"
-        " account name (5 failures a minute), or per device for a client that sends its arkvory_device cookie:"
-        " 429 with Retry-After.",
+        "description": "The name in any case (`BOB` signs in to `bob`). Limited per client address (20 a minute,"
+        " through ARKVORY_TRUSTED_PROXIES) and per account name in any case (5 failures a minute), or per device"
+        " for a client that sends its arkvory_device cookie: 429 with Retry-After." + _SIGN_IN_GUARD,
         "security": [{}],
         "parameters": [openapi.IDEMPOTENCY_KEY, _DEVICE_COOKIE],
         "requestBody": _credentials_object(
@@ -64,23 +72,25 @@ OPENAPI_PATHS: dict[str, Any] = {
                                                     "sessionId": {"type": "string", "format": "uuid"},
                                                     "expiresAt": {"type": "string", "format": "date-time"},
                                                     "account": _ACCOUNT}}, headers=_LOGIN_COOKIES),
-            **openapi.errors(400, 401, 413, 429),
+            **openapi.errors(400, 401, 403, 413, 415, 429),
         },
     }},
     "/api/v1/logout": {"post": {
-        "summary": "End this session and clear its cookie",
+        "summary": "End this session, and what it made without the password given again, and clear its cookie",
         "parameters": [openapi.IDEMPOTENCY_KEY],
         "responses": {"204": _ok("Logged out", headers=_SET_COOKIE), **openapi.errors(400, 401)},
     }},
     "/api/v1/register": {"post": {
         "summary": "Self-registration (404 unless ARKVORY_ALLOW_SIGNUP)",
+        "description": "A name taken in any case is 409." + _SIGN_IN_GUARD,
         "security": [{}],
         "parameters": [openapi.IDEMPOTENCY_KEY],
         "requestBody": _credentials_object("name", "password", name=_NAME, password=_NEW_PASSWORD),
-        "responses": {"201": _ok("Account created", _ACCOUNT), **openapi.errors(400, 404, 409, 413, 429)},
+        "responses": {"201": _ok("Account created", _ACCOUNT), **openapi.errors(400, 403, 404, 409, 413, 415, 429)},
     }},
     "/api/v1/account/password": {"post": {
-        "summary": "Change your password (needs the old one); ends your other sessions",
+        "summary": "Change your password (needs the old one); ends your other sessions, and what they made without"
+        " the password given again",
         "description": "Wrong old passwords are limited per account (5 a minute) for its signed-in credentials"
         " only: a lockout by guessers at the login does not stop it.",
         "parameters": [openapi.IDEMPOTENCY_KEY],
@@ -104,12 +114,13 @@ OPENAPI_PATHS: dict[str, Any] = {
         },
     },
     "/api/v1/accounts/{name}/disable": {"post": {
-        "summary": "Disable an account (admin): its sessions and tokens end at once",
+        "summary": "Disable an account (admin): its sessions and tokens end at once, the managed keys it made are"
+        " suspended until an admin adopts them",
         "parameters": [_NAME_PARAM, openapi.IDEMPOTENCY_KEY],
         "responses": {"200": _ok("Disabled", _ACCOUNT), **openapi.errors(400, 401, 403, 404, 409, 422)},
     }},
     "/api/v1/accounts/{name}/enable": {"post": {
-        "summary": "Enable a disabled account (admin)",
+        "summary": "Enable a disabled account (admin); what the disable ended or suspended stays so",
         "parameters": [_NAME_PARAM, openapi.IDEMPOTENCY_KEY],
         "responses": {"200": _ok("Enabled", _ACCOUNT), **openapi.errors(400, 401, 403, 404, 409, 422)},
     }},

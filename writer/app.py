@@ -7,17 +7,21 @@ import functools
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from arkvory.shared.cluster.supervision import DATABASE
 from arkvory.shared.http.edge import RequestGuard
 from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
-from . import accounts, artifacts, assets, openapi, packages, permissions, repositories, tokens, uploads
+from . import (
+    accounts, artifacts, assets, openapi, packages, permissions, repositories, service_keys, tokens, uploads,
+)
 from .body_memory import keep_body_buffers
 from .console import app as console
 from .console.security import CookieCsrfGuard
 from .idempotency import InFlightKeys, RecordedResults
 from .maintenance import diagnostics
 from .tasks import api as tasks
+from .tasks import schedule as task_schedule, stream as task_stream
 from .tasks.metrics import TaskMetrics
 from .tasks.schedule import Schedule
 from .tasks.stream import TaskEventHub
@@ -25,7 +29,7 @@ from .upload_places import UploadPlaces
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (
-    repositories, packages, assets, artifacts, accounts, tokens, permissions, uploads, tasks,
+    repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, uploads, tasks,
     diagnostics, openapi,
 )
 
@@ -65,3 +69,5 @@ def _add_task_loops(app: Starlette, runtime: Runtime) -> None:
         ("task schedule", Schedule(runtime).run),
         ("task metrics", functools.partial(metrics.run, lambda: runtime.pool)),
     ]
+    # Their error counts exist from the start, as 0 (arkvory_database_errors_total{loop}).
+    DATABASE.expect(task_stream.LOOP, task_schedule.LOOP)  # (the task metrics' loop says so itself)

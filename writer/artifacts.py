@@ -3,12 +3,14 @@
 An upload streams into a temporary file inside ARKVORY_DATA_DIR while its SHA-256 is computed
 (in batches, in a worker thread: writer/upload_store.py). Only once it is complete is it staged
 to the storage (an object store receives the bytes then, outside any transaction; a directory
-needs nothing), and one transaction claims its digest (writer/maintenance/blob_locks.py: cleanup
-cannot remove an identical old blob we are about to reuse), publishes the blob under its digest
-and inserts the blob and artifact rows with the Idempotency-Key: an interrupted body leaves
-neither an artifact nor a stray file, and a retry with the same key replays the first artifact
-instead of creating a second. A store that fails meanwhile answers 503 `unavailable` (retry
-later, with the same key) and nothing is visible.
+needs nothing), and one transaction claims its digest, checks that no removal of an identical
+old blob got in the way since the staging (writer/maintenance/blob_locks.py; if one did, the
+bytes are staged again: `publish_blob`), publishes the blob under its digest and inserts the
+blob and artifact rows with the Idempotency-Key: an interrupted body leaves neither an artifact
+nor a stray file, and a retry with the same key replays the first artifact instead of creating
+a second. A store that fails meanwhile, or a removal of the same bytes that the store does not
+finish within 30 s, answers 503 `unavailable` (retry later, with the same key) and nothing is
+visible.
 
 Delete removes the metadata at once; the blob stays for the cleanup task. An artifact that a
 package version or an asset still points at cannot be deleted (409): a published version is
@@ -20,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import logging
 import os
 import pathlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import asyncpg
 from starlette.requests import ClientDisconnect, Request
@@ -41,7 +45,14 @@ from arkvory.shared.storage import BlobStorage, StorageError, is_out_of_space, o
 from arkvory.shared.storage.upload_files import hold_in_use, remove_own_file
 
 from .idempotency import HeldKey, Result, holding_key, idempotent
-from .maintenance.blob_locks import claim_for_upload
+from .maintenance.blob_locks import (
+    RemovalUnderWay,
+    RemovedSinceStaging,
+    Staging,
+    before_staging,
+    check_not_removed_since,
+    claim_for_upload,
+)
 from .maintenance.diagnostics import clear_diagnostic
 from .maintenance.quarantine import notify_moved
 from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
@@ -51,6 +62,8 @@ from .upload_places import UploadPlaces
 from .upload_store import BatchedReceiver, Region, refuse_form_upload
 
 MAX_NAME = 255
+
+log = logging.getLogger("arkvory.artifacts")
 
 
 def check_artifact_name(name: str, what: str = "query parameter 'name'") -> str:
@@ -137,21 +150,58 @@ async def stage_blob(storage: BlobStorage, source: str | os.PathLike, sha256: st
         raise storage_failed(exc) from None
 
 
+PUBLISH_ATTEMPTS = 3  # a removal of the same bytes gets in the way at most this often
+REMOVAL_RETRY_AFTER_S = 5
+
+T = TypeVar("T")
+
+
+async def publish_blob(
+    pool: asyncpg.Pool, storage: BlobStorage, source: str | os.PathLike, sha256: str, size: int,
+    publish: Callable[[Staging], Awaitable[T]], *, staged_already: Callable[[], Awaitable[bool]] | None = None,
+) -> T:
+    """Stage the verified bytes (`stage_blob`, or `staged_already()` when it says it did) and run
+    `publish(staging)`, the publishing transaction, which calls `place_claimed_blob` with
+    `staging`. A removal of the digest that got in the way (writer/maintenance/blob_locks.py) is
+    waited for, without a transaction, and the bytes are staged again; one that does not
+    settle in time is a 503, and nothing is published."""
+    for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+        try:
+            staging = await before_staging(pool, sha256)
+        except RemovalUnderWay:
+            raise Unavailable(
+                "the storage has not finished removing an earlier copy of these bytes (a cleanup"
+                " task); nothing was published: retry later", retry_after=REMOVAL_RETRY_AFTER_S,
+            ) from None
+        if attempt > 1 or staged_already is None or not await staged_already():
+            await stage_blob(storage, source, sha256, size)
+        try:
+            return await publish(staging)
+        except RemovedSinceStaging:
+            log.info("upload of %s: a removal of the same bytes got in the way; staging them again", sha256)
+    raise Unavailable(
+        "cleanup kept removing an earlier copy of these bytes while they were published; nothing"
+        " was published: retry later", retry_after=REMOVAL_RETRY_AFTER_S,
+    )
+
+
 async def place_claimed_blob(
     conn: asyncpg.Connection, storage: BlobStorage, source: str | os.PathLike, sha256: str, size: int,
-    *, link: bool = False,
+    staging: Staging, *, link: bool = False,
 ) -> None:
-    """Inside a publishing transaction (after `stage_blob`): claim the digest
-    (writer/maintenance/blob_locks.py), publish the blob under it (a directory replaces a file
-    already there, which nobody has checked since: shared/storage/directory.py `place_blob`; an
-    object store checks that the staged object is still there) and insert its row. The claim
-    lasts until the commit that makes the artifact visible, so cleanup cannot remove the blob
-    between our publishing it and our reference to it.
+    """Inside a publishing transaction (`publish_blob`): claim the digest, check that no
+    removal of it got in the way since `staging` (RemovedSinceStaging: roll back, and
+    `publish_blob` stages again; writer/maintenance/blob_locks.py), publish the blob under it
+    (a directory replaces a file already there, which nobody has checked since:
+    shared/storage/directory.py `place_blob`; an object store has it from the staging) and insert
+    its row. The claim lasts until the commit that makes the artifact visible, so cleanup cannot
+    remove the blob between our publishing it and our reference to it.
 
     `source` holds bytes whose digest the caller computed, so the blob is good again: its
     storage diagnostic (missing, or corrupt) goes in the same transaction, and at the commit
     every process drops a cached descriptor of a file we replaced (it may be a rotten one)."""
     await claim_for_upload(conn, sha256)
+    await check_not_removed_since(conn, sha256, staging)
     try:
         replaced = await storage.publish(source, sha256, size, link=link)
     except OSError as exc:
@@ -201,12 +251,16 @@ async def _publish_received(
     request: Request, held: HeldKey, repo: Repository, name: str, media_type: str,
     partial: pathlib.Path, sha256: str, size: int,
 ) -> Response:
-    storage = runtime_of(request).storage
-    assert storage is not None
-    await stage_blob(storage, partial, sha256, size)
+    runtime = runtime_of(request)
+    storage, pool = runtime.storage, runtime.pool
+    assert storage is not None and pool is not None
+    parts = {"query": {"name": name, "mediaType": media_type}, "sha256": sha256, "size": size}
 
-    async def publish(conn: asyncpg.Connection) -> Result:
-        await place_claimed_blob(conn, storage, partial, sha256, size)
+    async def publish(staging: Staging) -> Response:
+        return await held.run(parts, lambda conn: publish_in(conn, staging))
+
+    async def publish_in(conn: asyncpg.Connection, staging: Staging) -> Result:
+        await place_claimed_blob(conn, storage, partial, sha256, size, staging)
         row = await conn.fetchrow(
             "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
             " VALUES ($1, $2, $3, $4, $5, $6)"
@@ -216,8 +270,7 @@ async def _publish_received(
         )
         return Result(201, artifact_json(row), {"Location": _location(repo.name, row["id"])})
 
-    parts = {"query": {"name": name, "mediaType": media_type}, "sha256": sha256, "size": size}
-    return await held.run(parts, publish)
+    return await publish_blob(pool, storage, partial, sha256, size, publish)
 
 
 def _location(repo_name: str, artifact_id: uuid.UUID) -> str:

@@ -4,9 +4,10 @@ own instead of waiting for the account's lockout (writer/login_limits.py).
 
 A cookie is `v1.<issued>.<nonce>.<mac>`: the nonce names the device (its own limit), the
 issue time (Unix seconds) bounds its life to `LIFETIME_S` whatever the browser keeps, and the
-MAC is HMAC-SHA256 over the account name, the issue time and the nonce with the writer's
-`login_device` secret (migration 0008). It holds nothing secret and grants nothing but a limit
-of its own: the password is still checked. Each successful login issues a fresh one.
+MAC is HMAC-SHA256 over the folded account name (account_names.py), the issue time and the
+nonce with the writer's `login_device` secret (migration 0008). It holds nothing secret and
+grants nothing but a limit of its own: the password is still checked. Each successful login
+issues a fresh one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import time
 import asyncpg
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+
+from .account_names import fold
 
 COOKIE = "arkvory_device"
 LIFETIME_S = 365 * 86400
@@ -64,7 +67,8 @@ class DeviceCookies:
 
     def _mac(self, account_name: str, issued: str, nonce: str) -> str:
         assert self._secret is not None, "load_secret first"
-        # Limits key on the case-folded name, so the cookie does too; NUL cannot occur in a name.
-        message = "\0".join(("arkvory-device-v1", account_name.casefold(), issued, nonce)).encode()
+        # The name in the one form that names an account (and keys its limit): a cookie earned as
+        # `BOB` is `bob`'s, as `BOB` signs in to `bob`. NUL cannot occur in a name.
+        message = "\0".join(("arkvory-device-v1", fold(account_name), issued, nonce)).encode()
         digest = hmac.new(self._secret, message, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()

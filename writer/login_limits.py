@@ -8,7 +8,9 @@ until its window ends in `Retry-After`. Three kinds of key:
   the address they saw): every login and sign-up counts, `ADDRESS_LIMIT` a window;
 - the account name, for clients without its device cookie: every failed password counts,
   `ACCOUNT_LIMIT` a window, whether the account exists or not (a limit only for existing
-  accounts would tell them apart);
+  accounts would tell them apart). Keyed on the folded name (account_names.py), the form in
+  which names are unique and looked up: every spelling of a name that signs in to an account
+  counts under that account's one key;
 - a device, for clients that signed in as that account before (writer/device_cookies.py):
   `DEVICE_LIMIT` failures a window each, and they do not count for the account nor wait for it.
   So a guesser who locks an account out locks out only the clients that never signed in to
@@ -34,6 +36,8 @@ import time
 from collections.abc import Callable
 
 from arkvory.shared.errors import RateLimited
+
+from .account_names import fold
 
 log = logging.getLogger("arkvory.login")
 
@@ -146,7 +150,7 @@ class LoginLimits:
                 self.by_device, f"device:{device}", "from this device", f"a device of account {account_name!r}", address
             )
         return self._begin(
-            self.by_account, account_name.casefold(), "for this account", f"account {account_name!r}", address
+            self.by_account, fold(account_name), "for this account", f"account {account_name!r}", address
         )
 
     def begin_reentry(self, account_id: str, account_name: str, address: str) -> PasswordAttempt:

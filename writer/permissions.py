@@ -21,7 +21,7 @@ from arkvory.shared.download.catalog import repository_for_read
 from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 
 from . import openapi
-from .accounts import check_account_name
+from .account_names import FOLDED_NAME, check_account_name, fold
 from .idempotency import idempotent
 from .repositories import json_body, principal_of, runtime_of
 
@@ -56,7 +56,7 @@ async def list_permissions(request: Request) -> Response:
 
 async def _account_id(conn: asyncpg.Connection, name: str):
     account_id = await conn.fetchval(
-        "SELECT id FROM arkvory_accounts WHERE name = $1", name, timeout=POOLED_QUERY_TIMEOUT_S
+        f"SELECT id FROM arkvory_accounts WHERE {FOLDED_NAME} = $1", fold(name), timeout=POOLED_QUERY_TIMEOUT_S
     )
     if account_id is None:
         raise NotFound(f"no account {name!r}")

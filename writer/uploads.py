@@ -12,9 +12,11 @@ same part at once, and makes a repeated `complete` wait for the one already runn
 upload_sessions.py `PrefixHash`), stages it to the storage (an object store receives it by a
 multipart upload, invisible until complete, unless one fed while the parts arrived holds it all
 and is completed now; a directory needs nothing), then in one transaction claims the digest
-against cleanup (writer/maintenance/blob_locks.py), publishes the blob (a directory hard-links
-the file into the blob store, directories fsynced; an object store checks the staged object is
-still there), inserts the blob and the artifact and marks the session completed: a crash, or a store that fails (503 `unavailable`), anywhere before that commit
+against cleanup and checks that no removal of the same bytes got in the way since the staging
+(writer/maintenance/blob_locks.py; if one did, it stages again: artifacts.py `publish_blob`),
+publishes the blob (a directory hard-links the file into the blob store, directories fsynced;
+an object store has it already), inserts the blob and the artifact and marks the session
+completed: a crash, or a store that fails (503 `unavailable`), anywhere before that commit
 leaves no artifact and a session that `complete` finishes.
 Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files at the
 writer's start, on access, by each new session, and by the worker's cleanup
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -49,11 +52,13 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import Repository, parse_uuid
 from arkvory.shared.errors import Conflict, DigestMismatch, InvalidInput, NotFound, PayloadTooLarge
 from arkvory.shared.http.media_types import upload_media_type
-from arkvory.shared.storage import StorageError
+from arkvory.shared.settings import Settings
+from arkvory.shared.storage import BlobStorage, StorageError
 from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
-from .artifacts import artifact_json, check_artifact_name, place_claimed_blob, stage_blob
+from .artifacts import artifact_json, check_artifact_name, place_claimed_blob, publish_blob
 from .idempotency import Result, idempotent, key_of
+from .maintenance.blob_locks import Staging
 from .repositories import json_body, principal_of, repository_for_write, runtime_of
 from .upload_places import UploadPlaces
 from .upload_reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
@@ -565,8 +570,22 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
     # An object store receives the bytes now, before the transaction (a 503 if it fails: the
     # session stays open and a repeated `complete` stages again). Sent already while the parts
     # arrived (upload_sessions.py `PrefixHash`): only made visible now that the digest matched.
-    if not await _complete_publication(request, session_id, sha256, session["size"]):
-        await stage_blob(storage, path, sha256, session["size"])
+    staged_already = functools.partial(_complete_publication, request, session_id, sha256, session["size"])
+    row = await publish_blob(
+        pool, storage, path, sha256, session["size"],
+        functools.partial(_publish_session, pool, storage, repo, session, path, sha256, runtime.settings),
+        staged_already=staged_already,
+    )
+    await remove_own_file(path)
+    return row
+
+
+async def _publish_session(
+    pool: asyncpg.Pool, storage: BlobStorage, repo: Repository, session: asyncpg.Record, path: str, sha256: str,
+    settings: Settings, staging: Staging,
+) -> asyncpg.Record:
+    """The publishing transaction of a session's `complete` (artifacts.py `publish_blob`)."""
+    session_id = session["id"]
     async with pooled(pool) as conn, conn.transaction():
         status = await conn.fetchval(
             "SELECT status FROM arkvory_uploads WHERE id = $1 FOR UPDATE", session_id,
@@ -578,7 +597,7 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
         # (cleanup cannot unlink an identical old blob in between). A link, not a rename: if
         # the commit fails, the session still has its file and a repeated complete links it
         # again (the same bytes under the same name).
-        await place_claimed_blob(conn, storage, path, sha256, session["size"], link=True)
+        await place_claimed_blob(conn, storage, path, sha256, session["size"], staging, link=True)
         row = await conn.fetchrow(
             "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
             " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, name, sha256, size, media_type, created_at",
@@ -589,13 +608,12 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
         await conn.execute(
             "UPDATE arkvory_uploads SET status = 'completed', artifact_id = $2,"
             " expires_at = now() + make_interval(secs => $3) WHERE id = $1",
-            session_id, row["id"], float(runtime.settings.idempotency_retention_s),
+            session_id, row["id"], float(settings.idempotency_retention_s),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
         await conn.execute(
             "DELETE FROM arkvory_upload_parts WHERE upload_id = $1", session_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
-    await remove_own_file(path)
     return row
 
 

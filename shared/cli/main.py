@@ -170,7 +170,7 @@ def _read_password() -> str | None:
 
 
 def cmd_create_user(args: argparse.Namespace) -> int:
-    from arkvory.writer.accounts import ACCOUNT_NAME
+    from arkvory.writer.account_names import ACCOUNT_NAME
     from arkvory.writer.passwords import MAX_PASSWORD, MIN_PASSWORD, hash_password
 
     if not ACCOUNT_NAME.fullmatch(args.name):

@@ -87,7 +87,7 @@ def _command(args: argparse.Namespace) -> int:
             except SettingsError as exc:
                 print(format_problems(exc), file=sys.stderr)
                 return EXIT_USAGE
-            return asyncio.run(migrate_storage(settings, environ, args.to))
+            return asyncio.run(migrate_storage(settings, environ, args.to, dev_dir=args.dev))
     except StartupError as exc:  # no dev state, or its PostgreSQL or SeaweedFS did not start
         print(f"arkvory: {exc}", file=sys.stderr)
         return exc.exit_status
@@ -104,8 +104,10 @@ class _Tally:
     problems: list[str] = dataclasses.field(default_factory=list)
 
 
-async def migrate_storage(settings: Any, environ: Mapping[str, str], to_url: str, *, out: TextIO = sys.stdout) -> int:
-    """The whole command; an exit status."""
+async def migrate_storage(
+    settings: Any, environ: Mapping[str, str], to_url: str, *, out: TextIO = sys.stdout, dev_dir: str | None = None,
+) -> int:
+    """The whole command; an exit status. `dev_dir`: the stopped `arkvory dev` it works on."""
     from arkvory.shared import db
     from arkvory.shared.errors import StartupError
     from arkvory.shared.storage import StorageError, StorageRefused, recorded_storage
@@ -121,7 +123,8 @@ async def migrate_storage(settings: Any, environ: Mapping[str, str], to_url: str
             await take_offline_locks(conn)
         except ServersUp as exc:
             print(f"arkvory: refusing to migrate the storage while servers are up:\n{exc}\n"
-                  "stop them (every gateway, the writer and the worker) and run it again", file=sys.stderr)
+                  "stop them (every gateway, the writer and every worker, standby ones too) and run it again",
+                  file=sys.stderr)
             return EXIT_REFUSED
         storage_id, location = await recorded_storage(conn)
         if storage_id is None:
@@ -175,7 +178,8 @@ async def migrate_storage(settings: Any, environ: Mapping[str, str], to_url: str
             return EXIT_INCOMPLETE
         print(f"switched: the database records {to_url} (storage id {storage_id}); {tally.copied} blobs copied,"
               f" {tally.present} were there already", file=out)
-        print(f"now set ARKVORY_STORAGE_URL={to_url} for every process and start them", file=out)
+        for line in _next_steps(to_url, settings.data_dir, dev_dir):
+            print(line, file=out)
         print(_old_copy_advice(location, settings.data_dir, source), file=out, flush=True)
         return EXIT_OK
     finally:
@@ -347,6 +351,30 @@ def _progress(tally: _Tally, elapsed: float, out: TextIO) -> None:
         + (f", {len(tally.problems)} failed" if tally.problems else ""),
         file=out, flush=True,
     )
+
+
+def _next_steps(to_url: str, data_dir: pathlib.Path, dev_dir: str | None) -> list[str]:
+    """What the operator changes before starting the processes again: every process refuses a
+    storage other than the one the database now records (exit 78)."""
+    if dev_dir is not None:
+        from .dev import _command
+
+        storage = "file" if to_url == "file:" else "s3"
+        return [f"now start it again with: {_command()} dev --dir {dev_dir} --storage {storage}"]
+    if to_url == "file:":
+        return [
+            "now, for every process, before starting them:",
+            "  - set ARKVORY_STORAGE_URL=file: (or remove it)",
+            "  - remove ARKVORY_S3_ENDPOINT_URL, ARKVORY_S3_REGION and the AWS_* keys: nothing reads them now",
+            "  - set ARKVORY_CACHE_MAX_BYTES=0 (or remove it): blobs in a directory need no read cache",
+            f"  - give every process the one storage directory, ARKVORY_DATA_DIR={data_dir}: with a directory"
+            " all of them run on this host (a gateway elsewhere has no copy of it)",
+        ]
+    return [
+        f"now set ARKVORY_STORAGE_URL={to_url}, with the same ARKVORY_S3_ENDPOINT_URL, ARKVORY_S3_REGION"
+        " and AWS_* keys this command used, for every process, and start them (ARKVORY_DATA_DIR becomes each"
+        " host's local state; ARKVORY_CACHE_MAX_BYTES sizes its read cache)",
+    ]
 
 
 def _old_copy_advice(location: str, data_dir: pathlib.Path, source) -> str:

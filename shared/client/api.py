@@ -177,9 +177,11 @@ class Client:
 
     # -- credentials (SPEC §5) -------------------------------------------------------------------
 
-    def login(self, name: str, password: str) -> Session:
-        """A session for the account (its token is for `create_token(session=...)`)."""
-        return credentials.login(self._transport, name, password)
+    def login(self, name: str, password: str, *, device_cookie: str | None = None) -> Session:
+        """A session for the account (its token is for `create_token(session=...)`). Keep its
+        `device_cookie` and pass it to the next login as the account: that login is then limited
+        on its own, and never waits for a lockout that others' wrong passwords caused."""
+        return credentials.login(self._transport, name, password, device_cookie)
 
     def logout(self, session: Session) -> None:
         credentials.logout(self._transport, session)
@@ -207,6 +209,19 @@ class Client:
 
     def revoke_token(self, token_id: str) -> None:
         credentials.revoke_token(self._transport, token_id)
+
+    def list_keys(self, *, page_size: int = 1000) -> list[dict[str, Any]]:
+        """Every managed service key, without secrets (an administrator's call); a key whose
+        maker account was disabled has `suspendedAt` and is refused until adopted."""
+        return credentials.list_keys(self._transport, page_size)
+
+    def adopt_key(self, key_id: str, *, password: str | None = None) -> dict[str, Any]:
+        """Make a suspended managed key this client's (an administrator's): it works again, and
+        ends with this client's token unless the account's `password` is sent."""
+        return credentials.adopt_key(self._transport, key_id, password)
+
+    def revoke_key(self, key_id: str) -> None:
+        credentials.revoke_key(self._transport, key_id)
 
 
 def _content_route(

@@ -1,5 +1,8 @@
 """`arkvory login` files its token in a profile of the config file that
-shared/client/cli_config.py reads.
+shared/client/cli_config.py reads, and beside it the writer's device cookie for the account
+(`[profiles.NAME.device_cookies]`, by account name in lower case as the writer folds it), which
+the next `arkvory login` as that account sends back: a device that signed in before is then
+limited on its own, never locked out by someone else's wrong guesses (SPEC §5).
 
 The file is replaced whole and atomically (a temporary file in the same directory, created with
 mode 0600 before a byte is written, then renamed), so no reader ever sees half a file and the
@@ -17,6 +20,7 @@ import math
 import os
 import pathlib
 import re
+import string
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from .cli_config import DEFAULT_PROFILE, ConfigError
 from .errors import LocalIOError
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)  # the writer's fold of names
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
 
@@ -41,18 +46,24 @@ class Stored:
 
 
 def store_profile(
-    path: pathlib.Path, profile: str | None, *, urls: tuple[str, ...], token: str, environ_profile: str | None
+    path: pathlib.Path,
+    profile: str | None,
+    *,
+    urls: tuple[str, ...],
+    token: str,
+    environ_profile: str | None,
+    device_cookie: tuple[str, str] | None = None,
 ) -> Stored:
-    """Set `[profiles.PROFILE]`'s url and token in the file at `path` (created if missing).
-    Without `profile`, the one a run without --profile uses: `environ_profile`
-    (ARKVORY_PROFILE), else the file's default_profile, else `default`."""
+    """Set `[profiles.PROFILE]`'s url and token in the file at `path` (created if missing), and
+    `device_cookie` (account name, cookie) in its device_cookies. Without `profile`, the one a run
+    without --profile uses: `environ_profile` (ARKVORY_PROFILE), else the file's
+    default_profile, else `default`."""
     raw = _read(path)
     try:
         document = tomllib.loads(raw) if raw is not None else {}
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML ({exc}); fix it or move it away, then log in again") from None
-    default = document.get("default_profile")
-    default = environ_profile or (default if isinstance(default, str) and default else DEFAULT_PROFILE)
+    default = _default_profile(document, environ_profile)
     profile = profile or default
     profiles = document.setdefault("profiles", {})
     if not isinstance(profiles, dict) or not isinstance(profiles.setdefault(profile, {}), dict):
@@ -61,6 +72,12 @@ def store_profile(
     previous = table.get("token") if isinstance(table.get("token"), str) else None
     table["url"] = urls[0] if len(urls) == 1 else list(urls)
     table["token"] = token
+    if device_cookie is not None:
+        cookies = table.setdefault("device_cookies", {})
+        if not isinstance(cookies, dict):
+            cookies = table["device_cookies"] = {}  # not ours to keep: `arkvory login` writes this one
+        account, cookie = device_cookie
+        cookies[account.translate(_ASCII_LOWER)] = cookie
     text = dumps(document)
     backup = None
     if raw is not None and dumps(tomllib.loads(raw)) != raw:
@@ -68,6 +85,28 @@ def store_profile(
         _replace(backup, raw)
     _replace(path, text)
     return Stored(profile, previous, default, backup)
+
+
+def stored_device_cookie(
+    path: pathlib.Path, profile: str | None, *, environ_profile: str | None, account: str
+) -> str | None:
+    """The device cookie that `store_profile` filed for `account` in the profile it would write,
+    or None (none filed, or no file to read: storing the new token reports the file's problems)."""
+    try:
+        raw = _read(path)
+        document = tomllib.loads(raw) if raw is not None else {}
+    except (LocalIOError, tomllib.TOMLDecodeError):
+        return None
+    table = document.get("profiles", {})
+    table = table.get(profile or _default_profile(document, environ_profile)) if isinstance(table, dict) else None
+    cookies = table.get("device_cookies") if isinstance(table, dict) else None
+    cookie = cookies.get(account.translate(_ASCII_LOWER)) if isinstance(cookies, dict) else None
+    return cookie if isinstance(cookie, str) else None
+
+
+def _default_profile(document: dict[str, Any], environ_profile: str | None) -> str:
+    default = document.get("default_profile")
+    return environ_profile or (default if isinstance(default, str) and default else DEFAULT_PROFILE)
 
 
 def dumps(document: dict[str, Any]) -> str:

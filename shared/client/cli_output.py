@@ -161,3 +161,12 @@ def human_size(size: int | None) -> str:
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def text_table(rows: list[tuple[str, ...]]) -> str:
+    """Rows (the first one the header) in aligned columns; the last column, free text such as a
+    label, is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), row[-1]]).rstrip() for row in rows
+    )

@@ -1,9 +1,12 @@
-"""`arkvory login` and `arkvory token create|list|revoke`: credentials without curl (SPEC §5).
+"""`arkvory login` and `arkvory token create|list|revoke`: credentials without curl (SPEC §5);
+an administrator's managed keys are key_commands.py's.
 
 `login` signs in with the account's password, makes a personal token with it (the password
 makes it, so it may outlive the session, which is then ended) and files the token in a profile
-of the config file (shared/client/cli_config_store.py: mode 0600). The token is never printed
-by `login`; `token create` prints the new one once, for a machine that cannot log in (CI).
+of the config file (shared/client/cli_config_store.py: mode 0600), with the writer's device
+cookie, which the next `login` as that account sends back so that guessers who lock the account
+out do not lock out this device. The token is never printed by `login`; `token create` prints
+the new one once, for a machine that cannot log in (CI).
 
 A password is never a command-line option or an environment variable (every local user can
 read a process's arguments): on a terminal it is asked for without echo (getpass); otherwise
@@ -22,7 +25,7 @@ import sys
 import uuid
 from typing import Any
 
-from .cli_output import Output
+from .cli_output import Output, text_table
 
 DEFAULT_LIFETIME = "90d"
 _DURATION = re.compile(r"(\d+)([smhd]?)")
@@ -61,7 +64,8 @@ def register(add) -> None:
     create.add_argument(
         "--password", action="store_true",
         help="re-enter your password (asked for, or read from standard input) so that the token may "
-        "outlive the credential that makes it; without it, it expires at the latest with that one",
+        "outlive the credential that makes it; without it, it expires at the latest with that one and "
+        "is revoked with it",
     )
     add("list", "show your tokens: id, access, expiry, last use and label (never a secret)", cmd_token_list,
         parent=actions)
@@ -107,16 +111,19 @@ def read_password(prompt: str) -> str:
 def cmd_login(args: argparse.Namespace, output: Output) -> int:
     from . import Client
     from .cli_config import config_path, resolve_connection
-    from .cli_config_store import store_profile
+    from .cli_config_store import stored_device_cookie, store_profile
     from .cli_config import retry_policy
     from .errors import ClientError
 
     # Only the URLs: the token, if any, is what this replaces.
     connection = resolve_connection(args.url, args.profile, os.environ)
+    path = config_path(os.environ)
+    environ_profile = os.environ.get("ARKVORY_PROFILE") or None
+    device = stored_device_cookie(path, args.profile, environ_profile=environ_profile, account=args.account)
     password = read_password(f"password for {args.account}: ")
     label = args.label or f"arkvory login on {socket.gethostname()}"[:200]
     with Client(list(connection.urls), None, retry=retry_policy(args)) as client:
-        session = client.login(args.account, password)
+        session = client.login(args.account, password, device_cookie=device)
         try:
             created = client.create_token(
                 access=args.access, label=label, expires_in_seconds=args.expires, password=password, session=session,
@@ -126,14 +133,13 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
                 client.logout(session)  # the token is what stays; the session has done its work
             except ClientError:
                 pass  # it expires by itself (ARKVORY_SESSION_LIFETIME)
-    path = config_path(os.environ)
     stored = store_profile(
-        path, args.profile, urls=connection.urls, token=created["token"],
-        environ_profile=os.environ.get("ARKVORY_PROFILE") or None,
+        path, args.profile, urls=connection.urls, token=created["token"], environ_profile=environ_profile,
+        device_cookie=(args.account, session.device_cookie) if session.device_cookie else None,
     )
     output.note(
         f"logged in as {args.account}: a {created.get('access')} token (id {created.get('id')}, expires "
-        f"{_day(created.get('expiresAt'))}) is stored in profile '{stored.profile}' of {path}"
+        f"{utc_minute(created.get('expiresAt'))}) is stored in profile '{stored.profile}' of {path}"
     )
     _notes_after_storing(output, stored)
     output.result({
@@ -173,13 +179,15 @@ def cmd_token_create(args: argparse.Namespace, output: Output) -> int:
             access=args.access, label=args.label, expires_in_seconds=args.expires, password=password
         )
     output.note(
-        f"token {created.get('id')} ({created.get('access')}, expires {_day(created.get('expiresAt'))}) "
+        f"token {created.get('id')} ({created.get('access')}, expires {utc_minute(created.get('expiresAt'))}) "
         "is shown only now: store it"
     )
-    if _capped(created.get("expiresAt"), args.expires):
+    capped = _capped(created.get("expiresAt"), args.expires)
+    if created.get("endsWith") or capped:
+        # Made without the password: the writer revokes it with the token that made it (SPEC §5).
         output.note(
-            "it expires with the credential that made it, sooner than asked; --password makes one that "
-            "outlives it"
+            f"it expires with the credential that made it{', sooner than asked' if capped else ' at the latest'}"
+            ", and is revoked with it; --password makes one that outlives it"
         )
     output.result(created, human=created["token"])
     return 0
@@ -192,14 +200,12 @@ def cmd_token_list(args: argparse.Namespace, output: Output) -> int:
         tokens = client.list_tokens()
     rows = [("ID", "ACCESS", "EXPIRES", "LAST USED", "LABEL")] + [
         (
-            str(t.get("id")), str(t.get("access")), _day(t.get("expiresAt")),
-            _day(t.get("lastUsedAt")) if t.get("lastUsedAt") else "never", str(t.get("label") or ""),
+            str(t.get("id")), str(t.get("access")), utc_minute(t.get("expiresAt")),
+            utc_minute(t.get("lastUsedAt")) if t.get("lastUsedAt") else "never", str(t.get("label") or ""),
         )
         for t in tokens
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[4]]).rstrip() for row in rows]
-    output.result({"tokens": tokens}, human="\n".join(lines) if tokens else "no tokens")
+    output.result({"tokens": tokens}, human=text_table(rows) if tokens else "no tokens")
     return 0
 
 
@@ -218,7 +224,7 @@ def cmd_token_revoke(args: argparse.Namespace, output: Output) -> int:
     return 0
 
 
-def _day(value: Any) -> str:
+def utc_minute(value: Any) -> str:
     """An ISO timestamp from the server, to the minute in UTC (what a person compares)."""
     moment = _moment(value)
     return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else str(value)

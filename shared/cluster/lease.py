@@ -22,6 +22,11 @@ would still run out on time and no payload would follow it.
 The acquisition is conditional on the saved download policy still being the one this process
 checked: a `reset-download-policy` racing with the start-up leaves no lease behind (exit 78).
 A failed renewal is counted and reported to `supervision.DATABASE` (one line per outage).
+
+A planned stop marks the row released while its reservation is still live (`released_at`); a
+reservation that runs out unreleased is a lost lease, counted in the row by whoever takes the
+slot next (`unreleased_ends`), so that every surviving process can report it
+(lease_history.py), not only this one, which exits two seconds after a loss.
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ from collections.abc import Callable
 
 import asyncpg
 
+from arkvory.shared import db
 from arkvory.shared.errors import DatabaseUnavailable, SlotBusy, StartupRefused
 
-from .supervision import DATABASE
+from .supervision import DATABASE, describe_failure
 
 log = logging.getLogger("arkvory.lease")
 
@@ -69,7 +75,8 @@ FOR SHARE OF policy
 ON CONFLICT (slot) DO UPDATE
     SET holder_id = excluded.holder_id, generation = lease.generation + 1,
         pid = excluded.pid, host = excluded.host, role = excluded.role, url = excluded.url,
-        acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at
+        acquired_at = now(), renewed_at = now(), expires_at = excluded.expires_at,
+        released_at = NULL, unreleased_ends = lease.unreleased_ends + (lease.released_at IS NULL)::int
     WHERE lease.expires_at <= now()
 RETURNING generation
 """
@@ -84,6 +91,12 @@ FROM arkvory_gateway_leases WHERE slot = $1
 _RENEW = """
 UPDATE arkvory_gateway_leases
 SET renewed_at = now(), expires_at = now() + make_interval(secs => $4)
+WHERE slot = $1 AND holder_id = $2 AND generation = $3 AND expires_at > now()
+"""
+# A planned stop marks the reservation released (lease_history.py counts the others as lost),
+# but only while it is live: one that ran out unreleased may already be reported lost.
+_RELEASE = """
+UPDATE arkvory_gateway_leases SET released_at = now()
 WHERE slot = $1 AND holder_id = $2 AND generation = $3 AND expires_at > now()
 """
 
@@ -213,6 +226,8 @@ class SlotLease:
                 return
             acquired.set_result(None)
             await self._renew_until_stopped()
+            if not self.lost.is_set():
+                await self._release()
         except Exception as exc:
             # Supervision: an unexpected failure of the renewal ends in a lost lease, not in a
             # silent thread that stopped renewing while the serving loop still trusts it.
@@ -299,8 +314,8 @@ class SlotLease:
                         "application_name": f"arkvory-lease-slot-{self.slot}",
                     },
                 )
-            except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-                raise DatabaseUnavailable(f"cannot open the lease connection: {exc}") from exc
+            except db.CONNECT_ERRORS as exc:
+                raise db.connect_failed(self.database_url, exc) from exc
         return self._conn
 
     async def _renew_until_stopped(self) -> None:
@@ -343,6 +358,25 @@ class SlotLease:
             return  # abandoned while the renewal was on its way: stays lost
         self.report.renewal("ok")
         self._trusted_until = sent + TRUST_S
+
+    async def _release(self) -> None:
+        """Say in the lease row that this holder stopped on purpose (the reservation itself
+        runs to its end: bytes already handed to the kernel may still be leaving). Bounded; a
+        release that fails leaves the end counted as a loss, which is what it looks like."""
+
+        async def release() -> str:
+            conn = await self._connection()
+            return await conn.execute(_RELEASE, self.slot, self.holder_id, self.generation)
+
+        try:
+            status = await asyncio.wait_for(release(), RENEW_TIMEOUT_S)
+        except (OSError, TimeoutError, asyncpg.PostgresError, DatabaseUnavailable) as exc:
+            log.warning("slot %d: could not mark the lease released (%s); its end will count as lost",
+                        self.slot, describe_failure(exc))
+            self._drop_connection()
+            return
+        if status != "UPDATE 1":
+            log.warning("slot %d: the lease had already run out when released; it counts as lost", self.slot)
 
     def _time_left(self, sent: float) -> float:
         return max(0.01, min(RENEW_TIMEOUT_S - (self.clock() - sent), self._trusted_until - self.clock()))

@@ -12,16 +12,21 @@ retries too: logs.QuietPoolRetries).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import asyncpg
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from arkvory.shared.db import pooled
+from arkvory.shared.errors import DatabaseUnavailable
 
 log = logging.getLogger("arkvory.supervision")
 
@@ -70,8 +75,9 @@ class DatabaseReachability:
     So a reporting loop must keep retrying until it succeeds or the process ends (a lost lease
     ends it). Thread-safe: the lease renews in a thread of its own.
 
-    `attempts_failed` counts the failed attempts of each loop that ever reported (0 for a loop
-    that only succeeded), for the metric `arkvory_database_errors_total{loop}`.
+    `attempts_failed` counts the failed attempts of each loop that ever reported or that the
+    process said it runs (`expect`), 0 for one that never failed, for the metric
+    `arkvory_database_errors_total{loop}`.
     """
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
@@ -96,6 +102,14 @@ class DatabaseReachability:
         if went_down:
             self._log.warning("database unreachable: %s (%s)", reason, loop)
 
+    def expect(self, *loops: str) -> None:
+        """Loops that will report: their series exist from now on, as 0, so that a loop whose
+        very first attempt fails is counted by `increase()` too (a series that first appears
+        at 1 shows no increase)."""
+        with self._lock:
+            for loop in loops:
+                self.attempts_failed.setdefault(loop, 0)
+
     def succeeded(self, loop: str) -> None:
         """An attempt of `loop` succeeded (cheap when nothing failed: called every round)."""
         if loop not in self.attempts_failed:
@@ -111,6 +125,37 @@ class DatabaseReachability:
             came_back = not self._failing
         if came_back:
             self._log.info("database reachable again")
+
+
+# What a loop that reaches the database retries on (anything else is a bug: supervised's business).
+DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
+
+
+async def read_every(
+    seconds: float,
+    loop: str,
+    pool_of: Callable[[], Any],
+    read: Callable[[Any], Awaitable[None]],
+    *,
+    task_status: Any = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """A loop that reads, for export, what only the database knows: `read(conn)` on a pool
+    connection (`pool_of()` gives the pool) every `seconds`, so that a scrape never queries the
+    database. The first read comes before `started()`, so the values are there for the first
+    scrape; a read that fails keeps the last values and is reported to DATABASE as `loop`."""
+    DATABASE.expect(loop)
+    started = False
+    while True:
+        try:
+            async with pooled(pool_of()) as conn:
+                await read(conn)
+            DATABASE.succeeded(loop)
+        except DATABASE_ERRORS as exc:
+            DATABASE.failed(loop, exc)  # the last values stay
+        if not started:
+            started = True
+            task_status.started()
+        await asyncio.sleep(seconds)
 
 
 def describe_failure(problem: BaseException | str) -> str:

@@ -33,9 +33,10 @@ With a read cache (ARKVORY_CACHE_MAX_BYTES), a miss reads behind the digest's on
 the same loop and buckets; a hit never comes here (transfer.py sends the cached file).
 
 Tokens are asked only for bytes already read (a slow store never holds tokens others could use),
-and buffers go to the socket as zero-copy memoryviews. Before every write, as in transfer.py's
-Payload: tokens from both buckets, the socket writable within the send timeout, the lease and
-pins trusted.
+and buffers go to the socket as zero-copy memoryviews. Before every write, as in payload.py's
+Payload: tokens from both buckets, the socket writable within the send timeout; at the write,
+the payload gate (the lease and pins trusted). The loop runs in the same frame as a file's
+(payload.py `send_payload`): a lost lease ends both alike, with a reset counted `lease_lost`.
 
 Failures: a store that the probe already knows is down answers 503 `unavailable` at once; one
 that fails before the first byte is sent answers 503 `unavailable` (Retry-After) and asks the
@@ -62,7 +63,7 @@ from arkvory.shared.http.protocol import ConnectionHandle
 from arkvory.shared.storage import BlobNotFound, BlobStorage, StorageError, StorageUnavailable
 
 from .catalog import Artifact, require_artifact
-from .payload import COPY_PIECE_BYTES, UNTHROTTLED_CHUNK, SentResponse, _client_gone, _cut_for_lease, transfer_aborter
+from .payload import COPY_PIECE_BYTES, UNTHROTTLED_CHUNK, SentResponse, _client_gone, send_payload, transfer_aborter
 from .serving import ServingProcess
 
 log = logging.getLogger("arkvory.content")
@@ -296,10 +297,12 @@ async def stream_from_store(
     storage = runtime.storage
     assert storage is not None
     health = runtime.storage_health
-    if not health.available:
-        raise Unavailable(f"the storage {storage.location} does not answer now; retry shortly", retry_after=RETRY_AFTER_S)
     reads = runtime.metrics.storage_reads
     sha256 = response.artifact.sha256
+    cache = getattr(storage, "cache", None)
+    # A file of the read cache awaiting its first read's check needs no store unless it fails.
+    if not health.available and (cache is None or not cache.holds(sha256)):
+        raise Unavailable(f"the storage {storage.location} does not answer now; retry shortly", retry_after=RETRY_AFTER_S)
 
     def counted(result: str) -> None:
         reads.labels(result=result).inc()
@@ -307,7 +310,6 @@ async def stream_from_store(
     def from_store(first: int, count: int) -> StoreSource:
         return StoreSource(storage, sha256, first, count, segment_cap=segment_cap_for(runtime), counted=counted)
 
-    cache = getattr(storage, "cache", None)
     # A miss of the read cache reads behind the digest's one fill (shared/storage/read_cache.py);
     # a blob it will not hold comes from the store directly. The principal (the per-principal
     # budget's id) is the fill's owner: the cache's fair sharing.
@@ -337,17 +339,9 @@ async def stream_from_store(
             await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
             await _send_through_asgi(response, source, length, send)
             return
-        aborter = transfer_aborter(runtime, handle)
-        runtime.transfers.add(aborter)
-        try:
-            if not await handle.writable(runtime.settings.send_timeout_s):
-                response._send_timed_out(handle)
-                return
-            await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
-            if await _send_body(response, source, handle, length, piped=piped):
-                handle.complete()  # the last body message's bookkeeping (transfer.py does the same)
-        finally:
-            runtime.transfers.discard(aborter)
+        sending = _send_response(response, source, handle, send, length, piped=piped)
+        if await send_payload(runtime, handle, transfer_aborter(runtime, handle), sending):
+            handle.complete()  # the last body message's bookkeeping (transfer.py does the same)
     finally:
         _open_streams().discard(source)
         await source.aclose()
@@ -362,18 +356,23 @@ def _may_splice(runtime: ServingProcess, handle: ConnectionHandle | None, length
     )
 
 
-async def _send_body(
-    response: StoreResponse, source: Any, handle: ConnectionHandle, remaining: int, *, piped: bool = False
+async def _send_response(
+    response: StoreResponse, source: Any, handle: ConnectionHandle, send: Send, remaining: int, *, piped: bool = False
 ) -> bool:
-    """True when every byte was handed over; False when the connection is gone or was cut.
-    `source` hands out buffers (`take`), or, `piped`, holds its bytes in a pipe (a
-    `storage.PipedReader`: spliced to the client)."""
+    """The head, then the body: True when every byte was handed over; False when the connection
+    is gone or was cut. `source` hands out buffers (`take`), or, `piped`, holds its bytes in a
+    pipe (a `storage.PipedReader`: spliced to the client). Runs in `payload.send_payload`, which
+    ends it when the lease does (a write the payload gate refuses, or buckets closed)."""
     runtime = response.runtime
     bandwidth = runtime.bandwidth
     principal_id = response.principal.id
     timeout = runtime.settings.send_timeout_s
     payload = runtime.metrics.payload_bytes
     chunk = UNTHROTTLED_CHUNK if bandwidth.unlimited else bandwidth.quantum_bytes
+    if not await handle.writable(timeout):
+        response._send_timed_out(handle)
+        return False
+    await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
     if piped:
         # "Writable" then means "nothing queued": a splice must never overtake queued bytes.
         handle.transport.set_write_buffer_limits(high=0, low=0)
@@ -384,11 +383,7 @@ async def _send_body(
             except StorageError as exc:
                 _cut_for_storage(response, handle, exc)
                 return False
-        try:
-            granted = await bandwidth.grant(principal_id, min(remaining, chunk, source.buffered))
-        except LeaseLost:
-            _cut_for_lease(runtime, handle)
-            return False
+        granted = await bandwidth.grant(principal_id, min(remaining, chunk, source.buffered))
         while granted:
             if not await handle.writable(timeout):
                 response._send_timed_out(handle)
@@ -396,9 +391,8 @@ async def _send_body(
             if handle.lost:
                 _client_gone(runtime, handle, "it closed the connection")
                 return False
-            if not runtime.payload_allowed():
-                _cut_for_lease(runtime, handle)
-                return False
+            # No check of the payload gate here: it may close right after one (a deadline, or
+            # the lease's thread), so the write itself asks it (send_payload handles a refusal).
             if piped:
                 size = 0
                 if not handle.buffered:

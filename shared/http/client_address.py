@@ -15,6 +15,7 @@ this resolves on demand, once per request.
 from __future__ import annotations
 
 import ipaddress
+import logging
 from collections.abc import Iterable
 
 from starlette.types import Scope
@@ -27,15 +28,35 @@ UNKNOWN = "unknown"
 MAX_HOPS = 16
 _SCOPE_KEY = "arkvory.client_address"
 
+log = logging.getLogger("arkvory.http")
+# An operator who forgot ARKVORY_TRUSTED_PROXIES behind a balancer sees every client as the
+# balancer (one login limit for everyone): said once per process, at the first such request.
+_untrusted_forwarding_seen = False
+
 
 def client_address(scope: Scope, trusted: tuple[Network, ...]) -> str:
     """The believed client address of this request (computed once, kept in the scope)."""
     known = scope.get(_SCOPE_KEY)
     if known is None:
         peer = scope.get("client")
-        forwarded = (value.decode("latin-1") for key, value in scope["headers"] if key == b"x-forwarded-for")
+        forwarded = [value.decode("latin-1") for key, value in scope["headers"] if key == b"x-forwarded-for"]
         known = scope[_SCOPE_KEY] = believed_address(peer[0] if peer else None, forwarded, trusted)
+        if forwarded and not _untrusted_forwarding_seen:
+            address = _parse(peer[0]) if peer else None
+            if address is not None and not _is_trusted(address, trusted):
+                _warn_untrusted_forwarding(str(address), bool(trusted))
     return known
+
+
+def _warn_untrusted_forwarding(peer: str, any_trusted: bool) -> None:
+    global _untrusted_forwarding_seen
+    _untrusted_forwarding_seen = True
+    log.warning(
+        "a request from %s carried X-Forwarded-For, which is ignored: %s is not in "
+        "ARKVORY_TRUSTED_PROXIES%s; if it is your balancer, add its address there, or every "
+        "client behind it counts as one for the login limits (said once)",
+        peer, peer, "" if any_trusted else " (not set)",
+    )
 
 
 def believed_address(peer: str | None, forwarded_for: Iterable[str], trusted: tuple[Network, ...]) -> str:
@@ -71,3 +92,11 @@ def _parse(text: str) -> Address | None:
 
 def _is_trusted(address: Address, trusted: tuple[Network, ...]) -> bool:
     return any(address in network for network in trusted)
+
+
+def from_trusted_proxy(scope: Scope, trusted: tuple[Network, ...]) -> bool:
+    """Whether the TCP peer is one of the operator's balancers, whose other headers (the host the
+    client asked for) may then be believed too."""
+    peer = scope.get("client")
+    address = _parse(peer[0]) if peer else None
+    return address is not None and _is_trusted(address, trusted)

@@ -6,12 +6,14 @@ must cost a function call, not a task and a queue.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import time
 import itertools
 import secrets
+from collections.abc import Callable
 
 import asyncpg
 from starlette.exceptions import HTTPException
@@ -196,15 +198,25 @@ def ambiguous_credentials(scope: Scope) -> bool:
 
 
 class RequestContext:
-    """Gives each request an id, echoes it in `X-Request-Id`, and counts it in the metrics.
+    """Gives each request an id, echoes it in `X-Request-Id`, and counts it in the metrics; and,
+    outermost, ends quietly a request that its process's exit cancels.
 
     The counts go to the process's RequestCounts (shared/metrics.py) in one call: this runs
     for every request, small downloads included.
+
+    `stopping` says whether the process is on its way out (its lease lost, a loop failed, a
+    drain). Then the requests still running (waiting on the database, the store, a slow body)
+    are cancelled by the exit itself: the server's shutdown past its grace (server.py), or the
+    event loop's end after a loss, which does not wait for them. Such a cancellation is not an
+    error of the request (uvicorn logged each as "Exception in ASGI application" with a
+    traceback, below the one line that says why the process stops: issue 22 §13): it ends
+    here, the connection reset.
     """
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, stopping: Callable[[], bool] = lambda: False) -> None:
         self.app = app
         self.metrics = metrics
+        self.stopping = stopping
         # Unique per process start and cheap: a random prefix and a counter (ids are not secrets).
         self._prefix = secrets.token_hex(6) + "-"
         self._numbers = itertools.count(1)
@@ -227,6 +239,12 @@ class RequestContext:
         handle = scope.get("extensions", {}).get(HANDLE_KEY)
         try:
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            if handle is None or not self.stopping():
+                raise
+            # The task ends with this request (the exit cancels it once): it may return. The
+            # reset marks the exchange disconnected, so the server reports nothing either.
+            handle.abort()
         finally:
             status = handle.status if handle is not None and handle.status else send_with_id.status
             route = scope.get("route")

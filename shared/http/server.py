@@ -103,9 +103,11 @@ class HttpServer:
             while (self.connections or self.tasks) and not self._forced and time.monotonic() < deadline:
                 await asyncio.sleep(_POLL_S)
         if self.tasks:
-            log.error(
-                "cancelling %d request(s) still running: the graceful stop's %g s are over", len(self.tasks), self.grace_s
-            )
+            if not self._forced:  # (forced: the caller said why it stops, once)
+                log.error(
+                    "cancelling %d request(s) still running: the graceful stop's %g s are over",
+                    len(self.tasks), self.grace_s,
+                )
             for task in list(self.tasks):
                 task.cancel()
             await asyncio.wait(list(self.tasks), timeout=_CANCELLED_WAIT_S)

@@ -58,4 +58,4 @@ def serving_app(app: Starlette) -> ASGIApp:
     """What the server runs: request ids and metrics around everything, then the content
     routes' fast path (content.ContentDispatch), then the Starlette program."""
     runtime: Runtime = app.state.runtime
-    return RequestContext(content.ContentDispatch(app), metrics=runtime.metrics)
+    return RequestContext(content.ContentDispatch(app), metrics=runtime.metrics, stopping=lambda: runtime.stopping)

@@ -51,6 +51,10 @@ class DiagnosticCounts:
                 ["problem"],
                 registry=registry,
             )
+            # Both series from the first scrape (issue 24 item 2), 0 until the database answers
+            # (the refresh waits DIAGNOSTICS_WAIT_S at most).
+            for problem in PROBLEMS:
+                self.gauge.labels(problem=problem)
         except ValueError:  # the registry has it already (the worker's own metrics): theirs it is
             self.gauge = None
         self._clock = clock

@@ -38,11 +38,12 @@ from prometheus_client import CollectorRegistry
 from arkvory.shared import db
 from arkvory.shared.auth.credentials import CredentialCache
 from arkvory.shared.auth.identity import KeyRing
-from arkvory.shared.cluster import policy
+from arkvory.shared.cluster import control as control_loop, lease as lease_loop, pins as pins_loop, policy
 from arkvory.shared.cluster.control import ControlConnection
 from arkvory.shared.cluster.lease import SlotLease
+from arkvory.shared.cluster.lease_history import LeaseHistory, record_payload_after_trust
 from arkvory.shared.cluster.pins import ReadPins
-from arkvory.shared.cluster.supervision import observe_database, supervised
+from arkvory.shared.cluster.supervision import DATABASE, observe_database, supervised
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.download.admission import Admission
 from arkvory.shared.download.catalog_cache import CatalogCache
@@ -51,6 +52,7 @@ from arkvory.shared.errors import DatabaseUnavailable, LeaseLost, StartupError, 
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, StorageHealth, open_blobs, open_storage
+from arkvory.shared.storage.free_space import FreeSpace
 from arkvory.shared.storage.upload_files import sweep_at_start
 
 log = logging.getLogger("arkvory.runtime")
@@ -96,6 +98,10 @@ class Runtime:
         # Both caches are trusted only while the control connection LISTENs (`_subscribe`).
         self.catalog = CatalogCache()
         self.credentials = CredentialCache()
+        # Every slot's lease as the database knows it: a lost lease is reported by whoever
+        # survives it (shared/cluster/lease_history.py).
+        self.lease_history = LeaseHistory()
+        self.registry.register(self.lease_history)
         self._publish_configured_shares()
 
     # -- start-up ---------------------------------------------------------------------------
@@ -138,6 +144,7 @@ class Runtime:
             await self.lease.start()
         self.pool = await db.create_pool(settings)
         await self.control.listen()
+        self.registry.register(FreeSpace.of(self.storage, settings.is_writer, settings.min_free_bytes))
 
     async def _start_writer(self, control: asyncpg.Connection) -> None:
         assert self.control is not None
@@ -237,6 +244,11 @@ class Runtime:
         return self.failure is None and self.pins.healthy
 
     @property
+    def stopping(self) -> bool:
+        """On its way out: draining (SIGTERM), or failed (lease lost, a loop stopped)."""
+        return self.draining or self.failure is not None
+
+    @property
     def address(self) -> str:
         """Where this process listens (ARKVORY_HOST:ARKVORY_PORT), as its readiness reports it."""
         host = self.settings.host
@@ -309,9 +321,15 @@ class Runtime:
     def _background_loops(self) -> list[tuple[str, Any]]:
         assert self.control is not None
         pins = functools.partial(self.pins.run, self.settings.database_url, self._pins_unwritable)
-        loops: list[tuple[str, Any]] = [("read pins", pins), ("control connection", self.control.run)]
+        history = functools.partial(self.lease_history.run, lambda: self.pool)
+        loops: list[tuple[str, Any]] = [
+            ("read pins", pins), ("control connection", self.control.run), ("lease history", history),
+        ]
+        # Their error counts exist from the start, as 0 (arkvory_database_errors_total{loop}).
+        DATABASE.expect(pins_loop.LOOP, control_loop.LOOP)
         if self.lease is not None:
             loops.append(("lease watcher", self._watch_lease))
+            DATABASE.expect(lease_loop.LOOP)
         if self.storage is not None and self.storage.kind != "file":
             loops.append(("storage probe", self.storage_health.run))
         return loops + self.extra_loops
@@ -369,6 +387,9 @@ class Runtime:
         cache = getattr(self.storage, "cache", None)
         if cache is not None:
             cache.close()  # its fills stop; what they left in cache/filling/ goes at the next start
+        if self.settings.shared is not None:
+            # Usually just before this process exits for its lost lease: into its slot's row.
+            await record_payload_after_trust(self.registry, self.settings.database_url, self.settings.shared.slot)
         # After a failure the database may be unreachable: never wait on it.
         lost = self.failure is not None or (self.lease is not None and self.lease.lost.is_set())
         if self.lease is not None:

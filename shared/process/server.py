@@ -65,7 +65,7 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
         ready=lambda: server.listening and (runtime.status == "ready" or runtime.schema_too_new),
         healthy=runtime.payload_allowed,
         status=lambda: service_status(runtime),
-        stopping=lambda: runtime.draining or runtime.failure is not None,
+        stopping=lambda: runtime.stopping,
     )))
     for sig in _STOP_SIGNALS:
         loop.add_signal_handler(sig, on_stop_signal)

@@ -128,26 +128,6 @@ class Storage(LocalState):
             except FileNotFoundError:
                 pass
 
-    async def delete_unchanged_since(
-        self, digests: list[str], cutoff: float, *, offload: Offload | None = None
-    ) -> tuple[int, int]:
-        return await (offload or asyncio.to_thread)(self._unlink_old, digests, cutoff)
-
-    def _unlink_old(self, digests: list[str], cutoff: float) -> tuple[int, int]:
-        count = freed = 0
-        for sha256 in digests:
-            path = self.blob_file(sha256)
-            try:
-                stat = os.stat(path, follow_symlinks=False)
-                if stat.st_mtime >= cutoff:
-                    continue  # placed again since the scan
-                os.unlink(path)
-            except FileNotFoundError:
-                continue
-            count += 1
-            freed += stat.st_size
-        return count, freed
-
     async def check(self) -> None:
         if not self.blobs.is_dir():
             raise StorageUnavailable(f"storage directory {self.root} (ARKVORY_DATA_DIR) lacks {self.blobs}",
@@ -225,6 +205,10 @@ class Storage(LocalState):
             return (self.root / ID_FILE).read_text().strip()
         except FileNotFoundError:
             return None
+
+    async def read_storage_id(self) -> str | None:
+        """The interface's identity: the id file (a few bytes on a local disk: read in place)."""
+        return self.read_id_file()
 
     def create_layout(self, storage_id: str) -> None:
         self.blobs.mkdir(parents=True, exist_ok=True)

@@ -5,9 +5,10 @@
     ├── reading                 acquire_file/release_file (a local file, sent zero-copy),
     │                           open_range (streamed buffers), stat
     ├── writing (the writer)    stage (outside any transaction), publish (under the digest claim)
-    ├── maintenance             listing, delete, delete_unchanged_since (and each backend's
-    │                           own quarantine of a corrupt blob)
-    └── reachability            check (the probe loop of shared/storage/health.py)
+    ├── maintenance             listing, delete (and each backend's own quarantine of a
+    │                           corrupt blob)
+    ├── reachability            check (the probe loop of shared/storage/health.py)
+    └── identity                read_storage_id (what opening.py checks, what `admin init` prints)
 
 Who calls what:
 - the content path (shared/download/transfer.py) asks `acquire_file` first: a descriptor is sent
@@ -20,6 +21,7 @@ Who calls what:
   cache's fill receives the same into its own buffers);
 - uploads (writer/artifacts.py, writer/uploads.py) `stage` a verified file, then `publish` it
   inside the transaction that holds the digest's claim (writer/maintenance/blob_locks.py);
+  no transaction is open across a call that reaches an object store (tests/test_code_rules.py);
 - cleanup lists and deletes (writer/maintenance/cleanup.py), verify re-hashes through
   `open_range` and quarantines (writer/maintenance/verify.py);
 - start-up opens the backend the settings name and checks its identity (shared/storage/__init__.py
@@ -172,9 +174,11 @@ class BlobStorage(Protocol):
         ...
 
     async def publish(self, source: str | os.PathLike, sha256: str, size: int, *, link: bool = False) -> bool:
-        """Inside the transaction that holds the digest's claim: make sure the verified bytes
-        are stored under the digest; True if another copy was replaced (every process drops
-        what it kept of the old one)."""
+        """Inside the transaction that holds the digest's claim, after `stage` and the check that
+        no removal touched the digest since (writer/maintenance/blob_locks.py): make sure the
+        verified bytes are stored under the digest, without calling an object store (a directory
+        links the file; an object store has it from `stage`); True if another copy was replaced
+        (every process drops what it kept of the old one)."""
         ...
 
     # -- maintenance ------------------------------------------------------------------------------
@@ -184,16 +188,17 @@ class BlobStorage(Protocol):
         ...
 
     async def delete(self, digests: list[str], *, offload: Offload | None = None) -> None:
-        """Remove these blobs (absent ones are fine); the caller holds their exclusive claims."""
-        ...
-
-    async def delete_unchanged_since(
-        self, digests: list[str], cutoff: float, *, offload: Offload | None = None
-    ) -> tuple[int, int]:
-        """Remove those of these blobs last modified before `cutoff` (stray files: one placed
-        again since the scan is kept); returns (removed, bytes freed)."""
+        """Remove these blobs (absent ones are fine). The caller marked their removals first
+        and holds no transaction or claim meanwhile (writer/maintenance/blob_locks.py)."""
         ...
 
     async def check(self) -> None:
         """Reach the storage now; StorageUnavailable or StorageRefused when it cannot serve."""
+        ...
+
+    # -- identity (SPEC §3, §11) ---------------------------------------------------------------------
+
+    async def read_storage_id(self) -> str | None:
+        """The storage id the storage itself records (the directory's id file, the store's
+        identity object), None when it has none yet; StorageError when it cannot be read."""
         ...

@@ -24,10 +24,16 @@ zero-copy like a storage directory's files, evicted least recently used.
   store). The fill is the cache's own task: a reader that leaves does not stop it, but once
   every reader has left before the store sent the whole blob it stops (`_abandoned`): a
   dropped connection must not fetch a whole blob nobody reads.
-- **After a restart** the directory is the index (`open`): every file is taken in (least
-  recently filled first) but trusted only after its hash is checked again on its first read
-  (readers wait for that check, about a second per GiB): the process cannot know what happened
-  to the directory while it was down. A file that fails is refetched.
+- **Its first read re-reads it** (`_fly` with `recheck`): a file is sent as a hit only once its
+  bytes were hashed again *from the disk* in this process, on its first read after its fill or
+  after a restart (readers wait for that check, in a worker thread, about a second per GiB; once
+  per file per process). The fill's hash is of the bytes as they came from the store, mostly
+  from memory: a disk that stored other bytes (a write fault, rot before the first read) would
+  otherwise be served until the next restart, and size, times and inode do not change with it.
+  After a restart the directory is the index (`open`): every file is taken in (least recently
+  filled first), untrusted until that first read: the process cannot know what happened to the
+  directory while it was down. A file that fails is dropped (`discards["corrupt"]`) and fetched
+  again from the store behind the same readers, who get the store's bytes.
 - **The limit** holds for every file and every fill in progress: a fill reserves its blob's size
   first, evicting idle files least recently used; a file being read or filled is never evicted.
   A principal past its share of the limit evicts only files it filled (`_evict_for`: fair
@@ -230,8 +236,7 @@ class ReadCache:
         except FileNotFoundError:
             self._drop(sha256, "changed")
             return None
-        found = os.fstat(fd)
-        if (found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino) != entry.identity:
+        if _identity(os.fstat(fd)) != entry.identity:
             os.close(fd)
             log.warning("read cache: %s changed since its hash was checked: dropped, it is fetched again", sha256)
             self._drop(sha256, "changed")
@@ -241,6 +246,12 @@ class ReadCache:
         self._index.move_to_end(sha256)
         self.requests["hit"] += 1
         return fd
+
+    def holds(self, sha256: str) -> bool:
+        """A file of the digest is here, checked or waiting for its first read's check: reading
+        it needs no store unless that check fails (so it is served while the store is down)."""
+        flight = self._flights.get(sha256)
+        return sha256 in self._index and (flight is None or flight.task is None)  # no fill runs
 
     def release(self, sha256: str, fd: int) -> None:
         entry = self._lent.pop(fd)
@@ -277,7 +288,10 @@ class ReadCache:
             if entry is not None and entry.size != size:
                 self._drop(sha256, "corrupt")  # a file from before the restart, of another size
                 entry = None
-            recheck = entry is not None  # a file from before the restart: its hash first
+            # A file not read since its fill or since the restart: its bytes from the disk first.
+            recheck = entry is not None
+            if recheck:
+                self._index.move_to_end(sha256)
             if entry is None:
                 if start or length != size or not self._evict_for(size, owner):
                     self.requests["bypass"] += 1
@@ -296,10 +310,12 @@ class ReadCache:
         return CacheReader(self, flight, entry, start, length, fallback)
 
     async def _fly(self, flight: _Flight, entry: _Entry, *, recheck: bool) -> None:
+        """A fill from the store, or, `recheck`, the first read's check of a file that is there
+        (then a fill if it fails). A filled file is not trusted for hits yet: its first read
+        checks it (the module's docstring says why)."""
         sha256 = flight.sha256
         try:
-            if recheck and await asyncio.to_thread(file_matches, flight.path, sha256, flight.size):
-                self._trust(sha256, entry)
+            if recheck and await self._matches(flight.path, sha256, flight.size, entry):
                 flight.advance(flight.size)
                 flight.finish()
                 return
@@ -308,7 +324,6 @@ class ReadCache:
                 self.discards["corrupt"] += 1
                 flight.task = asyncio.current_task()
             await self._fetch(flight)
-            self._trust(sha256, entry)
             self.fills["ok"] += 1
             flight.finish()
         except BaseException as exc:
@@ -442,9 +457,23 @@ class ReadCache:
         self.fills["abandoned"] += 1
         task.cancel()
 
-    def _trust(self, sha256: str, entry: _Entry) -> None:
-        found = os.stat(self.path_of(sha256))
-        entry.identity = (found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino)
+    async def _matches(self, path: str, sha256: str, size: int, entry: _Entry) -> bool:
+        """Whether the file's bytes, read from the disk in a worker thread, have the digest; if
+        so it is trusted for hits as it was while it was read (a change meanwhile: not trusted)."""
+        try:
+            before = _identity(os.stat(path))
+        except FileNotFoundError:
+            return False
+        if not await asyncio.to_thread(file_matches, path, sha256, size):
+            return False
+        try:
+            after = _identity(os.stat(path))
+        except FileNotFoundError:
+            return False
+        if after != before:
+            return False
+        entry.identity = before
+        return True
 
     # -- the limit -----------------------------------------------------------------------------
 
@@ -623,6 +652,11 @@ class CacheReader:
                 self._cache._abandoned(self._flight, entry)
         if self._fallback is not None:
             await self._fallback.aclose()
+
+
+def _identity(found: os.stat_result) -> tuple[int, int, int, int]:
+    """What must not change between a file's check and its use: size, mtime, ctime, inode."""
+    return found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino
 
 
 def _retrieved(future: asyncio.Future) -> None:

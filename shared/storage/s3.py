@@ -5,11 +5,10 @@ ARKVORY_DATA_DIR as this host's local state only (upload files, the read cache).
 Publishing is split in two (interface.py): `stage` uploads the verified file before the publishing
 transaction (a multipart upload straight to the final key: nothing is visible before
 CompleteMultipartUpload, and an object already there is kept only if HEAD shows the same size and
-recorded SHA-256), and `publish`, inside the transaction that holds the digest's claim, checks by
-one HEAD that the object is still there (cleanup may have removed an unreferenced one in between,
-verify may have quarantined it) and uploads it again if not. So the claim covers the moment the
-reference becomes visible, exactly as with a directory, without holding a transaction open for
-the length of a multi-GiB upload.
+recorded SHA-256), and `publish`, inside the transaction that holds the digest's claim, does
+nothing: the removal marks checked there (writer/maintenance/blob_locks.py) prove that neither
+cleanup nor verify removed the object since it was staged (else the upload stages it again). So
+no transaction is ever open across a store request, not even a HEAD.
 
 Identity (SPEC §3): the writer creates `PREFIX/arkvory-storage-id` (never overwriting one) and
 records the id and the location in the database; a gateway and the worker only check. A store
@@ -129,11 +128,10 @@ class ObjectStorage(LocalState):
         return self.store.open_publication(blob_key(sha256), sha256, size)
 
     async def publish(self, source: str | os.PathLike, sha256: str, size: int, *, link: bool = False) -> bool:
-        found = await self.stat(sha256)
-        if found is not None and found.size == size and found.stored_sha256 == sha256:
-            return False
-        await self.store.publish(source, blob_key(sha256), sha256)
-        return found is not None
+        # `stage` stored the bytes before the publishing transaction, and the digest's removal
+        # marks prove in it that nobody removed them since (writer/maintenance/blob_locks.py):
+        # nothing is left to do, and the store is never called inside a transaction.
+        return False
 
     # -- maintenance ----------------------------------------------------------------------------
 
@@ -150,25 +148,11 @@ class ObjectStorage(LocalState):
     async def delete(self, digests: list[str], *, offload: Offload | None = None) -> None:
         await self.store.delete_many([blob_key(d) for d in digests])
 
-    async def delete_unchanged_since(
-        self, digests: list[str], cutoff: float, *, offload: Offload | None = None
-    ) -> tuple[int, int]:
-        old: list[str] = []
-        freed = 0
-        for sha256 in digests:
-            found = await self.stat(sha256)
-            if found is None or found.modified is None or found.modified >= cutoff:
-                continue  # gone, or published again since the listing
-            old.append(sha256)
-            freed += found.size
-        await self.delete(old)
-        return len(old), freed
-
     async def quarantine(self, sha256: str, version: str | None) -> str | None:
         """Move the object that was hashed (its ETag `version`) to `PREFIX/quarantine/sha256/
         <digest>.<UTC time>`, kept as evidence; returns that key, or None when another object
-        is under the digest now (a re-upload) or none. Call it holding the digest's exclusive
-        claim, so no upload publishes between the look and the delete."""
+        is under the digest now (a re-upload) or none. Call it with a removal of the digest marked
+        (writer/maintenance/blob_locks.py), so no upload publishes between the look and the delete."""
         found = await self.stat(sha256)
         if found is None or (version is not None and found.version != version):
             return None
@@ -180,6 +164,10 @@ class ObjectStorage(LocalState):
 
     async def check(self) -> None:
         await self.store.check()
+
+    async def read_storage_id(self) -> str | None:
+        """The interface's identity: the PREFIX/arkvory-storage-id object."""
+        return await self.store.read_identity()
 
     def describe(self) -> str:
         """The location and where it is (never a credential), for messages."""

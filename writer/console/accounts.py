@@ -1,5 +1,5 @@
 """Accounts (administrators), personal tokens (every account, its own) and managed service keys
-(administrators): list, create, disable and enable, revoke.
+(administrators): list, create, disable and enable, revoke, and adopt a suspended key.
 
 A new token or key is shown once, in the answer to the form that made it (never in a URL, never
 again; the page is not stored: `Cache-Control: no-store`). An administrator may revoke any
@@ -188,6 +188,21 @@ async def create_key(request: Request, user: ConsoleUser, form: Form) -> Respons
     except (Refused, ApiError) as refusal:
         return await _keys(request, user, error=refusal)
     return await _keys(request, user, created=answer.json(), status=201)
+
+
+@action
+async def adopt_key(request: Request, user: ConsoleUser, form: Form) -> Response:
+    """A suspended key (its maker account was disabled) becomes this administrator's; without
+    their password it ends with this console session, as a key made here would."""
+    key_id = request.path_params["key_id"]
+    body: dict[str, Any] = {}
+    if form.optional("password") is not None:
+        body["password"] = form.text("password")
+    try:
+        await api_for(request, user).change("POST", api_path("keys", key_id, "adopt"), body, key=form.optional("key"))
+    except (Refused, ApiError) as refusal:
+        return await _keys(request, user, error=refusal)
+    return see_other("/console/keys", "key-adopted")
 
 
 @action

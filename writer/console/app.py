@@ -80,6 +80,7 @@ def _routes() -> list:
         Route(PREFIX + "/keys", accounts.keys_page, methods=get),
         Route(PREFIX + "/keys", accounts.create_key, methods=post),
         Route(PREFIX + "/keys/{key_id}/revoke", accounts.revoke_key, methods=post),
+        Route(PREFIX + "/keys/{key_id}/adopt", accounts.adopt_key, methods=post),
         Mount(PREFIX + "/static", StaticFiles(packages=[("arkvory.writer.console", "static")]), name="static"),
         Route(PREFIX, _home, methods=get),
     ]

@@ -13,7 +13,8 @@ task events with it. SameSite=Strict already keeps other sites' requests from ca
 cookie; as a second defence, `CookieCsrfGuard` refuses (403) every request to /api/ that would
 change something, is authorized by the cookie alone (no `Authorization` header: the bearer
 always wins over the cookie, shared/auth/credentials.py), and lacks the same token in the
-`X-CSRF-Token` header. Login and sign-up authorize nobody by the cookie and are left to the API.
+`X-CSRF-Token` header. Login and sign-up authorize nobody by the cookie and are left to the API,
+which refuses them from another site's page (writer/sign_in_guard.py).
 
 Headers. Every console response says: no script but our own files (`script-src 'self'`, no
 inline script, no `unsafe-inline`), no framing, no MIME sniffing, no referrer off the origin,

@@ -52,10 +52,11 @@ NOTICES = {
     "asset-deleted": "The asset was deleted.",
     "task-cancelled": "The task was cancelled (or is being cancelled).",
     "account-created": "The account was created.",
-    "account-disabled": "The account was disabled; its sessions and tokens ended.",
+    "account-disabled": "The account was disabled; its sessions and tokens ended, the service keys it made are suspended.",
     "account-enabled": "The account was enabled.",
     "token-revoked": "The token was revoked.",
     "key-revoked": "The service key was revoked.",
+    "key-adopted": "The service key is yours now, and works again.",
     "uploaded": "The file was uploaded.",
 }
 

@@ -8,15 +8,16 @@ placing and committing).
 
 Why deleting a blob cannot break an upload or a download:
 
-- **Uploads.** A blob is deleted only under its digest's exclusive lock, by a statement that
-  starts after the lock is granted and re-checks everything: no artifact references it, it is
-  older than the grace period, no live read pin names it. The row goes, then the file, then the
-  commit releases the lock; a cancelled task waits for its unlinking thread (which nothing can
-  stop) before its transaction ends, so the lock never goes while a file may still be
-  unlinked. Uploads hold the same lock (shared) from before they place their file (over any
-  file there) until their artifact is committed (blob_locks.py), so either they place it after
-  our unlink, or their reference is what the re-check sees. A digest being uploaded right
-  now is skipped (try-lock), never waited for.
+- **Uploads.** A blob is removed in two parts (blob_locks.py has the whole argument): under its
+  digest's exclusive claim, a statement that starts after the claim is granted re-checks
+  everything (no artifact references it, it is older than the grace period, no live read pin
+  names it, no removal of it is pending), deletes the row and marks the removal; that
+  transaction commits, and only then is the blob deleted from the storage, outside any
+  transaction and lock, and the mark settled. An upload of the same bytes never waits on a lock
+  we hold across the storage: it waits (without a transaction) for the pending mark to settle,
+  and one that staged its bytes before we marked publishes them again. A digest being uploaded
+  right now is skipped (try-lock), never waited for. A removal stopped between its mark and its
+  settling (a crash, a failing store, a cancel) is finished by the next run, first thing.
 - **Downloads.** A transfer opens a blob only after its read pin is committed (shared/cluster/pins.py),
   and the re-check counts a pin as live while `pinned_until > now()`, `now()` being the start
   of our transaction (earlier than the check: conservative). A cleanup that checked before the
@@ -27,10 +28,11 @@ Why deleting a blob cannot break an upload or a download:
   cut cleanly at its next range (shared/download/object_transfer.py), never padded.
   A process whose pins cannot be written serves no payload, so no expired pin hides a read.
 - **Stray files.** A stored blob without a row (a file, or an object that a store failing before
-  the commit left) is deleted only when it was last modified before the grace period (mtime,
-  LastModified) and, under the digest's exclusive lock, there is still no row: an upload
-  publishing it is either finished (the row is there) or not yet at its claim (it will publish
-  the blob again, and a staged object is younger than the grace period).
+  the commit left) is a candidate when it was last modified before the grace period (mtime,
+  LastModified, as listed); it is marked like an unreferenced blob, under the digest's exclusive
+  claim, only if there is still no row and no pending removal: an upload publishing it is either
+  finished (the row is there) or not yet at its publishing transaction, which then sees our mark
+  and stages its bytes again after we settle.
 
 Unlinks are not followed by a directory fsync: a crash that loses an unlink brings back a file
 with the right bytes and no row, a stray the next run removes; an upload of the same content
@@ -39,7 +41,8 @@ in between simply reuses it under its claim.
 Cost: referenced blobs cost no round trip each; candidates come from one keyset-paged
 anti-join, stray files from the storage's listing (`os.scandir`, or an object store's LIST pages),
 checked against the table in batches. The storage does the removals (shared/storage: unlinks
-in the disk thread below, DeleteObjects for an object store). Downloads come
+in the disk thread below, DeleteObjects for an object store), never inside a transaction (a
+lint in tests/test_code_rules.py holds it), and every pool wait has a timeout. Downloads come
 first: the disk work runs in one thread of its own at nice 10, and after each batch the task
 sleeps PACE times the time the batch kept a CPU busy (its wall time minus the time its thread
 waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of a core.
@@ -48,9 +51,12 @@ Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a credenti
 session or temp file, a blob, a stray file), its bytes what it freed, its cost units one per row
 and one per file (an unreferenced blob and an abandoned upload cost 2). Each batch is cut, before it is
 removed, to what the budget has left, so the usage never goes over; when work is left that not
-even one removal fits, the task fails there with `budget_exceeded`. What a step removed stays
-removed, so a resumed run keeps all the usage
-(`RESUME_REPEATS_WORK`).
+even one removal fits, the task fails there with `budget_exceeded`. A batch's usage is written
+in the transaction that removes its rows or marks its blobs (`progress(conn=...)`), so a crash
+can lose neither without the other and a retry never gets that budget back; the upload sweep,
+which removes files outside any transaction, reserves its cost first (`reserving`). A stray
+counts with its listed size when it is marked. What a step removed stays removed, so a resumed
+run keeps all the usage (`RESUME_REPEATS_WORK`).
 """
 
 from __future__ import annotations
@@ -61,11 +67,14 @@ import functools
 import logging
 import os
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn
 
+import anyio
 import asyncpg
 
+from arkvory.shared.db import pooled
 from arkvory.shared.errors import InvalidInput
 from arkvory.shared.storage import BlobStorage, to_the_end
 from arkvory.shared.storage.upload_files import any_stale_upload, remove_stale_uploads
@@ -73,11 +82,21 @@ from arkvory.writer.tasks.budgets import cost_units
 from arkvory.writer.tasks.context import TaskCancelled
 from arkvory.writer.tasks.retention import any_to_prune, prune_finished_batch
 
-from .blob_locks import try_claim_for_removal
+from .blob_locks import (
+    NONE_PENDING,
+    Removal,
+    ended_quarantines,
+    mark_removals,
+    pending_removals,
+    prune_settled_removals,
+    settle_removals,
+    try_claim_for_removal,
+)
 
 log = logging.getLogger("arkvory.cleanup")
 
 QUERY_TIMEOUT_S = 60.0
+SETTLE_TIMEOUT_S = 10.0
 BLOB_BATCH = 1000  # unreferenced blobs removed per transaction
 SCAN_BATCH = 5000  # stray-file candidates checked against the table per query
 KEY_BATCH = 10_000
@@ -126,6 +145,7 @@ async def run(ctx) -> dict:
     state = dict(ctx.resumed_from or {})
     done: list[str] = list(state.get("done", []))
     totals: dict[str, dict] = dict(state.get("totals", {}))
+    await _finish_removals_left(ctx)
     for name, step in _STEPS:
         if name in done:
             continue
@@ -199,27 +219,29 @@ async def _upload_sessions(ctx, grace: int) -> dict:
     orphan_age = max(grace, MIN_ORPHAN_AGE_S)
     room = _room(ctx, UPLOAD_SWEEP_MAX, UPLOAD_COST)
     sessions = temp_files = 0
-    if room:
-        sessions = await sweep_expired_uploads(
-            ctx.pool, ctx.storage, orphans_older_than_s=orphan_age, limit=room
-        )
-        if sessions < room:
-            temp_files = await to_the_end(
-                _on_disk(remove_stale_uploads, ctx.storage, orphan_age, room - sessions)
+    # Files go outside any transaction of ours: their cost is on record before the first one.
+    async with ctx.reserving(items=room, cost_units=room * UPLOAD_COST, transitions=1 if room else 0):
+        if room:
+            sessions = await sweep_expired_uploads(
+                ctx.pool, ctx.storage, orphans_older_than_s=orphan_age, limit=room
             )
-    removed = sessions + temp_files
-    if removed or _spare_transition(ctx):
-        await ctx.progress(
-            items=removed, cost_units=removed * UPLOAD_COST,
-            message=f"abandoned uploads: {sessions} session(s) and {temp_files} temp file(s) removed",
-        )
+            if sessions < room:
+                temp_files = await to_the_end(
+                    _on_disk(remove_stale_uploads, ctx.storage, orphan_age, room - sessions)
+                )
+        removed = sessions + temp_files
+        if removed or _spare_transition(ctx):
+            await ctx.progress(
+                items=removed, cost_units=removed * UPLOAD_COST,
+                message=f"abandoned uploads: {sessions} session(s) and {temp_files} temp file(s) removed",
+            )
     if removed == room < UPLOAD_SWEEP_MAX and await _abandoned_uploads_left(ctx, orphan_age):
         _refuse_next(ctx, UPLOAD_COST)  # the budget stopped the sweep, not the end of the work
     return {"sessions": sessions, "temp_files": temp_files}
 
 
 async def _abandoned_uploads_left(ctx, orphan_age: float) -> bool:
-    async with ctx.pool.acquire() as conn:
+    async with pooled(ctx.pool) as conn:
         if await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM arkvory_uploads WHERE expires_at < now())",
             timeout=QUERY_TIMEOUT_S,
@@ -254,16 +276,20 @@ async def _rows_in_batches(
     while True:
         _stop_if_cancelled(ctx)
         async with _paced():
-            async with ctx.pool.acquire() as conn:
+            async with pooled(ctx.pool) as conn:
                 room = _room(ctx, batch, ROW_COST)
                 if room == 0:
                     if await any_left(conn):
                         _refuse_next(ctx, ROW_COST)
                     return gone
-                count = await delete(conn, room)
+                async with conn.transaction():
+                    count = await delete(conn, room)
+                    if count or (not gone and _spare_transition(ctx)):
+                        # In the deleting transaction: the usage commits with the rows.
+                        await ctx.progress(
+                            items=count, cost_units=count * ROW_COST, message=message(gone + count), conn=conn
+                        )
         gone += count
-        if count or (not gone and _spare_transition(ctx)):
-            await ctx.progress(items=count, cost_units=count * ROW_COST, message=message(gone))
         if count < room:
             return gone
 
@@ -274,46 +300,55 @@ WHERE b.sha256 > $1 AND b.created_at < now() - make_interval(secs => $2)
   AND NOT EXISTS (SELECT 1 FROM arkvory_artifacts a WHERE a.sha256 = b.sha256)
 ORDER BY b.sha256 LIMIT $3
 """
-# Under the digests' exclusive locks, in a statement that began after they were granted.
-_DELETE_UNREFERENCED = """
+# Under the digests' exclusive claims, in a statement that began after they were granted.
+_DELETE_UNREFERENCED = f"""
 DELETE FROM arkvory_blobs b
 WHERE b.sha256 = ANY($1::text[]) AND b.created_at < now() - make_interval(secs => $2)
   AND NOT EXISTS (SELECT 1 FROM arkvory_artifacts a WHERE a.sha256 = b.sha256)
   AND NOT EXISTS (
       SELECT 1 FROM arkvory_read_pins p WHERE p.sha256 = b.sha256 AND p.pinned_until > now()
   )
+  AND {NONE_PENDING.format(d="b.sha256")}
 RETURNING b.sha256, b.size
 """
+
+# Counts a batch's removals (how many, bytes freed) inside the transaction that marks them.
+Counted = Callable[[asyncpg.Connection, int, int], Awaitable[None]]
 
 
 async def _blobs(ctx, grace: int) -> dict:
     deleted = reclaimed = skipped = 0
     after = ""
+
+    async def counted(conn: asyncpg.Connection, count: int, freed: int) -> None:
+        await ctx.progress(
+            items=count, bytes=freed, cost_units=count * BLOB_COST, conn=conn,
+            message=f"unreferenced blobs: {deleted + count} deleted, {reclaimed + freed} bytes reclaimed",
+        )
+
     while True:
         _stop_if_cancelled(ctx)
         async with _paced():
-            async with ctx.pool.acquire() as conn:
+            async with pooled(ctx.pool) as conn:
                 rows = await conn.fetch(_CANDIDATES, after, float(grace), BLOB_BATCH, timeout=QUERY_TIMEOUT_S)
-                if not rows:
-                    break
-                # Each candidate may be removed: only as many as the budget covers go in.
-                room = _room(ctx, len(rows), BLOB_COST, [r["size"] for r in rows])
-                if room == 0:
-                    _refuse_next(ctx, BLOB_COST, rows[0]["size"])
-                last_batch = len(rows) < BLOB_BATCH and room == len(rows)
-                rows = rows[:room]
-                after = rows[-1]["sha256"]
-                candidates = [r["sha256"] for r in rows]
-                count, freed = await remove_unreferenced(conn, ctx.storage, candidates, grace)
+            if not rows:
+                break
+            # Each candidate may be removed: only as many as the budget covers go in.
+            room = _room(ctx, len(rows), BLOB_COST, [r["size"] for r in rows])
+            if room == 0:
+                _refuse_next(ctx, BLOB_COST, rows[0]["size"])
+            last_batch = len(rows) < BLOB_BATCH and room == len(rows)
+            rows = rows[:room]
+            after = rows[-1]["sha256"]
+            candidates = [r["sha256"] for r in rows]
+            count, freed = await remove_unreferenced(
+                ctx.pool, ctx.storage, candidates, grace, task_id=ctx.task_id, counted=counted
+            )
         deleted += count
         reclaimed += freed
         skipped += len(candidates) - count
         ctx.metrics.cleanup_deleted_blobs.inc(count)
         ctx.metrics.cleanup_reclaimed_bytes.inc(freed)
-        await ctx.progress(
-            items=count, bytes=freed, cost_units=count * BLOB_COST,
-            message=f"unreferenced blobs: {deleted} deleted, {reclaimed} bytes reclaimed",
-        )
         if last_batch:
             break
     if not deleted and _spare_transition(ctx):
@@ -322,11 +357,14 @@ async def _blobs(ctx, grace: int) -> dict:
 
 
 async def remove_unreferenced(
-    conn: asyncpg.Connection, storage: BlobStorage, digests: list[str], grace: int
+    pool: asyncpg.Pool, storage: BlobStorage, digests: list[str], grace: int,
+    *, task_id: uuid.UUID | None = None, counted: Counted | None = None,
 ) -> tuple[int, int]:
-    """Delete those of `digests` that are still unreferenced, old enough and unpinned, rows
-    and files, under their exclusive digest locks; returns (blobs deleted, bytes freed)."""
-    async with conn.transaction():
+    """Remove those of `digests` that are still unreferenced, old enough, unpinned and not
+    being removed: rows deleted and removals marked (and `counted`) in one transaction under
+    their exclusive digest claims, then the stored blobs deleted outside it (blob_locks.py);
+    returns (blobs removed, bytes freed)."""
+    async with pooled(pool) as conn, conn.transaction():
         locked = await try_claim_for_removal(conn, digests)
         if not locked:
             return 0, 0
@@ -334,23 +372,58 @@ async def remove_unreferenced(
         if not rows:
             return 0, 0
         gone = [r["sha256"] for r in rows]
+        freed = sum(r["size"] for r in rows)
         # What verify found wrong with a blob that no longer exists is no longer a problem.
         await conn.execute(
             "DELETE FROM arkvory_storage_diagnostics WHERE sha256 = ANY($1::text[])", gone,
             timeout=QUERY_TIMEOUT_S,
         )
-        # Removed before the commit releases the locks: no upload can reuse a blob we are
-        # about to remove. A cancel cannot stop the disk thread (or a request the store is
-        # answering), so the transaction waits for it (to_the_end) and only then rolls back:
-        # rows without blobs, which the next run deletes (as after a failed commit; an upload
-        # of the same bytes publishes the blob again).
-        await to_the_end(storage.delete(gone, offload=_on_disk))
-    return len(rows), sum(r["size"] for r in rows)
+        removals = await mark_removals(conn, gone, "unreferenced", task_id)
+        if counted is not None:
+            await counted(conn, len(rows), freed)
+    await remove_marked(pool, storage, removals)
+    return len(rows), freed
 
 
-_WITHOUT_ROW = """
+async def remove_marked(pool: asyncpg.Pool, storage: BlobStorage, removals: list[Removal]) -> None:
+    """Delete the marked blobs from the storage (no transaction or claim is held: an upload of
+    the same bytes waits for the marks, not for us), then settle the marks. A cancel waits for
+    the deletion (a thread cannot be stopped, a store request may be under way) and settles if
+    it succeeded; a failure leaves the marks pending for the next run."""
+    if not removals:
+        return
+    deleting = asyncio.ensure_future(storage.delete([r.sha256 for r in removals], offload=_on_disk))
+    try:
+        await to_the_end(deleting)
+    finally:
+        if not deleting.cancelled() and deleting.exception() is None:
+            # Even when we are cancelled now, or uploads of these bytes would wait for the
+            # next run (bounded: a settle that does not come is finished then).
+            with anyio.move_on_after(SETTLE_TIMEOUT_S, shield=True):
+                async with pooled(pool) as conn:
+                    await settle_removals(conn, removals)
+
+
+async def _finish_removals_left(ctx) -> None:
+    """Removals an earlier run marked (and counted) but did not see through: the storage may
+    or may not have deleted those blobs, so delete them (again) and settle. A quarantine whose
+    verify ended without settling it is settled (verify looks at that blob again), and old
+    settled marks go (blob_locks.SETTLED_KEPT_S)."""
+    async with pooled(ctx.pool) as conn:
+        left = await pending_removals(conn, ("unreferenced", "stray"))
+        await settle_removals(conn, await ended_quarantines(conn))
+        await prune_settled_removals(conn)
+    if left:
+        log.info("cleanup: finishing %d blob removal(s) an earlier run left pending", len(left))
+    for start in range(0, len(left), BLOB_BATCH):
+        _stop_if_cancelled(ctx)
+        async with _paced():
+            await remove_marked(ctx.pool, ctx.storage, left[start:start + BLOB_BATCH])
+
+
+_WITHOUT_ROW = f"""
 SELECT d FROM unnest($1::text[]) AS d
-WHERE NOT EXISTS (SELECT 1 FROM arkvory_blobs b WHERE b.sha256 = d)
+WHERE NOT EXISTS (SELECT 1 FROM arkvory_blobs b WHERE b.sha256 = d) AND {NONE_PENDING.format(d="d")}
 """
 
 
@@ -362,12 +435,18 @@ async def _stray_files(ctx, grace: int) -> dict:
     scanned = deleted = reclaimed = 0
     pending: dict[str, int] = {}  # digest -> size, as listed
 
+    async def counted(conn: asyncpg.Connection, count: int, freed: int) -> None:
+        await ctx.progress(
+            items=count, bytes=freed, cost_units=count * FILE_COST, conn=conn,
+            message=f"stray blob files: {deleted + count} deleted, {reclaimed + freed} bytes reclaimed",
+        )
+
     async def settle() -> None:
         nonlocal deleted, reclaimed
         if not pending:
             return
         async with _paced():
-            async with ctx.pool.acquire() as conn:
+            async with pooled(ctx.pool) as conn:
                 found = await conn.fetch(_WITHOUT_ROW, list(pending), timeout=QUERY_TIMEOUT_S)
         strays = [(r["d"], pending[r["d"]]) for r in found]
         pending.clear()
@@ -376,17 +455,14 @@ async def _stray_files(ctx, grace: int) -> dict:
             batch = _strays_within_budget(ctx, strays)
             strays = strays[len(batch):]
             async with _paced():
-                async with ctx.pool.acquire() as conn:
-                    count, freed = await remove_strays(conn, storage, batch, cutoff)
+                count, freed = await remove_strays(
+                    ctx.pool, storage, batch, task_id=ctx.task_id, counted=counted
+                )
             deleted += count
             reclaimed += freed
             if count:
                 ctx.metrics.cleanup_deleted_blobs.inc(count)
                 ctx.metrics.cleanup_reclaimed_bytes.inc(freed)
-                await ctx.progress(
-                    items=count, bytes=freed, cost_units=count * FILE_COST,
-                    message=f"stray blob files: {deleted} deleted, {reclaimed} bytes reclaimed",
-                )
 
     listing = storage.listing(offload=_on_disk)
     try:
@@ -409,32 +485,42 @@ async def _stray_files(ctx, grace: int) -> dict:
     return {"checked": scanned, "deleted": deleted, "bytes": reclaimed}
 
 
-def _strays_within_budget(ctx, strays: list[tuple[str, int]]) -> list[str]:
+def _strays_within_budget(ctx, strays: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """The leading strays (digest, listed size) the budget covers; fails the task when not even
     one does."""
     sizes = [size for _, size in strays] if "bytes" in ctx.budget_left() else []
     room = _room(ctx, len(strays), FILE_COST, sizes)
     if room == 0:
         _refuse_next(ctx, FILE_COST, sizes[0] if sizes else 0)
-    return [sha256 for sha256, _ in strays[:room]]
+    return strays[:room]
 
 
 async def remove_strays(
-    conn: asyncpg.Connection, storage: BlobStorage, digests: list[str], cutoff: float
+    pool: asyncpg.Pool, storage: BlobStorage, strays: list[tuple[str, int]],
+    *, task_id: uuid.UUID | None = None, counted: Counted | None = None,
 ) -> tuple[int, int]:
-    """Delete the stored blobs of `digests` that still have no blob row and were last modified
-    before `cutoff`, each under its exclusive digest lock; returns (deleted, bytes freed)."""
-    without_row = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, digests, timeout=QUERY_TIMEOUT_S)]
-    if not without_row:
-        return 0, 0
-    async with conn.transaction():
-        locked = await try_claim_for_removal(conn, without_row)
-        if not locked:
+    """Remove the stored blobs of `strays` (digest, listed size) that still have no blob row
+    and no pending removal: marked (and `counted`, at their listed sizes) under their exclusive
+    digest claims, then deleted outside the transaction; returns (removed, bytes freed)."""
+    sizes = dict(strays)
+    async with pooled(pool) as conn:
+        without_row = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, list(sizes), timeout=QUERY_TIMEOUT_S)]
+        if not without_row:
             return 0, 0
-        # Re-checked under the locks: an upload that placed the file has committed its row by now.
-        still = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, locked, timeout=QUERY_TIMEOUT_S)]
-        # The locks last until the thread is done, even when we are cancelled meanwhile.
-        return await to_the_end(storage.delete_unchanged_since(still, cutoff, offload=_on_disk))
+        async with conn.transaction():
+            locked = await try_claim_for_removal(conn, without_row)
+            if not locked:
+                return 0, 0
+            # Re-checked under the claims: an upload that published it has committed its row by now.
+            still = [r["d"] for r in await conn.fetch(_WITHOUT_ROW, locked, timeout=QUERY_TIMEOUT_S)]
+            if not still:
+                return 0, 0
+            removals = await mark_removals(conn, still, "stray", task_id)
+            freed = sum(sizes[d] for d in still)
+            if counted is not None:
+                await counted(conn, len(still), freed)
+    await remove_marked(pool, storage, removals)
+    return len(still), freed
 
 
 _STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (

@@ -17,11 +17,13 @@ Exit statuses: 0 done; 1 the task failed; 2 usage or settings; 69 database unrea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TextIO
@@ -66,21 +68,43 @@ SELECT slot, pid, host, role FROM arkvory_gateway_leases WHERE expires_at > now(
 """
 
 
+# A worker in standby holds no lock, only a connection named after it (writer/worker/lock.py):
+# it would become active once the tool lets the worker lock go, with the settings it started with.
+_STANDBY_WORKERS = """
+SELECT pid, application_name, host(client_addr) AS client_addr FROM pg_stat_activity
+WHERE datname = current_database() AND application_name LIKE 'arkvory-worker %' AND pid <> pg_backend_pid()
+ORDER BY backend_start
+"""
+
+
 class ServersUp(Exception):
     """A lock is held by a running server; the message names every one found."""
 
 
 async def take_offline_locks(conn: asyncpg.Connection) -> None:
     """Take every process lock exclusively on `conn` (session locks: they last as long as the
-    connection) or raise ServersUp naming who holds them; nothing is kept on refusal."""
+    connection) or raise ServersUp naming who holds them, and any worker waiting in standby;
+    nothing is kept on refusal."""
     refused: list[_Lock] = []
     for lock in _LOCKS:
         if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", lock.key, timeout=db.QUERY_TIMEOUT_S):
             refused.append(lock)
-    if not refused:
+    lines = await _describe_holders(conn, refused) if refused else []
+    active = set()
+    if any(lock.key == db.WORKER_LOCK for lock in refused):
+        active = {row["pid"] for row in await conn.fetch(_HOLDERS, db.WORKER_LOCK, timeout=db.QUERY_TIMEOUT_S)}
+    for standby in await conn.fetch(_STANDBY_WORKERS, timeout=db.QUERY_TIMEOUT_S):
+        if standby["pid"] in active:
+            continue  # the active worker, named above
+        where = f" from {standby['client_addr']}" if standby["client_addr"] else ""
+        lines.append(
+            f"a worker in standby ({standby['application_name']}, database backend pid {standby['pid']}{where})"
+            " would take over when this tool ends"
+        )
+    if not lines:
         return
     await conn.execute("SELECT pg_advisory_unlock_all()", timeout=db.QUERY_TIMEOUT_S)
-    raise ServersUp("\n".join(await _describe_holders(conn, refused)))
+    raise ServersUp("\n".join(lines))
 
 
 async def _describe_holders(conn: asyncpg.Connection, refused: list[_Lock]) -> list[str]:
@@ -148,9 +172,16 @@ class OfflineContext:
     ) -> None:
         return None
 
+    @contextlib.asynccontextmanager
+    async def reserving(
+        self, *, items: int = 0, bytes: int = 0, transitions: int = 0, cost_units: int = 0
+    ) -> AsyncIterator[None]:
+        yield  # nothing to keep across a crash: an offline run is simply run again
+
     async def progress(
         self, *, items: int = 0, bytes: int = 0, cost_units: int = 0,
         message: str | None = None, data: dict[str, Any] | None = None,
+        conn: asyncpg.Connection | None = None,
     ) -> None:
         self.usage["items"] += items
         self.usage["bytes"] += bytes
@@ -195,7 +226,7 @@ async def run_offline(
             await take_offline_locks(lock_conn)
         except ServersUp as exc:
             print(f"arkvory: refusing to run {kind_name} while servers are up:\n{exc}\n"
-                  "stop them (every gateway, the writer and the worker) and run it again",
+                  "stop them (every gateway, the writer and every worker, standby ones too) and run it again",
                   file=sys.stderr)
             return EXIT_REFUSED
         try:

@@ -10,24 +10,27 @@ say otherwise; 0 is unthrottled) and downloads keep their disk and CPU.
 What a run finds:
 
 - good: an earlier diagnostic of the blob is cleared (a re-upload put the right bytes back);
-- no file: `missing`, once confirmed under a share lock of the blob's row (cleanup may be
-  removing row and file right now) — unless the blob is already known `corrupt`: it is missing
-  because an earlier run quarantined it;
+- no file: `missing`, recorded under the digest's exclusive claim if the blob still has its row
+  (cleanup deletes the row when it decides to remove a blob), then looked for once more and
+  withdrawn if it is there again (an upload put it back) — unless the blob is already known
+  `corrupt`: it is missing because an earlier run quarantined it;
 - wrong size or bytes, or an I/O error reading it: the file is quarantined (quarantine.py: moved
   out of the store, every process told to drop its cached descriptor) and recorded `corrupt`.
 
 On an object store the same holds, with a streaming GET instead of a file (rehash_objects.py):
 a missing object is `missing`; a corrupt one is copied to `PREFIX/quarantine/sha256/` and removed
-from its key under the digest's exclusive claim (shared/storage/s3.py `quarantine`: no upload
-can publish good bytes between the look and the removal), then recorded `corrupt`. A store that
-fails mid-run fails the task: that is no finding about the blobs.
+from its key as a removal marked under the digest's exclusive claim (blob_locks.py: no upload
+publishes the digest while the mark is pending, and no transaction is open while the store
+works), then recorded `corrupt` and the mark settled. A store that fails mid-run fails the
+task: that is no finding about the blobs (the next run settles the mark it left).
 
 Budgets: a blob is the step. Before one is read, it must fit what is left of the task's budget
 (one item, its recorded size in bytes, its cost units: 1 to open it and 1 per MiB started, and
 one transition for its progress call); the blobs checked in one thread hop are only as many as
 fit; the first blob that does not fit fails the task with `budget_exceeded` without being read
 (writer/tasks/budgets.py). So `max_items` N checks exactly N blobs and `max_bytes` never lets
-more than that be read. Progress is reported per blob (the
+more than that be read, across a crash too: each hop's cost is reserved (on record) before it
+is read. Progress is reported per blob (the
 worker coalesces the events), a checkpoint `{"after": digest, counts...}` is saved every
 CHECKPOINT_EVERY_S, and a resumed task continues after the checkpoint's digest without hashing
 the finished blobs again.
@@ -50,7 +53,7 @@ from arkvory.shared.errors import InvalidInput
 from arkvory.writer.tasks.budgets import cost_units
 from arkvory.writer.tasks.context import TaskCancelled
 
-from .blob_locks import claim_for_diagnosis
+from .blob_locks import NONE_PENDING, claim_for_diagnosis, mark_removals, pending_removals, settle_removals
 from .diagnostics import (
     clear_diagnostic,
     diagnostic_counts,
@@ -75,6 +78,9 @@ POOL_WAIT_S = 10
 CANCEL_CHECK_S = 0.5
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
+_STORED_AND_NOT_BEING_REMOVED = (
+    f"SELECT EXISTS (SELECT 1 FROM arkvory_blobs WHERE sha256 = $1) AND {NONE_PENDING.format(d='$1')}"
+)
 _BATCH_SQL = """
 SELECT b.sha256, b.size, d.problem
 FROM arkvory_blobs b LEFT JOIN arkvory_storage_diagnostics d ON d.sha256 = b.sha256
@@ -170,6 +176,10 @@ class Verifier:
     async def run(self) -> dict[str, Any]:
         if self.after is not None:
             log.info("verify %s resumes after %s (%d blobs checked before)", self.ctx.task_id, self.after, self.tally.checked)
+        async with self.pool.acquire(timeout=POOL_WAIT_S) as conn:
+            # A quarantine an earlier run marked and did not see through (it crashed, or the
+            # store failed): that object is looked at again below; uploads may go on.
+            await settle_removals(conn, await pending_removals(conn, ("quarantine",)))
         while True:
             async with self.pool.acquire(timeout=POOL_WAIT_S) as conn:
                 rows = await conn.fetch(_BATCH_SQL, self.after, BATCH, timeout=QUERY_TIMEOUT_S)
@@ -177,14 +187,20 @@ class Verifier:
             while start < len(rows):
                 group = self._next_group(rows, start)
                 start += len(group)
-                if len(group) == 1 and group[0]["size"] > SMALL_BLOB:
-                    found = [await self._check_large(group[0])]
-                else:
-                    found = await self._check_small(group)
-                for row, (outcome, nbytes) in zip(group, found):
-                    await self._record(row["sha256"], row["problem"], outcome)
-                    self.after = row["sha256"]
-                    await self._report(nbytes, blob_cost(row["size"]))
+                # Read outside any transaction: the group's cost is on record before it is read,
+                # so a crash while reading gives no budget back (writer/worker/context.py).
+                async with self.ctx.reserving(
+                    items=len(group), bytes=sum(row["size"] for row in group),
+                    cost_units=sum(blob_cost(row["size"]) for row in group), transitions=len(group),
+                ):
+                    if len(group) == 1 and group[0]["size"] > SMALL_BLOB:
+                        found = [await self._check_large(group[0])]
+                    else:
+                        found = await self._check_small(group)
+                    for row, (outcome, nbytes) in zip(group, found):
+                        await self._record(row["sha256"], row["problem"], outcome)
+                        self.after = row["sha256"]
+                        await self._report(nbytes, blob_cost(row["size"]))
             if len(rows) < BATCH:
                 break
         if self.ctx.budget_left().get("transitions", 1) >= 1:  # a summary is no reason to fail
@@ -337,19 +353,22 @@ class Verifier:
             self.tally.corrupt += 1
             return
         path = f"{self.storage.location}/{sha256}" if self.objects else self.storage.blob_file(sha256)
+        what = f"no object for {sha256} in {self.storage.location}" if self.objects else f"no file at {path}"
         async with self.pool.acquire(timeout=POOL_WAIT_S) as conn, conn.transaction():
-            # No upload can place the file (and clear the diagnostic) between our look and
-            # our commit, so it never clears before we record.
+            # Under the claim no upload publishes the digest (and clears its diagnostic) between
+            # our look at the row and our record; cleanup deletes the row when it decides to
+            # remove the blob, so a blob being removed is no finding.
             await claim_for_diagnosis(conn, sha256)
-            # Cleanup removes file and row together under the row's lock: wait for it, and
-            # look again while no one can remove the row.
-            still_stored = await conn.fetchval(
-                "SELECT true FROM arkvory_blobs WHERE sha256 = $1 FOR SHARE", sha256, timeout=QUERY_TIMEOUT_S
-            )
-            if not still_stored or await self._blob_exists(sha256, path):
-                return  # removed by cleanup, or placed again by an upload meanwhile
-            what = f"no object for {sha256} in {self.storage.location}" if self.objects else f"no file at {path}"
+            if not await conn.fetchval("SELECT true FROM arkvory_blobs WHERE sha256 = $1", sha256, timeout=QUERY_TIMEOUT_S):
+                return
             await record_diagnostic(conn, sha256, "missing", what, self.ctx.task_id)
+        # Looked for once more, outside any transaction (the storage is never asked inside
+        # one): an upload that put the bytes back and committed before our record could not
+        # clear it, so we withdraw it; one that commits after our record clears it itself.
+        if await self._blob_exists(sha256, path):
+            async with self.pool.acquire(timeout=POOL_WAIT_S) as conn:
+                await clear_diagnostic(conn, sha256)
+            return
         self.tally.missing += 1
         log.error("blob %s is missing from storage (%s)", sha256, path)
 
@@ -382,13 +401,23 @@ class Verifier:
         log.error("blob %s is corrupt: %s", sha256, detail)
 
     async def _corrupt_object(self, sha256: str, found: Found) -> None:
-        """Quarantine and record under the digest's exclusive claim: an upload publishing good
-        bytes waits for it (or went first: then the object is another one, and it stays)."""
+        """Move the object to quarantine as a removal (blob_locks.py): marked under the digest's
+        exclusive claim, moved with no transaction open, then recorded and settled. While the
+        mark is pending no upload publishes the digest; one that staged good bytes before it
+        stages them again after, and clears the diagnostic then."""
         async with self.pool.acquire(timeout=POOL_WAIT_S) as conn, conn.transaction():
             await claim_for_diagnosis(conn, sha256)
-            moved = await self.storage.quarantine(sha256, found.version)
-            if moved is None and await self.storage.stat(sha256) is not None:
-                return  # replaced by an upload meanwhile: the next run looks at the new one
+            if not await conn.fetchval(_STORED_AND_NOT_BEING_REMOVED, sha256, timeout=QUERY_TIMEOUT_S):
+                return  # cleanup is removing it: no finding
+            removals = await mark_removals(conn, [sha256], "quarantine", self.ctx.task_id)
+        # A store that fails here fails the task; the mark stays until a later run settles it.
+        moved = await self.storage.quarantine(sha256, found.version)
+        replaced = moved is None and await self.storage.stat(sha256) is not None
+        async with self.pool.acquire(timeout=POOL_WAIT_S) as conn, conn.transaction():
+            await claim_for_diagnosis(conn, sha256)
+            await settle_removals(conn, removals)
+            if replaced:
+                return  # an upload staged other bytes meanwhile: the next run looks at them
             detail = found.detail if moved is None else f"{found.detail}; quarantined at {self.storage.location}/{moved}"
             await record_diagnostic(conn, sha256, "corrupt", detail, self.ctx.task_id)
             await notify_moved(conn, sha256)

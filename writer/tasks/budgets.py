@@ -13,7 +13,10 @@ removals cost 1 (an idempotency key, a finished task with its events, an upload 
 stray blob file) or 2 (an unreferenced blob or an abandoned upload session: a row and a file).
 
 Usage belongs to the task, not to a run: a retry continues from the usage recorded, and a
-resumed run from the usage as of its checkpoint (writer/worker/context.py says why).
+resumed run from the usage as of its checkpoint (writer/worker/context.py says why). So a crash
+must not lose usage: a limited counter is on record no later than the work it counts (written in
+the work's own transaction, or reserved before work done outside one), and a killed run's retry
+never gets budget back.
 
 A budget stops work before it goes over. The kinds know what a step costs before doing it
 and ask first (`TaskContext.budget_left`, `require_budget`): verify sizes each group of blobs,

@@ -12,7 +12,6 @@ A refresh that fails (database down) keeps the last values; the process logs the
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -21,9 +20,8 @@ import asyncpg
 from prometheus_client import CollectorRegistry, Gauge
 
 from arkvory.shared import db
-from arkvory.shared.cluster.supervision import DATABASE
-from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import DatabaseUnavailable
+from arkvory.shared.cluster.supervision import read_every
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S
 
 from .kinds import KINDS
 from .store import STATUSES
@@ -33,7 +31,6 @@ log = logging.getLogger("arkvory.tasks.metrics")
 
 REFRESH_S = 5.0
 LOOP = "task metrics"  # as named in the process's database outage lines
-_DATABASE_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, DatabaseUnavailable)
 
 # pg_locks lists every database's locks: only a worker of this database counts. The holder's
 # backend pid lets the console tell the active worker's session from standby ones.
@@ -107,13 +104,6 @@ class TaskMetrics:
         self.refreshed = True
 
     async def run(self, pool_of: Any, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Refresh every REFRESH_S from a pool connection (`pool_of()` gives the pool)."""
-        task_status.started()
-        while True:
-            try:
-                async with pooled(pool_of()) as conn:
-                    await self.refresh(conn)
-                DATABASE.succeeded(LOOP)
-            except _DATABASE_ERRORS as exc:
-                DATABASE.failed(LOOP, exc)  # the last values stay
-            await asyncio.sleep(REFRESH_S)
+        """Refresh every REFRESH_S from a pool connection (`pool_of()` gives the pool), the
+        first time before `started()`; a refresh that fails keeps the last values."""
+        await read_every(REFRESH_S, LOOP, pool_of, self.refresh, task_status=task_status)

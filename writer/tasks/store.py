@@ -277,6 +277,22 @@ async def heartbeat(
     )
 
 
+async def record_usage(
+    conn: asyncpg.Connection, task_id: uuid.UUID, usage: Mapping[str, int], fence: Fence
+) -> str | None:
+    """Save the usage of a task this activation runs, with no event (progress between two
+    coalesced events); in the caller's transaction when it has one. Returns the status, or
+    None when the task is no longer `running` under this activation (cancelled, or not ours)."""
+    return await conn.fetchval(
+        f"""
+        UPDATE arkvory_tasks SET usage = $2::jsonb
+        WHERE id = $1 AND status = 'running' AND worker = $3 AND {_lock_held(4, 5)}
+        RETURNING status
+        """,
+        task_id, encode_json(dict(usage)), fence.holder, fence.lock_pid, fence.lock_key,
+    )
+
+
 async def planned_stop(
     conn: asyncpg.Connection, task_id: uuid.UUID, fence: Fence, usage: Mapping[str, int]
 ) -> str | None:

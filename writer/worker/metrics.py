@@ -7,6 +7,8 @@ itself counts tasks by kind and outcome, their durations, and whether it is the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from arkvory.shared.cluster.supervision import observe_database
@@ -14,9 +16,17 @@ from arkvory.shared.cluster.supervision import observe_database
 # Tasks run from minutes to hours: the default buckets (up to 10 s) would lump them together.
 _DURATION_BUCKETS = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 
+# The label values each labelled series starts with, at 0 (issue 24 item 2): a series that first
+# appears at 1 shows no `increase()`, so the first failed task would fire no alert.
+# (runner.py's outcomes, recovery.py's moves, verify's problems.)
+TASK_OUTCOMES = ("completed", "failed", "budget_exceeded", "cancelled", "interrupted", "gone")
+RECOVERED_TO = ("queued", "resumed", "failed", "cancelled")
+DIAGNOSTIC_PROBLEMS = ("missing", "corrupt")
+
 
 class WorkerMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, kinds: Iterable[str] = ()) -> None:
+        """`kinds`: the task kinds this worker runs, whose series start at 0."""
         self.registry = registry
         # -- incremented by the task kinds (writer/maintenance) --
         self.cleanup_reclaimed_bytes = Counter(
@@ -36,7 +46,8 @@ class WorkerMetrics:
         )
         self.storage_diagnostics = Gauge(
             "arkvory_storage_diagnostics",
-            "Stored blobs the last verify found wrong, by problem (missing, corrupt)",
+            "Stored blobs the last verify in this worker found wrong, by problem (missing, corrupt);"
+            " 0 before its first",
             ["problem"],
             registry=registry,
         )
@@ -76,3 +87,12 @@ class WorkerMetrics:
             registry=registry,
         )
         observe_database(registry)  # the worker lock's loop reports there
+        for kind in kinds:
+            for outcome in TASK_OUTCOMES:
+                self.tasks.labels(kind=kind, outcome=outcome)
+            self.task_duration.labels(kind=kind)
+        for to in RECOVERED_TO:
+            self.recovered.labels(to=to)
+        # 0 until this worker's first verify (every serving process exports the database's count).
+        for problem in DIAGNOSTIC_PROBLEMS:
+            self.storage_diagnostics.labels(problem=problem)

@@ -40,6 +40,8 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from arkvory.shared.auth.identity import KeyRing
+from arkvory.shared.cluster.lease_history import LeaseHistory
+from arkvory.shared.cluster.supervision import DATABASE, supervised
 from arkvory.shared.http.server import HttpServer, tls_context
 from arkvory.shared.process.systemd import ServiceManager, keep_informed
 from arkvory.shared.settings import Settings
@@ -47,7 +49,7 @@ from arkvory.shared.storage import BlobStorage
 from arkvory.writer.tasks import kinds
 
 from .health import build_health_app
-from .lock import Activation, WorkerLock
+from .lock import LOOP as LOCK_LOOP, Activation, WorkerLock
 from .metrics import WorkerMetrics
 from .recovery import recover
 from .runner import RecordingFailed, Runner
@@ -77,7 +79,12 @@ class WorkerProcess:
         self.storage = storage
         self.schema_version = schema_version
         self.registry = registry or CollectorRegistry()
-        self.metrics = WorkerMetrics(self.registry)
+        self.metrics = WorkerMetrics(self.registry, kinds.KINDS)
+        # Every slot's lease as the database knows it: the worker holds no slot, so it reports
+        # any process's lost lease (shared/cluster/lease_history.py).
+        self.lease_history = LeaseHistory()
+        self.registry.register(self.lease_history)
+        DATABASE.expect(LOCK_LOOP)
         self.state = "starting"
         self.exit_status = 0
         self.lock = WorkerLock(settings.database_url, self._on_task_event)
@@ -140,6 +147,11 @@ class WorkerProcess:
         server = self._health_server()
         manager = self.service_manager
         informing = anyio.CancelScope()
+        reading = anyio.CancelScope()
+
+        async def read_lease_history(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            with reading:
+                await self.lease_history.run(lambda: self.pool, task_status=task_status)
 
         async def inform() -> None:
             with informing:
@@ -152,16 +164,19 @@ class WorkerProcess:
                 )
 
         try:
-            try:
-                await server.start(sock=sock)
-            except OSError:
-                log.exception("the health server could not listen; stopping the worker (exit %d)", EXIT_FAILED)
-                self.exit_status = EXIT_FAILED
-                return self.exit_status
             async with anyio.create_task_group() as tg:
+                # Read once before the health port serves: the series are there from the first scrape.
+                await tg.start(supervised, "lease history", read_lease_history, self._history_failed)
+                try:
+                    await server.start(sock=sock)
+                except OSError:
+                    log.exception("the health server could not listen; stopping the worker (exit %d)", EXIT_FAILED)
+                    self.exit_status = EXIT_FAILED
+                    self.request_stop()
                 tg.start_soon(inform)
                 await self._take_turns()
                 informing.cancel()
+                reading.cancel()
         finally:
             await server.shutdown()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -240,6 +255,11 @@ class WorkerProcess:
             self.metrics.active.set(0)
             self.metrics.tasks_running.set(0)
         return lost
+
+    async def _history_failed(self, name: str, exc: BaseException) -> None:
+        # Supervised: logged with its traceback; then the worker stops as for its health server.
+        self.exit_status = EXIT_FAILED
+        self.request_stop()
 
     # -- health -----------------------------------------------------------------------------
 

@@ -12,6 +12,13 @@ to running; the kind runs with a `RunningTask` context and the run ends `complet
 or `cancelled`. Every end is a conditional, fenced transition: a completion racing a cancel
 finds the task `cancelling` and the cancel wins, so a task never ends both ways.
 
+A cancel reaches a running kind through its notification (`task.cancelling`): the LISTEN
+callback runs on the event loop but outside any task, where nothing can be started (anyio's
+`start_soon` raises there), so it only records the task id and sets an event; `_cancel_checks`,
+a task of the activation's group, then reads the status of every task named since its last
+round in one query and asks the cancelled ones to stop. A notice that arrives during a read is
+kept for the next round, never dropped.
+
 Running tasks are heartbeated every few seconds (`heartbeat_at`, and the usage so far); the
 heartbeat also re-reads the status as a safety net for a missed cancel notification, and stops
 at once a task that is no longer this activation's.
@@ -90,23 +97,23 @@ class Runner:
         self.running: dict[uuid.UUID, RunningTask] = {}
         self._scopes: dict[uuid.UUID, anyio.CancelScope] = {}
         self._heartbeating: set[uuid.UUID] = set()  # running (past loading) and not ending
-        self._checking: set[uuid.UUID] = set()  # a status read after a notification is pending
+        # Tasks a notification named since the last status read, and the event that wakes it.
+        self._to_check: set[uuid.UUID] = set()
+        self._check_wake = asyncio.Event()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopping = False
-        self._tg: anyio.abc.TaskGroup | None = None
 
     # -- called from outside (notifications, signals) ---------------------------------------
 
     def on_task_event(self, task_id: uuid.UUID, event: str) -> None:
+        """From the lock connection's LISTEN callback (outside any task): only record and wake."""
         if event == "task.queued":
             self._wake.set()
-        elif task_id in self.running and event not in _OWN_EVENTS and self._tg is not None:
-            # One status read per task at a time, however many notifications arrive.
-            if task_id not in self._checking:
-                self._checking.add(task_id)
-                self._tg.start_soon(self._check_cancelled, task_id)
+        elif task_id in self.running and event not in _OWN_EVENTS:
+            self._to_check.add(task_id)
+            self._check_wake.set()
 
     def stop(self) -> None:
         """SIGTERM: claim nothing more, ask running kinds to stop at their next step."""
@@ -127,8 +134,8 @@ class Runner:
         """Run the adopted (`resume`) tasks and claim queued ones until `stop()`; then wait,
         bounded by the drain timeout, for the running kinds to stop."""
         async with anyio.create_task_group() as tg:
-            self._tg = tg
             tg.start_soon(self._heartbeats)
+            tg.start_soon(self._cancel_checks)
             # Adopted tasks were running before: they run again now, whatever the limits say.
             for task in adopted:
                 self._start(tg, task, claimed=False)
@@ -334,7 +341,7 @@ class Runner:
                     continue
                 try:
                     async with self.pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
-                        status = await store.heartbeat(conn, task_id, self.fence, ctx.usage)
+                        status = await store.heartbeat(conn, task_id, self.fence, ctx.recorded_usage())
                 except _DATABASE_ERRORS as exc:
                     log.warning("heartbeat of task %s failed: %s: %s", task_id, exc.__class__.__name__, exc)
                     continue
@@ -352,24 +359,30 @@ class Runner:
         if scope is not None:
             scope.cancel()
 
-    async def _check_cancelled(self, task_id: uuid.UUID) -> None:
-        try:
-            await self._read_cancel(task_id)
-        finally:
-            self._checking.discard(task_id)
+    async def _cancel_checks(self) -> None:
+        """Read the status of the tasks notifications named (one query a round, however many
+        notices came) and ask those being cancelled to stop."""
+        while True:
+            await self._check_wake.wait()
+            self._check_wake.clear()
+            named, self._to_check = self._to_check, set()
+            await self._read_cancels([task_id for task_id in named if task_id in self.running])
 
-    async def _read_cancel(self, task_id: uuid.UUID) -> None:
-        ctx = self.running.get(task_id)
-        if ctx is None:
+    async def _read_cancels(self, task_ids: list[uuid.UUID]) -> None:
+        if not task_ids:
             return
         try:
             async with self.pool.acquire(timeout=POOL_TIMEOUT_S) as conn:
-                status = await conn.fetchval(
-                    "SELECT status FROM arkvory_tasks WHERE id = $1", task_id, timeout=POOL_TIMEOUT_S
+                rows = await conn.fetch(
+                    "SELECT id, status FROM arkvory_tasks WHERE id = ANY($1::uuid[])", task_ids, timeout=POOL_TIMEOUT_S
                 )
         except _DATABASE_ERRORS as exc:
-            log.warning("could not read task %s after a notification: %s: %s", task_id, exc.__class__.__name__, exc)
+            # The heartbeat reads the status again within HEARTBEAT_EVERY_S.
+            log.warning("could not read tasks %s after a notification: %s: %s",
+                        ", ".join(map(str, task_ids)), exc.__class__.__name__, exc)
             return
-        if status == "cancelling":
-            log.info("task %s (%s): cancel requested", task_id, ctx.kind)
-            ctx.request_stop("cancel")
+        for row in rows:
+            ctx = self.running.get(row["id"])
+            if ctx is not None and row["status"] == "cancelling":
+                log.info("task %s (%s): cancel requested", ctx.task_id, ctx.kind)
+                ctx.request_stop("cancel")
