@@ -223,15 +223,19 @@ async def test_requests_past_the_grace_period_are_cancelled_and_dropped():
 
 async def test_a_full_socket_pauses_sendfile_until_it_drains_without_copying_a_byte():
     """The zero-copy path waits for the socket itself: nothing goes through the transport's
-    buffer, the flow control pauses when the socket is full, and every byte arrives."""
-    data = os.urandom(8 * 1024 * 1024)  # far more than loopback socket buffers hold
+    buffer, the flow control pauses when the socket is full, and every byte arrives. The body
+    goes corked (TCP_CORK, as nginx's tcp_nopush), and the cork comes off with the response's
+    end, so its last segment leaves at once."""
+    data = os.urandom(8 * 1024 * 1024 + 100)  # far more than loopback socket buffers hold
     pauses = []
+    corked = []
 
     class Counted(HttpProtocol):
         stats = HeadStats()
 
     async def app(scope, receive, send):
         handle = scope["extensions"][HANDLE_KEY]
+        sock = handle.transport.get_extra_info("socket")
         handle.start(200, encode_header_block([(b"content-length", b"%d" % len(data))]), len(data))
         with tempfile.TemporaryFile() as blob:
             blob.write(data)
@@ -243,7 +247,9 @@ async def test_a_full_socket_pauses_sendfile_until_it_drains_without_copying_a_b
                     assert await handle.writable(10)
                 assert handle.buffered == 0
                 offset += handle.sendfile(blob.fileno(), offset, min(1024 * 1024, len(data) - offset))
+                corked.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK))
         handle.complete()
+        corked.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK))
 
     served = await serve(app, Counted)
     try:
@@ -262,3 +268,4 @@ async def test_a_full_socket_pauses_sendfile_until_it_drains_without_copying_a_b
     assert body == data
     assert pauses, "the socket never filled"
     assert Counted.stats.sendfile_bytes == len(data)
+    assert set(corked[:-1]) == {1} and corked[-1] == 0, corked

@@ -147,6 +147,10 @@ class Connection(Protocol):
 
     def wait_for_socket(self) -> None: ...
 
+    corked: bool
+
+    def cork(self, on: bool) -> None: ...
+
 
 class Exchange:
     """One request's state between the parser, the app and the connection."""

@@ -139,6 +139,8 @@ class ConnectionHandle:
             raise RuntimeError("Response content shorter than Content-Length")
         if exchange.disconnected or exchange.response_complete:
             return
+        if self._protocol.corked:
+            self._protocol.cork(False)  # the body's last segment goes now
         exchange.finish()
 
     def write(self, data: bytes) -> None:
@@ -158,6 +160,8 @@ class ConnectionHandle:
         overtake what is queued."""
         self._admit(count)
         protocol = self._protocol
+        if not protocol.corked:
+            protocol.cork(True)
         try:
             sent = os.sendfile(protocol.socket_fd, fd, offset, count)
         except BlockingIOError:
@@ -183,6 +187,8 @@ class ConnectionHandle:
         buffered in the transport, and only with at least `count` bytes in the pipe."""
         self._admit(count)
         protocol = self._protocol
+        if not protocol.corked:
+            protocol.cork(True)
         try:
             sent = os.splice(pipe_fd, protocol.socket_fd, count, flags=_SPLICE_FLAGS)
         except BlockingIOError:
@@ -229,6 +235,6 @@ class ConnectionHandle:
         if sock is not None:
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
-            except OSError:
-                pass  # already gone
+            except (OSError, ValueError):
+                pass  # already gone (uvloop's socket object says so with a ValueError once closed)
         self.transport.abort()

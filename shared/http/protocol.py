@@ -36,6 +36,7 @@ import asyncio
 import collections
 import logging
 import select
+import socket
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -91,6 +92,8 @@ class HttpProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.flow: FlowControl = None  # type: ignore[assignment]
         self.socket_fd = -1  # for sendfile: plain TCP only, TLS must encrypt in user space
+        self._socket: Any = None  # the transport's socket object (setsockopt), plain TCP only
+        self.corked = False
         self._addresses: tuple[Any, Any, str] = (None, None, "http")
         # The request being parsed: its URL pieces, headers, Expect, and its exchange once the
         # head is in; the exchanges parsed while an earlier one runs (pipelining).
@@ -129,6 +132,7 @@ class HttpProtocol(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and not tls:
             self.socket_fd = sock.fileno()
+            self._socket = sock
         self._addresses = (_address(transport, "peername"), _address(transport, "sockname"), "https" if tls else "http")
         self._arm_head_timer()  # a connection that never sends a byte is closed too
 
@@ -356,6 +360,8 @@ class HttpProtocol(asyncio.Protocol):
     def exchange_ended(self, exchange: Exchange) -> None:
         """Its app returned: the handle leaves the scope (scope -> handle -> exchange -> scope
         would leave every request to the garbage collector: 6 % of small downloads' CPU)."""
+        if self.corked:
+            self.cork(False)
         handle = exchange.scope["extensions"].pop(HANDLE_KEY, None)
         if handle is not None:
             try:
@@ -450,6 +456,21 @@ class HttpProtocol(asyncio.Protocol):
         if not trusted:
             count_late_payload(self.stats)
         return True
+
+    def cork(self, on: bool) -> None:
+        """TCP_CORK around a zero-copy body, as nginx's `tcp_nopush`: the kernel sends only full
+        segments until it is taken off, which then sends the last one. Loopback measured (a
+        minimal sendfile server, 15 alternating rounds): ~0.15 CPU s per GiB corked, as nginx,
+        ~0.28 without, sending faster but in smaller pieces (docs/performance.md, issue 26)."""
+        if on == self.corked or self._socket is None:
+            return
+        self.corked = on
+        if self.transport.is_closing():
+            return  # (its descriptor may be closed already): nothing to send either way
+        try:
+            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1 if on else 0)
+        except (OSError, ValueError):
+            pass  # gone meanwhile
 
     def wait_for_socket(self) -> None:
         """A zero-copy send found the socket full: writing pauses until the socket takes more.
