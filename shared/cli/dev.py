@@ -224,7 +224,7 @@ def _check_ports(base_port: int, count: int) -> None:
         raise DevRefused(f"--port {base_port}: expected 1..{65535 - (count - 1)} (the gateways take the next ports)")
     for port in range(base_port, base_port + count):
         with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds (asyncio)
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:

@@ -66,9 +66,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return await serve(runtime, build(runtime))
 
     try:
-        from arkvory.shared.http.protocol import check_http_stack
-
-        check_http_stack()  # before anything binds or connects
         import uvloop
 
         return uvloop.run(main())
