@@ -68,7 +68,7 @@ def _ns(seconds: float) -> int:
 class TokenBucket:
     """`rate` bytes/s up to `burst` bytes; starts full. Time comes from the injected `clock`."""
 
-    __slots__ = ("_rate", "_burst", "_clock", "_cap", "_credit", "_stamp")
+    __slots__ = ("_rate", "_burst", "_clock", "_cap", "_credit", "_stamp", "_rate_set_at")
 
     def __init__(self, rate: int, burst: int, clock: Callable[[], float]) -> None:
         _check_rate("rate", rate)
@@ -80,6 +80,7 @@ class TokenBucket:
         self._cap = burst * _NS
         self._credit = self._cap  # byte-nanoseconds
         self._stamp = _ns(clock())
+        self._rate_set_at = 0  # when `set_rate` last changed the rate (ns)
 
     @property
     def rate(self) -> int:
@@ -108,6 +109,16 @@ class TokenBucket:
         self._check_size(size)
         self._refill(_ns(self._clock()))
         return self._ready_in(size) / _NS
+
+    def set_rate(self, rate: int, now: int) -> None:
+        """Refill at the old rate up to `now` (ns), then go on at `rate`. The burst stays: a
+        change never adds credit, and what is there is at most the burst (demand mode,
+        shared/cluster/grants.py §5)."""
+        _check_rate("rate", rate)
+        self._refill(now)
+        if rate != self._rate:
+            self._rate = rate
+            self._rate_set_at = now
 
     def _check_size(self, size: int) -> None:
         if not 1 <= size <= self._burst:
@@ -154,6 +165,8 @@ class TokenBucket:
         bucket no fuller than if the take had never happened.
         """
         self._refill(now)
+        if taken_at < self._rate_set_at:
+            return  # the rate changed meanwhile: what was thrown away is not known, keep none
         returned = size * _NS - self._rate * max(0, now - taken_at)
         if returned > 0:
             credit = self._credit + returned
@@ -229,6 +242,8 @@ class BandwidthScheduler:
 
         self._granted_bytes = 0
         self._wait_ns = 0
+        # Demand mode: principals with a rate of their own; their buckets are kept (not swept).
+        self._principal_rates: dict[str, int] = {}
 
     # -- what health and metrics read ------------------------------------------------------
 
@@ -432,9 +447,43 @@ class BandwidthScheduler:
             if principal.queued == _IDLE
             and not principal.waiters
             and (principal.bucket is None or principal.bucket._is_full(now))
+            and principal_id not in self._principal_rates
         ]
         for principal_id in idle:
             del self._principals[principal_id]
+
+    # -- demand mode: new rates from a grant -------------------------------------------------
+
+    def set_rates(
+        self, process_rate: int | None, principal_rates: dict[str, int], principal_default: int | None
+    ) -> None:
+        """Apply a grant in place (demand mode, on the serving loop): the process bucket's rate,
+        each principal's own rate (`principal_rates`), `principal_default` for every other.
+        Bursts and the quantum stay as built (shared/cluster/grants.py §5). Only when there
+        were buckets of that kind to begin with; a rate never appears from None."""
+        now = _ns(self._clock())
+        process = self._process
+        if process is not None and process_rate is not None:
+            process.set_rate(process_rate, now)
+            self._process_rate = process_rate
+        if self._per_principal_rate is not None and principal_default is not None:
+            self._per_principal_rate = principal_default
+            self._principal_rates = dict(principal_rates)
+            for principal_id, rate in principal_rates.items():
+                if principal_id not in self._principals:  # kept from now on, starting full
+                    self._principals[principal_id] = _Principal(
+                        TokenBucket(rate, self._per_principal_burst, self._clock)
+                    )
+            for principal_id, principal in self._principals.items():
+                if principal.bucket is not None:
+                    principal.bucket.set_rate(principal_rates.get(principal_id, principal_default), now)
+        # Waiting times were computed at the old rates: every waiter is looked at again now.
+        while self._heap:
+            principal = heapq.heappop(self._heap)[2]
+            principal.queued = _RING
+            self._ring.append(principal)
+        if self._dispatcher is not None:
+            self._wake_dispatcher(now)
 
     # -- the dispatcher --------------------------------------------------------------------
 

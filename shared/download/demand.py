@@ -1,0 +1,233 @@
+"""Demand mode on the serving loop (SPEC §4): measure what this process could use, apply the shares
+the database grants to the token buckets, and ask the lease for an early renewal when the demand
+moved. Why no process ever exceeds its part is argued in shared/cluster/grants.py.
+
+Nothing here runs per request or per chunk: a tick four times a second reads counters the
+serving path keeps anyway (bytes granted, time spent waiting for tokens, admission), and a grant
+changes the buckets' rates in place when the lease thread hands it over.
+
+What "demand" is (docs/operations.md gives the numbers):
+  * no download sending or waiting: 0 (the process keeps its floor, so the next one starts at once);
+  * downloads waiting for a place, or transfers that waited for tokens ≥ 5 % of the last second:
+    the process could use more than it has, so it asks for its ceiling (the total, lowered by a
+    local ARKVORY_DOWNLOAD_BYTES_PER_SECOND, and by the principals' totals when those are set);
+  * otherwise its clients read slower than its share: 1.25 × what it sent in the last second.
+The weight is the number of downloads sending or waiting: the total is divided in proportion to
+downloads, so clients spread unevenly over the processes still get even rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import anyio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from arkvory.shared.cluster.grants import Applied, DemandReport, ShareExchange
+from arkvory.shared.metrics import Metrics
+
+from .admission import Admission
+from .throttle import BandwidthScheduler
+
+log = logging.getLogger("arkvory.demand")
+
+TICK_S = 0.25
+WINDOW_S = 1.0  # the moving window demand is measured over
+BOUND_WAITING = 0.05  # transfers waited for tokens this share of the window: they would take more
+HEADROOM = 1.25  # a process whose clients read slowly asks for this much more than it sent
+MIN_GAP_S = 0.25  # never two renewals closer than this
+SHORT_RETRY_S = 0.5  # ask again this often while a part promised to us is still held elsewhere
+MOVED = 1.5  # demand changed by this factor since the last report: tell the database now
+
+
+class Renewing(Protocol):
+    """The lease as demand mode needs it (shared/cluster/lease.py)."""
+
+    def renew_soon(self) -> None: ...
+
+
+class DemandMeter:
+    """Turns the counters sampled every tick into a `DemandReport` (pure: the clock is the caller's)."""
+
+    def __init__(self, exchange: ShareExchange) -> None:
+        self.exchange = exchange
+        self._samples: deque[tuple[float, int, float]] = deque()
+
+    def measure(
+        self, now: float, granted_bytes: int, wait_seconds: float, active: int, waiting: int,
+        by_principal: dict[str, int],
+    ) -> DemandReport:
+        samples = self._samples
+        samples.append((now, granted_bytes, wait_seconds))
+        while len(samples) > 2 and now - samples[1][0] >= WINDOW_S:
+            samples.popleft()
+        busy = active + waiting
+        if not busy:
+            return DemandReport()
+        since, granted_then, waited_then = samples[0]
+        span = now - since
+        exchange = self.exchange
+        ceiling = exchange.ceiling()
+        principal_ceiling = exchange.principal_ceiling()
+        if principal_ceiling:
+            ceiling = min(ceiling, principal_ceiling * len(by_principal))
+        bound = waiting > 0 or (span > 0 and (wait_seconds - waited_then) / span >= BOUND_WAITING)
+        if bound or span <= 0:
+            demand = ceiling
+        else:
+            demand = min(ceiling, int((granted_bytes - granted_then) / span * HEADROOM))
+        principals = (
+            {principal_id: (principal_ceiling, count) for principal_id, count in by_principal.items()}
+            if principal_ceiling else {}
+        )
+        return DemandReport(demand, busy, principals)
+
+
+class DemandShares:
+    """The serving loop's side of demand mode for one process."""
+
+    def __init__(
+        self,
+        exchange: ShareExchange,
+        bandwidth: BandwidthScheduler,
+        admission: Admission,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.exchange = exchange
+        self.bandwidth = bandwidth
+        self.admission = admission
+        self.metrics = metrics
+        self.clock = clock
+        self.meter = DemandMeter(exchange)
+        self.redivisions = 0
+        self._lease: Renewing | None = None
+        self._confirm_due = False  # a decrease was applied: tell the database, so it frees it
+        self.apply()  # the floor, from the start
+        metrics.registry.register(_ShareCollector(self))
+
+    def attach(self, lease: Renewing, loop: asyncio.AbstractEventLoop) -> None:
+        """Before the lease starts: grants reach `apply` on this loop, early renewals go to `lease`."""
+        self._lease = lease
+
+        def hand_over(_grant: Any) -> None:  # in the lease thread
+            try:
+                loop.call_soon_threadsafe(self.apply)
+            except RuntimeError:  # the serving loop is closed: nothing serves any more
+                pass
+
+        self.exchange.on_grant = hand_over
+
+    # -- applying a grant (serving loop) -----------------------------------------------------
+
+    def apply(self) -> None:
+        """Put the latest grant the lease accepted into the buckets, then say so (`applied`)."""
+        exchange = self.exchange
+        grant = exchange.received
+        before = exchange.applied
+        rate = exchange.effective(grant.process)
+        default = exchange.principal_default()
+        principals = (
+            {p: exchange.effective_principal(r) for p, r in grant.principals.items()}
+            if exchange.per_principal_total else {}
+        )
+        self.bandwidth.set_rates(rate, principals, default)
+        exchange.applied = Applied(rate, principals, default)
+        if rate != before.process or principals != dict(before.principals):
+            self.redivisions += 1
+        if rate < before.process or any(
+            principals.get(p, default or 0) < r for p, r in before.principals.items()
+        ):
+            self._confirm_due = True
+        share = self.metrics.share_bytes_per_second
+        share.labels(scope="process").set(rate)
+        share.labels(scope="principal").set(max(principals.values(), default=default or 0))
+
+    # -- the tick (serving loop) -------------------------------------------------------------
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            self.tick()
+            await asyncio.sleep(TICK_S)
+
+    def tick(self) -> None:
+        now = self.clock()
+        bandwidth, admission = self.bandwidth, self.admission
+        report = self.meter.measure(
+            now, bandwidth.granted_bytes, bandwidth.wait_seconds, admission.active, admission.waiting,
+            admission.by_principal(),
+        )
+        self.exchange.report = report
+        if self._lease is not None and self._renew_early(now, report):
+            self._confirm_due = False
+            self._lease.renew_soon()
+
+    def _renew_early(self, now: float, report: DemandReport) -> bool:
+        exchange = self.exchange
+        if exchange.in_flight or exchange.last_sent is None:
+            return False
+        since = now - exchange.last_sent
+        if since < MIN_GAP_S:
+            return False
+        if self._confirm_due:
+            return True  # the database holds our old share until we confirm the new one
+        last = exchange.last_report
+        slack = exchange.floor
+        if report.demand > last.demand * MOVED + slack or report.demand * MOVED + slack < last.demand:
+            return True
+        if report.principals.keys() != last.principals.keys():
+            return True
+        wants_more = report.demand > exchange.applied.process or bool(report.principals)
+        return exchange.received.short and wants_more and since >= SHORT_RETRY_S
+
+    # -- what readiness shows ------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        exchange = self.exchange
+        grant, report, applied = exchange.received, exchange.last_report, exchange.applied
+        return {
+            "grantedBytesPerSecond": grant.process,
+            "appliedBytesPerSecond": applied.process,
+            "targetBytesPerSecond": grant.target,
+            "demandBytesPerSecond": report.demand,
+            "downloads": report.weight,
+            "floorBytesPerSecond": exchange.floor,
+            "principalFloorBytesPerSecond": exchange.principal_floor or None,
+            "principalsWithShare": len(grant.principals),
+            "redivisions": self.redivisions,
+        }
+
+
+class _ShareCollector(Collector):
+    """The reported demand and the re-divisions, read at scrape time (exported from the start)."""
+
+    def __init__(self, shares: DemandShares) -> None:
+        self.shares = shares
+
+    def collect(self):
+        shares = self.shares
+        demand = GaugeMetricFamily(
+            "arkvory_download_demand_bytes_per_second",
+            "Payload rate this process reported it could use at its last renewal (demand mode)",
+        )
+        demand.add_metric([], shares.exchange.last_report.demand)
+        yield demand
+        total = GaugeMetricFamily(
+            "arkvory_download_share_total_bytes_per_second",
+            "The total payload rate of all processes that demand mode divides",
+        )
+        total.add_metric([], shares.exchange.total)
+        yield total
+        redivisions = CounterMetricFamily(
+            "arkvory_download_share_redivisions",
+            "Grants that changed this process's share (of the total or of a principal's)",
+        )
+        redivisions.add_metric([], shares.redivisions)
+        yield redivisions

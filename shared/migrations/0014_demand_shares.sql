@@ -1,0 +1,242 @@
+-- Demand shares (issue 23, SPEC §4 "Demand mode"): the share mode in the saved policy, each slot's
+-- demand and grant beside its lease row, each principal's per slot, and the one statement a
+-- process runs per renewal (shared/cluster/grants.py argues why it never hands out more than the
+-- total). Static mode never reads or writes any of this.
+ALTER TABLE arkvory_download_policy
+    ADD COLUMN share_mode text NOT NULL DEFAULT 'static' CHECK (share_mode IN ('static', 'demand'));
+
+-- share_generation: the lease generation these columns belong to (a new holder starts from its
+-- floor); share_seq: the holder's renewal number (a statement that arrives after a newer one is
+-- ignored); share_held until share_held_until: a larger grant the holder may still be using.
+ALTER TABLE arkvory_gateway_leases
+    ADD COLUMN share_generation bigint,
+    ADD COLUMN share_seq bigint NOT NULL DEFAULT 0,
+    ADD COLUMN share_demand bigint NOT NULL DEFAULT 0,
+    ADD COLUMN share_weight integer NOT NULL DEFAULT 0,
+    ADD COLUMN share_granted bigint NOT NULL DEFAULT 0,
+    ADD COLUMN share_held bigint NOT NULL DEFAULT 0,
+    ADD COLUMN share_held_until timestamptz;
+
+-- One row per principal downloading in a slot (deleted with the slot's lease row, so
+-- `admin reset-download-policy` clears it too).
+CREATE TABLE arkvory_principal_shares (
+    principal text NOT NULL,
+    slot integer NOT NULL REFERENCES arkvory_gateway_leases (slot) ON DELETE CASCADE,
+    generation bigint NOT NULL,
+    demand bigint NOT NULL,
+    weight integer NOT NULL,
+    granted bigint NOT NULL,
+    held bigint NOT NULL DEFAULT 0,
+    held_until timestamptz,
+    PRIMARY KEY (principal, slot)
+);
+CREATE INDEX arkvory_principal_shares_slot ON arkvory_principal_shares (slot);
+
+-- Weighted max-min fair division of `capacity` within each group: a key that wants less than its
+-- weighted part gets what it wants, the rest is split by weight among the others. Whole bytes,
+-- rounded down, so a group's parts never add up to more than `capacity`.
+CREATE FUNCTION arkvory_water_fill(capacity bigint, groups text[], keys integer[], demands bigint[], weights integer[])
+RETURNS TABLE (grp text, key integer, extra bigint)
+LANGUAGE sql IMMUTABLE AS $$
+    WITH wanted AS (
+        SELECT u.grp, u.key, u.e, u.w
+        FROM unnest(groups, keys, demands, weights) AS u(grp, key, e, w)
+        WHERE u.e > 0 AND u.w > 0
+    ), ordered AS (
+        SELECT o.grp, o.key, o.e, o.w,
+               row_number() OVER win AS k,
+               coalesce(sum(o.e) OVER (win ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before,
+               sum(o.w) OVER (win ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS rest
+        FROM wanted AS o
+        WINDOW win AS (PARTITION BY o.grp ORDER BY o.e::numeric / o.w, o.key)
+    ), level AS (
+        -- The first key (in order of demand per weight) that wants at least its part of what
+        -- is left: it and every key after it get their part of that.
+        SELECT DISTINCT ON (o.grp) o.grp, capacity - o.before AS left_over, o.rest
+        FROM ordered AS o
+        WHERE o.e::numeric * o.rest >= o.w::numeric * (capacity - o.before)
+        ORDER BY o.grp, o.k
+    )
+    SELECT o.grp, o.key,
+           CASE WHEN l.grp IS NULL THEN o.e
+                ELSE least(o.e, div(o.w::numeric * l.left_over, l.rest)::bigint) END
+    FROM ordered AS o LEFT JOIN level AS l ON l.grp = o.grp
+$$;
+
+-- One renewal of a demand-mode slot: the lease's conditional renewal, then the slot's share of
+-- the total and its principals' shares of their totals. Returns renewed = false (nothing
+-- changed) when the lease is not this holder's any more or has expired, or when a newer renewal
+-- of this holder came first. `p_may_use`: the highest rate the process may use until its next
+-- renewal without hearing anything new (what it applies, or a grant it received and has not
+-- applied yet); `p_at`: the database clock (tests give their own).
+CREATE FUNCTION arkvory_renew_share(
+    p_slot integer, p_holder uuid, p_generation bigint, p_seq bigint, p_reservation double precision,
+    p_demand bigint, p_weight integer, p_may_use bigint,
+    p_principals text[], p_demands bigint[], p_weights integer[], p_may_uses bigint[],
+    p_at timestamptz DEFAULT now())
+RETURNS TABLE (renewed boolean, process_granted bigint, process_target bigint,
+               principal_ids text[], principal_granted bigint[], principals_short integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_slots integer;
+    v_total bigint;
+    v_pp bigint;
+    v_mode text;
+    v_until timestamptz := p_at + make_interval(secs => p_reservation);
+    v_lease record;
+    v_floor bigint;
+    v_divisible bigint;
+    v_granted bigint;
+    v_held bigint;
+    v_held_until timestamptz;
+    v_target bigint;
+    v_others bigint;
+    v_keys integer[];
+    v_demands bigint[];
+    v_weights integer[];
+    v_pfloor bigint;
+    v_pdivisible bigint;
+    v_ids text[];
+    v_pgranted bigint[];
+    v_short integer := 0;
+BEGIN
+    -- Every renewal of every slot takes this row lock first: one allocation at a time, each
+    -- seeing what the ones before it committed.
+    SELECT p.slots, p.total_bytes_per_second, p.per_principal_bytes_per_second, p.share_mode
+      INTO v_slots, v_total, v_pp, v_mode
+      FROM arkvory_download_policy AS p FOR NO KEY UPDATE;
+    IF NOT FOUND OR v_mode <> 'demand' THEN
+        RETURN QUERY SELECT false, 0::bigint, 0::bigint, NULL::text[], NULL::bigint[], 0;
+        RETURN;
+    END IF;
+    UPDATE arkvory_gateway_leases AS l
+       SET renewed_at = p_at, expires_at = v_until
+     WHERE l.slot = p_slot AND l.holder_id = p_holder AND l.generation = p_generation
+       AND l.expires_at > p_at
+       AND (l.share_generation IS DISTINCT FROM p_generation OR l.share_seq < p_seq)
+    RETURNING l.share_generation, l.share_granted, l.share_held, l.share_held_until INTO v_lease;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT false, 0::bigint, 0::bigint, NULL::text[], NULL::bigint[], 0;
+        RETURN;
+    END IF;
+
+    -- The process's own share. Each slot's floor is reserved whether it is live or not, so a
+    -- process may use it from its acquisition on; only the rest is divided by demand.
+    v_floor := v_total / (20 * v_slots);
+    v_divisible := v_total - v_floor * v_slots;
+    IF v_lease.share_generation IS DISTINCT FROM p_generation THEN
+        v_granted := v_floor;  -- a new holder: it starts from its floor
+        v_held := 0;
+        v_held_until := NULL;
+    ELSE
+        v_granted := v_lease.share_granted;
+        v_held := v_lease.share_held;
+        v_held_until := v_lease.share_held_until;
+    END IF;
+    IF v_held_until IS NULL OR v_held_until <= p_at THEN
+        v_held := 0;
+        v_held_until := NULL;
+    END IF;
+    IF p_may_use <= v_granted THEN
+        v_held := 0;  -- confirmed: it uses no more than its grant, and holds nothing larger
+        v_held_until := NULL;
+    ELSE
+        v_held := greatest(v_held, p_may_use);  -- still (maybe) in use: reserved for as long as
+        v_held_until := v_until;                -- the process may trust this renewal
+    END IF;
+    UPDATE arkvory_gateway_leases AS l
+       SET share_generation = p_generation, share_seq = p_seq,
+           share_demand = greatest(p_demand, 0), share_weight = greatest(p_weight, 0)
+     WHERE l.slot = p_slot;
+
+    SELECT array_agg(l.slot), array_agg(greatest(0, least(l.share_demand, v_total) - v_floor)),
+           array_agg(l.share_weight)
+      INTO v_keys, v_demands, v_weights
+      FROM arkvory_gateway_leases AS l
+     WHERE l.expires_at > p_at AND l.share_generation = l.generation;
+    SELECT v_floor + coalesce(max(f.extra) FILTER (WHERE f.key = p_slot), 0) INTO v_target
+      FROM arkvory_water_fill(v_divisible, array_fill(''::text, ARRAY[cardinality(v_keys)]),
+                              v_keys, v_demands, v_weights) AS f;
+    SELECT coalesce(sum(greatest(0, greatest(l.share_granted,
+                    CASE WHEN l.share_held_until > p_at THEN l.share_held ELSE 0 END) - v_floor)), 0)
+      INTO v_others
+      FROM arkvory_gateway_leases AS l
+     WHERE l.slot <> p_slot AND l.expires_at > p_at AND l.share_generation = l.generation;
+    IF v_target < v_granted THEN
+        -- Decreased: the old grant stays reserved until the process confirms the new one or
+        -- can no longer trust this renewal.
+        v_held := greatest(v_held, v_granted);
+        v_held_until := v_until;
+        v_granted := v_target;
+    ELSIF v_target > v_granted THEN
+        -- Increased only by what no other live slot holds (granted, or held after a decrease).
+        v_granted := greatest(v_granted, least(v_target, v_floor + v_divisible - v_others));
+    END IF;
+    UPDATE arkvory_gateway_leases AS l
+       SET share_granted = v_granted, share_held = v_held, share_held_until = v_held_until
+     WHERE l.slot = p_slot;
+
+    -- Each principal's total, divided the same way among the slots where it downloads.
+    IF v_pp > 0 THEN
+        v_pfloor := v_pp / (20 * v_slots);
+        v_pdivisible := v_pp - v_pfloor * v_slots;
+        -- A principal the process no longer reports is one it uses only its floor for.
+        DELETE FROM arkvory_principal_shares AS s
+         WHERE s.slot = p_slot
+           AND (s.generation <> p_generation
+                OR NOT EXISTS (SELECT 1 FROM unnest(p_principals) AS u(principal) WHERE u.principal = s.principal));
+        -- `held` carries the reported may-use in: confirmed or held, as for the process.
+        INSERT INTO arkvory_principal_shares AS s
+               (principal, slot, generation, demand, weight, granted, held, held_until)
+        SELECT u.principal, p_slot, p_generation, greatest(u.demand, 0), greatest(u.weight, 0), v_pfloor,
+               CASE WHEN u.may_use > v_pfloor THEN u.may_use ELSE 0 END,
+               CASE WHEN u.may_use > v_pfloor THEN v_until END
+          FROM unnest(p_principals, p_demands, p_weights, p_may_uses) AS u(principal, demand, weight, may_use)
+        ON CONFLICT (principal, slot) DO UPDATE
+           SET demand = excluded.demand, weight = excluded.weight,
+               held = CASE WHEN excluded.held <= s.granted THEN 0
+                           ELSE greatest(CASE WHEN s.held_until > p_at THEN s.held ELSE 0 END, excluded.held) END,
+               held_until = CASE WHEN excluded.held <= s.granted THEN NULL ELSE v_until END;
+        WITH live AS (
+            SELECT s.principal, s.slot, s.granted, s.held, s.held_until,
+                   greatest(0, least(s.demand, v_pp) - v_pfloor) AS e, s.weight AS w
+              FROM arkvory_principal_shares AS s
+              JOIN arkvory_gateway_leases AS l
+                ON l.slot = s.slot AND l.generation = s.generation AND l.expires_at > p_at
+             WHERE s.principal = ANY (p_principals)
+        ), fair AS (
+            SELECT f.grp AS principal, f.extra
+              FROM (SELECT array_agg(principal) AS g, array_agg(slot) AS k, array_agg(e) AS d,
+                           array_agg(w) AS w FROM live) AS a,
+                   arkvory_water_fill(v_pdivisible, a.g, a.k, a.d, a.w) AS f
+             WHERE f.key = p_slot
+        ), taken AS (
+            SELECT principal, sum(greatest(0, greatest(granted,
+                       CASE WHEN held_until > p_at THEN held ELSE 0 END) - v_pfloor)) AS others
+              FROM live WHERE slot <> p_slot GROUP BY principal
+        ), updated AS (
+            UPDATE arkvory_principal_shares AS s
+               SET granted = CASE
+                       WHEN t.target < s.granted THEN t.target
+                       WHEN t.target > s.granted THEN
+                           greatest(s.granted, least(t.target, v_pfloor + v_pdivisible - t.others))
+                       ELSE s.granted END,
+                   held = CASE WHEN t.target < s.granted
+                               THEN greatest(CASE WHEN s.held_until > p_at THEN s.held ELSE 0 END, s.granted)
+                               ELSE s.held END,
+                   held_until = CASE WHEN t.target < s.granted THEN v_until ELSE s.held_until END
+              FROM (SELECT u.principal, v_pfloor + coalesce(fair.extra, 0) AS target,
+                           coalesce(taken.others, 0) AS others
+                      FROM unnest(p_principals) AS u(principal)
+                      LEFT JOIN fair ON fair.principal = u.principal
+                      LEFT JOIN taken ON taken.principal = u.principal) AS t
+             WHERE s.slot = p_slot AND s.principal = t.principal
+            RETURNING s.principal, s.granted, t.target
+        )
+        SELECT array_agg(u.principal), array_agg(u.granted), count(*) FILTER (WHERE u.granted < u.target)
+          INTO v_ids, v_pgranted, v_short
+          FROM updated AS u;
+    END IF;
+    RETURN QUERY SELECT true, v_granted, v_target, v_ids, v_pgranted, coalesce(v_short, 0);
+END
+$$;
