@@ -218,6 +218,11 @@ class ShareExchange:
             row = await conn.fetchrow(_RENEW_SHARE, *arguments)
         finally:
             self.in_flight = False
+        return self.answered(row)
+
+    def answered(self, row: Mapping | None) -> bool:
+        """The statement's answer: True when it renewed; its grant waits for `accepted`."""
+        self._pending = None
         if row is None or not row["renewed"]:
             return False
         self._pending = grant_from_row(row)
