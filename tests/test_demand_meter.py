@@ -83,3 +83,21 @@ def test_the_meter():
     with_principals = DemandMeter(ShareExchange(10_000_000, 1_000_000, 3))
     report = with_principals.measure(0.0, 0, 0.0, 3, 0, {"a": 2, "b": 1})
     assert report.demand == 2_000_000 and report.principals == {"a": (1_000_000, 2), "b": (1_000_000, 1)}
+
+
+def test_the_share_mode_setting():
+    from arkvory.shared.settings import Settings, SettingsError
+
+    base = {"ARKVORY_DATABASE_URL": "postgresql://u@h/db", "ARKVORY_DATA_DIR": "/tmp/x"}
+    shared = {**base, "ARKVORY_GATEWAY_SLOTS": "3", "ARKVORY_GATEWAY_SLOT": "0",
+              "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND": str(3 * 2**20)}
+    assert Settings.from_env(shared).shared.share_mode == "static"
+    assert Settings.from_env({**shared, "ARKVORY_SHARE_MODE": "demand"}).shared.policy[3] == "demand"
+    for env, says in (({**shared, "ARKVORY_SHARE_MODE": "fair"}, "ARKVORY_SHARE_MODE: expected one of static, demand"),
+                      ({**base, "ARKVORY_SHARE_MODE": "demand"}, "ARKVORY_SHARE_MODE: expected static")):
+        try:
+            Settings.from_env(env)
+        except SettingsError as exc:
+            assert says in str(exc)
+        else:
+            raise AssertionError(env)

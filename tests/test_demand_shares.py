@@ -3,6 +3,7 @@ demand, a killed process's share comes back only after its grant ran out, and th
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -10,7 +11,7 @@ import httpx
 import pytest
 
 from .budget_measure import KiB, make_repo
-from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch as query, eventually
+from .harness import ADMIN_TOKEN, READER_TOKEN, db_fetch as query, eventually, run_arkvory
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -92,6 +93,11 @@ def test_one_busy_process_of_three_gets_most_of_the_total(cluster):
             loader.stop.set()
             loader.join(10)
     assert rate >= 0.9 * total
+    status = run_arkvory(writer.env, "admin", "status", "--json")
+    report = json.loads(status.stdout)
+    assert report["downloadPolicy"]["shareMode"] == "demand"
+    assert {lease["slot"]: lease["shareBytesPerSecond"] is not None for lease in report["leases"]} == {0: True, 1: True, 2: True}
+    assert "shares         demand" in run_arkvory(writer.env, "admin", "status").stdout
     bursts = 3 * min(total // 3 // 10, MiB)
     assert last - first <= total * (ended - opened) + bursts
 

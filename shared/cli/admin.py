@@ -225,8 +225,8 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
     if storage:
         report["storage"] = {"id": storage["id"], "location": storage["location"]}
     policy = await conn.fetchrow(
-        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at"
-        " FROM arkvory_download_policy"
+        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at,"
+        " share_mode FROM arkvory_download_policy"
     )
     if policy:
         report["downloadPolicy"] = {
@@ -234,10 +234,14 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
             "totalBytesPerSecond": policy["total_bytes_per_second"],
             "perPrincipalBytesPerSecond": policy["per_principal_bytes_per_second"],
             "savedAt": _utc(policy["saved_at"]),
+            "shareMode": policy["share_mode"],
         }
     for row in await conn.fetch(
         "SELECT slot, role, pid, host, url, generation, acquired_at,"
-        " renewed_at, extract(epoch FROM expires_at - now())::float8 AS remaining"
+        " renewed_at, extract(epoch FROM expires_at - now())::float8 AS remaining,"
+        # demand mode: the share the database granted this holder and the demand it reported
+        " CASE WHEN share_generation = generation THEN share_granted END AS share,"
+        " CASE WHEN share_generation = generation THEN share_demand END AS demand"
         " FROM arkvory_gateway_leases l ORDER BY slot"
     ):
         report["leases"].append({
@@ -254,6 +258,8 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
             "expiresInSeconds": round(row["remaining"], 1),
             "acquiredAt": _utc(row["acquired_at"]),
             "renewedAt": _utc(row["renewed_at"]),
+            "shareBytesPerSecond": row["share"],
+            "demandBytesPerSecond": row["demand"],
         })
     report["workers"] = await _workers(conn)
     return report
@@ -276,6 +282,10 @@ def status_table(report: dict[str, Any]) -> str:
             f"download policy  {policy['slots']} slots, saved {policy['savedAt']}",
             f"  total          {_rate(policy['totalBytesPerSecond'])}",
             f"  per principal  {_rate(policy['perPrincipalBytesPerSecond'])}",
+            "  shares         " + (
+                "demand (they follow the downloads, granted at every renewal)"
+                if policy.get("shareMode") == "demand" else "static (the total divided equally by the slots)"
+            ),
         ]
     workers = report["workers"]
     if not workers:
@@ -303,6 +313,13 @@ def status_table(report: dict[str, Any]) -> str:
                 for lease in leases
             ],
         )
+        if policy is not None and policy.get("shareMode") == "demand":
+            lines += [
+                f"  slot {lease['slot']} share  {_rate(lease['shareBytesPerSecond'])}, demand "
+                f"{_rate(lease['demandBytesPerSecond']) if lease['demandBytesPerSecond'] else 'none (idle)'}"
+                for lease in leases
+                if lease["live"] and lease["shareBytesPerSecond"] is not None
+            ]
     if workers:
         lines.append("")
         lines += _table(
