@@ -110,7 +110,9 @@ class DemandShares:
         self._lease: Renewing | None = None
         self._confirm_due = False  # a decrease was applied: tell the database, so it frees it
         self.apply()  # the floor, from the start
-        metrics.registry.register(_ShareCollector(self))
+        observe_shares(
+            metrics, exchange.total, lambda: self.exchange.last_report.demand, lambda: self.redivisions
+        )
 
     def attach(self, lease: Renewing, loop: asyncio.AbstractEventLoop) -> None:
         """Before the lease starts: grants reach `apply` on this loop, early renewals go to `lease`."""
@@ -205,29 +207,35 @@ class DemandShares:
         }
 
 
-class _ShareCollector(Collector):
-    """The reported demand and the re-divisions, read at scrape time (exported from the start)."""
+def observe_shares(
+    metrics: Metrics, total: int, demand: Callable[[], int], redivisions: Callable[[], int]
+) -> None:
+    """Export the reported demand, the total and the re-divisions, read at scrape time. Every
+    process with a shared budget exports them from the start (static mode: demand and
+    re-divisions stay 0), so an alert on them never waits for a first series."""
+    metrics.registry.register(_ShareCollector(total, demand, redivisions))
 
-    def __init__(self, shares: DemandShares) -> None:
-        self.shares = shares
+
+class _ShareCollector(Collector):
+    def __init__(self, total: int, demand: Callable[[], int], redivisions: Callable[[], int]) -> None:
+        self.total, self.demand, self.redivisions = total, demand, redivisions
 
     def collect(self):
-        shares = self.shares
         demand = GaugeMetricFamily(
             "arkvory_download_demand_bytes_per_second",
-            "Payload rate this process reported it could use at its last renewal (demand mode)",
+            "Payload rate this process reported it could use at its last renewal (demand shares; 0 in static mode)",
         )
-        demand.add_metric([], shares.exchange.last_report.demand)
+        demand.add_metric([], self.demand())
         yield demand
         total = GaugeMetricFamily(
             "arkvory_download_share_total_bytes_per_second",
-            "The total payload rate of all processes that demand mode divides",
+            "The total payload rate of all processes together (the policy's)",
         )
-        total.add_metric([], shares.exchange.total)
+        total.add_metric([], self.total)
         yield total
         redivisions = CounterMetricFamily(
             "arkvory_download_share_redivisions",
             "Grants that changed this process's share (of the total or of a principal's)",
         )
-        redivisions.add_metric([], shares.redivisions)
+        redivisions.add_metric([], self.redivisions())
         yield redivisions

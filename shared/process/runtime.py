@@ -47,7 +47,7 @@ from arkvory.shared.cluster.supervision import observe_database, supervised
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.download.admission import Admission
 from arkvory.shared.download.catalog_cache import CatalogCache
-from arkvory.shared.download.demand import DemandShares
+from arkvory.shared.download.demand import DemandShares, observe_shares
 from arkvory.shared.download.throttle import BandwidthScheduler
 from arkvory.shared.errors import DatabaseUnavailable, LeaseLost, StartupError, StartupRefused
 from arkvory.shared.metrics import Metrics
@@ -109,6 +109,8 @@ class Runtime:
                 local_principal_limit=settings.download_bytes_per_second_per_principal,
             )
             self.demand = DemandShares(exchange, self.bandwidth, self.admission, self.metrics)
+        elif shared is not None:
+            observe_shares(self.metrics, shared.total_bytes_per_second, lambda: 0, lambda: 0)
 
     # -- start-up ---------------------------------------------------------------------------
 
