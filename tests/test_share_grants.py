@@ -194,25 +194,35 @@ def water_fill(capacity: int, wants: dict[int, tuple[int, int]]) -> dict[int, fr
 
 
 def test_the_division_is_weighted_max_min_fair(database_url):
+    """One call divides many groups at once (the principals' totals): each as if alone."""
+
     async def main():
         conn = await asyncpg.connect(database_url)
         await db.migrate(conn)
         rng = random.Random(23)
         for case in range(300):
-            n = rng.randint(1, 16)
             capacity = rng.randint(1, 2**40)
-            wants = {k: (rng.choice([0, 1, rng.randint(1, capacity), capacity * 2, rng.randint(1, 2**41)]),
-                         rng.randint(0, 40)) for k in range(n)}
-            rows = await conn.fetch(
-                "SELECT key, extra FROM arkvory_water_fill($1, $2, $3, $4, $5)",
-                capacity, [""] * n, list(wants), [d for d, _ in wants.values()], [w for _, w in wants.values()],
-            )
-            got = {r["key"]: r["extra"] for r in rows}
-            exact = water_fill(capacity, {k: dw for k, dw in wants.items() if dw[0] > 0 and dw[1] > 0})
-            assert sum(got.values()) <= capacity, (case, wants, got)
-            for k, share in exact.items():
-                assert share - 1 <= got[k] <= share, (case, k, wants, got, exact)
-            assert set(got) == set(exact)
+            groups = rng.sample(["", "alice", "Bob", "bob", "é", "z" * 40], rng.randint(1, 4))
+            rows = []  # (group, key, demand, weight)
+            for group in groups:
+                for key in range(rng.randint(1, 16)):
+                    rows.append((group, key, rng.choice([0, 1, rng.randint(1, capacity), capacity * 2, rng.randint(1, 2**41)]),
+                                 rng.randint(0, 40)))
+            rng.shuffle(rows)
+            got: dict[str, dict[int, int]] = {}
+            for r in await conn.fetch(
+                "SELECT grp, key, extra FROM arkvory_water_fill($1, $2, $3, $4, $5)",
+                capacity, [g for g, *_ in rows], [k for _, k, *_ in rows], [d for *_, d, _ in rows], [w for *_, w in rows],
+            ):
+                got.setdefault(r["grp"], {})[r["key"]] = r["extra"]
+            for group in groups:
+                wants = {k: (d, w) for g, k, d, w in rows if g == group and d > 0 and w > 0}
+                exact = water_fill(capacity, wants)
+                mine = got.get(group, {})
+                assert sum(mine.values()) <= capacity, (case, group, wants, mine)
+                assert set(mine) == set(exact), (case, group)
+                for k, share in exact.items():
+                    assert share - 1 <= mine[k] <= share, (case, group, k, wants, mine, exact)
         await conn.close()
 
     run(main())

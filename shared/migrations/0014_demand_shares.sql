@@ -34,33 +34,37 @@ CREATE INDEX arkvory_principal_shares_slot ON arkvory_principal_shares (slot);
 
 -- Weighted max-min fair division of `capacity` within each group: a key that wants less than its
 -- weighted part gets what it wants, the rest is split by weight among the others. Whole bytes,
--- rounded down, so a group's parts never add up to more than `capacity`.
+-- rounded down, so a group's parts never add up to more than `capacity`. Window functions only
+-- (sorts, no join of the rows with themselves): a renewal divides every principal's total at once.
 CREATE FUNCTION arkvory_water_fill(capacity bigint, groups text[], keys integer[], demands bigint[], weights integer[])
 RETURNS TABLE (grp text, key integer, extra bigint)
 LANGUAGE sql IMMUTABLE AS $$
-    WITH wanted AS (
-        SELECT u.grp, u.key, u.e, u.w
+    WITH ordered AS (
+        -- In order of demand per weight: what the keys before each one want, and the weight
+        -- of the keys from it on. (Groups compare bytewise, "C": nothing depends on their order.)
+        SELECT u.grp, u.key, u.e, u.w,
+               coalesce(sum(u.e) OVER (win ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before,
+               sum(u.w) OVER (win ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS rest
         FROM unnest(groups, keys, demands, weights) AS u(grp, key, e, w)
         WHERE u.e > 0 AND u.w > 0
-    ), ordered AS (
-        SELECT o.grp, o.key, o.e, o.w,
-               row_number() OVER win AS k,
-               coalesce(sum(o.e) OVER (win ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before,
-               sum(o.w) OVER (win ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS rest
-        FROM wanted AS o
-        WINDOW win AS (PARTITION BY o.grp ORDER BY o.e::numeric / o.w, o.key)
+        WINDOW win AS (PARTITION BY u.grp COLLATE "C" ORDER BY u.e::float8 / u.w, u.key)
     ), level AS (
-        -- The first key (in order of demand per weight) that wants at least its part of what
-        -- is left: it and every key after it get their part of that.
-        SELECT DISTINCT ON (o.grp) o.grp, capacity - o.before AS left_over, o.rest
+        -- The first key that wants at least its part of what is left (the keys after it do
+        -- too): it and every key after it get their part of that; none, and every key gets
+        -- what it wants. Whatever the order, each key before it gets at most what it wants and
+        -- those from it on share what is left, so the parts never add up to more than
+        -- `capacity`; the order and this test (in double precision) only make it exact.
+        SELECT o.grp, o.key, o.e, o.w,
+               max(capacity - o.before) FILTER (WHERE o.e::float8 * o.rest >= o.w::float8 * (capacity - o.before))
+                   OVER (PARTITION BY o.grp COLLATE "C") AS left_over,
+               max(o.rest) FILTER (WHERE o.e::float8 * o.rest >= o.w::float8 * (capacity - o.before))
+                   OVER (PARTITION BY o.grp COLLATE "C") AS left_weight
         FROM ordered AS o
-        WHERE o.e::numeric * o.rest >= o.w::numeric * (capacity - o.before)
-        ORDER BY o.grp, o.k
     )
-    SELECT o.grp, o.key,
-           CASE WHEN l.grp IS NULL THEN o.e
-                ELSE least(o.e, div(o.w::numeric * l.left_over, l.rest)::bigint) END
-    FROM ordered AS o LEFT JOIN level AS l ON l.grp = o.grp
+    SELECT l.grp, l.key,
+           CASE WHEN l.left_weight IS NULL THEN l.e
+                ELSE least(l.e, div(l.w::numeric * l.left_over, l.left_weight)::bigint) END
+    FROM level AS l
 $$;
 
 -- One renewal of a demand-mode slot: the lease's conditional renewal, then the slot's share of
@@ -185,57 +189,80 @@ BEGIN
          WHERE s.slot = p_slot
            AND (s.generation <> p_generation
                 OR NOT EXISTS (SELECT 1 FROM unnest(p_principals) AS u(principal) WHERE u.principal = s.principal));
-        -- `held` carries the reported may-use in: confirmed or held, as for the process.
-        INSERT INTO arkvory_principal_shares AS s
-               (principal, slot, generation, demand, weight, granted, held, held_until)
-        SELECT u.principal, p_slot, p_generation, greatest(u.demand, 0), greatest(u.weight, 0), v_pfloor,
-               CASE WHEN u.may_use > v_pfloor THEN u.may_use ELSE 0 END,
-               CASE WHEN u.may_use > v_pfloor THEN v_until END
-          FROM unnest(p_principals, p_demands, p_weights, p_may_uses) AS u(principal, demand, weight, may_use)
-        ON CONFLICT (principal, slot) DO UPDATE
-           SET demand = excluded.demand, weight = excluded.weight,
-               held = CASE WHEN excluded.held <= s.granted THEN 0
-                           ELSE greatest(CASE WHEN s.held_until > p_at THEN s.held ELSE 0 END, excluded.held) END,
-               held_until = CASE WHEN excluded.held <= s.granted THEN NULL ELSE v_until END;
-        WITH live AS (
-            SELECT s.principal, s.slot, s.granted, s.held, s.held_until,
-                   greatest(0, least(s.demand, v_pp) - v_pfloor) AS e, s.weight AS w
+        -- Every reported principal's new row is computed first and written once (one new row
+        -- version each): its hold (the reported may-use, confirmed or held, as for the
+        -- process), its fair part among the live slots where it downloads, and its grant.
+        WITH reported AS (
+            SELECT u.principal, greatest(u.demand, 0) AS demand, greatest(u.weight, 0) AS weight,
+                   coalesce(s.granted, v_pfloor) AS granted, u.may_use,
+                   CASE WHEN s.held_until > p_at THEN s.held ELSE 0 END AS held
+              FROM unnest(p_principals, p_demands, p_weights, p_may_uses) AS u(principal, demand, weight, may_use)
+              LEFT JOIN arkvory_principal_shares AS s ON s.principal = u.principal AND s.slot = p_slot
+        ), own AS (
+            SELECT r.principal, r.demand, r.weight, r.granted,
+                   CASE WHEN r.may_use <= r.granted THEN 0 ELSE greatest(r.held, r.may_use) END AS held
+              FROM reported AS r
+        ), others AS (
+            SELECT s.principal, s.slot, s.demand, s.weight,
+                   greatest(s.granted, CASE WHEN s.held_until > p_at THEN s.held ELSE 0 END) AS committed
               FROM arkvory_principal_shares AS s
               JOIN arkvory_gateway_leases AS l
                 ON l.slot = s.slot AND l.generation = s.generation AND l.expires_at > p_at
-             WHERE s.principal = ANY (p_principals)
+             WHERE s.principal = ANY (p_principals) AND s.slot <> p_slot
+        ), shared AS (
+            -- Principals that download through other live slots too: only theirs need dividing.
+            SELECT DISTINCT x.principal FROM others AS x
         ), fair AS (
             SELECT f.grp AS principal, f.extra
-              FROM (SELECT array_agg(principal) AS g, array_agg(slot) AS k, array_agg(e) AS d,
-                           array_agg(w) AS w FROM live) AS a,
+              FROM (SELECT array_agg(x.principal) AS g, array_agg(x.slot) AS k, array_agg(x.e) AS d,
+                           array_agg(x.w) AS w
+                      FROM (SELECT o.principal, p_slot AS slot, greatest(0, least(o.demand, v_pp) - v_pfloor) AS e,
+                                   o.weight AS w FROM own AS o JOIN shared ON shared.principal = o.principal
+                            UNION ALL
+                            SELECT x.principal, x.slot, greatest(0, least(x.demand, v_pp) - v_pfloor), x.weight
+                              FROM others AS x) AS x) AS a,
                    arkvory_water_fill(v_pdivisible, a.g, a.k, a.d, a.w) AS f
              WHERE f.key = p_slot
+            UNION ALL
+            -- Alone in its group: it gets what it wants, up to all there is (the same division).
+            SELECT o.principal, least(greatest(0, least(o.demand, v_pp) - v_pfloor), v_pdivisible)
+              FROM own AS o
+             WHERE o.weight > 0 AND NOT EXISTS (SELECT 1 FROM shared WHERE shared.principal = o.principal)
         ), taken AS (
-            SELECT principal, sum(greatest(0, greatest(granted,
-                       CASE WHEN held_until > p_at THEN held ELSE 0 END) - v_pfloor)) AS others
-              FROM live WHERE slot <> p_slot GROUP BY principal
-        ), updated AS (
-            UPDATE arkvory_principal_shares AS s
-               SET granted = CASE
-                       WHEN t.target < s.granted THEN t.target
-                       WHEN t.target > s.granted THEN
-                           greatest(s.granted, least(t.target, v_pfloor + v_pdivisible - t.others))
-                       ELSE s.granted END,
-                   held = CASE WHEN t.target < s.granted
-                               THEN greatest(CASE WHEN s.held_until > p_at THEN s.held ELSE 0 END, s.granted)
-                               ELSE s.held END,
-                   held_until = CASE WHEN t.target < s.granted THEN v_until ELSE s.held_until END
-              FROM (SELECT u.principal, v_pfloor + coalesce(fair.extra, 0) AS target,
-                           coalesce(taken.others, 0) AS others
-                      FROM unnest(p_principals) AS u(principal)
-                      LEFT JOIN fair ON fair.principal = u.principal
-                      LEFT JOIN taken ON taken.principal = u.principal) AS t
-             WHERE s.slot = p_slot AND s.principal = t.principal
-            RETURNING s.principal, s.granted, t.target
+            SELECT x.principal, sum(greatest(0, x.committed - v_pfloor)) AS others
+              FROM others AS x GROUP BY x.principal
+        ), decided AS (
+            SELECT o.principal, o.demand, o.weight, o.granted, o.held,
+                   v_pfloor + coalesce(fair.extra, 0) AS target, coalesce(taken.others, 0) AS others
+              FROM own AS o
+              LEFT JOIN fair ON fair.principal = o.principal
+              LEFT JOIN taken ON taken.principal = o.principal
+        ), final AS (
+            SELECT d.principal, d.demand, d.weight, d.target,
+                   CASE WHEN d.target < d.granted THEN d.target
+                        WHEN d.target > d.granted THEN
+                            greatest(d.granted, least(d.target, v_pfloor + v_pdivisible - d.others))
+                        ELSE d.granted END AS granted,
+                   -- Decreased: the old grant stays reserved as for the process.
+                   CASE WHEN d.target < d.granted THEN greatest(d.held, d.granted) ELSE d.held END AS held
+              FROM decided AS d
+        ), written AS (
+            INSERT INTO arkvory_principal_shares AS s
+                   (principal, slot, generation, demand, weight, granted, held, held_until)
+            SELECT f.principal, p_slot, p_generation, f.demand, f.weight, f.granted, f.held,
+                   CASE WHEN f.held > 0 THEN v_until END
+              FROM final AS f
+            ON CONFLICT (principal, slot) DO UPDATE
+               SET generation = excluded.generation, demand = excluded.demand, weight = excluded.weight,
+                   granted = excluded.granted, held = excluded.held, held_until = excluded.held_until
+             -- A row that would not change is not written again (most of them, most of the time).
+             WHERE (s.generation, s.demand, s.weight, s.granted, s.held, s.held_until)
+                   IS DISTINCT FROM (excluded.generation, excluded.demand, excluded.weight, excluded.granted,
+                                     excluded.held, excluded.held_until)
         )
-        SELECT array_agg(u.principal), array_agg(u.granted), count(*) FILTER (WHERE u.granted < u.target)
+        SELECT array_agg(f.principal), array_agg(f.granted), count(*) FILTER (WHERE f.granted < f.target)
           INTO v_ids, v_pgranted, v_short
-          FROM updated AS u;
+          FROM final AS f;
     END IF;
     RETURN QUERY SELECT true, v_granted, v_target, v_ids, v_pgranted, coalesce(v_short, 0);
 END
