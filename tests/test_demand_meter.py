@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from arkvory.shared.cluster.grants import ShareExchange
+from arkvory.shared.cluster.grants import DemandReport, ShareExchange
 from arkvory.shared.download.demand import DemandMeter
 from arkvory.shared.download.throttle import BandwidthScheduler, TokenBucket, burst_for
 
@@ -101,3 +101,92 @@ def test_the_share_mode_setting():
             assert says in str(exc)
         else:
             raise AssertionError(env)
+
+
+def test_each_principal_is_measured_like_the_process():
+    """Per principal (with principals' totals): a new one, and one its own bucket holds back,
+    ask for the total; one whose clients read slowly asks for 1.25 × what it was granted."""
+    exchange = ShareExchange(30_000_000, 3_000_000, 3)
+    meter = DemandMeter(exchange)
+    downloads = {"new": 1, "bound": 2, "slow": 1}
+
+    def tick(now, usage):
+        return meter.measure(now, 0, 0.0, 4, 0, downloads, usage).principals
+
+    assert tick(0.0, {}) == {"new": (3_000_000, 1), "bound": (3_000_000, 2), "slow": (3_000_000, 1)}
+    for step in range(1, 5):
+        usage = {"bound": (step * 1_000_000, True), "slow": (step * 100_000, False)}
+        if step == 4:
+            usage["bound"] = (step * 1_000_000, False)  # short at 3 of the window's 4 ticks
+        got = tick(step * 0.25, usage)
+    assert got["new"] == (3_000_000, 1)  # never seen by the buckets yet: as for a new download
+    assert got["bound"] == (3_000_000, 2)
+    # granted 0 (not tracked at the window's start) -> treated as new; one more window:
+    for step in range(5, 10):
+        got = tick(step * 0.25, {"slow": (step * 100_000, False), "bound": (step * 1_000_000, False)})
+    assert got["slow"] == (500_000, 1)  # 400 000 B/s × 1.25
+    assert got["bound"] == (3_000_000, 2)  # 4 MB/s, above its total: the total
+    got = tick(2.5, {"slow": (1_000, False)})  # dropped and made again by the scheduler
+    assert got["slow"] == (3_000_000, 1)
+
+
+def test_the_scheduler_counts_each_principals_bytes_in_place_of_the_total():
+    async def main():
+        time = FakeTime()
+        scheduler = BandwidthScheduler(10_000_000, 1_000_000, time.clock, time.sleep)
+        for principal, size in (("a", 20_000), ("b", 20_000), ("a", 10_000)):
+            assert scheduler.grant_now(principal, size) == size
+        # bursts of 100 000, grants of 65 536: both could take one more at once
+        assert scheduler.principal_usage(["a", "b", "c"]) == {"a": (30_000, False), "b": (20_000, False)}
+        while scheduler.grant_now("b", scheduler.quantum_bytes):
+            pass
+        assert scheduler.principal_usage(["b"])["b"][1]  # short: its own bucket holds it back
+        waited = await scheduler.grant("b", 10_000)  # through the dispatcher: counted too
+        total = scheduler.granted_bytes
+        assert total == 30_000 + scheduler.principal_usage(["b"])["b"][0] and waited == 10_000
+        time.advance(5)  # both buckets full again: the next sweep drops them, the total stays
+        scheduler.grant_now("c", 1)
+        assert scheduler.tracked_principals == 1 and scheduler.granted_bytes == total + 1
+        scheduler.close(RuntimeError("done"))
+
+    asyncio.run(main())
+
+
+def test_early_renewals_wait_longer_when_renewals_are_slow():
+    """Early renewals of all slots keep the allocation's lock busy at most a quarter of the time:
+    a process waits slots × its last round trip × 4 between two (never less than 0.25 s)."""
+    from prometheus_client import CollectorRegistry
+
+    from arkvory.shared.download.admission import Admission
+    from arkvory.shared.download.demand import DemandShares, early_gap
+    from arkvory.shared.metrics import Metrics
+
+    time = FakeTime()
+    exchange = ShareExchange(16_000_000, 0, 16, clock=time.clock)
+    assert early_gap(exchange) == 0.25
+    exchange.last_took = 0.002
+    assert early_gap(exchange) == 0.25  # 16 × 2 ms × 4 = 0.128 s
+    exchange.last_took = 0.05
+    assert early_gap(exchange) == 3.2
+
+    class Lease:
+        asked = 0
+
+        def renew_soon(self):
+            self.asked += 1
+
+    lease = Lease()
+    shares = DemandShares(
+        exchange, BandwidthScheduler(1_000_000, None, time.clock, time.sleep),
+        Admission(4, 4, 4, 1.0, clock=time.clock), Metrics(CollectorRegistry()), clock=time.clock,
+    )
+    shares._lease = lease
+    exchange.last_sent = time.clock()
+    exchange.report = exchange.last_report = DemandReport(0, 0, {})
+    shares.meter.measure = lambda *args: DemandReport(16_000_000, 1, {})  # demand moved: renew early
+    time.advance(1.0)
+    shares.tick()
+    assert lease.asked == 0  # 1 s < 3.2 s
+    time.advance(2.5)
+    shares.tick()
+    assert lease.asked == 1

@@ -134,3 +134,61 @@ def test_a_killed_busy_process_gives_its_share_back_only_after_its_grant_ran_out
         other.stop.set()
         other.join(10)
         busy.join(10)
+
+
+class SlowReader(threading.Thread):
+    """One GET read at about `rate` bytes/s through a small receive buffer: a slow client."""
+
+    def __init__(self, process, path: str, rate: int, token: str = ADMIN_TOKEN) -> None:
+        super().__init__(daemon=True)
+        self.process, self.path, self.rate, self.token = process, path, rate, token
+        self.stop = threading.Event()
+        self.received = 0
+
+    def run(self) -> None:
+        import socket
+        import urllib.parse
+
+        address = urllib.parse.urlsplit(self.process.url)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * KiB)
+            sock.connect((address.hostname, address.port))
+            sock.sendall(
+                f"GET {self.path} HTTP/1.1\r\nHost: {address.netloc}\r\n"
+                f"Authorization: Bearer {self.token}\r\nConnection: close\r\n\r\n".encode()
+            )
+            piece = 8 * KiB
+            while not self.stop.is_set():
+                data = sock.recv(piece)
+                if not data:
+                    return
+                self.received += len(data)
+                time.sleep(len(data) / self.rate)
+
+
+def test_a_principal_reading_slowly_in_one_process_leaves_its_total_to_the_other(cluster):
+    """The per-principal total is divided by what the principal can use in each process: a
+    client that reads slowly in the writer asks for little there, so the same principal's fast
+    download through gateway 1 gets most of the principal's total (not half of it)."""
+    total, per_principal = 12 * MiB, 3 * MiB
+    writer, gateways = demand_cluster(
+        cluster, total, ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL=str(per_principal)
+    )
+    path = make_repo(writer, "slow", b"s" * (64 * MiB))
+    slow = SlowReader(writer, path, 100 * KiB)
+    fast = Downloader(gateways[0].url + path)
+    slow.start()
+    fast.start()
+    try:
+        time.sleep(8)  # the slow client's socket buffers filled; the shares settled
+        before, started = granted_bytes(gateways[0]), time.monotonic()
+        time.sleep(4)
+        rate = (granted_bytes(gateways[0]) - before) / (time.monotonic() - started)
+        assert slow.received > 0 and slow.is_alive()
+    finally:
+        slow.stop.set()
+        fast.stop.set()
+        fast.join(10)
+        slow.join(10)
+    assert not fast.errors
+    assert rate >= 0.75 * per_principal, rate / per_principal

@@ -16,9 +16,15 @@ import uuid
 import asyncpg
 import pytest
 
+from prometheus_client import CollectorRegistry
+
 from arkvory.shared import db
 from arkvory.shared.cluster.grants import Applied, DemandReport, ShareExchange, floor_for
 from arkvory.shared.cluster.lease import RESERVATION_S, TRUST_S
+from arkvory.shared.download.admission import Admission
+from arkvory.shared.download.demand import DemandShares
+from arkvory.shared.download.throttle import BandwidthScheduler, burst_for
+from arkvory.shared.metrics import Metrics
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -78,6 +84,9 @@ class Process:
         self.exchange = ShareExchange(total, per_principal, slots, clock=lambda: now[0])
         self.trusted_until = -1.0
         self.sent: float | None = None
+
+    def __repr__(self) -> str:
+        return f"slot {self.slot} (holder {str(self.holder)[:8]})"
 
     async def acquire(self, conn: asyncpg.Connection, t: float) -> bool:
         self.generation = await conn.fetchval(_ACQUIRE_AT, self.slot, self.holder, at(t), RESERVATION_S)
@@ -511,9 +520,86 @@ def test_a_stale_renewal_is_ignored(database_url):
 # -- a randomized model: renewals with delays, lost and late answers, freezes, kills, restarts --------
 
 
-async def model(database_url: str, seed: int, seconds: float, slots: int = 4) -> int:
+class Served:
+    """The bytes real token buckets hand out (shared/download/throttle.py's, with demand mode's
+    DemandShares applying each grant to them as a process does): every live, trusted process
+    that is not frozen or pausing takes all its buckets let it, for every principal, at every
+    `step`. Then, over every interval between two steps (shared/cluster/grants.py §5):
+      * each bucket (a process's, and each of its principals') handed out ≤ the integral of the
+        rates it had (changed in place by the grants) + its burst;
+      * all processes together ≤ total × elapsed + their buckets' bursts (static mode's), and
+        the same for each principal with its total."""
+
+    PRINCIPALS = ("ana", "bo", "cy")
+
+    def __init__(self, total: int, per_principal: int, slots: int) -> None:
+        self.total, self.per_principal, self.slots = total, per_principal, slots
+        # key -> [handed out, ∫ rate, rate in force, lowest (handed out − ∫ rate) before a
+        # step's takes, worst excess over it]; keys: None and each principal (all processes
+        # together, at their totals' rates), and (process, None|principal) for each bucket.
+        self.ledger: dict[object, list] = {
+            key: [0, 0.0, rate, 0.0, -float("inf")]
+            for key, rate in ((None, total), *((p, per_principal) for p in self.PRINCIPALS))
+        }
+        self.bound = {None: slots * burst_for(total // slots),
+                      **dict.fromkeys(self.PRINCIPALS, slots * burst_for(per_principal // slots))}
+        self.last = 0.0
+
+    def attach(self, process: Process, now: list[float]) -> None:
+        """Buckets built as the runtime builds them (the static shares), then demand mode's floor."""
+        exchange = process.exchange
+        bandwidth = BandwidthScheduler(self.total // self.slots, self.per_principal // self.slots, clock=lambda: now[0])
+        process.shares = DemandShares(
+            exchange, bandwidth, Admission(4, 4, 4, 1.0, clock=lambda: now[0]),
+            Metrics(CollectorRegistry()), clock=lambda: now[0],
+        )
+        process.apply = process.shares.apply  # the serving loop's own: grant -> buckets
+
+    def step(self, t: float, live: list[Process], sending: list[Process]) -> None:
+        elapsed = t - self.last
+        self.last = t
+        for process in live:  # the rates in force since the last step; a new bucket starts here
+            bandwidth = process.shares.bandwidth
+            self._rate((process, None), bandwidth.bytes_per_second, elapsed, bandwidth.burst_bytes)
+            for principal in self.PRINCIPALS:
+                tracked = bandwidth._principals.get(principal)
+                rate = tracked.bucket.rate if tracked is not None else bandwidth.per_principal_bytes_per_second
+                self._rate((process, principal), rate, elapsed, burst_for(self.per_principal // self.slots))
+        for key in self.bound:
+            self._rate(key, self.ledger[key][2], elapsed)
+        for entry in self.ledger.values():
+            entry[3] = min(entry[3], entry[0] - entry[1])
+        for process in sending:
+            bandwidth = process.shares.bandwidth
+            for principal in self.PRINCIPALS:
+                for _ in range(1000):
+                    size = bandwidth.grant_now(principal, bandwidth.quantum_bytes)
+                    if not size:
+                        break
+                    for key in (None, principal, (process, None), (process, principal)):
+                        self.ledger[key][0] += size
+        for entry in self.ledger.values():
+            entry[4] = max(entry[4], entry[0] - entry[1] - entry[3])
+
+    def _rate(self, key, rate: int, elapsed: float, burst: int | None = None) -> None:
+        entry = self.ledger.get(key)
+        if entry is None:  # a bucket seen for the first time: it may start full
+            self.ledger[key] = [0, 0.0, rate, 0.0, -float("inf")]
+            self.bound[key] = burst
+            return
+        entry[1] += entry[2] * elapsed  # ∫ rate: the old rate up to now
+        entry[2] = rate
+
+    def check(self, t: float) -> None:
+        for key, bound in self.bound.items():
+            assert self.ledger[key][4] <= bound + 1e-6, (
+                f"t={t}: {key}: {self.ledger[key][4]:.0f} over its rates × elapsed > its burst(s) {bound}")
+
+
+async def model(database_url: str, seed: int, seconds: float, slots: int = 4, served: bool = False) -> int:
     """Processes renew every 2 s (or early), answers are delayed, lost or late, processes freeze,
-    die and come back; the invariant is checked every 0.1 s. Returns the renewals made."""
+    die and come back; the invariant is checked every 0.1 s (and, with `served`, what real
+    buckets hand out, every 5 ms). Returns the renewals made."""
     total, per_principal = 4_000_000, 2_000_000
     rng = random.Random(seed)
     conn = await demand_database(database_url, slots, total, per_principal)
@@ -522,12 +608,15 @@ async def model(database_url: str, seed: int, seconds: float, slots: int = 4) ->
     state: dict[int, dict] = {}
     renewals = 0
     ghosts: list[tuple[float, Process, tuple]] = []
+    meter = Served(total, per_principal, slots) if served else None
     t = 0.0
     while t < seconds:
         now[0] = t
         for slot in range(slots):
-            if slot not in procs and rng.random() < 0.02:
+            if slot not in procs and rng.random() < (0.2 if served else 0.02):
                 p = Process(slot, total, per_principal, slots, now)
+                if meter is not None:
+                    meter.attach(p, now)
                 if await p.acquire(conn, t):
                     procs[slot] = p
                     state[slot] = dict(next=t + 2, flight=None, frozen=-1.0)
@@ -542,8 +631,12 @@ async def model(database_url: str, seed: int, seconds: float, slots: int = 4) ->
                 s["frozen"] = t + rng.uniform(0.5, 12)
                 continue
             if rng.random() < 0.02:
-                p.want(rng.choice([0, 100_000, 1_000_000, total]), rng.randint(1, 5),
-                       {name: rng.random() < 0.5 for name in ("ana", "bo", "cy")})
+                if served:  # mostly busy, so that the buckets send near the total
+                    p.want(rng.choice([0, 1_000_000, total, total]), rng.randint(1, 5),
+                           {name: rng.random() < 0.8 for name in Served.PRINCIPALS})
+                else:
+                    p.want(rng.choice([0, 100_000, 1_000_000, total]), rng.randint(1, 5),
+                           {name: rng.random() < 0.5 for name in ("ana", "bo", "cy")})
             if rng.random() < 0.2:
                 p.apply()  # the serving loop catches up with what the lease thread received
             f = s["flight"]
@@ -570,6 +663,14 @@ async def model(database_url: str, seed: int, seconds: float, slots: int = 4) ->
             ghosts.remove(ghost)
             await ghost[1].arrive(conn, ghost[2], t)
         await check(conn, t, list(procs.values()), slots, total, per_principal)
+        if meter is not None:  # the buckets send until the next step, as the processes stand now
+            # (some pause now and then: their buckets fill, then they all send at once)
+            pausing = {slot for slot in procs if rng.random() < 0.3}
+            for tick in range(20):
+                now[0] = round(t + tick * 0.005, 6)
+                live = [p for slot, p in procs.items() if now[0] < p.trusted_until]
+                meter.step(now[0], live, [p for p in live if p.slot not in pausing and now[0] >= state[p.slot]["frozen"]])
+            meter.check(t)
         t = round(t + 0.1, 6)
     await conn.close()
     return renewals
@@ -578,6 +679,14 @@ async def model(database_url: str, seed: int, seconds: float, slots: int = 4) ->
 @pytest.mark.parametrize("seed", [1, 2])
 def test_randomized_hand_overs_never_exceed_the_total(database_url, seed):
     assert run(model(database_url, seed, 90.0)) > 100
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_real_buckets_through_the_hand_overs_never_hand_out_more_than_the_total(database_url, seed):
+    """The same model with the serving side's own buckets: every grant applied in place
+    (rates up and down, principals' rates given and taken back), processes sending all they may;
+    over every interval all of them together ≤ total × elapsed + static mode's bursts."""
+    assert run(model(database_url, seed, 60.0, served=True)) > 60
 
 
 @pytest.mark.soak

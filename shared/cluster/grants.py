@@ -122,6 +122,7 @@ class ShareExchange:
     ) -> None:
         self.total = total
         self.per_principal_total = per_principal_total
+        self.slots = slots
         self.floor = floor_for(total, slots)
         self.principal_floor = floor_for(per_principal_total, slots) if per_principal_total else 0
         self.local_limit = local_limit
@@ -135,6 +136,7 @@ class ShareExchange:
         self.received = Grant(self.floor, {}, self.floor)
         self.last_report = DemandReport()
         self.last_sent: float | None = None
+        self.last_took = 0.0  # the last renewal's round trip, lock wait included (or until given up)
         self.in_flight = False
         self.renewals = 0
         self._seq = 0
@@ -218,6 +220,7 @@ class ShareExchange:
             row = await conn.fetchrow(_RENEW_SHARE, *arguments)
         finally:
             self.in_flight = False
+            self.last_took = self.clock() - self.last_sent
         return self.answered(row)
 
     def answered(self, row: Mapping | None) -> bool:

@@ -13,7 +13,11 @@ What "demand" is (docs/operations.md gives the numbers):
     local ARKVORY_DOWNLOAD_BYTES_PER_SECOND, and by the principals' totals when those are set);
   * otherwise its clients read slower than its share: 1.25 × what it sent in the last second.
 The weight is the number of downloads sending or waiting: the total is divided in proportion to
-downloads, so clients spread unevenly over the processes still get even rates.
+downloads, so clients spread unevenly over the processes still get even rates. Each principal
+with downloads here (when principals have a total) is measured the same way, from what its
+bucket granted it (a count kept in place of the process's, not beside it) and whether that
+bucket was short at the ticks: bound by its own rate, or new here, it asks for its total; its
+clients reading slowly, 1.25 × what it was granted.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import anyio
@@ -42,6 +46,10 @@ WINDOW_S = 1.0  # the moving window demand is measured over
 BOUND_WAITING = 0.05  # transfers waited for tokens this share of the window: they would take more
 HEADROOM = 1.25  # a process whose clients read slowly asks for this much more than it sent
 MIN_GAP_S = 0.25  # never two renewals closer than this
+# Early renewals of all slots together keep the allocation (one row lock, shared/cluster/grants.py)
+# busy at most this share of the time: between two of them a process waits at least slots × its
+# last renewal's round trip (lock wait included) ÷ this. A slow or contended database: fewer.
+EARLY_LOCK_SHARE = 0.25
 SHORT_RETRY_S = 0.5  # ask again this often while a part promised to us is still held elsewhere
 MOVED = 1.5  # demand changed by this factor since the last report: tell the database now
 
@@ -52,25 +60,35 @@ class Renewing(Protocol):
     def renew_soon(self) -> None: ...
 
 
+Usage = Mapping[str, tuple[int, bool]]  # principal -> (bytes granted so far, its own bucket short now)
+
+
+def early_gap(exchange: ShareExchange) -> float:
+    """The shortest time from one renewal to an early one."""
+    return max(MIN_GAP_S, exchange.slots * exchange.last_took / EARLY_LOCK_SHARE)
+
+
 class DemandMeter:
     """Turns the counters sampled every tick into a `DemandReport` (pure: the clock is the caller's)."""
 
     def __init__(self, exchange: ShareExchange) -> None:
         self.exchange = exchange
-        self._samples: deque[tuple[float, int, float]] = deque()
+        self._samples: deque[tuple[float, int, float, Usage]] = deque()
 
     def measure(
         self, now: float, granted_bytes: int, wait_seconds: float, active: int, waiting: int,
-        by_principal: dict[str, int],
+        by_principal: dict[str, int], usage: Usage | None = None,
     ) -> DemandReport:
+        """`usage`: the scheduler's `principal_usage` of the principals in `by_principal` (only
+        with principals' totals)."""
         samples = self._samples
-        samples.append((now, granted_bytes, wait_seconds))
+        samples.append((now, granted_bytes, wait_seconds, usage or {}))
         while len(samples) > 2 and now - samples[1][0] >= WINDOW_S:
             samples.popleft()
         busy = active + waiting
         if not busy:
             return DemandReport()
-        since, granted_then, waited_then = samples[0]
+        since, granted_then, waited_then, _ = samples[0]
         span = now - since
         exchange = self.exchange
         ceiling = exchange.ceiling()
@@ -82,11 +100,30 @@ class DemandMeter:
             demand = ceiling
         else:
             demand = min(ceiling, int((granted_bytes - granted_then) / span * HEADROOM))
-        principals = (
-            {principal_id: (principal_ceiling, count) for principal_id, count in by_principal.items()}
-            if principal_ceiling else {}
-        )
+        principals = self._principal_demands(by_principal, span) if principal_ceiling else {}
         return DemandReport(demand, busy, principals)
+
+    def _principal_demands(self, by_principal: dict[str, int], span: float) -> dict[str, tuple[int, int]]:
+        """Each downloading principal's demand and downloads, measured like the process's: its
+        ceiling while its own bucket holds it back (short at half the ticks of the window or
+        more) or while it is new here; else 1.25 × what it was granted over the window (its
+        clients read slower than its rate)."""
+        ceiling = self.exchange.principal_ceiling()
+        samples = self._samples
+        first, now = samples[0][3], samples[-1][3]
+        ticks = [sample[3] for sample in list(samples)[1:]]  # the window's ticks, this one included
+        demands = {}
+        for principal_id, count in by_principal.items():
+            then, current = first.get(principal_id), now.get(principal_id)
+            if then is None or current is None or current[0] < then[0] or span <= 0:
+                demands[principal_id] = (ceiling, count)  # new here (or dropped and made again)
+                continue
+            short = sum(1 for tick in ticks if tick.get(principal_id, (0, True))[1])
+            if 2 * short >= len(ticks):
+                demands[principal_id] = (ceiling, count)
+            else:
+                demands[principal_id] = (min(ceiling, int((current[0] - then[0]) / span * HEADROOM)), count)
+        return demands
 
 
 class DemandShares:
@@ -162,9 +199,11 @@ class DemandShares:
     def tick(self) -> None:
         now = self.clock()
         bandwidth, admission = self.bandwidth, self.admission
+        by_principal = admission.by_principal()
+        usage = bandwidth.principal_usage(by_principal) if self.exchange.per_principal_total else None
         report = self.meter.measure(
             now, bandwidth.granted_bytes, bandwidth.wait_seconds, admission.active, admission.waiting,
-            admission.by_principal(),
+            by_principal, usage,
         )
         self.exchange.report = report
         if self._lease is not None and self._renew_early(now, report):
@@ -176,7 +215,7 @@ class DemandShares:
         if exchange.in_flight or exchange.last_sent is None:
             return False
         since = now - exchange.last_sent
-        if since < MIN_GAP_S:
+        if since < early_gap(exchange):
             return False
         if self._confirm_due:
             return True  # the database holds our old share until we confirm the new one

@@ -186,12 +186,15 @@ class _Waiter:
 
 
 class _Principal:
-    __slots__ = ("bucket", "waiters", "queued")
+    __slots__ = ("bucket", "waiters", "queued", "granted")
 
     def __init__(self, bucket: TokenBucket | None) -> None:
         self.bucket = bucket
         self.waiters: deque[_Waiter] = deque()
         self.queued = _IDLE
+        # Bytes granted to this principal while it is tracked (counted here instead of in the
+        # scheduler's total, not in addition to it: `granted_bytes` adds them up when read).
+        self.granted = 0
 
 
 class BandwidthScheduler:
@@ -271,7 +274,29 @@ class BandwidthScheduler:
 
     @property
     def granted_bytes(self) -> int:
-        return self._granted_bytes
+        """Bytes granted since the start (read by health, metrics and demand mode's tick: the
+        sum over the tracked principals is made here, never per chunk)."""
+        return self._granted_bytes + sum(principal.granted for principal in self._principals.values())
+
+    def principal_usage(self, principal_ids) -> dict[str, tuple[int, bool]]:
+        """For each of `principal_ids` still tracked: the bytes granted to it while tracked, and
+        whether its own bucket holds less than one grant now (it waits for its own rate, not
+        the process's). Demand mode's tick reads this a few times a second."""
+        now = _ns(self._clock())
+        quantum = self._quantum
+        usage = {}
+        principals = self._principals
+        for principal_id in principal_ids:
+            principal = principals.get(principal_id)
+            if principal is None:
+                continue
+            bucket = principal.bucket
+            short = False
+            if bucket is not None:
+                bucket._refill(now)
+                short = bucket._ready_in(min(quantum, bucket._burst)) > 0
+            usage[principal_id] = (principal.granted, short)
+        return usage
 
     @property
     def wait_seconds(self) -> float:
@@ -337,7 +362,7 @@ class BandwidthScheduler:
                     bucket._take(size)
                 if process is not None:
                     process._take(size)
-                self._granted_bytes += size
+                principal.granted += size
                 return size
 
         return 0
@@ -378,7 +403,7 @@ class BandwidthScheduler:
         self._wait_ns += _ns(self._clock()) - now
         if self._closed is not None:
             raise self._closed.with_traceback(None)
-        self._granted_bytes += size
+        principal.granted += size
         return size
 
     def _enqueue(self, principal: _Principal, size: int, now: int) -> None:
@@ -450,7 +475,7 @@ class BandwidthScheduler:
             and principal_id not in self._principal_rates
         ]
         for principal_id in idle:
-            del self._principals[principal_id]
+            self._granted_bytes += self._principals.pop(principal_id).granted
 
     # -- demand mode: new rates from a grant -------------------------------------------------
 
