@@ -20,7 +20,8 @@ state instead: `offline_tool_environment` starts its PostgreSQL (and SeaweedFS) 
 
 The bandwidth limit is the reason many come: `--rate`/`--rate-per-principal` set it, else the
 shared-download variables of the caller's environment, else what an earlier run saved, else
-64 MiB/s per process; the banner says which is in force and where it came from.
+64 MiB/s per process; the banner says which is in force and where it came from, and the share
+mode (`--share static|demand`, chosen the same way) with each process's share.
 
 The servers and the worker run in process groups of their own, so a terminal's Ctrl-C (SIGINT
 to the foreground group) reaches only this command, which stops each of them with one SIGTERM:
@@ -53,6 +54,7 @@ import urllib.error
 import urllib.request
 
 from arkvory.shared.auth.identity import token_digest
+from arkvory.shared.cluster.grants import floor_for
 from arkvory.shared.errors import StartupError
 
 from . import DEFAULT_DEV_DIR
@@ -617,6 +619,7 @@ def _banner(
     lines += [
         f"  bandwidth {bandwidth.describe(gateways)}",
         f"            to change it: {arkvory} dev --rate 50MiB [--rate-per-principal 10MiB]",
+        *_share_lines(bandwidth, gateways, arkvory, state),
         f"  database {source} PostgreSQL, state in {state}",
         f"  storage  {storage}",
         f"  admin key: {token}",
@@ -629,6 +632,25 @@ def _banner(
         "",
     ]
     return "\n".join(lines)
+
+
+def _share_lines(bandwidth: Bandwidth, gateways: int, arkvory: str, state: pathlib.Path) -> list[str]:
+    """The share mode and each process's share now (SPEC §4): static shares never move; demand
+    shares start at the floor (every process is idle when the banner is printed)."""
+    if not gateways or not bandwidth.total:
+        return []
+    processes = gateways + 1
+    if bandwidth.share_mode != "demand":
+        return [
+            f"  shares   static: {human_rate(bandwidth.total // processes)} for each process, for good"
+            f" (--share demand: they follow the downloads)"
+        ]
+    return [
+        f"  shares   demand: {human_rate(floor_for(bandwidth.total, processes))} for each process now"
+        " (its floor: no downloads yet); the rest of the total goes where downloads wait",
+        f"           each process's share and demand, live: {arkvory} admin status --dev {state}"
+        " (and the console's overview)",
+    ]
 
 
 def run_dev_cluster(
