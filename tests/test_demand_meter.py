@@ -72,13 +72,16 @@ def test_the_meter():
     exchange = ShareExchange(10_000_000, 0, 3, local_limit=8_000_000)
     meter = DemandMeter(exchange)
     assert meter.measure(0.0, 0, 0.0, 0, 0, {}).demand == 0  # idle: only the floor
-    # sending, never waiting for tokens: 1.25 × what it sent
-    report = meter.measure(1.0, 1_000_000, 0.0, 2, 0, {"a": 1, "b": 1})
+    # downloads that started within the window: new here, the ceiling (the local limit here)
+    assert meter.measure(0.5, 0, 0.0, 2, 0, {"a": 1, "b": 1}).demand == 8_000_000
+    meter.measure(1.0, 0, 0.0, 2, 0, {"a": 1, "b": 1})
+    # sending, never waiting for tokens: 1.25 × what it sent over the window
+    report = meter.measure(2.0, 1_000_000, 0.0, 2, 0, {"a": 1, "b": 1})
     assert report.demand == 1_250_000 and report.weight == 2
-    # waited for tokens 10 % of the time: the ceiling (the local limit here)
-    assert meter.measure(2.0, 2_000_000, 0.1, 2, 0, {"a": 2}).demand == 8_000_000
+    # waited for tokens 10 % of the time: the ceiling
+    assert meter.measure(3.0, 2_000_000, 0.1, 2, 0, {"a": 2}).demand == 8_000_000
     # downloads waiting for a place: the ceiling too
-    assert meter.measure(2.25, 2_000_000, 0.1, 2, 1, {"a": 3}).demand == 8_000_000
+    assert meter.measure(3.25, 2_000_000, 0.1, 2, 1, {"a": 3}).demand == 8_000_000
     # principals' totals bound the ceiling: two principals of 1 MB/s each
     with_principals = DemandMeter(ShareExchange(10_000_000, 1_000_000, 3))
     report = with_principals.measure(0.0, 0, 0.0, 3, 0, {"a": 2, "b": 1})

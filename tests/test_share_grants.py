@@ -123,7 +123,7 @@ class Process:
         exchange = self.exchange
         grant = exchange.received
         principals = {p: exchange.effective_principal(r) for p, r in grant.principals.items()}
-        exchange.applied = Applied(exchange.effective(grant.process), principals, exchange.principal_default())
+        exchange.applied = Applied(exchange.usable(grant), principals, exchange.principal_default())
 
     async def renew(self, conn, t: float, delay: float = 0.0, apply: bool = True) -> bool:
         arguments = self.send(t)
@@ -138,7 +138,11 @@ class Process:
         if t >= self.trusted_until:
             return 0
         exchange = self.exchange
-        return max(exchange.applied.process, exchange.effective(exchange.received.process))
+        use = max(exchange.applied.process, exchange.usable(exchange.received))
+        shares = getattr(self, "shares", None)
+        if shares is not None:  # real buckets: the rate they have, whatever the exchange says
+            use = max(use, shares.bandwidth.bytes_per_second)
+        return use
 
     def principal_may_use(self, t: float) -> dict[str, int]:
         if t >= self.trusted_until:
@@ -147,6 +151,11 @@ class Process:
         uses = dict(exchange.applied.principals)
         for principal, rate in exchange.received.principals.items():
             uses[principal] = max(uses.get(principal, 0), rate)
+        shares = getattr(self, "shares", None)
+        if shares is not None:
+            for principal, tracked in shares.bandwidth._principals.items():
+                if tracked.bucket is not None and tracked.bucket.rate > shares.bandwidth.per_principal_bytes_per_second:
+                    uses[principal] = max(uses.get(principal, 0), tracked.bucket.rate)
         return uses
 
 
@@ -265,6 +274,37 @@ def test_two_slots_trading_demand_back_and_forth(database_url):
             # after two renewals each, the busy one has all but the floors
             assert busy.exchange.applied.process == TOTAL - 2 * floor, round_
             assert idle.exchange.applied.process == floor
+        await conn.close()
+
+    run(main())
+
+
+def test_busy_slots_share_the_total_by_downloads_their_floors_counted_in(database_url):
+    """Clients spread 40/16/8 over three busy processes: each process's share in proportion to
+    its downloads, so every client gets the same rate; a process whose part by downloads would
+    be below its floor keeps its floor and the others share the rest."""
+
+    async def main():
+        conn = await demand_database(database_url, SLOTS, TOTAL)
+        now = [0.0]
+        procs = [Process(slot, TOTAL, 0, SLOTS, now) for slot in range(SLOTS)]
+        for p in procs:
+            await p.acquire(conn, 0)
+        floor = floor_for(TOTAL, SLOTS)
+        t = 0.0
+        for weights, expected in (
+            ((40, 16, 8), [TOTAL * w // 64 for w in (40, 16, 8)]),
+            ((400, 1, 1), [TOTAL - 2 * floor, floor, floor]),  # 1/402 of the total < the floor
+        ):
+            for p, weight in zip(procs, weights):
+                p.want(TOTAL, weight)
+            for _ in range(4):  # each renews in turn until every decrease is confirmed
+                for p in procs:
+                    t += 0.7
+                    await p.renew(conn, t)
+                    await check(conn, t, procs, SLOTS, TOTAL)
+            got = [p.exchange.applied.process for p in procs]
+            assert all(abs(g - e) <= 2 for g, e in zip(got, expected)), (weights, got, expected)
         await conn.close()
 
     run(main())
@@ -630,15 +670,18 @@ async def model(database_url: str, seed: int, seconds: float, slots: int = 4, se
             if rng.random() < 0.001:
                 s["frozen"] = t + rng.uniform(0.5, 12)
                 continue
-            if rng.random() < 0.02:
+            if rng.random() < (0.05 if served else 0.02):
                 if served:  # mostly busy, so that the buckets send near the total
                     p.want(rng.choice([0, 1_000_000, total, total]), rng.randint(1, 5),
                            {name: rng.random() < 0.8 for name in Served.PRINCIPALS})
+
                 else:
                     p.want(rng.choice([0, 100_000, 1_000_000, total]), rng.randint(1, 5),
                            {name: rng.random() < 0.5 for name in ("ana", "bo", "cy")})
             if rng.random() < 0.2:
                 p.apply()  # the serving loop catches up with what the lease thread received
+            if served and rng.random() < 0.5:
+                p.shares._release_unused(p.exchange.report)  # a tick: if its demand fell, it gives part back
             f = s["flight"]
             if f is None and (t >= s["next"] or rng.random() < 0.05):
                 there = rng.expovariate(1 / 0.05) + (rng.uniform(0, 3) if rng.random() < 0.05 else 0)

@@ -93,17 +93,17 @@ async def _check_beside_a_running_writer(conn: asyncpg.Connection, settings: Set
 
 async def _saved_policy(conn: asyncpg.Connection) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second FROM arkvory_download_policy",
+        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, share_mode FROM arkvory_download_policy",
         timeout=db.QUERY_TIMEOUT_S,
     )
 
 
-def _describe_policy(saved: tuple[int, int, int] | asyncpg.Record | None) -> str:
-    """`saved`: (slots, total, per-principal total), or None."""
+def _describe_policy(saved: tuple[int, int, int, str] | asyncpg.Record | None) -> str:
+    """`saved`: (slots, total, per-principal total, share mode), or None."""
     if saved is None:
         return "none (a standalone writer; gateways need ARKVORY_GATEWAY_SLOTS and the rates)"
-    slots, total, per_principal = tuple(saved)
-    return f"{slots} slots, total {_rate(total)}, per principal {_rate(per_principal)}"
+    slots, total, per_principal, share_mode = tuple(saved)
+    return f"{slots} slots, total {_rate(total)}, per principal {_rate(per_principal)}, {share_mode} shares"
 
 
 def _policy_outcome(saved: asyncpg.Record | None, settings: Settings) -> str:
@@ -111,9 +111,7 @@ def _policy_outcome(saved: asyncpg.Record | None, settings: Settings) -> str:
         return _describe_policy(saved) + ("" if saved is None else " (saved before; kept)")
     if saved is None:
         shared = settings.shared
-        return "saved: " + _describe_policy(
-            (shared.slots, shared.total_bytes_per_second, shared.per_principal_bytes_per_second)
-        )
+        return "saved: " + _describe_policy(shared.policy)
     return _describe_policy(saved) + " (saved before; the same numbers)"
 
 

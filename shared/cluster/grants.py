@@ -8,20 +8,26 @@ Safety argument. The claim: bytes handed out by all processes together in any in
    is ahead)`, and for a slot whose reservation has expired, 0. Every slot's *floor* (total / (20 ×
    slots)) is reserved whether the slot is live or not; only the rest is divided by demand. All
    renewals take one row lock first (the policy row), so each allocation sees every earlier one.
-   A decrease keeps the old grant as `held`; an increase takes only what the other live slots do
-   not commit. So Σ committed ≤ total at every instant, by induction over the renewals.
+   A decrease keeps what the process may still use (its `may_use`, see 3) as `held`; an
+   increase takes only what the other live slots do not commit. So Σ committed ≤ total at
+   every instant, by induction over the renewals.
 2. A process uses a rate only while it trusts its lease (the payload gate asks before every
    chunk), and only a rate the database granted it in an answer the lease accepted (never one it
    raised itself; a renewal that failed, timed out or came late changes nothing).
 3. Every rate the process may use is ≤ committed(its slot) for as long as it may use it: it
    reports `may_use` = the larger of the rate its buckets apply and the last grant it received
-   (which the serving loop may not have applied yet) with every renewal. The database clears
-   `held` only when `may_use` ≤ granted (the process confirmed the smaller share); otherwise
-   it holds `max(held, may_use)` until now + 10 s. The process trusts a renewal for 8 s from when
-   it *sent* it, so any rate it still uses ends before the hold does, and capacity taken from it
-   reaches another slot only after it confirmed the decrease or could no longer use it. A
-   renewal number per holder makes the database ignore a statement that arrives after a newer one
-   (a timed-out renewal whose connection we dropped), so reports are applied in order.
+   (which the serving loop may not have applied yet) with every renewal; until it hears the
+   answer it uses no more than that, and after it no more than that or the answer's grant.
+   The only thing that lowers `may_use` below the last grant is the process itself giving part
+   of that grant back (`release`: its demand fell), and it lowers its buckets before the next
+   report says so. The database clears `held` only when `may_use` ≤ granted (the process
+   confirmed the smaller share); otherwise, and on a decrease below `may_use`, it holds
+   `max(held, may_use)` until now + 10 s. A grant whose answer was lost was never received, so
+   it is never used. The process trusts a renewal for 8 s from when it *sent* it, so any rate
+   it still uses ends before the hold does, and capacity taken from it reaches another slot only
+   after it confirmed the decrease or could no longer use it. A renewal number per holder makes
+   the database ignore a statement that arrives after a newer one (a timed-out renewal whose
+   connection we dropped), so reports are applied in order.
 4. A process killed or frozen holding a large grant: its trust ends by its own clock at most 8 s
    after its last renewal was sent, the reservation (and with it every hold) at most 10 s after
    the database received it; its capacity is free from then on, not before. A new holder of the
@@ -132,6 +138,9 @@ class ShareExchange:
         # Written by the serving loop, read by the lease thread (whole objects: one read each).
         self.report = DemandReport()
         self.applied = Applied(self.effective(self.floor), {}, self.principal_default())
+        # Written by the serving loop: a grant it gave part of back (`release`), and how much it
+        # still uses of it.
+        self._released: tuple[Grant, int] | None = None
         # Written by the lease thread.
         self.received = Grant(self.floor, {}, self.floor)
         self.last_report = DemandReport()
@@ -151,6 +160,22 @@ class ShareExchange:
 
     def effective_principal(self, granted: int) -> int:
         return min(granted, self.local_principal_limit) if self.local_principal_limit else granted
+
+    def usable(self, grant: Grant) -> int:
+        """The process rate this process may apply for `grant`: after the local limit, and no
+        more than it released of that grant."""
+        rate = self.effective(grant.process)
+        released = self._released
+        if released is not None and released[0] is grant:
+            rate = min(rate, released[1])
+        return rate
+
+    def release(self, rate: int) -> None:
+        """The serving loop, whose demand fell, uses no more than `rate` of the grant it holds
+        until a newer one arrives (it lowers its buckets right after): the next renewal reports
+        that as what it may use, so the database frees the rest in one renewal instead of two
+        (a decrease, then its confirmation). A grant accepted meanwhile is not touched."""
+        self._released = (self.received, rate)
 
     def principal_default(self) -> int | None:
         """The rate of a principal without a grant of its own: its floor (or the local limit
@@ -176,7 +201,7 @@ class ShareExchange:
             seq = self._seq
         report, received = self.report, self.received
         applied = self.applied  # read after `received`: both come from the grants received so far
-        may_use = max(applied.process, self.effective(received.process))
+        may_use = max(applied.process, self.usable(received))
         principal_may_use = self._principal_may_use(applied, received)
         ids: list[str] = []
         demands: list[int] = []

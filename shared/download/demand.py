@@ -2,14 +2,15 @@
 the database grants to the token buckets, and ask the lease for an early renewal when the demand
 moved. Why no process ever exceeds its part is argued in shared/cluster/grants.py.
 
-Nothing here runs per request or per chunk: a tick four times a second reads counters the
+Nothing here runs per request or per chunk: a tick ten times a second reads counters the
 serving path keeps anyway (bytes granted, time spent waiting for tokens, admission), and a grant
 changes the buckets' rates in place when the lease thread hands it over.
 
 What "demand" is (docs/operations.md gives the numbers):
   * no download sending or waiting: 0 (the process keeps its floor, so the next one starts at once);
-  * downloads waiting for a place, or transfers that waited for tokens ≥ 5 % of the last second:
-    the process could use more than it has, so it asks for its ceiling (the total, lowered by a
+  * downloads waiting for a place, transfers that waited for tokens ≥ 5 % of the last second, or
+    downloads that started within it (none at its start): the process could use more than it
+    has, so it asks for its ceiling (the total, lowered by a
     local ARKVORY_DOWNLOAD_BYTES_PER_SECOND, and by the principals' totals when those are set);
   * otherwise its clients read slower than its share: 1.25 × what it sent in the last second.
 The weight is the number of downloads sending or waiting: the total is divided in proportion to
@@ -41,7 +42,7 @@ from .throttle import BandwidthScheduler
 
 log = logging.getLogger("arkvory.demand")
 
-TICK_S = 0.25
+TICK_S = 0.1
 WINDOW_S = 1.0  # the moving window demand is measured over
 BOUND_WAITING = 0.05  # transfers waited for tokens this share of the window: they would take more
 HEADROOM = 1.25  # a process whose clients read slowly asks for this much more than it sent
@@ -50,7 +51,7 @@ MIN_GAP_S = 0.25  # never two renewals closer than this
 # busy at most this share of the time: between two of them a process waits at least slots × its
 # last renewal's round trip (lock wait included) ÷ this. A slow or contended database: fewer.
 EARLY_LOCK_SHARE = 0.25
-SHORT_RETRY_S = 0.5  # ask again this often while a part promised to us is still held elsewhere
+SHORT_RETRY_S = 0.25  # ask again this often while a part promised to us is still held elsewhere
 MOVED = 1.5  # demand changed by this factor since the last report: tell the database now
 
 
@@ -73,7 +74,7 @@ class DemandMeter:
 
     def __init__(self, exchange: ShareExchange) -> None:
         self.exchange = exchange
-        self._samples: deque[tuple[float, int, float, Usage]] = deque()
+        self._samples: deque[tuple[float, int, float, Usage, int]] = deque()  # (…, downloads then)
 
     def measure(
         self, now: float, granted_bytes: int, wait_seconds: float, active: int, waiting: int,
@@ -82,20 +83,22 @@ class DemandMeter:
         """`usage`: the scheduler's `principal_usage` of the principals in `by_principal` (only
         with principals' totals)."""
         samples = self._samples
-        samples.append((now, granted_bytes, wait_seconds, usage or {}))
+        busy = active + waiting
+        samples.append((now, granted_bytes, wait_seconds, usage or {}, busy))
         while len(samples) > 2 and now - samples[1][0] >= WINDOW_S:
             samples.popleft()
-        busy = active + waiting
         if not busy:
             return DemandReport()
-        since, granted_then, waited_then, _ = samples[0]
+        since, granted_then, waited_then, _, busy_then = samples[0]
         span = now - since
         exchange = self.exchange
         ceiling = exchange.ceiling()
         principal_ceiling = exchange.principal_ceiling()
         if principal_ceiling:
             ceiling = min(ceiling, principal_ceiling * len(by_principal))
-        bound = waiting > 0 or (span > 0 and (wait_seconds - waited_then) / span >= BOUND_WAITING)
+        # Downloads that started within the window (none at its start) are new here: what they
+        # can take is not known yet, so they ask for the ceiling, as a new principal does.
+        bound = waiting > 0 or not busy_then or (span > 0 and (wait_seconds - waited_then) / span >= BOUND_WAITING)
         if bound or span <= 0:
             demand = ceiling
         else:
@@ -170,7 +173,7 @@ class DemandShares:
         exchange = self.exchange
         grant = exchange.received
         before = exchange.applied
-        rate = exchange.effective(grant.process)
+        rate = exchange.usable(grant)
         default = exchange.principal_default()
         principals = (
             {p: exchange.effective_principal(r) for p, r in grant.principals.items()}
@@ -206,9 +209,20 @@ class DemandShares:
             by_principal, usage,
         )
         self.exchange.report = report
+        self._release_unused(report)
         if self._lease is not None and self._renew_early(now, report):
             self._confirm_due = False
             self._lease.renew_soon()
+
+    def _release_unused(self, report: DemandReport) -> None:
+        """The demand fell well below the rate in force: lower the buckets to what the database
+        will grant for it (never below the floor) before telling it, so that the renewal the
+        change sets off frees the rest at once (grants.py `release`)."""
+        exchange = self.exchange
+        keep = max(exchange.effective(exchange.floor), report.demand)
+        if keep * MOVED < exchange.applied.process:
+            exchange.release(keep)
+            self.apply()
 
     def _renew_early(self, now: float, report: DemandReport) -> bool:
         exchange = self.exchange

@@ -98,6 +98,9 @@ DECLARE
     v_keys integer[];
     v_demands bigint[];
     v_weights integer[];
+    v_capacity bigint;
+    v_low integer[];
+    v_part bigint;
     v_pfloor bigint;
     v_pdivisible bigint;
     v_ids text[];
@@ -153,24 +156,45 @@ BEGIN
            share_demand = greatest(p_demand, 0), share_weight = greatest(p_weight, 0)
      WHERE l.slot = p_slot;
 
-    SELECT array_agg(l.slot), array_agg(greatest(0, least(l.share_demand, v_total) - v_floor)),
-           array_agg(l.share_weight)
+    -- The fair division: the live slots with downloads that want more than their floor share
+    -- what the other slots' floors leave, by downloads, each one's floor counted in its part
+    -- (max-min fair between its floor and its demand: clients spread unevenly over the
+    -- processes get even rates); every other slot has its floor. A slot whose part by
+    -- downloads would fall below its floor keeps its floor and the others share the rest.
+    SELECT array_agg(l.slot), array_agg(least(l.share_demand, v_total)), array_agg(l.share_weight)
       INTO v_keys, v_demands, v_weights
       FROM arkvory_gateway_leases AS l
-     WHERE l.expires_at > p_at AND l.share_generation = l.generation;
-    SELECT v_floor + coalesce(max(f.extra) FILTER (WHERE f.key = p_slot), 0) INTO v_target
-      FROM arkvory_water_fill(v_divisible, array_fill(''::text, ARRAY[cardinality(v_keys)]),
-                              v_keys, v_demands, v_weights) AS f;
+     WHERE l.expires_at > p_at AND l.share_generation = l.generation
+       AND l.share_weight > 0 AND l.share_demand > v_floor;
+    v_capacity := v_total - v_floor * (v_slots - coalesce(cardinality(v_keys), 0));
+    v_target := v_floor;
+    WHILE p_slot = ANY (v_keys) LOOP
+        SELECT array_agg(f.key) FILTER (WHERE f.extra < v_floor), max(f.extra) FILTER (WHERE f.key = p_slot)
+          INTO v_low, v_part
+          FROM arkvory_water_fill(v_capacity, array_fill(''::text, ARRAY[cardinality(v_keys)]),
+                                  v_keys, v_demands, v_weights) AS f;
+        IF v_low IS NULL THEN
+            v_target := v_part;
+            EXIT;
+        END IF;
+        SELECT array_agg(u.k), array_agg(u.d), array_agg(u.w) INTO v_keys, v_demands, v_weights
+          FROM unnest(v_keys, v_demands, v_weights) AS u(k, d, w) WHERE u.k <> ALL (v_low);
+        v_capacity := v_capacity - v_floor * cardinality(v_low);
+    END LOOP;
     SELECT coalesce(sum(greatest(0, greatest(l.share_granted,
                     CASE WHEN l.share_held_until > p_at THEN l.share_held ELSE 0 END) - v_floor)), 0)
       INTO v_others
       FROM arkvory_gateway_leases AS l
      WHERE l.slot <> p_slot AND l.expires_at > p_at AND l.share_generation = l.generation;
     IF v_target < v_granted THEN
-        -- Decreased: the old grant stays reserved until the process confirms the new one or
-        -- can no longer trust this renewal.
-        v_held := greatest(v_held, v_granted);
-        v_held_until := v_until;
+        -- Decreased: what the process may still use (it reported the larger of what its
+        -- buckets apply and the last grant it received, lowered only by what it gave back
+        -- itself) stays reserved until it confirms the new grant or can no longer trust this
+        -- renewal.
+        IF p_may_use > v_target THEN
+            v_held := greatest(v_held, p_may_use);
+            v_held_until := v_until;
+        END IF;
         v_granted := v_target;
     ELSIF v_target > v_granted THEN
         -- Increased only by what no other live slot holds (granted, or held after a decrease).
@@ -199,7 +223,7 @@ BEGIN
               FROM unnest(p_principals, p_demands, p_weights, p_may_uses) AS u(principal, demand, weight, may_use)
               LEFT JOIN arkvory_principal_shares AS s ON s.principal = u.principal AND s.slot = p_slot
         ), own AS (
-            SELECT r.principal, r.demand, r.weight, r.granted,
+            SELECT r.principal, r.demand, r.weight, r.granted, r.may_use,
                    CASE WHEN r.may_use <= r.granted THEN 0 ELSE greatest(r.held, r.may_use) END AS held
               FROM reported AS r
         ), others AS (
@@ -232,7 +256,7 @@ BEGIN
             SELECT x.principal, sum(greatest(0, x.committed - v_pfloor)) AS others
               FROM others AS x GROUP BY x.principal
         ), decided AS (
-            SELECT o.principal, o.demand, o.weight, o.granted, o.held,
+            SELECT o.principal, o.demand, o.weight, o.granted, o.held, o.may_use,
                    v_pfloor + coalesce(fair.extra, 0) AS target, coalesce(taken.others, 0) AS others
               FROM own AS o
               LEFT JOIN fair ON fair.principal = o.principal
@@ -243,8 +267,9 @@ BEGIN
                         WHEN d.target > d.granted THEN
                             greatest(d.granted, least(d.target, v_pfloor + v_pdivisible - d.others))
                         ELSE d.granted END AS granted,
-                   -- Decreased: the old grant stays reserved as for the process.
-                   CASE WHEN d.target < d.granted THEN greatest(d.held, d.granted) ELSE d.held END AS held
+                   -- Decreased: what the process may still use stays reserved, as for the process.
+                   CASE WHEN d.target < d.granted AND d.may_use > d.target THEN greatest(d.held, d.may_use)
+                        ELSE d.held END AS held
               FROM decided AS d
         ), written AS (
             INSERT INTO arkvory_principal_shares AS s
