@@ -339,6 +339,36 @@ def test_capacity_moves_only_after_the_smaller_share_is_confirmed(database_url):
     run(main())
 
 
+def test_a_process_whose_demand_fell_gives_its_share_back_in_one_renewal(database_url):
+    """a's downloads ended: its tick lowers its buckets to its floor and says so with the next
+    renewal, so b gets the total at its next renewal, without waiting for a to confirm a
+    decrease; and a's buckets never ran above what the database committed for it."""
+
+    async def main():
+        conn = await demand_database(database_url, SLOTS, TOTAL)
+        now = [0.0]
+        a, b = (Process(slot, TOTAL, 0, SLOTS, now) for slot in (0, 1))
+        for p in (a, b):
+            attach_buckets(p, now)
+            await p.acquire(conn, 0)
+        floor = floor_for(TOTAL, SLOTS)
+        a.want(TOTAL)
+        await a.renew(conn, 1)
+        assert a.shares.bandwidth.bytes_per_second == TOTAL - 2 * floor
+        b.want(TOTAL)
+        a.want(0)  # its downloads ended
+        a.shares._release_unused(a.exchange.report)  # its tick
+        assert a.shares.bandwidth.bytes_per_second == floor
+        await a.renew(conn, 1.5)
+        await check(conn, 1.5, [a, b], SLOTS, TOTAL)
+        await b.renew(conn, 1.6)
+        await check(conn, 1.6, [a, b], SLOTS, TOTAL)
+        assert b.shares.bandwidth.bytes_per_second == TOTAL - 2 * floor
+        await conn.close()
+
+    run(main())
+
+
 def test_an_answer_delayed_past_the_others_next_renewal(database_url):
     async def main():
         conn = await demand_database(database_url, SLOTS, TOTAL)
@@ -560,6 +590,21 @@ def test_a_stale_renewal_is_ignored(database_url):
 # -- a randomized model: renewals with delays, lost and late answers, freezes, kills, restarts --------
 
 
+def attach_buckets(process: Process, now: list[float]) -> None:
+    """Buckets built as the runtime builds them (the static shares), then demand mode's floor;
+    the process applies each grant with the serving loop's own DemandShares."""
+    exchange = process.exchange
+    slots = exchange.slots
+    bandwidth = BandwidthScheduler(
+        exchange.total // slots, exchange.per_principal_total // slots or None, clock=lambda: now[0]
+    )
+    process.shares = DemandShares(
+        exchange, bandwidth, Admission(4, 4, 4, 1.0, clock=lambda: now[0]),
+        Metrics(CollectorRegistry()), clock=lambda: now[0],
+    )
+    process.apply = process.shares.apply  # the serving loop's own: grant -> buckets
+
+
 class Served:
     """The bytes real token buckets hand out (shared/download/throttle.py's, with demand mode's
     DemandShares applying each grant to them as a process does): every live, trusted process
@@ -586,14 +631,7 @@ class Served:
         self.last = 0.0
 
     def attach(self, process: Process, now: list[float]) -> None:
-        """Buckets built as the runtime builds them (the static shares), then demand mode's floor."""
-        exchange = process.exchange
-        bandwidth = BandwidthScheduler(self.total // self.slots, self.per_principal // self.slots, clock=lambda: now[0])
-        process.shares = DemandShares(
-            exchange, bandwidth, Admission(4, 4, 4, 1.0, clock=lambda: now[0]),
-            Metrics(CollectorRegistry()), clock=lambda: now[0],
-        )
-        process.apply = process.shares.apply  # the serving loop's own: grant -> buckets
+        attach_buckets(process, now)
 
     def step(self, t: float, live: list[Process], sending: list[Process]) -> None:
         elapsed = t - self.last
