@@ -252,6 +252,16 @@ TOTAL = 6_000_000
 SLOTS = 3
 
 
+async def two_slots(database_url: str) -> tuple[asyncpg.Connection, Process, Process]:
+    """The database with SLOTS slots and TOTAL, and the processes of slots 0 and 1, acquired at 0."""
+    conn = await demand_database(database_url, SLOTS, TOTAL)
+    now = [0.0]
+    a, b = (Process(slot, TOTAL, 0, SLOTS, now) for slot in (0, 1))
+    await a.acquire(conn, 0)
+    await b.acquire(conn, 0)
+    return conn, a, b
+
+
 def test_two_slots_trading_demand_back_and_forth(database_url):
     async def main():
         conn = await demand_database(database_url, SLOTS, TOTAL)
@@ -312,11 +322,7 @@ def test_busy_slots_share_the_total_by_downloads_their_floors_counted_in(databas
 
 def test_capacity_moves_only_after_the_smaller_share_is_confirmed(database_url):
     async def main():
-        conn = await demand_database(database_url, SLOTS, TOTAL)
-        now = [0.0]
-        a, b = (Process(slot, TOTAL, 0, SLOTS, now) for slot in (0, 1))
-        await a.acquire(conn, 0)
-        await b.acquire(conn, 0)
+        conn, a, b = await two_slots(database_url)
         a.want(TOTAL)
         await a.renew(conn, 1)
         big = a.exchange.applied.process
@@ -371,11 +377,7 @@ def test_a_process_whose_demand_fell_gives_its_share_back_in_one_renewal(databas
 
 def test_an_answer_delayed_past_the_others_next_renewal(database_url):
     async def main():
-        conn = await demand_database(database_url, SLOTS, TOTAL)
-        now = [0.0]
-        a, b = (Process(slot, TOTAL, 0, SLOTS, now) for slot in (0, 1))
-        await a.acquire(conn, 0)
-        await b.acquire(conn, 0)
+        conn, a, b = await two_slots(database_url)
         a.want(TOTAL)
         await a.renew(conn, 1)
         b.want(TOTAL)
@@ -404,11 +406,7 @@ def test_a_grant_received_but_not_yet_applied_stays_reserved(database_url):
     moment): the process reports it as what it may use, so later lost answers never free it."""
 
     async def main():
-        conn = await demand_database(database_url, SLOTS, TOTAL)
-        now = [0.0]
-        a, b = (Process(slot, TOTAL, 0, SLOTS, now) for slot in (0, 1))
-        await a.acquire(conn, 0)
-        await b.acquire(conn, 0)
+        conn, a, b = await two_slots(database_url)
         a.want(TOTAL)
         await a.renew(conn, 1, apply=False)  # received, not applied: the serving loop is busy
         b.want(TOTAL)
@@ -429,11 +427,7 @@ def test_frozen_after_a_decrease_was_committed(database_url):
     use goes to b only once a's grant has run out by the lease's arithmetic."""
 
     async def main():
-        conn = await demand_database(database_url, SLOTS, TOTAL)
-        now = [0.0]
-        a, b = (Process(slot, TOTAL, 0, SLOTS, now) for slot in (0, 1))
-        await a.acquire(conn, 0)
-        await b.acquire(conn, 0)
+        conn, a, b = await two_slots(database_url)
         a.want(TOTAL)
         await a.renew(conn, 1)
         b.want(TOTAL)
@@ -488,18 +482,14 @@ def test_killed_holding_the_largest_grant(database_url):
 
 def test_a_database_stall_lets_every_grant_run_out(database_url):
     async def main():
-        conn = await demand_database(database_url, SLOTS, TOTAL)
-        now = [0.0]
-        a, b = (Process(slot, TOTAL, 0, SLOTS, now) for slot in (0, 1))
-        await a.acquire(conn, 0)
-        await b.acquire(conn, 0)
+        conn, a, b = await two_slots(database_url)
         a.want(TOTAL)
         await a.renew(conn, 1)
         # The database answers nothing from 2 s to 12 s: renewals sent then are lost.
         assert a.may_use(8.9) > 0 and a.may_use(9.0) == 0  # trust: sent at 1 + 8
         assert await a.renew(conn, 12) is False  # its reservation expired at 11: never revived
         await check(conn, 12, [a, b], SLOTS, TOTAL)
-        c = Process(0, TOTAL, 0, SLOTS, now)  # the restarted process takes the slot again
+        c = Process(0, TOTAL, 0, SLOTS, [0.0])  # the restarted process takes the slot again
         assert await c.acquire(conn, 12)
         c.want(TOTAL)
         await c.renew(conn, 13)

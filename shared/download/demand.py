@@ -10,9 +10,11 @@ What "demand" is (docs/operations.md gives the numbers):
   * no download sending or waiting: 0 (the process keeps its floor, so the next one starts at once);
   * downloads waiting for a place, transfers that waited for tokens ≥ 5 % of the last second, or
     downloads that started within it (none at its start): the process could use more than it
-    has, so it asks for its ceiling (the total, lowered by a
-    local ARKVORY_DOWNLOAD_BYTES_PER_SECOND, and by the principals' totals when those are set);
-  * otherwise its clients read slower than its share: 1.25 × what it sent in the last second.
+    has, so it asks for its ceiling (the total, lowered by a local
+    ARKVORY_DOWNLOAD_BYTES_PER_SECOND, and by the principals' totals when those are set);
+  * otherwise its clients read slower than its share: 1.25 × what it sent in the last second,
+    and it lowers its own buckets to that at once (`_release_unused`), so that its next renewal
+    frees the rest for the others.
 The weight is the number of downloads sending or waiting: the total is divided in proportion to
 downloads, so clients spread unevenly over the processes still get even rates. Each principal
 with downloads here (when principals have a total) is measured the same way, from what its
