@@ -375,6 +375,57 @@ def test_a_process_whose_demand_fell_gives_its_share_back_in_one_renewal(databas
     run(main())
 
 
+def test_a_short_renewal_tells_the_slot_that_holds_too_much(database_url):
+    """b comes out short because a holds what is now b's part: b's statement NOTIFYs a's slot and
+    part; a lowers its buckets to that part and renews, and b gets its part at its next renewal
+    (without waiting for a's regular renewal, nor for a second one of a to confirm)."""
+
+    async def main():
+        conn, a, b = await two_slots(database_url)
+        now = [0.0]
+        for p in (a, b):
+            attach_buckets(p, now)
+
+        class Lease:
+            slot = 0
+            asked = 0
+
+            def renew_soon(self):
+                self.asked += 1
+
+        lease = Lease()
+        a.shares._lease = lease
+        a.exchange.last_sent = -10.0  # long ago: an early renewal is allowed at once
+        heard: list[str] = []
+        listener = await asyncpg.connect(database_url)
+        await listener.add_listener("arkvory_shares_wanted", lambda *args: heard.append(args[-1]))
+        floor = floor_for(TOTAL, SLOTS)
+        a.want(TOTAL)
+        await a.renew(conn, 1)
+        b.want(TOTAL)
+        await b.renew(conn, 1.2)
+        assert b.exchange.received.short
+        for _ in range(100):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        half = floor + (TOTAL - 3 * floor) // 2
+        assert heard == [f"0:{half}"]
+        a.shares.wanted_back("5:1,bad," + heard[0])
+        assert a.shares.bandwidth.bytes_per_second == half and lease.asked == 1
+        await a.renew(conn, 1.3)
+        await check(conn, 1.3, [a, b], SLOTS, TOTAL)
+        await b.renew(conn, 1.5)
+        await check(conn, 1.5, [a, b], SLOTS, TOTAL)
+        assert b.shares.bandwidth.bytes_per_second == half
+        a.shares.wanted_back("0:not-a-number")  # a hint it cannot read changes nothing
+        assert a.shares.bandwidth.bytes_per_second == half
+        await listener.close()
+        await conn.close()
+
+    run(main())
+
+
 def test_an_answer_delayed_past_the_others_next_renewal(database_url):
     async def main():
         conn, a, b = await two_slots(database_url)

@@ -57,8 +57,15 @@ SHORT_RETRY_S = 0.25  # ask again this often while a part promised to us is stil
 MOVED = 1.5  # demand changed by this factor since the last report: tell the database now
 
 
+# NOTIFY'd by a renewal that came out short (migration 0014): "slot:part,…" of the slots that
+# commit more than their part of that division.
+WANTED_CHANNEL = "arkvory_shares_wanted"
+
+
 class Renewing(Protocol):
     """The lease as demand mode needs it (shared/cluster/lease.py)."""
+
+    slot: int
 
     def renew_soon(self) -> None: ...
 
@@ -151,6 +158,7 @@ class DemandShares:
         self.redivisions = 0
         self._lease: Renewing | None = None
         self._confirm_due = False  # a decrease was applied: tell the database, so it frees it
+        self._wanted = False  # another slot waits for part of ours: renew as soon as we may
         self.apply()  # the floor, from the start
         observe_shares(
             metrics, exchange.total, lambda: self.exchange.last_report.demand, lambda: self.redivisions
@@ -213,8 +221,35 @@ class DemandShares:
         self.exchange.report = report
         self._release_unused(report)
         if self._lease is not None and self._renew_early(now, report):
-            self._confirm_due = False
+            self._confirm_due = self._wanted = False
             self._lease.renew_soon()
+
+    def wanted_back(self, payload: str) -> None:
+        """WANTED_CHANNEL's notification (serving loop): when it names this slot, another slot
+        waits for part of this one's share. Lower the buckets to the part named (never below
+        the floor, never above what they have) and renew as soon as the gaps allow, so the
+        rest frees at once. Lowering our own rate is always safe, whoever sent it."""
+        if self._lease is None:
+            return
+        mine = f"{self._lease.slot}:"
+        for item in payload.split(",")[:64]:
+            if not item.startswith(mine):
+                continue
+            try:
+                part = int(item[len(mine):])
+            except ValueError:
+                return
+            exchange = self.exchange
+            keep = max(exchange.effective(exchange.floor), part)
+            if keep < exchange.applied.process:
+                exchange.release(keep)
+                self.apply()
+            self._wanted = True
+            now = self.clock()
+            if self._renew_early(now, self.exchange.report):
+                self._confirm_due = self._wanted = False
+                self._lease.renew_soon()
+            return
 
     def _release_unused(self, report: DemandReport) -> None:
         """The demand fell well below the rate in force: lower the buckets to what the database
@@ -233,7 +268,7 @@ class DemandShares:
         since = now - exchange.last_sent
         if since < early_gap(exchange):
             return False
-        if self._confirm_due:
+        if self._confirm_due or self._wanted:
             return True  # the database holds our old share until we confirm the new one
         last = exchange.last_report
         slack = exchange.floor

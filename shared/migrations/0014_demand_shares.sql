@@ -101,6 +101,9 @@ DECLARE
     v_capacity bigint;
     v_low integer[];
     v_part bigint;
+    v_fair_keys integer[];
+    v_fair_parts bigint[];
+    v_over text;
     v_pfloor bigint;
     v_pdivisible bigint;
     v_ids text[];
@@ -169,8 +172,9 @@ BEGIN
     v_capacity := v_total - v_floor * (v_slots - coalesce(cardinality(v_keys), 0));
     v_target := v_floor;
     WHILE p_slot = ANY (v_keys) LOOP
-        SELECT array_agg(f.key) FILTER (WHERE f.extra < v_floor), max(f.extra) FILTER (WHERE f.key = p_slot)
-          INTO v_low, v_part
+        SELECT array_agg(f.key) FILTER (WHERE f.extra < v_floor), max(f.extra) FILTER (WHERE f.key = p_slot),
+               array_agg(f.key), array_agg(f.extra)
+          INTO v_low, v_part, v_fair_keys, v_fair_parts
           FROM arkvory_water_fill(v_capacity, array_fill(''::text, ARRAY[cardinality(v_keys)]),
                                   v_keys, v_demands, v_weights) AS f;
         IF v_low IS NULL THEN
@@ -203,6 +207,21 @@ BEGIN
     UPDATE arkvory_gateway_leases AS l
        SET share_granted = v_granted, share_held = v_held, share_held_until = v_held_until
      WHERE l.slot = p_slot;
+    IF v_granted < v_target THEN
+        -- Short: other slots commit more than their part of this division. Tell them (each
+        -- one's slot and part): a process that hears it lowers its own buckets to its part and
+        -- renews at once, so the part it gives back frees in one renewal, not at its next
+        -- regular one. Only ever a hint: what it frees, it frees by its own report.
+        SELECT string_agg(l.slot || ':' || coalesce(f.part, v_floor), ',' ORDER BY l.slot) INTO v_over
+          FROM arkvory_gateway_leases AS l
+          LEFT JOIN unnest(v_fair_keys, v_fair_parts) AS f(slot, part) ON f.slot = l.slot
+         WHERE l.slot <> p_slot AND l.expires_at > p_at AND l.share_generation = l.generation
+           AND greatest(l.share_granted, CASE WHEN l.share_held_until > p_at THEN l.share_held ELSE 0 END)
+               > coalesce(f.part, v_floor);
+        IF v_over IS NOT NULL THEN
+            PERFORM pg_notify('arkvory_shares_wanted', v_over);
+        END IF;
+    END IF;
 
     -- Each principal's total, divided the same way among the slots where it downloads.
     IF v_pp > 0 THEN
@@ -227,12 +246,14 @@ BEGIN
                    CASE WHEN r.may_use <= r.granted THEN 0 ELSE greatest(r.held, r.may_use) END AS held
               FROM reported AS r
         ), others AS (
+            -- (from each reported principal into the key's index: the table holds every
+            -- slot's principals, a process reports only its own)
             SELECT s.principal, s.slot, s.demand, s.weight,
                    greatest(s.granted, CASE WHEN s.held_until > p_at THEN s.held ELSE 0 END) AS committed
-              FROM arkvory_principal_shares AS s
+              FROM unnest(p_principals) AS u(principal)
+              JOIN arkvory_principal_shares AS s ON s.principal = u.principal AND s.slot <> p_slot
               JOIN arkvory_gateway_leases AS l
                 ON l.slot = s.slot AND l.generation = s.generation AND l.expires_at > p_at
-             WHERE s.principal = ANY (p_principals) AND s.slot <> p_slot
         ), shared AS (
             -- Principals that download through other live slots too: only theirs need dividing.
             SELECT DISTINCT x.principal FROM others AS x

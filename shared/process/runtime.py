@@ -47,7 +47,7 @@ from arkvory.shared.cluster.supervision import observe_database, supervised
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.download.admission import Admission
 from arkvory.shared.download.catalog_cache import CatalogCache
-from arkvory.shared.download.demand import DemandShares, observe_shares
+from arkvory.shared.download.demand import WANTED_CHANNEL, DemandShares, observe_shares
 from arkvory.shared.download.throttle import BandwidthScheduler
 from arkvory.shared.errors import DatabaseUnavailable, LeaseLost, StartupError, StartupRefused
 from arkvory.shared.metrics import Metrics
@@ -226,6 +226,8 @@ class Runtime:
             open_blobs.CHANNEL, open_blobs.forget_everywhere, on_listening=open_blobs.forget_everywhere
         )
         control.every_ping("record credential last-used times", self.credentials.flush_last_used)
+        if self.demand is not None:  # another slot waits for part of our share
+            control.subscribe(WANTED_CHANNEL, self.demand.wanted_back)
 
     def _publish_configured_shares(self) -> None:
         share = self.metrics.share_bytes_per_second
