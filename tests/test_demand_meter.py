@@ -157,7 +157,7 @@ def test_the_scheduler_counts_each_principals_bytes_in_place_of_the_total():
 
 def test_early_renewals_wait_longer_when_renewals_are_slow():
     """Early renewals of all slots keep the allocation's lock busy at most a quarter of the time:
-    a process waits slots × its last round trip × 4 between two (never less than 0.25 s)."""
+    a process waits slots × its last renewal's database time × 4 between two (never less than 0.1 s)."""
     from prometheus_client import CollectorRegistry
 
     from arkvory.shared.download.admission import Admission
@@ -166,9 +166,11 @@ def test_early_renewals_wait_longer_when_renewals_are_slow():
 
     time = FakeTime()
     exchange = ShareExchange(16_000_000, 0, 16, clock=time.clock)
-    assert early_gap(exchange) == 0.25
+    assert early_gap(exchange) == 0.1
+    exchange.last_took = 0.001
+    assert early_gap(exchange) == 0.1  # 16 × 1 ms × 4 = 0.064 s
     exchange.last_took = 0.002
-    assert early_gap(exchange) == 0.25  # 16 × 2 ms × 4 = 0.128 s
+    assert early_gap(exchange) == 0.128
     exchange.last_took = 0.05
     assert early_gap(exchange) == 3.2
 

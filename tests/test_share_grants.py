@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(300)
 
 T0 = datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc)
 _RENEW_AT = """
-SELECT renewed, process_granted, process_target, principal_ids, principal_granted, principals_short
+SELECT renewed, process_granted, process_target, principal_ids, principal_granted, principals_short, took
 FROM arkvory_renew_share($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 """
 # The lease's acquisition (shared/cluster/lease.py), at a given instant.

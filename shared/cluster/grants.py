@@ -66,7 +66,7 @@ import asyncpg
 FLOOR_PARTS = 20
 
 _RENEW_SHARE = """
-SELECT renewed, process_granted, process_target, principal_ids, principal_granted, principals_short
+SELECT renewed, process_granted, process_target, principal_ids, principal_granted, principals_short, took
 FROM arkvory_renew_share($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 """
 
@@ -145,7 +145,9 @@ class ShareExchange:
         self.received = Grant(self.floor, {}, self.floor)
         self.last_report = DemandReport()
         self.last_sent: float | None = None
-        self.last_took = 0.0  # the last renewal's round trip, lock wait included (or until given up)
+        # The last renewal's time in the database, its lock wait included (without an answer: the
+        # time until it was given up, as far as we can tell).
+        self.last_took = 0.0
         self.in_flight = False
         self.renewals = 0
         self._seq = 0
@@ -241,11 +243,13 @@ class ShareExchange:
         arguments = self.arguments(slot, holder_id, generation, reservation_s)
         self.last_sent = self.clock()
         self.in_flight = True
+        row = None
         try:
             row = await conn.fetchrow(_RENEW_SHARE, *arguments)
         finally:
             self.in_flight = False
-            self.last_took = self.clock() - self.last_sent
+            took = row["took"] if row is not None else None
+            self.last_took = took if took is not None else self.clock() - self.last_sent
         return self.answered(row)
 
     def answered(self, row: Mapping | None) -> bool:

@@ -48,12 +48,13 @@ TICK_S = 0.1
 WINDOW_S = 1.0  # the moving window demand is measured over
 BOUND_WAITING = 0.05  # transfers waited for tokens this share of the window: they would take more
 HEADROOM = 1.25  # a process whose clients read slowly asks for this much more than it sent
-MIN_GAP_S = 0.25  # never two renewals closer than this
+MIN_GAP_S = 0.1  # never two renewals closer than this
 # Early renewals of all slots together keep the allocation (one row lock, shared/cluster/grants.py)
 # busy at most this share of the time: between two of them a process waits at least slots × its
-# last renewal's round trip (lock wait included) ÷ this. A slow or contended database: fewer.
+# last renewal's time in the database (lock wait included) ÷ this. A slow or contended database:
+# fewer.
 EARLY_LOCK_SHARE = 0.25
-SHORT_RETRY_S = 0.25  # ask again this often while a part promised to us is still held elsewhere
+SHORT_RETRY_S = 0.1  # ask again this often while a part promised to us is still held elsewhere
 MOVED = 1.5  # demand changed by this factor since the last report: tell the database now
 
 

@@ -79,7 +79,8 @@ CREATE FUNCTION arkvory_renew_share(
     p_principals text[], p_demands bigint[], p_weights integer[], p_may_uses bigint[],
     p_at timestamptz DEFAULT now())
 RETURNS TABLE (renewed boolean, process_granted bigint, process_target bigint,
-               principal_ids text[], principal_granted bigint[], principals_short integer)
+               principal_ids text[], principal_granted bigint[], principals_short integer,
+               took double precision)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_slots integer;
@@ -116,7 +117,8 @@ BEGIN
       INTO v_slots, v_total, v_pp, v_mode
       FROM arkvory_download_policy AS p FOR NO KEY UPDATE;
     IF NOT FOUND OR v_mode <> 'demand' THEN
-        RETURN QUERY SELECT false, 0::bigint, 0::bigint, NULL::text[], NULL::bigint[], 0;
+        RETURN QUERY SELECT false, 0::bigint, 0::bigint, NULL::text[], NULL::bigint[], 0,
+                            extract(epoch FROM clock_timestamp() - statement_timestamp())::float8;
         RETURN;
     END IF;
     UPDATE arkvory_gateway_leases AS l
@@ -126,7 +128,8 @@ BEGIN
        AND (l.share_generation IS DISTINCT FROM p_generation OR l.share_seq < p_seq)
     RETURNING l.share_generation, l.share_granted, l.share_held, l.share_held_until INTO v_lease;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT false, 0::bigint, 0::bigint, NULL::text[], NULL::bigint[], 0;
+        RETURN QUERY SELECT false, 0::bigint, 0::bigint, NULL::text[], NULL::bigint[], 0,
+                            extract(epoch FROM clock_timestamp() - statement_timestamp())::float8;
         RETURN;
     END IF;
 
@@ -310,6 +313,9 @@ BEGIN
           INTO v_ids, v_pgranted, v_short
           FROM final AS f;
     END IF;
-    RETURN QUERY SELECT true, v_granted, v_target, v_ids, v_pgranted, coalesce(v_short, 0);
+    -- took: the statement's time in the database, its wait for the policy row's lock included
+    -- (what early renewals are rationed by, shared/download/demand.py).
+    RETURN QUERY SELECT true, v_granted, v_target, v_ids, v_pgranted, coalesce(v_short, 0),
+                        extract(epoch FROM clock_timestamp() - statement_timestamp())::float8;
 END
 $$;
