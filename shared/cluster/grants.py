@@ -40,15 +40,19 @@ Safety argument. The claim: bytes handed out by all processes together in any in
    period whose capacity went elsewhere is part of that slot's own static burst, never more.
 6. A database that does not answer: renewals fail, grants run out with the lease (8 s), and the
    process stops all payload; no process ever raises its own share locally.
+7. Hints change nothing of the above: a renewal that comes out short NOTIFYs the slots that
+   commit more than their part (demand.py `wanted_back`), and one that hears it only lowers its
+   own rate (a `release`) and renews sooner; what it frees, it frees by its own report (3).
 
 The same holds for each principal's rows (`arkvory_principal_shares`): a process reports every
 principal that downloads with it or that it may still give more than the principal floor, and a
 principal it leaves out is one it uses only its floor for.
 
 Where it runs: `renew` and `accepted` in the lease's thread (shared/cluster/lease.py), one
-statement per renewal (`arkvory_renew_share`, migration 0014); `report` and `applied` are written
-by the serving loop (shared/download/demand.py) as whole new objects, so the lease thread reads a
-consistent snapshot with plain attribute reads.
+statement per renewal (`arkvory_renew_share`, migration 0014); `report`, `applied` and a release
+are written by the serving loop (shared/download/demand.py) as whole new objects, so the lease
+thread reads a consistent snapshot with plain attribute reads (a release before the lowered
+`applied`, which the lease thread reads first: it sees the old rate or both).
 """
 
 from __future__ import annotations

@@ -21,6 +21,12 @@ with downloads here (when principals have a total) is measured the same way, fro
 bucket granted it (a count kept in place of the process's, not beside it) and whether that
 bucket was short at the ticks: bound by its own rate, or new here, it asks for its total; its
 clients reading slowly, 1.25 × what it was granted.
+
+Early renewals (`_renew_early`) follow a change of demand, a smaller share applied (so the
+database frees the rest), and a hint from another slot whose renewal came out short
+(WANTED_CHANNEL, heard on the control connection: `wanted_back` lowers this process's buckets
+to the part named and renews at once); they are rationed by what the allocation costs
+(`early_gap`).
 """
 
 from __future__ import annotations
