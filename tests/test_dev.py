@@ -400,3 +400,22 @@ def test_the_banner_shows_the_share_mode_and_each_process_share(tmp_path):
         r"^  shares   demand: 409\.6 KiB/s for each process now \(its floor: no downloads yet\);"
         r" the rest of the total goes where downloads wait$", demand, re.M), demand
     assert re.search(rf"each process's share and demand, live: \S*arkvory admin status --dev {tmp_path} ", demand), demand
+
+
+def test_the_share_mode_comes_from_the_flag_the_environment_or_the_saved_policy():
+    from arkvory.shared.cli.dev import DevRefused, choose_bandwidth
+
+    def mode(share=None, environ=None, saved=None, gateways=2):
+        chosen = choose_bandwidth(gateways, None, None, environ or {}, saved, share)
+        return chosen.share_mode, chosen.share_from
+
+    assert mode() == ("static", "the default")
+    assert mode(environ={"ARKVORY_SHARE_MODE": "demand"}) == ("demand", "ARKVORY_SHARE_MODE from your environment")
+    assert mode(saved=(3, 3 * 2**26, 0, "demand")) == ("demand", "saved by an earlier run in this directory")
+    assert mode("static", {"ARKVORY_SHARE_MODE": "demand"}, (3, 3 * 2**26, 0, "demand")) == ("static", "--share")
+    for environ, gateways, says in (
+        ({"ARKVORY_SHARE_MODE": "fair"}, 2, "expected static or demand, got 'fair'"),
+        ({"ARKVORY_SHARE_MODE": "demand"}, 0, "--gateways 0 runs a standalone writer"),
+    ):
+        with pytest.raises(DevRefused, match=re.escape(says)):
+            mode(environ=environ, gateways=gateways)
