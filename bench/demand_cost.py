@@ -1,5 +1,5 @@
 """What demand shares cost the database (issue 23): the real renewal statement
-(`arkvory_renew_share`, migration 0014, sent by shared/cluster/grants.py's ShareExchange) from 16
+(`arkvory_renew_share`, migration 0016, sent by shared/cluster/grants.py's ShareExchange) from 16
 connections, one per slot, with 1,000 active principals, against a real PostgreSQL.
 
 Goal (issue): ≤ 2 ms of database time per renewal with 16 processes and 1,000 active principals,

@@ -47,7 +47,7 @@ def migrations() -> list[tuple[int, str, str]]:
     return found
 
 
-CODE_SCHEMA_VERSION = 14  # the highest migration this code knows (tests/test_startup checks it)
+CODE_SCHEMA_VERSION = 16  # the highest migration this code knows (tests/test_startup checks it)
 
 
 async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -> asyncpg.Connection:

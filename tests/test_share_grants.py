@@ -1,5 +1,5 @@
 """Demand shares against the real SQL with a fake database clock (issue 23): the allocation
-statement of migration 0014 (`arkvory_renew_share`, given its own `p_at`) and the process side
+statement of migration 0016 (`arkvory_renew_share`, given its own `p_at`) and the process side
 (shared/cluster/grants.py's ShareExchange), through the hand-overs of
 shared/spec/demand-shares-sketch.md and a randomized model of many of them. After every step:
 Σ committed ≤ total, and every rate a trusted process may use ≤ its slot's committed capacity."""

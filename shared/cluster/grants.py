@@ -49,7 +49,7 @@ principal that downloads with it or that it may still give more than the princip
 principal it leaves out is one it uses only its floor for.
 
 Where it runs: `renew` and `accepted` in the lease's thread (shared/cluster/lease.py), one
-statement per renewal (`arkvory_renew_share`, migration 0014); `report`, `applied` and a release
+statement per renewal (`arkvory_renew_share`, migration 0016); `report`, `applied` and a release
 are written by the serving loop (shared/download/demand.py) as whole new objects, so the lease
 thread reads a consistent snapshot with plain attribute reads (a release before the lowered
 `applied`, which the lease thread reads first: it sees the old rate or both).

@@ -64,7 +64,7 @@ SHORT_RETRY_S = 0.1  # ask again this often while a part promised to us is still
 MOVED = 1.5  # demand changed by this factor since the last report: tell the database now
 
 
-# NOTIFY'd by a renewal that came out short (migration 0014): "slot:part,…" of the slots that
+# NOTIFY'd by a renewal that came out short (migration 0016): "slot:part,…" of the slots that
 # commit more than their part of that division.
 WANTED_CHANNEL = "arkvory_shares_wanted"
 
