@@ -11,7 +11,10 @@ single key, to show what admission costs. Every gateway request authenticates (B
 runs two catalog queries (repository, artifact) on the database pool.
 nginx runs with 1 worker (one process, like the gateway) and with `auto` (one per CPU).
 
-    .venv/bin/python bench/small_requests.py [--seconds 10] [--connections 64]
+`--share-mode demand` runs every process with demand shares (issue 23: nothing may be added per
+request or per chunk, so the figure must not fall).
+
+    .venv/bin/python bench/small_requests.py [--seconds 10] [--connections 64] [--share-mode static|demand]
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="extra environment for both gateways (repeatable), e.g. to try a setting",
     )
+    parser.add_argument("--share-mode", choices=("static", "demand"), default="static",
+                        help="ARKVORY_SHARE_MODE for every process")
     parser.add_argument(
         "--py-spy",
         metavar="FILE",
@@ -77,7 +82,7 @@ def main() -> int:
 
     results: dict[str, dict] = {}
     with BenchCluster() as bench:
-        shared = bench.shared(slots=3, total=MAX_RATE)
+        shared = bench.shared(slots=3, total=MAX_RATE, ARKVORY_SHARE_MODE=args.share_mode)
         pool = {"ARKVORY_DATABASE_POOL_SIZE": str(args.pool_size)}
         extra = dict(item.split("=", 1) for item in args.env)
         writer = bench.writer(shared, **pool)

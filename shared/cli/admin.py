@@ -114,17 +114,17 @@ async def _storage_id(storage: BlobStorage) -> str | None:
 
 async def _saved_policy(conn: asyncpg.Connection) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second FROM arkvory_download_policy",
+        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, share_mode FROM arkvory_download_policy",
         timeout=db.QUERY_TIMEOUT_S,
     )
 
 
-def _describe_policy(saved: tuple[int, int, int] | asyncpg.Record | None) -> str:
-    """`saved`: (slots, total, per-principal total), or None."""
+def _describe_policy(saved: tuple[int, int, int, str] | asyncpg.Record | None) -> str:
+    """`saved`: (slots, total, per-principal total, share mode), or None."""
     if saved is None:
         return "none (a standalone writer; gateways need ARKVORY_GATEWAY_SLOTS and the rates)"
-    slots, total, per_principal = tuple(saved)
-    return f"{slots} slots, total {_rate(total)}, per principal {_rate(per_principal)}"
+    slots, total, per_principal, share_mode = tuple(saved)
+    return f"{slots} slots, total {_rate(total)}, per principal {_rate(per_principal)}, {share_mode} shares"
 
 
 def _policy_outcome(saved: asyncpg.Record | None, settings: Settings) -> str:
@@ -132,9 +132,7 @@ def _policy_outcome(saved: asyncpg.Record | None, settings: Settings) -> str:
         return _describe_policy(saved) + ("" if saved is None else " (saved before; kept)")
     if saved is None:
         shared = settings.shared
-        return "saved: " + _describe_policy(
-            (shared.slots, shared.total_bytes_per_second, shared.per_principal_bytes_per_second)
-        )
+        return "saved: " + _describe_policy(shared.policy)
     return _describe_policy(saved) + " (saved before; the same numbers)"
 
 
@@ -248,8 +246,8 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
     if storage:
         report["storage"] = {"id": storage["id"], "location": storage["location"]}
     policy = await conn.fetchrow(
-        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at"
-        " FROM arkvory_download_policy"
+        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at,"
+        " share_mode FROM arkvory_download_policy"
     )
     if policy:
         report["downloadPolicy"] = {
@@ -257,10 +255,14 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
             "totalBytesPerSecond": policy["total_bytes_per_second"],
             "perPrincipalBytesPerSecond": policy["per_principal_bytes_per_second"],
             "savedAt": _utc(policy["saved_at"]),
+            "shareMode": policy["share_mode"],
         }
     for row in await conn.fetch(
         "SELECT slot, role, pid, host, url, generation, acquired_at,"
-        " renewed_at, extract(epoch FROM expires_at - now())::float8 AS remaining"
+        " renewed_at, extract(epoch FROM expires_at - now())::float8 AS remaining,"
+        # demand mode: the share the database granted this holder and the demand it reported
+        " CASE WHEN share_generation = generation THEN share_granted END AS share,"
+        " CASE WHEN share_generation = generation THEN share_demand END AS demand"
         " FROM arkvory_gateway_leases l ORDER BY slot"
     ):
         report["leases"].append({
@@ -277,6 +279,8 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
             "expiresInSeconds": round(row["remaining"], 1),
             "acquiredAt": _utc(row["acquired_at"]),
             "renewedAt": _utc(row["renewed_at"]),
+            "shareBytesPerSecond": row["share"],
+            "demandBytesPerSecond": row["demand"],
         })
     report["workers"] = await _workers(conn)
     return report
@@ -300,6 +304,10 @@ def status_table(report: dict[str, Any]) -> str:
             f"download policy  {policy['slots']} slots, saved {policy['savedAt']}",
             f"  total          {_rate(policy['totalBytesPerSecond'])}",
             f"  per principal  {_rate(policy['perPrincipalBytesPerSecond'])}",
+            "  shares         " + (
+                "demand (they follow the downloads, granted at every renewal)"
+                if policy.get("shareMode") == "demand" else "static (the total divided equally by the slots)"
+            ),
         ]
     workers = report["workers"]
     if not workers:
@@ -327,6 +335,13 @@ def status_table(report: dict[str, Any]) -> str:
                 for lease in leases
             ],
         )
+        if policy is not None and policy.get("shareMode") == "demand":
+            lines += [
+                f"  slot {lease['slot']} share  {_rate(lease['shareBytesPerSecond'])}, demand "
+                f"{_rate(lease['demandBytesPerSecond']) if lease['demandBytesPerSecond'] else 'none (idle)'}"
+                for lease in leases
+                if lease["live"] and lease["shareBytesPerSecond"] is not None
+            ]
     if workers:
         lines.append("")
         lines += _table(

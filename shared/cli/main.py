@@ -209,6 +209,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return run_dev_cluster(
         args.dir, gateways=args.gateways, base_port=args.port,
         rate=args.rate, rate_per_principal=args.rate_per_principal, storage=args.storage,
+        share=args.share,
     )
 
 
@@ -256,6 +257,11 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--rate-per-principal", type=_rate_argument, metavar="RATE",
         help="total rate for one account or key, e.g. 10MiB; 0 = unlimited (the default)",
+    )
+    dev.add_argument(
+        "--share", choices=("static", "demand"),
+        help="how the processes divide the total: static (an equal part each, the default) or demand"
+        " (shares follow the downloads; wins over ARKVORY_SHARE_MODE)",
     )
     dev.add_argument(
         "--storage", choices=("file", "s3"), default="file",

@@ -68,7 +68,7 @@ def _ns(seconds: float) -> int:
 class TokenBucket:
     """`rate` bytes/s up to `burst` bytes; starts full. Time comes from the injected `clock`."""
 
-    __slots__ = ("_rate", "_burst", "_clock", "_cap", "_credit", "_stamp")
+    __slots__ = ("_rate", "_burst", "_clock", "_cap", "_credit", "_stamp", "_rate_set_at")
 
     def __init__(self, rate: int, burst: int, clock: Callable[[], float]) -> None:
         _check_rate("rate", rate)
@@ -80,6 +80,7 @@ class TokenBucket:
         self._cap = burst * _NS
         self._credit = self._cap  # byte-nanoseconds
         self._stamp = _ns(clock())
+        self._rate_set_at = 0  # when `set_rate` last changed the rate (ns)
 
     @property
     def rate(self) -> int:
@@ -108,6 +109,16 @@ class TokenBucket:
         self._check_size(size)
         self._refill(_ns(self._clock()))
         return self._ready_in(size) / _NS
+
+    def set_rate(self, rate: int, now: int) -> None:
+        """Refill at the old rate up to `now` (ns), then go on at `rate`. The burst stays: a
+        change never adds credit, and what is there is at most the burst (demand mode,
+        shared/cluster/grants.py §5)."""
+        _check_rate("rate", rate)
+        self._refill(now)
+        if rate != self._rate:
+            self._rate = rate
+            self._rate_set_at = now
 
     def _check_size(self, size: int) -> None:
         if not 1 <= size <= self._burst:
@@ -161,6 +172,8 @@ class TokenBucket:
         bucket no fuller than if the take had never happened.
         """
         self._refill(now)
+        if taken_at < self._rate_set_at:
+            return  # the rate changed meanwhile: what was thrown away is not known, keep none
         returned = size * _NS - self._rate * max(0, now - taken_at)
         if returned > 0:
             credit = self._credit + returned
@@ -180,12 +193,15 @@ class _Waiter:
 
 
 class _Principal:
-    __slots__ = ("bucket", "waiters", "queued")
+    __slots__ = ("bucket", "waiters", "queued", "granted")
 
     def __init__(self, bucket: TokenBucket | None) -> None:
         self.bucket = bucket
         self.waiters: deque[_Waiter] = deque()
         self.queued = _IDLE
+        # Bytes granted to this principal while it is tracked (counted here instead of in the
+        # scheduler's total, not in addition to it: `granted_bytes` adds them up when read).
+        self.granted = 0
 
 
 class BandwidthScheduler:
@@ -236,6 +252,8 @@ class BandwidthScheduler:
 
         self._granted_bytes = 0
         self._wait_ns = 0
+        # Demand mode: principals with a rate of their own; their buckets are kept (not swept).
+        self._principal_rates: dict[str, int] = {}
 
     # -- what health and metrics read ------------------------------------------------------
 
@@ -263,7 +281,29 @@ class BandwidthScheduler:
 
     @property
     def granted_bytes(self) -> int:
-        return self._granted_bytes
+        """Bytes granted since the start (read by health, metrics and demand mode's tick: the
+        sum over the tracked principals is made here, never per chunk)."""
+        return self._granted_bytes + sum(principal.granted for principal in self._principals.values())
+
+    def principal_usage(self, principal_ids) -> dict[str, tuple[int, bool]]:
+        """For each of `principal_ids` still tracked: the bytes granted to it while tracked, and
+        whether its own bucket holds less than one grant now (it waits for its own rate, not
+        the process's). Demand mode's tick reads this a few times a second."""
+        now = _ns(self._clock())
+        quantum = self._quantum
+        usage = {}
+        principals = self._principals
+        for principal_id in principal_ids:
+            principal = principals.get(principal_id)
+            if principal is None:
+                continue
+            bucket = principal.bucket
+            short = False
+            if bucket is not None:
+                bucket._refill(now)
+                short = bucket._ready_in(min(quantum, bucket._burst)) > 0
+            usage[principal_id] = (principal.granted, short)
+        return usage
 
     @property
     def wait_seconds(self) -> float:
@@ -329,7 +369,7 @@ class BandwidthScheduler:
                     bucket._take(size)
                 if process is not None:
                     process._take(size)
-                self._granted_bytes += size
+                principal.granted += size
                 return size
 
         return 0
@@ -383,7 +423,7 @@ class BandwidthScheduler:
         self._wait_ns += _ns(self._clock()) - now
         if self._closed is not None:
             raise self._closed.with_traceback(None)
-        self._granted_bytes += size
+        principal.granted += size
         return size
 
     def _enqueue(self, principal: _Principal, size: int, now: int) -> None:
@@ -452,9 +492,43 @@ class BandwidthScheduler:
             if principal.queued == _IDLE
             and not principal.waiters
             and (principal.bucket is None or principal.bucket._is_full(now))
+            and principal_id not in self._principal_rates
         ]
         for principal_id in idle:
-            del self._principals[principal_id]
+            self._granted_bytes += self._principals.pop(principal_id).granted
+
+    # -- demand mode: new rates from a grant -------------------------------------------------
+
+    def set_rates(
+        self, process_rate: int | None, principal_rates: dict[str, int], principal_default: int | None
+    ) -> None:
+        """Apply a grant in place (demand mode, on the serving loop): the process bucket's rate,
+        each principal's own rate (`principal_rates`), `principal_default` for every other.
+        Bursts and the quantum stay as built (shared/cluster/grants.py §5). Only when there
+        were buckets of that kind to begin with; a rate never appears from None."""
+        now = _ns(self._clock())
+        process = self._process
+        if process is not None and process_rate is not None:
+            process.set_rate(process_rate, now)
+            self._process_rate = process_rate
+        if self._per_principal_rate is not None and principal_default is not None:
+            self._per_principal_rate = principal_default
+            self._principal_rates = dict(principal_rates)
+            for principal_id, rate in principal_rates.items():
+                if principal_id not in self._principals:  # kept from now on, starting full
+                    self._principals[principal_id] = _Principal(
+                        TokenBucket(rate, self._per_principal_burst, self._clock)
+                    )
+            for principal_id, principal in self._principals.items():
+                if principal.bucket is not None:
+                    principal.bucket.set_rate(principal_rates.get(principal_id, principal_default), now)
+        # Waiting times were computed at the old rates: every waiter is looked at again now.
+        while self._heap:
+            principal = heapq.heappop(self._heap)[2]
+            principal.queued = _RING
+            self._ring.append(principal)
+        if self._dispatcher is not None:
+            self._wake_dispatcher(now)
 
     # -- the dispatcher --------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from arkvory.shared.auth.credentials import CredentialCache
 from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.cluster import control as control_loop, lease as lease_loop, pins as pins_loop, policy
 from arkvory.shared.cluster.control import ControlConnection
+from arkvory.shared.cluster.grants import ShareExchange
 from arkvory.shared.cluster.lease import SlotLease
 from arkvory.shared.cluster.lease_history import LeaseHistory, record_payload_after_trust
 from arkvory.shared.cluster.pins import ReadPins
@@ -50,6 +51,7 @@ from arkvory.shared.cluster.supervision import DATABASE, observe_database, super
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.download.admission import Admission
 from arkvory.shared.download.catalog_cache import CatalogCache
+from arkvory.shared.download.demand import WANTED_CHANNEL, DemandShares, observe_shares
 from arkvory.shared.download.throttle import BandwidthScheduler
 from arkvory.shared.errors import DatabaseUnavailable, LeaseLost, StartupError, StartupRefused
 from arkvory.shared.metrics import Metrics
@@ -109,6 +111,18 @@ class Runtime:
         # Whether the database has a synchronous standby (readiness `database`).
         self.replication = ReplicationWatch()
         self._publish_configured_shares()
+        # Demand mode: shares follow the demand (shared/cluster/grants.py), from the floor on.
+        self.demand: DemandShares | None = None
+        shared = settings.shared
+        if shared is not None and shared.share_mode == "demand":
+            exchange = ShareExchange(
+                shared.total_bytes_per_second, shared.per_principal_bytes_per_second, shared.slots,
+                local_limit=settings.download_bytes_per_second,
+                local_principal_limit=settings.download_bytes_per_second_per_principal,
+            )
+            self.demand = DemandShares(exchange, self.bandwidth, self.admission, self.metrics)
+        elif shared is not None:
+            observe_shares(self.metrics, shared.total_bytes_per_second, lambda: 0, lambda: 0)
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -146,7 +160,11 @@ class Runtime:
                 (shared.slots, shared.total_bytes_per_second, shared.per_principal_bytes_per_second),
                 report=self.metrics,
                 url=advertised_url(settings),
+                share_mode=shared.share_mode,
+                shares=self.demand.exchange if self.demand is not None else None,
             )
+            if self.demand is not None:
+                self.demand.attach(self.lease, asyncio.get_running_loop())
             # Renewing starts here, in its own thread: the rest of the start-up cannot delay it.
             await self.lease.start()
         self.pool = await db.create_pool(settings)
@@ -223,6 +241,8 @@ class Runtime:
         )
         control.every_ping("record credential last-used times", self.credentials.flush_last_used)
         control.every_ping("read the database's replication", self.replication.refresh)
+        if self.demand is not None:  # another slot waits for part of our share
+            control.subscribe(WANTED_CHANNEL, self.demand.wanted_back)
 
     def _publish_configured_shares(self) -> None:
         share = self.metrics.share_bytes_per_second
@@ -304,6 +324,9 @@ class Runtime:
             "active": self.lease is not None and self.lease.trusted,
             "leaseSeconds": round(self.lease.trust_remaining(), 3) if self.lease else 0.0,
             "generation": self.lease.generation if self.lease else None,
+            "shareMode": shared.share_mode,
+            # Demand mode: this process's share, its demand and what it waits for (null: static).
+            "demand": self.demand.snapshot() if self.demand is not None else None,
         }
 
     # -- background work --------------------------------------------------------------------
@@ -342,6 +365,8 @@ class Runtime:
         if self.lease is not None:
             loops.append(("lease watcher", self._watch_lease))
             DATABASE.expect(lease_loop.LOOP)
+            if self.demand is not None:
+                loops.append(("demand shares", self.demand.run))
         if self.storage is not None and self.storage.kind != "file":
             loops.append(("storage probe", self.storage_health.run))
         return loops + self.extra_loops
