@@ -38,7 +38,8 @@ ENV ARKVORY_HOST=0.0.0.0 \
     ARKVORY_DATA_DIR=/var/lib/arkvory/data
 EXPOSE 8080
 
-# 200 only when this process may serve (503 while unavailable or draining).
+# 200 while this process may serve: ready, or degraded (its object store does not answer, its
+# read cache still serves); 503 while unavailable or draining.
 HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health/status' % os.environ.get('ARKVORY_PORT', '8080'), timeout=2)"]
 

@@ -216,6 +216,19 @@ def tree_cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def exact_cpu_seconds(pids: list[int]) -> float:
+    """CPU time of every thread of `pids`, from the scheduler's nanosecond count
+    (/proc/PID/task/TID/schedstat). utime + stime come in 10 ms ticks: a tenth of what a 1 GiB
+    stream costs nginx, too coarse for a ratio of two such figures."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
 def memory_kib(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (peak RSS) in KiB."""
     found = {}

@@ -12,7 +12,11 @@ as they arrive. A sampler records every client's count every 100 ms and each pro
 conservative about sampling delays: between two readings i < j, granted bytes must be
 ≤ share × (answer time of j − send time of i) + burst.
 
-    .venv/bin/python bench/throttled.py [--seconds 15] [--clients 64] [--share-mib 8]
+With `--share-mode demand` (issue 23) the processes divide the same total by their demand:
+the server-side check is then made on all processes together (Σ granted ≤ total × Δt + the
+bursts), since a process's share moves.
+
+    .venv/bin/python bench/throttled.py [--seconds 15] [--clients 64] [--share-mib 8] [--share-mode static|demand]
 """
 
 from __future__ import annotations
@@ -101,6 +105,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--share-mib", type=float, default=8.0, help="each process's share, MiB/s")
     parser.add_argument("--size-mib", type=int, default=64, help="artifact size")
+    parser.add_argument("--share-mode", choices=("static", "demand"), default="static",
+                        help="ARKVORY_SHARE_MODE for every process")
     args = parser.parse_args()
     slots = 3
     share = int(args.share_mib * MiB)
@@ -111,7 +117,7 @@ def main() -> int:
     admission = {"ARKVORY_MAX_DOWNLOADS": str(max(16, per_process + 4))}
 
     with BenchCluster(keys=keys) as bench:
-        shared = bench.shared(slots=slots, total=total)
+        shared = bench.shared(slots=slots, total=total, ARKVORY_SHARE_MODE=args.share_mode)
         writer = bench.writer(shared, **admission)
         create_repo(writer, "bench")
         artifact = upload(writer, "bench", "large.bin", args.size_mib * MiB)
@@ -141,18 +147,33 @@ def main() -> int:
     server_rows = []
     server_ok = True
     server_window_granted = 0
+    static = args.share_mode == "static"
     for name, samples in granted.items():
         worst_excess = -float("inf")
         for i, (sent_i, _, g_i) in enumerate(samples):
             for _, answered_j, g_j in samples[i + 1 :]:
                 worst_excess = max(worst_excess, (g_j - g_i) - (share * (answered_j - sent_i) + burst))
+        if not static:
+            worst_excess = 0  # a process's share moves: only all of them together are bounded
         inside = [s for s in samples if start[0] <= s[0] <= last[0]]
         rate = (inside[-1][2] - inside[0][2]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else 0.0
         server_window_granted += inside[-1][2] - inside[0][2] if len(inside) > 1 else 0
         server_ok &= worst_excess <= 0
         server_rows.append(
-            (name, f"{rate / MiB:.3f}", f"{rate / share:.4f}", fmt_bytes(worst_excess) if worst_excess > 0 else "none")
+            (name, f"{rate / MiB:.3f}", f"{rate / share:.4f}",
+             "-" if not static else fmt_bytes(worst_excess) if worst_excess > 0 else "none")
         )
+    # All processes together, every pair of sampling rounds (a round reads the three in turn).
+    rounds = [
+        (min(s for s, _, _ in row), max(a for _, a, _ in row), sum(g for _, _, g in row))
+        for row in zip(*granted.values())
+    ]
+    together_excess = max(
+        (g_j - g_i) - (total * (answered_j - sent_i) + burst * slots)
+        for i, (sent_i, _, g_i) in enumerate(rounds)
+        for _, answered_j, g_j in rounds[i + 1 :]
+    )
+    server_ok &= together_excess <= 0
 
     print()
     print(table(server_rows, ("process", "granted MiB/s (window)", "of share", "worst excess over share×Δt+burst")))
@@ -195,14 +216,18 @@ def main() -> int:
                 ),
                 (
                     "server-side: granted in any sampled interval",
-                    "within share × Δt + burst" if server_ok else "EXCEEDED (see above)",
-                    "≤ share × Δt + burst",
+                    ("within share × Δt + burst per process, " if static else "")
+                    + ("all together within total × Δt + bursts" if together_excess <= 0
+                       else f"all together EXCEEDED by {fmt_bytes(together_excess)}")
+                    if server_ok else "EXCEEDED (see above)",
+                    "≤ share × Δt + burst" if static else "≤ total × Δt + burst × slots",
                     verdict(server_ok),
                 ),
                 (
                     "fairness min/max bytes per client",
-                    f"{fairness:.3f} (best possible with {'/'.join(str(len(v)) for _, v in sorted(clients_by_process.items()))} "
-                    f"clients per process, each process having its own share: {split_bound:.3f})",
+                    f"{fairness:.3f} ({'/'.join(str(len(v)) for _, v in sorted(clients_by_process.items()))} clients per process; "
+                    + (f"best possible, each process having its own share: {split_bound:.3f})" if static
+                       else "demand shares divide the total by downloads)"),
                     "≥ 0.9",
                     verdict(fairness >= 0.9),
                 ),
@@ -212,7 +237,7 @@ def main() -> int:
         )
     )
     print(
-        f"\n({args.clients} clients, each its own key, over writer + 2 gateways; share {fmt_bytes(share)}/s "
+        f"\n({args.clients} clients, each its own key, over writer + 2 gateways; {args.share_mode} shares, static share {fmt_bytes(share)}/s "
         f"per process, burst {fmt_bytes(burst)}; {args.seconds:.0f} s measured after {WARMUP_S:.0f} s warm-up; "
         f"server-side granted over the window: {fmt_bytes(server_window_granted)})"
     )

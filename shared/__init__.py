@@ -10,8 +10,8 @@ The basics, which every package here may import:
 The packages, from the bottom up. Each imports only from itself, the basics and the packages
 on the lines above it; http, storage and cluster stand side by side and never import each other.
 tests/test_layout.py holds these rules.
-    http/          the HTTP edge: our uvicorn protocol, request ids and error answers, bodies,
-                   ranges, media types, the client's address
+    http/          the HTTP edge: our server and protocol (on httptools' parser), request ids
+                   and error answers, bodies, ranges, media types, the client's address
     storage/       where blobs live: the storage directory or an object store (with its local read
                    cache), reused blob descriptors, upload files
     cluster/       coordination between processes through the database: the slot lease, the

@@ -2,14 +2,18 @@
 
 Every call carries a timeout so a hung database cannot hang a request forever. The lease and
 the advisory locks use dedicated connections (`connect`), never the pool: asyncpg's pool runs
-`pg_advisory_unlock_all()` when it takes a connection back.
+`pg_advisory_unlock_all()` when it takes a connection back. Every connection, pooled or
+dedicated, is opened by `open_connection`, which gives each host of a multi-host URL (a primary
+and its standby, `?target_session_attrs=read-write`) a timeout of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.resources
 import logging
 import re
+import urllib.parse
 
 import asyncpg
 
@@ -47,7 +51,7 @@ def migrations() -> list[tuple[int, str, str]]:
     return found
 
 
-CODE_SCHEMA_VERSION = 15  # the highest migration this code knows (tests/test_startup checks it)
+CODE_SCHEMA_VERSION = 16  # the highest migration this code knows (tests/test_startup checks it)
 
 
 # What a restart cannot cure: the server answered and refused this client. SQLSTATE class 28 (a
@@ -78,9 +82,89 @@ def connect_failed(url: str, exc: BaseException) -> DatabaseUnavailable:
     )
 
 
+class NoUsableHost(ConnectionError):
+    """No host of ARKVORY_DATABASE_URL took the connection: each one's reason, in one line.
+    An OSError, so that every caller treats it as the unreachable database it is."""
+
+
+# Whatever makes one host of several unusable for now: the next host is tried.
+_HOST_FAILURES = (
+    OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # TargetServerAttributeNotMatched: a standby, for read-write
+)
+# URL -> the one-host URL to try first: the last that took a connection, or the one after the
+# last that failed (or was given up on by the caller: a lease renewal's deadline, say).
+_first_host: dict[str, str] = {}
+
+
+def host_urls(url: str) -> list[str]:
+    """One URL per host of a multi-host URL (`postgresql://u:p@h1:5432,h2:5433/db?...`), in
+    its order; [url] itself when it names one host, or its hosts in a form not split here."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return [url]
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return [url]
+    return [
+        urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}"))
+        for host in hosts.split(",")
+    ]
+
+
+async def open_connection(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -> asyncpg.Connection:
+    """asyncpg.connect, with each host of a multi-host URL given `timeout` of its own, as
+    libpq's connect_timeout is: asyncpg spends one timeout on all of them, so a primary that
+    vanished without a reset (a host powered off) takes it all and the new primary listed
+    after it is never tried (MagicStack/asyncpg#1155). The host that answered last is tried
+    first, and after a host fails, the next one. Raises asyncpg's own errors for a one-host
+    URL, and when every host of several refused us (a wrong password everywhere); otherwise
+    NoUsableHost once every host failed: one that refuses us while another may yet become the
+    primary is no reason to stop trying."""
+    hosts = host_urls(url)
+    first = _first_host.get(url)
+    if first in hosts:
+        at = hosts.index(first)
+        hosts = hosts[at:] + hosts[:at]
+    failures, refusals = [], []
+    for index, host in enumerate(hosts):
+        after = hosts[(index + 1) % len(hosts)]
+        try:
+            conn = await asyncpg.connect(host, timeout=timeout, **kwargs)
+        except asyncpg.ClientConfigurationError:
+            raise  # the URL's own fault: no other host would do better
+        except _HOST_FAILURES as exc:
+            _first_host[url] = after
+            if len(hosts) == 1 and not isinstance(exc, asyncpg.InternalClientError):
+                raise
+            failures.append(f"{_host_of(host)}: {_reason(exc)}")
+            if isinstance(exc, _REFUSALS):
+                refusals.append(exc)
+            continue
+        except asyncio.CancelledError:
+            _first_host[url] = after
+            raise
+        _first_host[url] = host
+        return conn
+    if len(refusals) == len(hosts):
+        raise refusals[0]
+    raise NoUsableHost("; ".join(failures))
+
+
+def _host_of(url: str) -> str:
+    return url.partition("://")[2].partition("/")[0].rpartition("@")[2]
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
+        return "not the server target_session_attrs asks for (a standby?)"
+    return f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
+
+
 async def connect(url: str, *, timeout: float = CONNECT_TIMEOUT_S, **kwargs) -> asyncpg.Connection:
     try:
-        return await asyncpg.connect(url, timeout=timeout, command_timeout=QUERY_TIMEOUT_S, **kwargs)
+        return await open_connection(url, timeout=timeout, command_timeout=QUERY_TIMEOUT_S, **kwargs)
     except CONNECT_ERRORS as exc:
         raise connect_failed(url, exc) from exc
     except ValueError as exc:  # asyncpg's ClientConfigurationError: an option of the URL it refuses
@@ -99,6 +183,7 @@ async def create_pool(settings: Settings) -> asyncpg.Pool:
     try:
         return await asyncpg.create_pool(
             settings.database_url,
+            connect=open_connection,  # each host of a multi-host URL with its own timeout
             reset=_keep_session,
             min_size=1,
             max_size=settings.database_pool_size,

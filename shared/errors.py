@@ -24,6 +24,7 @@
     │   └── ContentUnavailable     503 content_unavailable (Retry-After: the blob is missing or
     │                                                     quarantined; re-uploading it restores it)
     └── StartupError               (exit_status; the process refuses to start)
+        ├── PortUnavailable        exit 1: the port cannot be bound (in use)
         ├── SlotBusy               exit 3: another holder still renews the slot
         ├── DatabaseUnavailable    exit 69: cannot reach the database (a restart may help)
         │   └── DatabaseRefused    exit 78: the database refuses us (credentials, role, database
@@ -186,6 +187,12 @@ class StartupError(Exception):
 
 class SlotBusy(StartupError):
     exit_status = 3
+
+
+class PortUnavailable(StartupError):
+    """The process's port cannot be bound (in use, or not ours to take)."""
+
+    exit_status = 1
 
 
 class DatabaseUnavailable(StartupError):

@@ -2,8 +2,8 @@
 
 A line that names a client names it through `arkvory.shared.http.client_address.client_address`,
 never the socket peer (`scope["client"]`): behind the operator's balancers the peer is the
-balancer. There is no per-request access line (uvicorn's is off: a download is counted in the
-metrics instead); the login limits' lines are the ones that name clients.
+balancer. There is no per-request access line (a download is counted in the metrics instead);
+the login limits' lines are the ones that name clients.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-
-from .errors import TransferAborted
 
 
 class JsonFormatter(logging.Formatter):
@@ -26,12 +24,6 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
-
-
-def _drop_deliberate_aborts(record: logging.LogRecord) -> bool:
-    """uvicorn logs a traceback for every response cut after it started; ours are on purpose."""
-    exc = record.exc_info[1] if record.exc_info else None
-    return not isinstance(exc, TransferAborted)
 
 
 class QuietPoolRetries(logging.Filter):
@@ -58,8 +50,5 @@ def configure(log_format: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    logging.getLogger("uvicorn.error").addFilter(_drop_deliberate_aborts)
     # While the database is down its retries would log a traceback each (issue 13 item 17).
     logging.getLogger("asyncpg.pool").addFilter(QuietPoolRetries())
-    # uvicorn's own error logger is useful; its access log would repeat every request.
-    logging.getLogger("uvicorn.access").disabled = True

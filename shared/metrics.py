@@ -12,7 +12,7 @@ from prometheus_client.utils import floatToGoString
 
 
 # What /health/status answers (SPEC §8), one series each.
-HEALTH_STATUSES = ("ready", "draining", "unavailable")
+HEALTH_STATUSES = ("ready", "degraded", "draining", "unavailable")
 
 # The label values each labelled series starts with, at 0 (issue 24 item 2; Prometheus'
 # instrumentation guide, "avoid missing metrics"): a series that first appears at 1 shows no
@@ -311,7 +311,7 @@ class _HealthStatusCollector(Collector):
         current = self.status_of()
         family = GaugeMetricFamily(
             "arkvory_health_status",
-            "1 for the status /health/status answers now (ready, draining, unavailable), 0 for the others",
+            "1 for the status /health/status answers now (ready, degraded, draining, unavailable), 0 for the others",
             labels=["status"],
         )
         for status in HEALTH_STATUSES:

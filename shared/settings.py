@@ -18,6 +18,7 @@ from typing import Any
 MiB = 1024 * 1024
 MIN_SHARE_PER_SLOT = 65_536
 MAX_RATE = 2**40  # 1 TiB/s
+SHARE_MODES = ("static", "demand")
 
 _SHARED_VARIABLES = (
     "ARKVORY_GATEWAY_SLOTS",
@@ -64,6 +65,14 @@ class SharedDownloads:
     slot: int
     total_bytes_per_second: int
     per_principal_bytes_per_second: int  # 0 = unlimited
+    # `static`: every process `total // slots` for ever; `demand`: shares follow the demand
+    # (shared/cluster/grants.py). Saved in the policy like the rates.
+    share_mode: str = "static"
+
+    @property
+    def policy(self) -> tuple[int, int, int, str]:
+        """What the saved policy row must equal: slots, total, per-principal total, mode."""
+        return (self.slots, self.total_bytes_per_second, self.per_principal_bytes_per_second, self.share_mode)
 
     @property
     def share_bytes_per_second(self) -> int:
@@ -401,6 +410,12 @@ def _shared_downloads(reader: _Reader, role: str) -> SharedDownloads | None:
     """Apply the cross-rules of SPEC §2 'Shared-download rules' in one place."""
     given = [name for name in _SHARED_VARIABLES if reader._raw(name) is not None]
     if not given:
+        if reader.choice("ARKVORY_SHARE_MODE", SHARE_MODES, "static") == "demand":
+            reader.problem(
+                "ARKVORY_SHARE_MODE",
+                "expected static (or unset) without the shared-download configuration: demand "
+                "shares divide ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND among the slots",
+            )
         if role == "reader":
             reader.problem(
                 "ARKVORY_GATEWAY_SLOTS",
@@ -450,9 +465,10 @@ def _shared_downloads(reader: _Reader, role: str) -> SharedDownloads | None:
         why="0 (unlimited) or " + why,
         allow_zero=True,
     )
+    share_mode = reader.choice("ARKVORY_SHARE_MODE", SHARE_MODES, "static")
     if None in (slots, slot, total, per_principal):
         return None
-    return SharedDownloads(slots, slot, total, per_principal)
+    return SharedDownloads(slots, slot, total, per_principal, share_mode)
 
 
 class _Reader:

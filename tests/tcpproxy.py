@@ -22,7 +22,8 @@ class TcpProxy:
     """Listens on 127.0.0.1 and forwards each connection to upstream_host:upstream_port.
 
     `sent_upstream`: bytes forwarded from clients to the server so far (a test waits on it to
-    act at a known point of a transfer instead of racing it).
+    act at a known point of a transfer instead of racing it); `sent_downstream`: from the server
+    to clients.
 
     stall(): nothing is forwarded any more, in either direction, on current and new connections,
     and the sockets stay open, as in a network partition. A connection accepted during a stall
@@ -42,6 +43,7 @@ class TcpProxy:
         self._refusing = False
         self._links: dict[asyncio.Task, list[socket.socket | asyncio.StreamWriter]] = {}
         self.sent_upstream = 0  # written by the proxy's thread only; an int read is atomic
+        self.sent_downstream = 0
 
     @classmethod
     def for_url(cls, database_url: str) -> TcpProxy:
@@ -177,6 +179,8 @@ class TcpProxy:
             writer.write(data)
             if upstream:
                 self.sent_upstream += len(data)
+            else:
+                self.sent_downstream += len(data)
             await writer.drain()
         if writer.can_write_eof() and not writer.is_closing():
             writer.write_eof()  # pass the half-close on, as a real network would

@@ -11,25 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pathlib
-import re
-import subprocess
 import threading
-import time
 
 import httpx
 import pytest
 
 from arkvory.shared.client import Client, RetryPolicy, errors
 
+from .balancers import start_haproxy
 from .clientproxy import Cut, HttpFaultProxy
-from .harness import ADMIN_TOKEN, ROOT, eventually, free_port
-from .tools import require_tool
+from .harness import ADMIN_TOKEN, eventually
 
 pytestmark = pytest.mark.timeout(120)
 
 MiB = 1024 * 1024
-HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 QUICK = RetryPolicy(max_attempts=8, max_total_seconds=60, backoff_initial=0.2, backoff_max=1.0)
 
 
@@ -69,45 +64,23 @@ def proxy(writer):
 # -- through HAProxy: a gateway killed mid-stream ------------------------------------------------
 
 
-def haproxy_config(tmp_path: pathlib.Path, ports: dict[str, int], front: int) -> pathlib.Path:
-    """deploy/haproxy/haproxy.cfg with our ports; only root-only process settings removed."""
-    text = HAPROXY_CFG.read_text()
-    for address, port in ports.items():
-        assert address in text
-        text = re.sub(rf"{re.escape(address)}(?!\d)", f"127.0.0.1:{port}", text)
-    text, count = re.subn(r"^(\s*)bind\s+:80\s*$", rf"\g<1>bind 127.0.0.1:{front}", text, flags=re.M)
-    assert count == 1
-    text = re.sub(r"^\s*(user|group|stats socket)\s.*$", "", text, flags=re.M)
-    path = tmp_path / "haproxy.cfg"
-    path.write_text(text)
-    return path
-
-
 @pytest.fixture
 def haproxy_front(tmp_path):
-    haproxy = require_tool("haproxy", apt="haproxy")
-    processes = []
+    """Starts deploy/haproxy/haproxy.cfg in front of the given ports; returns its URL once it
+    forwards to a ready writer."""
+    running = []
 
     def start(ports: dict[str, int]) -> str:
-        front = free_port()
-        config = haproxy_config(tmp_path, ports, front)
-        with open(tmp_path / "haproxy.log", "wb") as log:
-            processes.append(subprocess.Popen([haproxy, "-db", "-f", str(config)], stdout=log, stderr=log))
-        url = f"http://127.0.0.1:{front}"
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health/status", timeout=2).status_code == 200:
-                    return url
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        pytest.fail(f"haproxy did not answer: {(tmp_path / 'haproxy.log').read_text()}")
+        front = start_haproxy(tmp_path, ports)
+        running.append(front)
+        front.wait_answering()
+        eventually(lambda: httpx.get(front.url + "/health/status", timeout=2).status_code == 200,
+                   "haproxy forwards", timeout=15)
+        return front.url
 
     yield start
-    for process in processes:
-        process.terminate()
-        process.wait(10)
+    for front in running:
+        front.stop()
 
 
 @pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)

@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import tomllib
 import uuid
 from collections.abc import Iterator, Mapping
@@ -26,7 +25,8 @@ import httpx
 import pytest
 from arkvory.shared.settings import Settings
 
-from .harness import free_port
+from .balancers import nginx_wrapper, running_balancer
+from .harness import eventually, free_port
 from .tools import require_tool
 
 pytestmark = pytest.mark.timeout(60)
@@ -264,9 +264,12 @@ def test_worker_env_example_builds_valid_worker_settings(common_env, tmp_path):
 # -- balancer configurations ---------------------------------------------------------------
 
 
-def _nginx_upstreams(text: str) -> dict[str, list[str]]:
+def _nginx_upstreams(text: str, *, backup: bool = False) -> dict[str, list[str]]:
+    """Each upstream's servers: the primary ones, or (backup=True) the backup ones."""
     blocks = re.findall(r"upstream\s+(\w+)\s*\{(.*?)\}", text, re.S)
-    return {name: re.findall(r"^\s*server\s+(\S+?)[\s;]", body, re.M) for name, body in blocks}
+    servers = {name: re.findall(r"^\s*server\s+(\S+?)([\s;].*)$", body, re.M) for name, body in blocks}
+    return {name: [address for address, rest in found if (" backup" in rest) == backup]
+            for name, found in servers.items()}
 
 
 def _haproxy_backends(text: str) -> dict[str, list[str]]:
@@ -283,6 +286,10 @@ def test_balancers_send_content_to_all_and_the_rest_to_the_writer_only():
     nginx = NGINX_CONF.read_text()
     haproxy = HAPROXY_CFG.read_text()
     assert sorted(_nginx_upstreams(nginx).values()) == sorted([[WRITER], [WRITER, *GATEWAYS]])
+    # The content servers again as backups (never marked failed): a store outage's 503s mark the
+    # primaries failed, and without these nginx would answer the cached blobs' downloads itself.
+    assert _nginx_upstreams(nginx, backup=True) == {"arkvory_writer": [], "arkvory_content": [WRITER, *GATEWAYS]}
+    assert len(re.findall(r"^\s*server\s.*\sbackup max_fails=0;", nginx, re.M)) == 3
     assert sorted(_haproxy_backends(haproxy).values()) == sorted([[WRITER], [WRITER, *GATEWAYS]])
     for directive in ("proxy_buffering off;", "proxy_request_buffering off;"):
         assert re.search(rf"^\s*{re.escape(directive)}", nginx, re.M), directive
@@ -302,28 +309,9 @@ def test_haproxy_accepts_the_configuration():
     assert "[WARNING]" not in result.stdout + result.stderr, result.stdout + result.stderr
 
 
-def _nginx_wrapper(tmp_path: pathlib.Path, include: pathlib.Path) -> pathlib.Path:
-    """A minimal nginx.conf that includes ours in http {}, with every file under tmp_path."""
-    for name in ("body", "proxy"):
-        (tmp_path / name).mkdir(exist_ok=True)
-    wrapper = tmp_path / "nginx.conf"
-    wrapper.write_text(
-        f"pid {tmp_path}/nginx.pid;\n"
-        f"error_log {tmp_path}/error.log;\n"
-        "events {}\n"
-        "http {\n"
-        "    access_log off;\n"
-        f"    client_body_temp_path {tmp_path}/body;\n"
-        f"    proxy_temp_path {tmp_path}/proxy;\n"
-        f"    include {include};\n"
-        "}\n"
-    )
-    return wrapper
-
-
 def test_nginx_accepts_the_configuration(tmp_path):
     nginx = require_tool("nginx", apt="nginx-light")
-    wrapper = _nginx_wrapper(tmp_path, NGINX_CONF)
+    wrapper = nginx_wrapper(tmp_path, NGINX_CONF)
     result = subprocess.run(
         [nginx, "-t", "-p", str(tmp_path), "-c", str(wrapper)],
         capture_output=True,
@@ -397,74 +385,31 @@ def stubs() -> Iterator[dict[str, _Stub]]:
         thread.join(5)
 
 
-def _retarget(text: str, stubs: dict[str, _Stub], listen: tuple[str, str], front: int) -> str:
-    """Our configuration with the stub addresses and a free front port, nothing else changed."""
-    for address, stub in stubs.items():
-        assert address in text
-        text = re.sub(rf"{re.escape(address)}(?!\d)", f"127.0.0.1:{stub.server_address[1]}", text)
-    pattern, replacement = listen
-    text, count = re.subn(pattern, replacement.format(front=front), text, flags=re.M)
-    assert count == 1, f"expected one listen address matching {pattern!r}"
-    return text
-
-
-def _start_nginx(tmp_path: pathlib.Path, stubs, front: int, log) -> subprocess.Popen:
-    nginx = require_tool("nginx", apt="nginx-light")
-    listen = (r"^(\s*)listen\s+80;", r"\1listen 127.0.0.1:{front};")
-    conf = tmp_path / "arkvory.conf"
-    conf.write_text(_retarget(NGINX_CONF.read_text(), stubs, listen, front))
-    wrapper = _nginx_wrapper(tmp_path, conf)
-    return subprocess.Popen(
-        [nginx, "-p", str(tmp_path), "-c", str(wrapper), "-g", "daemon off;"],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-
-
-def _start_haproxy(tmp_path: pathlib.Path, stubs, front: int, log) -> subprocess.Popen:
-    haproxy = require_tool("haproxy", apt="haproxy")
-    listen = (r"^(\s*)bind\s+:80\s*$", r"\1bind 127.0.0.1:{front}")
-    text = _retarget(HAPROXY_CFG.read_text(), stubs, listen, front)
-    # Process-level settings that need root or /run; the routing under test is untouched.
-    text = re.sub(r"^\s*(user|group|stats socket)\s.*$", "", text, flags=re.M)
-    cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(text)
-    return subprocess.Popen([haproxy, "-db", "-f", str(cfg)], stdout=log, stderr=log)
-
-
-def _wait_for_front(client: httpx.Client, process: subprocess.Popen, log: pathlib.Path) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"balancer exited with {process.returncode}: {log.read_text()}")
-        try:
-            if client.get("/health/status").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"balancer did not answer within 15 s: {log.read_text()}")
-
-
 @pytest.mark.parametrize("balancer", ["nginx", "haproxy"])
 def test_balancer_routes_content_reads_to_all_and_everything_else_to_the_writer(
     balancer, stubs, tmp_path
 ):
-    front = free_port()
-    start = _start_nginx if balancer == "nginx" else _start_haproxy
-    with (tmp_path / "stderr.log").open("wb") as log:
-        process = start(tmp_path, stubs, front, log)
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{front}", timeout=10) as client:
-                _wait_for_front(client, process, tmp_path / "stderr.log")
-                _check_routing(client)
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+    ports = {address: stub.server_address[1] for address, stub in stubs.items()}
+    with running_balancer(balancer, tmp_path, ports) as front:
+        with httpx.Client(base_url=front.url, timeout=10) as client:
+            eventually(lambda: client.get("/health/status").status_code == 200, f"{balancer} forwards", timeout=15)
+            _check_routing(client)
+
+
+@pytest.mark.parametrize("balancer", ["nginx", "haproxy"])
+def test_a_balancer_with_no_process_answering_sends_arkvorys_503_with_retry_after(balancer, tmp_path):
+    """Every backend down: the balancer's own answer is the JSON error and Retry-After a process
+    would send (SPEC §6: every 503 carries Retry-After), for content and for the writer alike."""
+    nobody = {address: free_port() for address in (WRITER, *GATEWAYS)}  # nothing listens there
+    with running_balancer(balancer, tmp_path, nobody) as front:
+        with httpx.Client(base_url=front.url, timeout=30) as client:
+            for method, path in (("GET", f"/api/v1/repositories/builds/artifacts/{uuid.uuid4()}/content"),
+                                 ("GET", "/api/v1/repositories"), ("POST", "/api/v1/repositories/builds/artifacts")):
+                answer = client.request(method, path, content=b"x" if method == "POST" else None)
+                assert answer.status_code == 503, f"{balancer} {method} {path}: {answer.status_code} {answer.text}"
+                assert answer.headers["Retry-After"] == "2"
+                body = answer.json()
+                assert body["code"] == "unavailable" and body["requestId"] == answer.headers["X-Request-Id"] != ""
 
 
 def _check_routing(client: httpx.Client) -> None:
@@ -919,7 +864,7 @@ def test_multi_host_balancer_configurations_are_accepted(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     nginx = require_tool("nginx", apt="nginx-light")
-    wrapper = _nginx_wrapper(tmp_path, MULTI / "nginx" / "arkvory.conf")
+    wrapper = nginx_wrapper(tmp_path, MULTI / "nginx" / "arkvory.conf")
     result = subprocess.run(
         [nginx, "-t", "-p", str(tmp_path), "-c", str(wrapper)], capture_output=True, text=True, timeout=30
     )

@@ -379,3 +379,43 @@ def test_the_offline_tools_run_on_a_stopped_dev_state(tmp_path):
             assert again.stop() == 0, again.output
     finally:
         remove_state(state)
+
+
+def test_the_banner_shows_the_share_mode_and_each_process_share(tmp_path):
+    """Static shares: each process's for good; demand shares: the floor each has now and where
+    the live shares and demands are (issue 23)."""
+    from arkvory.shared.cli.dev import _banner, choose_bandwidth
+
+    urls = ["http://127.0.0.1:8080", "http://127.0.0.1:8081", "http://127.0.0.1:8082"]
+
+    def banner(*args) -> str:
+        bandwidth = choose_bandwidth(2, 24 * 2**20, None, {}, None, *args)
+        return _banner(urls, "http://127.0.0.1:8083", "embedded", tmp_path, "t", tmp_path / "env", bandwidth)
+
+    static = banner()
+    assert "  shares   static: 8 MiB/s for each process, for good (--share demand: they follow the downloads)" in static
+    demand = banner("demand")
+    assert "24 MiB/s in total (--rate), shared by the 3 processes as their downloads need it (--share demand)" in demand
+    assert re.search(
+        r"^  shares   demand: 409\.6 KiB/s for each process now \(its floor: no downloads yet\);"
+        r" the rest of the total goes where downloads wait$", demand, re.M), demand
+    assert re.search(rf"each process's share and demand, live: \S*arkvory admin status --dev {tmp_path} ", demand), demand
+
+
+def test_the_share_mode_comes_from_the_flag_the_environment_or_the_saved_policy():
+    from arkvory.shared.cli.dev import DevRefused, choose_bandwidth
+
+    def mode(share=None, environ=None, saved=None, gateways=2):
+        chosen = choose_bandwidth(gateways, None, None, environ or {}, saved, share)
+        return chosen.share_mode, chosen.share_from
+
+    assert mode() == ("static", "the default")
+    assert mode(environ={"ARKVORY_SHARE_MODE": "demand"}) == ("demand", "ARKVORY_SHARE_MODE from your environment")
+    assert mode(saved=(3, 3 * 2**26, 0, "demand")) == ("demand", "saved by an earlier run in this directory")
+    assert mode("static", {"ARKVORY_SHARE_MODE": "demand"}, (3, 3 * 2**26, 0, "demand")) == ("static", "--share")
+    for environ, gateways, says in (
+        ({"ARKVORY_SHARE_MODE": "fair"}, 2, "expected static or demand, got 'fair'"),
+        ({"ARKVORY_SHARE_MODE": "demand"}, 0, "--gateways 0 runs a standalone writer"),
+    ):
+        with pytest.raises(DevRefused, match=re.escape(says)):
+            mode(environ=environ, gateways=gateways)

@@ -117,6 +117,7 @@ DEFAULT_OF = {
     "ARKVORY_GATEWAY_SLOTS": lambda: settings().shared,
     "ARKVORY_GATEWAY_SLOT": lambda: settings().shared,
     "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND": lambda: settings().shared,
+    "ARKVORY_SHARE_MODE": lambda: settings(**SHARED).shared.share_mode,
     "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL": lambda: settings(
         **SHARED
     ).shared.per_principal_bytes_per_second,

@@ -80,7 +80,9 @@ def writer(cluster):
 
 
 def attempt_from(writer, address: str, name: str = "root", password: str = WRONG, **headers) -> httpx.Response:
-    with writer.client(None) as client:
+    # Generous: each attempt may wait for the scrypt checks of the others (40 at once, on two
+    # cores that other tests keep busy too).
+    with writer.client(None, timeout=30) as client:
         return client.post(
             "/api/v1/login", json={"name": name, "password": password},
             headers={"X-Forwarded-For": address, **headers},
@@ -127,7 +129,7 @@ def test_without_trusted_proxies_x_forwarded_for_is_not_believed(cluster):
 
 
 def test_a_guesser_cannot_lock_out_a_client_that_signed_in_before(writer):
-    with httpx.Client(base_url=writer.url, timeout=10, headers={"X-Forwarded-For": "198.51.100.1"}) as owner:
+    with httpx.Client(base_url=writer.url, timeout=30, headers={"X-Forwarded-For": "198.51.100.1"}) as owner:
         first = owner.post("/api/v1/login", json={"name": "root", "password": PASSWORD})
         assert first.status_code == 200, first.text
         device = owner.cookies.get("arkvory_device")

@@ -40,7 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from arkvory.shared.cluster.supervision import observe_database
 from arkvory.shared.metrics import HEALTH_STATUSES
-from arkvory.shared.http.protocol import ArkvoryHttpProtocol, HeadStats
+from arkvory.shared.http.protocol import HeadStats, HttpProtocol
 from arkvory.shared.cluster.supervision import DatabaseReachability
 
 from .harness import ADMIN_TOKEN, ROOT, ArkvoryProcess, Cluster
@@ -423,7 +423,7 @@ def test_health_status_is_one_for_ready_and_zero_for_the_others(live):
     for process in (live.writer, live.gateway):
         text = scrape(process.url)
         assert {s: value(text, "arkvory_health_status", status=s) for s in HEALTH_STATUSES} == {
-            "ready": 1, "draining": 0, "unavailable": 0
+            "ready": 1, "degraded": 0, "draining": 0, "unavailable": 0
         }
     assert value(scrape(live.worker.url), "arkvory_health_status") is None
 
@@ -522,16 +522,16 @@ def test_a_chunk_the_gate_admits_after_the_lease_ended_is_counted_each_time_and_
     stats = HeadStats()
     faulty = types.SimpleNamespace(stats=stats, may_send_payload=lambda: False, payload_gate=lambda: True)
     with caplog.at_level(logging.CRITICAL, logger="arkvory.protocol"):
-        assert ArkvoryHttpProtocol.admit_payload(faulty) is True
-        assert ArkvoryHttpProtocol.admit_payload(faulty) is True
+        assert HttpProtocol.admit_payload(faulty) is True
+        assert HttpProtocol.admit_payload(faulty) is True
     assert stats.late_payload_chunks == 2
     assert [r.levelno for r in caplog.records] == [logging.CRITICAL]
     assert "ArkvoryPayloadAfterTrust" in caplog.records[0].getMessage()
     closed = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: False, payload_gate=lambda: False)
-    assert ArkvoryHttpProtocol.admit_payload(closed) is False
+    assert HttpProtocol.admit_payload(closed) is False
     assert closed.stats.late_payload_chunks == 0
     trusted = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: True, payload_gate=lambda: True)
-    assert ArkvoryHttpProtocol.admit_payload(trusted) is True
+    assert HttpProtocol.admit_payload(trusted) is True
     assert trusted.stats.late_payload_chunks == 0
 
 
@@ -539,10 +539,10 @@ def test_the_audit_takes_the_lease_s_seconds_of_trust_left_as_its_verdict():
     """protocol_for hands the lease's own `trust_remaining` to the audit: 0.0 (trust over) is
     an untrusted lease, any time left a trusted one."""
     over = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: 0.0, payload_gate=lambda: True)
-    assert ArkvoryHttpProtocol.admit_payload(over) is True
+    assert HttpProtocol.admit_payload(over) is True
     assert over.stats.late_payload_chunks == 1
     left = types.SimpleNamespace(stats=HeadStats(), may_send_payload=lambda: 0.001, payload_gate=lambda: True)
-    assert ArkvoryHttpProtocol.admit_payload(left) is True
+    assert HttpProtocol.admit_payload(left) is True
     assert left.stats.late_payload_chunks == 0
 
 

@@ -4,9 +4,9 @@ and `arkvory_payload_chunks_after_trust_total` stays 0 (it counts only a faulty 
 for a file's transfer and an object store's (issue 22 §7): wherever the deadline falls, the
 connection is reset, the abort counted once, and no error leaves the transfer.
 
-A real server: our protocol under uvicorn's config on a free port, real sockets, a real HTTP
-client; the lease's clock is injected (tests/fakeclock.py), or its trust ends after an exact
-number of readings, so the deadline falls exactly where the test puts it, every run.
+A real server: our HTTP server and protocol on a free port, real sockets, a real HTTP client;
+the lease's clock is injected (tests/fakeclock.py), or its trust ends after an exact number of
+readings, so the deadline falls exactly where the test puts it, every run.
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ import tempfile
 import types
 
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry
-from uvicorn.server import ServerState
 
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.download.object_transfer import stream_from_store
+from arkvory.shared.download import payload
 from arkvory.shared.download.payload import Payload
 from arkvory.shared.download.throttle import BandwidthScheduler
-from arkvory.shared.http.protocol import HANDLE_KEY, PayloadRefused, encode_header_block, protocol_for
+from arkvory.shared.http.handle import HANDLE_KEY, PayloadRefused, encode_header_block
+from arkvory.shared.http.protocol import protocol_for
+from arkvory.shared.http.server import HttpServer
 from arkvory.shared.metrics import Metrics
 from arkvory.shared.storage import StorageHealth
 from arkvory.shared.storage.directory import Storage
@@ -70,15 +71,10 @@ def _runtime(time: FakeTime, lease: ClockedLease, bandwidth=None):
 async def _serve(runtime, app):
     """Our protocol class for `runtime` on a free port; returns (server, port, protocol class)."""
     protocol = protocol_for(runtime)
-    config = uvicorn.Config(app, http=protocol, lifespan="off", log_config=None, access_log=False)
-    config.load()
-    state = ServerState()
-    loop = asyncio.get_running_loop()
+    server = HttpServer(app, protocol)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = await loop.create_server(
-        lambda: protocol(config=config, server_state=state, app_state={}, _loop=loop), sock=sock
-    )
+    await server.start(sock=sock)
     return server, sock.getsockname()[1], protocol
 
 
@@ -123,7 +119,7 @@ async def test_a_deadline_between_two_writes_stops_the_second_at_the_write():
     try:
         received = await _get(port)
     finally:
-        server.close()
+        await server.shutdown()
     assert outcome == {"refused": True}
     assert received.endswith(b"\r\n\r\n1234"), received
     assert protocol.stats.late_payload_chunks == 0
@@ -166,7 +162,7 @@ async def test_a_transfer_whose_trust_ends_while_it_waits_for_tokens_is_cut_as_l
     try:
         received = await _get(port)
     finally:
-        server.close()
+        await server.shutdown()
     assert finished == {"done": False}
     assert received.endswith(b"\r\n\r\naaaa"), received
     assert _aborts(runtime, "lease_lost") == 1
@@ -216,7 +212,7 @@ async def _get_until_cut(port: int) -> tuple[bytes, str]:
 @pytest.mark.parametrize("trusted_readings", range(8))
 @pytest.mark.parametrize("source", ["file", "object store"])
 async def test_wherever_trust_ends_a_transfer_is_reset_and_counted_once_and_nothing_escapes(
-    source, trusted_readings, tmp_path
+    source, trusted_readings, tmp_path, monkeypatch
 ):
     """Issue 22 §7: the object store's loop checked the gate, then wrote; trust ending between
     the two (here: after reading 1 or 2 of each chunk's three) raised PayloadRefused out of the
@@ -224,6 +220,9 @@ async def test_wherever_trust_ends_a_transfer_is_reset_and_counted_once_and_noth
     closed in order (queued bytes still left). Both paths now run in one frame
     (payload.send_payload): wherever trust ends, the connection is reset, the abort is counted
     once as `lease_lost`, and the transfer ends quietly."""
+    # One sendfile per chunk, as the readings count them (with tokens to spare, a file's
+    # transfer would gather all four into one sendfile: payload.ZERO_COPY_BYTES).
+    monkeypatch.setattr(payload, "ZERO_COPY_BYTES", 1024 * 1024)
     lease = TrustForReadings(trusted_readings)
     runtime = _runtime(FakeTime(), lease)
     storage = Storage(tmp_path)
@@ -261,10 +260,45 @@ async def test_wherever_trust_ends_a_transfer_is_reset_and_counted_once_and_noth
     try:
         received, ending = await _get_until_cut(port)
     finally:
-        server.close()
+        await server.shutdown()
     assert outcome == {"done": False}
     assert ending == "reset"
     head, _, body = received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and len(body) < len(BLOB) and BLOB.startswith(body)
     assert _aborts(runtime, "lease_lost") == 1 and len(runtime.transfers) == 0
     assert protocol.stats.late_payload_chunks == 0
+
+
+@pytest.mark.parametrize("anyio_backend", [("asyncio", {"use_uvloop": True})])  # as the servers run
+async def test_aborting_a_connection_its_client_already_closed_raises_nothing():
+    """A request that a stopping process cancels after its client left (an upload whose commit
+    waited for a standby that was gone, in tests/test_failover.py) is reset like any other:
+    uvloop's transport has closed its socket by then, and setting SO_LINGER raises ValueError."""
+    time = FakeTime()
+    runtime = _runtime(time, ClockedLease(time))
+    outcome = {}
+
+    async def app(scope, receive, send):
+        handle = scope["extensions"][HANDLE_KEY]
+        while not handle.lost:  # until the client has gone (bounded by the test's timeout)
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # and the transport has closed its socket
+        try:
+            handle.abort()
+            outcome["aborted"] = True
+        except Exception as exc:  # noqa: BLE001  (what the test is about)
+            outcome["error"] = exc
+
+    server, port, _ = await _serve(runtime, app)
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        for _ in range(500):
+            if outcome:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        server.close()
+    assert outcome == {"aborted": True}

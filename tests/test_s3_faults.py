@@ -1,10 +1,11 @@
 """The object store failing under real processes (SPEC §11): SeaweedFS killed with SIGKILL in the
 middle of a download and in the middle of a `complete`, then started again on the same ports and
 data. A transfer in flight is cut (never padded or silently short), new reads answer 503
-`unavailable` with Retry-After, readiness says so and /health/status takes the process out of the
-balancer; once the store answers, serving resumes with no restart and nothing lost, and a repeat
-of `complete` publishes exactly one artifact. Frozen (SIGSTOP) under a cleanup's DELETE, the store
-holds up no upload of the same bytes: cleanup holds no transaction or lock across it."""
+`unavailable` with Retry-After, readiness says `degraded` and why, and /health/status keeps the
+process in the balancer (it still serves what needs no store; tests/test_s3_balancers.py runs the
+balancers); once the store answers, serving resumes with no restart and nothing lost, and a
+repeat of `complete` publishes exactly one artifact. Frozen (SIGSTOP) under a cleanup's DELETE,
+the store holds up no upload of the same bytes: cleanup holds no transaction or lock across it."""
 
 from __future__ import annotations
 
@@ -56,8 +57,15 @@ def wait_until(check, what: str, timeout: float = 30.0):
 
 
 @pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
-def test_the_store_killed_mid_download_cuts_it_and_serving_resumes_without_a_restart(s3_cluster, seaweedfs):
+def test_the_store_killed_mid_download_cuts_it_and_serving_resumes_without_a_restart(s3_cluster, seaweedfs, request):
+    """The kill lands while the download still needs the store: the gateway reaches it through a
+    TCP proxy that counts what it forwards; once the client has 256 KiB the proxy stalls (the
+    gateway cannot read another byte of the blob, and provably has not read all of it), the store
+    is killed, and only then do the held connections drop. (Killing it once 256 KiB had arrived
+    raced: the gateway could already hold the rest, and the download completed.)"""
     loopback_aliases_or_skip(GATEWAY_HOSTS[0])
+    proxy = TcpProxy("127.0.0.1", seaweedfs.ports.s3).start()
+    request.addfinalizer(proxy.stop)
     shared = s3_cluster.shared_env(slots=2, total=2 * 256 * KiB)
     writer = s3_cluster.writer(shared).wait_ready()
     data = os.urandom(3 * MiB)  # 12 s at the gateway's 256 KiB/s
@@ -65,7 +73,9 @@ def test_the_store_killed_mid_download_cuts_it_and_serving_resumes_without_a_res
         assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
         made = client.post(f"/api/v1/repositories/{REPO}/artifacts", params={"name": "f"}, content=data).json()
     path = f"/api/v1/repositories/{REPO}/artifacts/{made['id']}/content"
-    gateway = s3_cluster.gateway(1, shared, host=GATEWAY_HOSTS[0]).wait_ready()
+    gateway = s3_cluster.gateway(
+        1, shared, host=GATEWAY_HOSTS[0], ARKVORY_S3_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}"
+    ).wait_ready()
     pid = gateway.proc.pid
 
     received = bytearray()
@@ -83,28 +93,34 @@ def test_the_store_killed_mid_download_cuts_it_and_serving_resumes_without_a_res
 
     thread = threading.Thread(target=download)
     thread.start()
-    wait_until(lambda: len(received) > 256 * KiB, "downloading")
+    wait_until(lambda: len(received) > 256 * KiB or not thread.is_alive(), "downloading")
+    proxy.stall()  # the fault point, held: the gateway reads nothing more of the blob
+    assert thread.is_alive(), f"the download ended before the store was stopped: {outcome}"
+    assert proxy.sent_downstream < len(data), "the gateway had read the whole blob from the store"
     seaweedfs.kill()
+    proxy.cut()  # what the gateway's held connections meet now: a store that is gone
+    proxy.resume()  # new connections reach the dead port and are refused
     thread.join(30)
     assert isinstance(outcome["result"], httpx.HTTPError), outcome  # cut, not completed short
     assert 0 < len(received) < len(data) and bytes(received) == data[:len(received)]
 
-    # New reads answer 503 with Retry-After; the balancer's probe takes the process out.
+    # New reads answer 503 with Retry-After; the process stays in the balancer's pool.
     with gateway.client() as client:
         refused = client.get(path)
         assert refused.status_code == 503 and refused.json()["code"] == "unavailable"
         assert int(refused.headers["Retry-After"]) >= 1
         assert client.head(path).status_code == 200  # what needs no blob still answers
     # A failed read only asks for a probe (one refused connection is no outage); the probe's
-    # verdict takes the process out, within its timeout (storage/health.py CHECK_TIMEOUT_S).
-    status = wait_until(lambda: _unavailable_status(gateway), "out of rotation", timeout=10)
-    assert status.json() == {"status": "unavailable"}
-    ready = gateway.ready()
-    assert ready["status"] == "unavailable" and ready["storage"] == "unavailable"
-    assert "ARKVORY_S3_ENDPOINT_URL" in ready["storageProblem"]
+    # verdict makes the process degraded, within its timeout (storage/health.py CHECK_TIMEOUT_S).
+    wait_until(lambda: gateway.status() == (200, "degraded"), "degraded", timeout=10)
+    # A probe that the stall held says it timed out; the next one meets the refused port.
+    ready = wait_until(lambda: _naming_the_endpoint(gateway.ready()), "the endpoint named", timeout=10)
+    assert ready["status"] == "degraded" and ready["storage"] == "unavailable"
+    assert ready["parts"] == {"database": "available", "lease": "trusted", "storage": "unavailable", "readCache": "off"}
     assert ready["sharedDownloads"]["active"] is True  # the lease is kept: no restart needed
     assert metric(gateway, 'arkvory_transfer_aborts_total{direction="download",reason="storage_unavailable"}') == 1
     assert metric(gateway, "arkvory_storage_available") == 0
+    assert metric(gateway, 'arkvory_health_status{status="degraded"}') == 1
 
     seaweedfs.start()
     gateway.wait_ready(timeout=30)
@@ -118,9 +134,8 @@ def test_the_store_killed_mid_download_cuts_it_and_serving_resumes_without_a_res
     s3_cluster.assert_secret_nowhere(ready)
 
 
-def _unavailable_status(gateway) -> httpx.Response | None:
-    status = httpx.get(gateway.url + "/health/status", timeout=5)
-    return status if status.status_code == 503 else None
+def _naming_the_endpoint(ready: dict) -> dict | None:
+    return ready if "ARKVORY_S3_ENDPOINT_URL" in (ready.get("storageProblem") or "") else None
 
 
 @pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)

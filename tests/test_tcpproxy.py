@@ -41,8 +41,12 @@ def test_queries_pass_through(proxy: TcpProxy, database_url: str) -> None:
             # Larger than one chunk in each direction.
             big = "x" * 1_000_000
             sent = await connection.fetchval("select length($1::text)", big, timeout=10)
+            upstream, downstream = proxy.sent_upstream, proxy.sent_downstream
             received = await connection.fetchval("select repeat('y', 1000000)", timeout=10)
             assert (sent, len(received)) == (len(big), len(big))
+            # Each way counted: the big query went up, the big answer came down.
+            assert upstream > len(big) and proxy.sent_upstream - upstream < 1000
+            assert proxy.sent_downstream - downstream > len(big)
         finally:
             await connection.close(timeout=10)
 

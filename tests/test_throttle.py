@@ -211,6 +211,45 @@ def test_ceiling_holds_for_direct_grants_at_random_instants() -> None:
     assert_ceiling(events, rate, burst_for(rate))
 
 
+@pytest.mark.timeout(30)
+def test_grants_gathered_for_one_send_are_quanta_that_each_passed_the_buckets() -> None:
+    """`grant_now_up_to` (a zero-copy send's several grants in one system call, issue 26):
+    at one instant no more than the burst; as time passes, quantum after quantum, never more
+    than `want`; and the ceiling holds for every interval, as for single grants."""
+    rng = random.Random(26)
+    fake = FakeTime()
+    rate = 200 * MAX_QUANTUM_BYTES  # 200 quanta a second: a quantum refills in 5 ms
+    scheduler = BandwidthScheduler(rate, None, clock=fake.clock, sleep=fake.sleep)
+    assert scheduler.grant_now_up_to("p", 4 * MAX_QUANTUM_BYTES) == MAX_BURST_BYTES  # a full bucket, once
+    assert scheduler.grant_now_up_to("p", 4 * MAX_QUANTUM_BYTES) == 0  # nothing refilled yet
+    assert scheduler.grant_now_up_to("p", 0) == 0
+    events = []
+    stepping = fake.clock
+
+    def clock() -> float:  # each reading a little later: refills between the quanta of one call
+        fake.advance_ns(rng.randint(0, 8_000_000))
+        return stepping()
+
+    class Recorded(BandwidthScheduler):
+        def grant_now(self, principal_id: str, want: int) -> int:
+            size = super().grant_now(principal_id, want)
+            if size:
+                events.append((fake.ns, size))  # the instant of its clock reading
+            return size
+
+    scheduler = Recorded(rate, None, clock=clock, sleep=fake.sleep)
+    gathered = []
+    for _ in range(2_000):
+        before = scheduler.granted_bytes
+        want = rng.randint(1, 6 * MAX_QUANTUM_BYTES)
+        size = scheduler.grant_now_up_to("p", want)
+        assert 0 <= size <= want and scheduler.granted_bytes - before == size
+        gathered.append(size)
+    assert max(gathered) > MAX_BURST_BYTES  # several quanta in one call
+    assert max(size for _, size in events) <= MAX_QUANTUM_BYTES
+    assert_ceiling(events, rate, burst_for(rate))
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(30)
 async def test_round_robin_serves_principals_not_transfers() -> None:

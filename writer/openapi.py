@@ -207,20 +207,37 @@ _STATUS = {"type": "object", "required": ["status"], "properties": {"status": {"
 def _health_paths() -> dict[str, Any]:
     live = _health("Liveness: the HTTP process runs", False, _STATUS)
     del live["get"]["responses"]["503"], live["head"]["responses"]["503"]
-    ready = _health("Readiness: role, leases, admission, bandwidth, schema version (SPEC §8)", True,
+    ready = _health("Readiness: role, leases, admission, bandwidth, schema version, which parts work (SPEC §8)", True,
                     {"type": "object", "required": ["status", "role", "writable"], "properties": {
-                        "status": {"type": "string"}, "role": {"type": "string", "enum": ["api", "reader"]},
+                        "status": {"type": "string", "enum": ["ready", "degraded", "unavailable", "draining"]},
+                        "role": {"type": "string", "enum": ["api", "reader"]},
+                        "parts": {"type": "object", "description": "database, lease, storage and readCache, "
+                                  "each in a word (available, trusted, off...)",
+                                  "additionalProperties": {"type": "string"}},
+                        "readCache": {"type": ["object", "null"], "description": "files, bytes and maxBytes "
+                                      "of the read cache; null without one"},
                         "writable": {"type": "boolean"}, "sharedDownloads": {"type": ["object", "null"]},
                         "transfers": {"type": "object"}, "schemaVersion": {"type": ["integer", "null"]},
                         "storageDiagnostics": {
                             "type": ["object", "null"], "properties": {
                                 "missing": {"type": "integer"}, "corrupt": {"type": "integer"}},
                             "description": "blobs the verify task found missing or corrupt (cached a few "
-                            "seconds); null when the database did not answer in time"}}})
+                            "seconds); null when the database did not answer in time"},
+                        "database": {
+                            "type": "object", "properties": {
+                                "synchronousStandby": {"type": ["boolean", "null"]},
+                                "replication": {"type": "string", "enum": ["synchronous", "asynchronous", "none", "unknown"]},
+                                "standbys": {"type": ["integer", "null"]},
+                                "synchronousStandbys": {"type": ["integer", "null"]},
+                                "problem": {"type": ["string", "null"]}},
+                            "description": "whether the database's primary has a synchronous standby, so that a "
+                            "failover keeps every lease renewal (read every 2 s); null/unknown when this role "
+                            "may not see it (GRANT pg_read_all_stats)"}}})
     metrics = _health("Prometheus metrics of this process (needs a key unless ARKVORY_PUBLIC_METRICS)", True, {}, text=True)
     del metrics["get"]["responses"]["503"], metrics["head"]["responses"]["503"]
     return {
-        "/health/status": _health("For the balancer: ready (200) or not (503)", False, _STATUS),
+        "/health/status": _health("For the balancer: keep the process (200: ready, or degraded while its object "
+                                  "store does not answer) or take it out (503)", False, _STATUS),
         "/health/live": live,
         "/health/ready": ready,
         "/health/metrics": metrics,

@@ -21,6 +21,7 @@ import asyncpg
 from arkvory.shared import db
 from arkvory.shared.cluster import policy
 from arkvory.shared.cluster.control import ControlConnection
+from arkvory.shared.cluster.replication import read_replication
 from arkvory.shared.errors import StartupError, StartupRefused, StorageUnreachable
 from arkvory.shared.process.runtime import prepare_writer_state
 from arkvory.shared.settings import Settings
@@ -113,17 +114,17 @@ async def _storage_id(storage: BlobStorage) -> str | None:
 
 async def _saved_policy(conn: asyncpg.Connection) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second FROM arkvory_download_policy",
+        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, share_mode FROM arkvory_download_policy",
         timeout=db.QUERY_TIMEOUT_S,
     )
 
 
-def _describe_policy(saved: tuple[int, int, int] | asyncpg.Record | None) -> str:
-    """`saved`: (slots, total, per-principal total), or None."""
+def _describe_policy(saved: tuple[int, int, int, str] | asyncpg.Record | None) -> str:
+    """`saved`: (slots, total, per-principal total, share mode), or None."""
     if saved is None:
         return "none (a standalone writer; gateways need ARKVORY_GATEWAY_SLOTS and the rates)"
-    slots, total, per_principal = tuple(saved)
-    return f"{slots} slots, total {_rate(total)}, per principal {_rate(per_principal)}"
+    slots, total, per_principal, share_mode = tuple(saved)
+    return f"{slots} slots, total {_rate(total)}, per principal {_rate(per_principal)}, {share_mode} shares"
 
 
 def _policy_outcome(saved: asyncpg.Record | None, settings: Settings) -> str:
@@ -131,9 +132,7 @@ def _policy_outcome(saved: asyncpg.Record | None, settings: Settings) -> str:
         return _describe_policy(saved) + ("" if saved is None else " (saved before; kept)")
     if saved is None:
         shared = settings.shared
-        return "saved: " + _describe_policy(
-            (shared.slots, shared.total_bytes_per_second, shared.per_principal_bytes_per_second)
-        )
+        return "saved: " + _describe_policy(shared.policy)
     return _describe_policy(saved) + " (saved before; the same numbers)"
 
 
@@ -231,10 +230,12 @@ async def _workers(conn: asyncpg.Connection) -> list[dict[str, Any]]:
 async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
     """Schema, storage, policy and leases as plain JSON values; lease times by the database
     clock. Each lease says where its holder runs: its machine (`host`) and the address it
-    listens on (`address`), which tell processes on several hosts apart."""
+    listens on (`address`), which tell processes on several hosts apart. `database`: whether
+    the primary has a synchronous standby (shared/cluster/replication.py)."""
     version = await db.schema_version(conn)
     report: dict[str, Any] = {
-        "schemaVersion": version or 0, "storage": None, "downloadPolicy": None, "leases": [], "workers": []
+        "schemaVersion": version or 0, "database": (await read_replication(conn)).as_json(),
+        "storage": None, "downloadPolicy": None, "leases": [], "workers": [],
     }
     if not version:
         return report
@@ -245,8 +246,8 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
     if storage:
         report["storage"] = {"id": storage["id"], "location": storage["location"]}
     policy = await conn.fetchrow(
-        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at"
-        " FROM arkvory_download_policy"
+        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at,"
+        " share_mode FROM arkvory_download_policy"
     )
     if policy:
         report["downloadPolicy"] = {
@@ -254,10 +255,14 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
             "totalBytesPerSecond": policy["total_bytes_per_second"],
             "perPrincipalBytesPerSecond": policy["per_principal_bytes_per_second"],
             "savedAt": _utc(policy["saved_at"]),
+            "shareMode": policy["share_mode"],
         }
     for row in await conn.fetch(
         "SELECT slot, role, pid, host, url, generation, acquired_at,"
-        " renewed_at, extract(epoch FROM expires_at - now())::float8 AS remaining"
+        " renewed_at, extract(epoch FROM expires_at - now())::float8 AS remaining,"
+        # demand mode: the share the database granted this holder and the demand it reported
+        " CASE WHEN share_generation = generation THEN share_granted END AS share,"
+        " CASE WHEN share_generation = generation THEN share_demand END AS demand"
         " FROM arkvory_gateway_leases l ORDER BY slot"
     ):
         report["leases"].append({
@@ -274,6 +279,8 @@ async def status_report(conn: asyncpg.Connection) -> dict[str, Any]:
             "expiresInSeconds": round(row["remaining"], 1),
             "acquiredAt": _utc(row["acquired_at"]),
             "renewedAt": _utc(row["renewed_at"]),
+            "shareBytesPerSecond": row["share"],
+            "demandBytesPerSecond": row["demand"],
         })
     report["workers"] = await _workers(conn)
     return report
@@ -285,6 +292,7 @@ def _where(lease: dict[str, Any]) -> str:
 
 def status_table(report: dict[str, Any]) -> str:
     lines = [f"schema version   {report['schemaVersion'] or 'none (no writer has started yet)'}"]
+    lines.append(f"database         {_replication(report['database'])}")
     storage = report.get("storage")
     if storage is not None:
         lines.append(f"storage          {storage['location']} (storage id {storage['id']})")
@@ -296,6 +304,10 @@ def status_table(report: dict[str, Any]) -> str:
             f"download policy  {policy['slots']} slots, saved {policy['savedAt']}",
             f"  total          {_rate(policy['totalBytesPerSecond'])}",
             f"  per principal  {_rate(policy['perPrincipalBytesPerSecond'])}",
+            "  shares         " + (
+                "demand (they follow the downloads, granted at every renewal)"
+                if policy.get("shareMode") == "demand" else "static (the total divided equally by the slots)"
+            ),
         ]
     workers = report["workers"]
     if not workers:
@@ -323,6 +335,13 @@ def status_table(report: dict[str, Any]) -> str:
                 for lease in leases
             ],
         )
+        if policy is not None and policy.get("shareMode") == "demand":
+            lines += [
+                f"  slot {lease['slot']} share  {_rate(lease['shareBytesPerSecond'])}, demand "
+                f"{_rate(lease['demandBytesPerSecond']) if lease['demandBytesPerSecond'] else 'none (idle)'}"
+                for lease in leases
+                if lease["live"] and lease["shareBytesPerSecond"] is not None
+            ]
     if workers:
         lines.append("")
         lines += _table(
@@ -333,6 +352,18 @@ def status_table(report: dict[str, Any]) -> str:
             ],
         )
     return "\n".join(lines)
+
+
+def _replication(database: dict[str, Any]) -> str:
+    """The `database` line: the primary's standbys, and whether a failover keeps every renewal."""
+    standbys, synchronous = database["standbys"], database["synchronousStandbys"]
+    text = {
+        "none": "no standby streams from it (nothing to fail over to)",
+        "synchronous": f"{synchronous} synchronous standby(s) of {standbys}: a failover keeps every renewal",
+        "asynchronous": f"{standbys} standby(s), none synchronous: a failover may grant a slot twice",
+        "unknown": f"{standbys} standby(s), synchronous or not unknown",
+    }[database["replication"]]
+    return f"{text} ({database['problem']})" if database["problem"] else text
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:

@@ -20,7 +20,8 @@ state instead: `offline_tool_environment` starts its PostgreSQL (and SeaweedFS) 
 
 The bandwidth limit is the reason many come: `--rate`/`--rate-per-principal` set it, else the
 shared-download variables of the caller's environment, else what an earlier run saved, else
-64 MiB/s per process; the banner says which is in force and where it came from.
+64 MiB/s per process; the banner says which is in force and where it came from, and the share
+mode (`--share static|demand`, chosen the same way) with each process's share.
 
 The servers and the worker run in process groups of their own, so a terminal's Ctrl-C (SIGINT
 to the foreground group) reaches only this command, which stops each of them with one SIGTERM:
@@ -53,6 +54,7 @@ import urllib.error
 import urllib.request
 
 from arkvory.shared.auth.identity import token_digest
+from arkvory.shared.cluster.grants import floor_for
 from arkvory.shared.errors import StartupError
 
 from . import DEFAULT_DEV_DIR
@@ -64,6 +66,8 @@ MIN_RATE_PER_SLOT = 65_536  # as the settings require (SPEC §2)
 MAX_RATE = 2**40
 TOTAL_VARIABLE = "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND"
 PER_PRINCIPAL_VARIABLE = "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL"
+SHARE_VARIABLE = "ARKVORY_SHARE_MODE"
+SHARE_MODES = ("static", "demand")
 # A standalone writer (--gateways 0) has no shared budget: its local limits stand in for it.
 STANDALONE_VARIABLES = ("ARKVORY_DOWNLOAD_BYTES_PER_SECOND", "ARKVORY_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL")
 LEASE_WAIT_S = 15.0  # a policy is replaced once the last run's leases ran out (10 s at most)
@@ -224,7 +228,7 @@ def _check_ports(base_port: int, count: int) -> None:
         raise DevRefused(f"--port {base_port}: expected 1..{65535 - (count - 1)} (the gateways take the next ports)")
     for port in range(base_port, base_port + count):
         with socket.socket() as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds (asyncio)
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
@@ -240,10 +244,12 @@ async def _saved_policy(url: str) -> tuple[int, int, int] | None:
     try:
         if not await conn.fetchval("SELECT to_regclass('arkvory_download_policy') IS NOT NULL"):
             return None
-        row = await conn.fetchrow(
-            "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second FROM arkvory_download_policy"
-        )
-        return None if row is None else tuple(row)
+        row = await conn.fetchrow("SELECT * FROM arkvory_download_policy")
+        if row is None:
+            return None
+        # share_mode: from schema 14 on (a state of an older version saved static shares)
+        return (row["slots"], row["total_bytes_per_second"], row["per_principal_bytes_per_second"],
+                row.get("share_mode", "static"))
     finally:
         await conn.close()
 
@@ -386,6 +392,8 @@ class Bandwidth:
     per_principal: int  # bytes/s for one account or key, all processes together; 0 = unlimited
     total_from: str
     per_principal_from: str
+    share_mode: str = "static"  # how the total is divided (SPEC §4): static or demand
+    share_from: str = "the default"
 
     def variables(self, gateways: int) -> dict[str, str]:
         if gateways == 0:
@@ -394,12 +402,15 @@ class Bandwidth:
             "ARKVORY_GATEWAY_SLOTS": str(gateways + 1),
             TOTAL_VARIABLE: str(self.total),
             PER_PRINCIPAL_VARIABLE: str(self.per_principal),
+            SHARE_VARIABLE: self.share_mode,
         }
 
     def describe(self, gateways: int) -> str:
         processes = gateways + 1
         total = f"{human_rate(self.total)} in total ({self.total_from})"
-        if gateways and self.total:
+        if gateways and self.total and self.share_mode == "demand":
+            total += f", shared by the {processes} processes as their downloads need it (--share demand)"
+        elif gateways and self.total:
             total += f", {human_rate(self.total // processes)} for each of the {processes} processes"
         return f"{total}; per account or key {human_rate(self.per_principal)} ({self.per_principal_from})"
 
@@ -409,7 +420,8 @@ def choose_bandwidth(
     rate: int | None,
     rate_per_principal: int | None,
     environ: dict[str, str] | os._Environ,
-    saved: tuple[int, int, int] | None,
+    saved: tuple | None,
+    share: str | None = None,
 ) -> Bandwidth:
     """A flag wins over the environment, which wins over what an earlier run saved, which
     wins over the default. Refuses numbers the servers would refuse, naming where they came from."""
@@ -452,7 +464,24 @@ def choose_bandwidth(
             )
     if gateways and not total:
         raise DevRefused(f"a total rate of 0 ({total_from}) is not allowed with gateways: the shared budget needs one")
-    return Bandwidth(total, per_principal, total_from, per_principal_from)
+    share_mode, share_from = _pick_share(gateways, share, environ, saved)
+    return Bandwidth(total, per_principal, total_from, per_principal_from, share_mode, share_from)
+
+
+def _pick_share(gateways: int, share: str | None, environ, saved: tuple | None) -> tuple[str, str]:
+    """--share, else ARKVORY_SHARE_MODE, else the saved mode, else static."""
+    exported = environ.get(SHARE_VARIABLE)
+    if share is not None:
+        return share, "--share"
+    if exported:
+        if exported not in SHARE_MODES:
+            raise DevRefused(f"{SHARE_VARIABLE} in your environment: expected static or demand, got {exported!r}")
+        if gateways == 0 and exported == "demand":
+            raise DevRefused(f"{SHARE_VARIABLE}=demand is set, but --gateways 0 runs a standalone writer: unset it")
+        return exported, f"{SHARE_VARIABLE} from your environment"
+    if saved is not None and len(saved) > 3:
+        return saved[3], "saved by an earlier run in this directory"
+    return "static", "the default"
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -597,6 +626,7 @@ def _banner(
     lines += [
         f"  bandwidth {bandwidth.describe(gateways)}",
         f"            to change it: {arkvory} dev --rate 50MiB [--rate-per-principal 10MiB]",
+        *_share_lines(bandwidth, gateways, arkvory, state),
         f"  database {source} PostgreSQL, state in {state}",
         f"  storage  {storage}",
         f"  admin key: {token}",
@@ -611,6 +641,25 @@ def _banner(
     return "\n".join(lines)
 
 
+def _share_lines(bandwidth: Bandwidth, gateways: int, arkvory: str, state: pathlib.Path) -> list[str]:
+    """The share mode and each process's share now (SPEC §4): static shares never move; demand
+    shares start at the floor (every process is idle when the banner is printed)."""
+    if not gateways or not bandwidth.total:
+        return []
+    processes = gateways + 1
+    if bandwidth.share_mode != "demand":
+        return [
+            f"  shares   static: {human_rate(bandwidth.total // processes)} for each process, for good"
+            f" (--share demand: they follow the downloads)"
+        ]
+    return [
+        f"  shares   demand: {human_rate(floor_for(bandwidth.total, processes))} for each process now"
+        " (its floor: no downloads yet); the rest of the total goes where downloads wait",
+        f"           each process's share and demand, live: {arkvory} admin status --dev {state}"
+        " (and the console's overview)",
+    ]
+
+
 def run_dev_cluster(
     directory: str,
     *,
@@ -619,10 +668,11 @@ def run_dev_cluster(
     rate: int | None = None,
     rate_per_principal: int | None = None,
     storage: str = "file",
+    share: str | None = None,
 ) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        return _run(pathlib.Path(directory).resolve(), gateways, base_port, rate, rate_per_principal, storage)
+        return _run(pathlib.Path(directory).resolve(), gateways, base_port, rate, rate_per_principal, storage, share)
     except KeyboardInterrupt:
         return 0
     except StartupError as exc:  # DevRefused, and PostgreSQL that cannot start
@@ -637,6 +687,7 @@ def _run(
     rate: int | None,
     rate_per_principal: int | None,
     storage: str = "file",
+    share: str | None = None,
 ) -> int:
     from .localpg import start_local_postgres
 
@@ -650,17 +701,18 @@ def _run(
     database = object_store = None
     try:
         _check_ports(base_port, gateways + 1)
-        choose_bandwidth(gateways, rate, rate_per_principal, os.environ, None)  # refuse early what can be
+        choose_bandwidth(gateways, rate, rate_per_principal, os.environ, None, share)  # refuse early what can be
         if storage == "s3":
             _check_weed()
         database = start_local_postgres(state, fsync=True)
         saved = _check_policy(database.url, state, gateways)
         _check_storage(database.url, state, storage)
-        bandwidth = choose_bandwidth(gateways, rate, rate_per_principal, os.environ, saved)
-        if saved is not None and saved[1:] != (bandwidth.total, bandwidth.per_principal):
+        bandwidth = choose_bandwidth(gateways, rate, rate_per_principal, os.environ, saved, share)
+        saved_mode = saved[3] if saved is not None and len(saved) > 3 else "static"
+        if saved is not None and (*saved[1:3], saved_mode) != (bandwidth.total, bandwidth.per_principal, bandwidth.share_mode):
             print(
                 f"arkvory dev: replacing the saved download policy ({human_rate(saved[1])} in total,"
-                f" per account or key {human_rate(saved[2])}) with {bandwidth.describe(gateways)}",
+                f" per account or key {human_rate(saved[2])}, {saved_mode} shares) with {bandwidth.describe(gateways)}",
                 file=sys.stderr, flush=True,
             )
             asyncio.run(_replace_policy(database.url))

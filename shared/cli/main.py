@@ -66,9 +66,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return await serve(runtime, build(runtime))
 
     try:
-        from arkvory.shared.http.protocol import check_http_stack
-
-        check_http_stack()  # before anything binds or connects
         import uvloop
 
         return uvloop.run(main())
@@ -212,6 +209,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return run_dev_cluster(
         args.dir, gateways=args.gateways, base_port=args.port,
         rate=args.rate, rate_per_principal=args.rate_per_principal, storage=args.storage,
+        share=args.share,
     )
 
 
@@ -259,6 +257,11 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--rate-per-principal", type=_rate_argument, metavar="RATE",
         help="total rate for one account or key, e.g. 10MiB; 0 = unlimited (the default)",
+    )
+    dev.add_argument(
+        "--share", choices=("static", "demand"),
+        help="how the processes divide the total: static (an equal part each, the default) or demand"
+        " (shares follow the downloads; wins over ARKVORY_SHARE_MODE)",
     )
     dev.add_argument(
         "--storage", choices=("file", "s3"), default="file",

@@ -27,6 +27,10 @@ A planned stop marks the row released while its reservation is still live (`rele
 reservation that runs out unreleased is a lost lease, counted in the row by whoever takes the
 slot next (`unreleased_ends`), so that every surviving process can report it
 (lease_history.py), not only this one, which exits two seconds after a loss.
+
+In demand mode (`shares`, shared/cluster/grants.py) the renewal is one statement that also
+reports the process's demand and returns its share; the share is in force only once the renewal
+is accepted by the rules above, and `renew_soon` lets the serving loop ask for an early renewal.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import asyncpg
 from arkvory.shared import db
 from arkvory.shared.errors import DatabaseUnavailable, SlotBusy, StartupRefused
 
+from .grants import ShareExchange
 from .supervision import DATABASE, describe_failure
 
 log = logging.getLogger("arkvory.lease")
@@ -63,14 +68,15 @@ LOOP = "slot lease"  # as named in the process's database outage lines
 
 # $7..$9: the policy this process checked. FOR SHARE keeps a concurrent reset from deleting the
 # policy row under us; a reset that committed first leaves no row, so nothing is inserted.
-# $10: the URL this process serves on (the console reads each process's readiness there).
+# $10: the URL this process serves on (the console reads each process's readiness there);
+# $11: the share mode it checked.
 _ACQUIRE = """
 INSERT INTO arkvory_gateway_leases AS lease
     (slot, holder_id, generation, pid, host, role, url, acquired_at, renewed_at, expires_at)
 SELECT $1, $2, 1, $3, $4, $5, $10, now(), now(), now() + make_interval(secs => $6)
 FROM arkvory_download_policy AS policy
 WHERE policy.slots = $7 AND policy.total_bytes_per_second = $8
-    AND policy.per_principal_bytes_per_second = $9
+    AND policy.per_principal_bytes_per_second = $9 AND policy.share_mode = $11
 FOR SHARE OF policy
 ON CONFLICT (slot) DO UPDATE
     SET holder_id = excluded.holder_id, generation = lease.generation + 1,
@@ -81,7 +87,7 @@ ON CONFLICT (slot) DO UPDATE
 RETURNING generation
 """
 _POLICY = """
-SELECT slots, total_bytes_per_second, per_principal_bytes_per_second FROM arkvory_download_policy
+SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, share_mode FROM arkvory_download_policy
 """
 _OBSERVE = """
 SELECT holder_id, generation, pid, host, renewed_at,
@@ -123,14 +129,19 @@ class SlotLease:
         clock: Callable[[], float] = time.monotonic,
         report: RenewalCounter | None = None,
         url: str | None = None,
+        share_mode: str = "static",
+        shares: ShareExchange | None = None,
     ) -> None:
-        """`policy`: (slots, total, per-principal total) as this process checked them; `url`:
-        where this process serves, recorded in the lease row at acquisition (never renewed)."""
+        """`policy`: (slots, total, per-principal total) as this process checked them, with
+        `share_mode`; `url`: where this process serves, recorded in the lease row at acquisition
+        (never renewed); `shares`: demand mode's renewal exchange (None in static mode)."""
         self.database_url = database_url
         self.url = url
         self.slot = slot
         self.role = role
         self.policy = policy
+        self.share_mode = share_mode
+        self.shares = shares
         self.clock = clock
         self.report = report or RenewalCounter()
         self.holder_id = uuid.uuid4()
@@ -186,6 +197,10 @@ class SlotLease:
     def abandon(self, reason: str) -> None:
         """Stop trusting and renewing now (another part of the process failed)."""
         self._lose(reason)
+
+    def renew_soon(self) -> None:
+        """Renew now rather than at the next 2 s (demand mode: the demand changed). Any thread."""
+        self._wake_thread()
 
     def stop_renewing(self) -> None:
         """Graceful stop: keep the reservation (bytes may still be in flight), just stop renewing."""
@@ -253,6 +268,7 @@ class SlotLease:
                 RESERVATION_S,
                 *self.policy,
                 self.url,
+                self.share_mode,
                 timeout=RENEW_TIMEOUT_S * 2,
             )
             if generation is not None:
@@ -266,7 +282,7 @@ class SlotLease:
                 )
                 return
             saved = await conn.fetchrow(_POLICY, timeout=RENEW_TIMEOUT_S * 2)
-            if saved is None or tuple(saved) != tuple(self.policy):
+            if saved is None or tuple(saved) != (*self.policy, self.share_mode):
                 raise StartupRefused(
                     f"the download policy changed while slot {self.slot} was being taken "
                     f"(saved now: {tuple(saved) if saved else 'none'}, checked: {tuple(self.policy)}; "
@@ -305,7 +321,7 @@ class SlotLease:
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
             try:
-                self._conn = await asyncpg.connect(
+                self._conn = await db.open_connection(
                     self.database_url,
                     timeout=RENEW_TIMEOUT_S * 2,
                     # The server gives up on a renewal we no longer wait for.
@@ -335,10 +351,14 @@ class SlotLease:
         sent = self.clock()
         try:
             conn = await asyncio.wait_for(self._connection(), self._time_left(sent))
-            status = await asyncio.wait_for(
-                conn.execute(_RENEW, self.slot, self.holder_id, self.generation, RESERVATION_S),
-                self._time_left(sent),
-            )
+            if self.shares is None:
+                status = await asyncio.wait_for(
+                    conn.execute(_RENEW, self.slot, self.holder_id, self.generation, RESERVATION_S),
+                    self._time_left(sent),
+                )
+            else:
+                renewed = self.shares.renew(conn, self.slot, self.holder_id, self.generation, RESERVATION_S)
+                status = "UPDATE 1" if await asyncio.wait_for(renewed, self._time_left(sent)) else "UPDATE 0"
         except (OSError, TimeoutError, asyncpg.PostgresError, DatabaseUnavailable) as exc:
             self.report.renewal("failed")
             DATABASE.failed(LOOP, exc)  # the trust left decides; the outage is logged once
@@ -358,6 +378,8 @@ class SlotLease:
             return  # abandoned while the renewal was on its way: stays lost
         self.report.renewal("ok")
         self._trusted_until = sent + TRUST_S
+        if self.shares is not None:
+            self.shares.accepted()  # its grant is in force from now, trusted as the lease is
 
     async def _release(self) -> None:
         """Say in the lease row that this holder stopped on purpose (the reservation itself

@@ -38,6 +38,8 @@ from collections.abc import Callable
 import anyio
 import asyncpg
 
+from arkvory.shared import db
+
 from .lease import TRUST_S
 from .supervision import DATABASE
 
@@ -189,7 +191,7 @@ class ReadPins:
             left = min(FLUSH_TIMEOUT_S, self._written_until - sent)
         try:
             if self._conn is None or self._conn.is_closed():
-                self._conn = await asyncpg.connect(
+                self._conn = await db.open_connection(
                     database_url,
                     timeout=FLUSH_TIMEOUT_S,
                     # Both ends give up on a write that hangs (a locked table, a hung server).

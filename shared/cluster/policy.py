@@ -10,28 +10,29 @@ from arkvory.shared.settings import SharedDownloads
 _REQUIRED = "the database requires the shared download configuration"
 
 
-def _describe(slots: int, total: int, per_principal: int) -> str:
+def _describe(slots: int, total: int, per_principal: int, share_mode: str) -> str:
     return (
         f"ARKVORY_GATEWAY_SLOTS={slots}, ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND={total}, "
-        f"ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL={per_principal}"
+        f"ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL={per_principal}, "
+        f"ARKVORY_SHARE_MODE={share_mode}"
     )
 
 
 async def _saved(conn: asyncpg.Connection) -> asyncpg.Record | None:
     return await conn.fetchrow(
-        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second"
+        "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, share_mode"
         " FROM arkvory_download_policy",
         timeout=10,
     )
 
 
 def _mismatch(saved: asyncpg.Record, shared: SharedDownloads) -> str | None:
-    wanted = (shared.slots, shared.total_bytes_per_second, shared.per_principal_bytes_per_second)
+    wanted = shared.policy
     if tuple(saved) == wanted:
         return None
     return (
         f"{_REQUIRED} saved as {_describe(*saved)}, but this process has {_describe(*wanted)}; "
-        "rates and slots cannot change on a running installation (see docs/operations.md: Changing the download policy)"
+        "rates, slots and the share mode cannot change on a running installation (see docs/operations.md: Changing the download policy)"
     )
 
 
@@ -44,11 +45,9 @@ async def save_or_check(conn: asyncpg.Connection, shared: SharedDownloads | None
             if shared is not None:
                 await conn.execute(
                     "INSERT INTO arkvory_download_policy"
-                    " (slots, total_bytes_per_second, per_principal_bytes_per_second)"
-                    " VALUES ($1, $2, $3)",
-                    shared.slots,
-                    shared.total_bytes_per_second,
-                    shared.per_principal_bytes_per_second,
+                    " (slots, total_bytes_per_second, per_principal_bytes_per_second, share_mode)"
+                    " VALUES ($1, $2, $3, $4)",
+                    *shared.policy,
                 )
             return
         if shared is None:

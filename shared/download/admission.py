@@ -119,6 +119,14 @@ class Admission:
     def draining(self) -> bool:
         return self._draining
 
+    def by_principal(self) -> dict[str, int]:
+        """Downloads per principal, sending or waiting for a place (demand mode reads this a few
+        times a second, never per request)."""
+        counts = dict(self._active_by_principal)
+        for waiter in self._waiters:
+            counts[waiter.principal_id] = counts.get(waiter.principal_id, 0) + 1
+        return counts
+
     def snapshot(self) -> dict[str, Any]:
         """The `admission` object of /health/ready."""
         return {

@@ -10,7 +10,6 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from starlette._exception_handler import _lookup_exception_handler
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
@@ -21,7 +20,7 @@ from arkvory.shared.auth.credentials import resolve, resolve_now
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import InvalidInput, Unavailable
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, send_error
-from arkvory.shared.http.protocol import HANDLE_KEY, ConnectionHandle, encode_header_block
+from arkvory.shared.http.handle import HANDLE_KEY, ConnectionHandle, encode_header_block
 from arkvory.shared.http.ranges import not_modified, requested_range
 
 from .catalog import (
@@ -328,7 +327,7 @@ class ContentDispatch:
         try:
             await route.app(scope, receive, send)
         except Exception as exc:
-            handler = _lookup_exception_handler(self._handlers, exc)
+            handler = _handler_for(self._handlers, exc)
             started = handle.cycle.response_started if handle is not None else send.started
             if handler is None or started:
                 raise
@@ -366,6 +365,14 @@ def _matched_route(scope: Scope) -> Route | None:
     scope["endpoint"] = route.endpoint
     scope["path_params"] = {**scope.get("path_params", {}), **params}
     return route
+
+
+def _handler_for(handlers: dict, exc: Exception) -> Any:
+    """The handler of the nearest class of `exc` that has one, as Starlette picks it."""
+    for cls in type(exc).__mro__:
+        if cls in handlers:
+            return handlers[cls]
+    return None
 
 
 class _StartTracking:

@@ -35,8 +35,12 @@ class SentResponse(Protocol):
 UNTHROTTLED_CHUNK = 1024 * 1024  # an unmetered transfer moves this much per write
 # Below this a body is copied: headers and body then leave in one go, which beats a sendfile.
 SENDFILE_MIN_BYTES = 64 * 1024
-# When the socket is full, this much is copied into the transport to learn when it drains.
+# When sendfile sends nothing and the socket could not be waited for, this much is copied into
+# the transport instead (its flow control then says when it has left).
 COPY_PIECE_BYTES = 16 * 1024
+# The most one sendfile moves when the buckets have tokens to spare: what loopback's largest
+# socket buffer holds (tcp_wmem), so one call can fill it.
+ZERO_COPY_BYTES = 4 * 1024 * 1024
 
 
 class Payload:
@@ -48,10 +52,11 @@ class Payload:
     (`ConnectionHandle.write`/`sendfile` raise PayloadRefused when trust is over, and
     `send_payload` cuts the transfer and counts it as an abort `lease_lost`). On plain TCP
     the bytes go with `os.sendfile` from the page cache to the socket (uvloop has no
-    `loop.sendfile`); when the socket is full, one copied piece is handed to the transport,
-    whose flow control then says when it has left. With the transport's write-buffer limits
-    at zero "writable" means "nothing queued", so a sendfile never overtakes queued bytes.
-    TLS, and small bodies, take the copying path.
+    `loop.sendfile`), several grants per call when the buckets have tokens to spare; when the
+    socket is full, the handle waits for the socket itself to take more (nothing is copied to
+    learn that). With the transport's write-buffer limits at zero "writable" means "nothing
+    queued", so a sendfile never overtakes queued bytes. TLS, and small bodies, take the
+    copying path.
 
     It runs in `send_payload`, registered with the process's `transfers` (a Payload is its own
     aborter), so that a lost lease cuts it while it waits.
@@ -109,6 +114,9 @@ class Payload:
             if not granted:
                 want = min(remaining, chunk)
                 granted = bandwidth.grant_now(principal_id, want) or await bandwidth.grant(principal_id, want)
+                if zero_copy and granted < remaining:
+                    # Tokens to spare: one sendfile moves several grants (issue 26).
+                    granted += bandwidth.grant_now_up_to(principal_id, min(remaining, ZERO_COPY_BYTES) - granted)
             # Asked only when the transport is paused: a coroutine per chunk costs more than
             # the check (the Python work per MiB is what a slower host pays for twice).
             if flow.write_paused and not await handle.writable(timeout):
@@ -126,7 +134,7 @@ class Payload:
                 except ConnectionError as exc:  # broken pipe, reset
                     _client_gone(runtime, handle, f"{exc.__class__.__name__}: {exc}")
                     return False
-            if not sent:
+            if not sent and not (zero_copy and flow.write_paused):  # (paused: the socket is full)
                 size = granted if not zero_copy else min(granted, COPY_PIECE_BYTES)
                 data = os.pread(fd, size, offset)
                 if len(data) != size:
@@ -150,7 +158,7 @@ class Payload:
 
     async def _flushed(self) -> bool:
         """Every byte is handed over: wait (within the send timeout) for the transport to pass
-        it on, as uvicorn's last body message would."""
+        it on, as the exchange's last body message would."""
         handle = self.handle
         if handle.cycle.flow.write_paused and not await handle.writable(self.runtime.settings.send_timeout_s):
             self.response._send_timed_out(handle)
@@ -199,7 +207,7 @@ def _client_gone(runtime: ServingProcess, handle: ConnectionHandle, why: str) ->
     """The client left in the middle of its download (a reset, a broken pipe, a close): an
     abort like the server's own cuts, counted once per transfer, and not an error of ours, so
     it is logged at debug only."""
-    handle.cycle.disconnected = True  # uvicorn then reports no unfinished response
+    handle.cycle.disconnected = True  # the server then reports no unfinished response
     if handle.cut:
         return  # the server had cut it already (and counted why)
     handle.cut = True

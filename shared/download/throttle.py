@@ -68,7 +68,7 @@ def _ns(seconds: float) -> int:
 class TokenBucket:
     """`rate` bytes/s up to `burst` bytes; starts full. Time comes from the injected `clock`."""
 
-    __slots__ = ("_rate", "_burst", "_clock", "_cap", "_credit", "_stamp")
+    __slots__ = ("_rate", "_burst", "_clock", "_cap", "_credit", "_stamp", "_rate_set_at")
 
     def __init__(self, rate: int, burst: int, clock: Callable[[], float]) -> None:
         _check_rate("rate", rate)
@@ -80,6 +80,7 @@ class TokenBucket:
         self._cap = burst * _NS
         self._credit = self._cap  # byte-nanoseconds
         self._stamp = _ns(clock())
+        self._rate_set_at = 0  # when `set_rate` last changed the rate (ns)
 
     @property
     def rate(self) -> int:
@@ -109,6 +110,16 @@ class TokenBucket:
         self._refill(_ns(self._clock()))
         return self._ready_in(size) / _NS
 
+    def set_rate(self, rate: int, now: int) -> None:
+        """Refill at the old rate up to `now` (ns), then go on at `rate`. The burst stays: a
+        change never adds credit, and what is there is at most the burst (demand mode,
+        shared/cluster/grants.py §5)."""
+        _check_rate("rate", rate)
+        self._refill(now)
+        if rate != self._rate:
+            self._rate = rate
+            self._rate_set_at = now
+
     def _check_size(self, size: int) -> None:
         if not 1 <= size <= self._burst:
             raise ValueError(f"size must be between 1 and the burst ({self._burst}), got {size!r}")
@@ -136,13 +147,20 @@ class TokenBucket:
         self._credit -= size * _NS
 
     def _take_if_there(self, size: int, now: int) -> bool:
-        """`_refill`, `_can` and `_take` in two calls instead of four (grant_now's, when the
-        process bucket is the only one)."""
-        self._refill(now)
+        """`_refill`, `_can` and `_take` in one call instead of four (grant_now's, when the
+        process bucket is the only one: once per MiB of an unthrottled stream)."""
+        credit = self._credit
+        elapsed = now - self._stamp
+        if elapsed > 0:
+            credit += elapsed * self._rate
+            if credit > self._cap:
+                credit = self._cap
+            self._stamp = now
         needed = size * _NS
-        if self._credit < needed:
+        if credit < needed:
+            self._credit = credit
             return False
-        self._credit -= needed
+        self._credit = credit - needed
         return True
 
     def _give_back(self, size: int, taken_at: int, now: int) -> None:
@@ -154,6 +172,8 @@ class TokenBucket:
         bucket no fuller than if the take had never happened.
         """
         self._refill(now)
+        if taken_at < self._rate_set_at:
+            return  # the rate changed meanwhile: what was thrown away is not known, keep none
         returned = size * _NS - self._rate * max(0, now - taken_at)
         if returned > 0:
             credit = self._credit + returned
@@ -173,12 +193,15 @@ class _Waiter:
 
 
 class _Principal:
-    __slots__ = ("bucket", "waiters", "queued")
+    __slots__ = ("bucket", "waiters", "queued", "granted")
 
     def __init__(self, bucket: TokenBucket | None) -> None:
         self.bucket = bucket
         self.waiters: deque[_Waiter] = deque()
         self.queued = _IDLE
+        # Bytes granted to this principal while it is tracked (counted here instead of in the
+        # scheduler's total, not in addition to it: `granted_bytes` adds them up when read).
+        self.granted = 0
 
 
 class BandwidthScheduler:
@@ -229,6 +252,8 @@ class BandwidthScheduler:
 
         self._granted_bytes = 0
         self._wait_ns = 0
+        # Demand mode: principals with a rate of their own; their buckets are kept (not swept).
+        self._principal_rates: dict[str, int] = {}
 
     # -- what health and metrics read ------------------------------------------------------
 
@@ -256,7 +281,29 @@ class BandwidthScheduler:
 
     @property
     def granted_bytes(self) -> int:
-        return self._granted_bytes
+        """Bytes granted since the start (read by health, metrics and demand mode's tick: the
+        sum over the tracked principals is made here, never per chunk)."""
+        return self._granted_bytes + sum(principal.granted for principal in self._principals.values())
+
+    def principal_usage(self, principal_ids) -> dict[str, tuple[int, bool]]:
+        """For each of `principal_ids` still tracked: the bytes granted to it while tracked, and
+        whether its own bucket holds less than one grant now (it waits for its own rate, not
+        the process's). Demand mode's tick reads this a few times a second."""
+        now = _ns(self._clock())
+        quantum = self._quantum
+        usage = {}
+        principals = self._principals
+        for principal_id in principal_ids:
+            principal = principals.get(principal_id)
+            if principal is None:
+                continue
+            bucket = principal.bucket
+            short = False
+            if bucket is not None:
+                bucket._refill(now)
+                short = bucket._ready_in(min(quantum, bucket._burst)) > 0
+            usage[principal_id] = (principal.granted, short)
+        return usage
 
     @property
     def wait_seconds(self) -> float:
@@ -291,7 +338,7 @@ class BandwidthScheduler:
             return want
         size = want if want < self._quantum else self._quantum
 
-        now = _ns(self._clock())
+        now = int(self._clock() * 1e9 + 0.5)  # _ns(), inline: this runs per chunk
         if now >= self._next_sweep:
             self._sweep(now)
         process = self._process
@@ -322,10 +369,23 @@ class BandwidthScheduler:
                     bucket._take(size)
                 if process is not None:
                     process._take(size)
-                self._granted_bytes += size
+                principal.granted += size
                 return size
 
         return 0
+
+    def grant_now_up_to(self, principal_id: str, want: int) -> int:
+        """As many bytes as `grant_now` hands out without waiting, quantum after quantum, up to
+        `want` in all; 0 when none (or `want` < 1). Each quantum is a grant of its own through
+        both buckets, so the guarantee holds; a zero-copy send then moves them in one system
+        call instead of one Python turn per quantum (issue 26)."""
+        total = 0
+        while total < want:
+            size = self.grant_now(principal_id, want - total)
+            if not size:
+                break
+            total += size
+        return total
 
     async def grant(self, principal_id: str, want: int) -> int:
         """Wait for and return n bytes, 1 ≤ n ≤ min(want, quantum), that passed both buckets.
@@ -363,7 +423,7 @@ class BandwidthScheduler:
         self._wait_ns += _ns(self._clock()) - now
         if self._closed is not None:
             raise self._closed.with_traceback(None)
-        self._granted_bytes += size
+        principal.granted += size
         return size
 
     def _enqueue(self, principal: _Principal, size: int, now: int) -> None:
@@ -432,9 +492,43 @@ class BandwidthScheduler:
             if principal.queued == _IDLE
             and not principal.waiters
             and (principal.bucket is None or principal.bucket._is_full(now))
+            and principal_id not in self._principal_rates
         ]
         for principal_id in idle:
-            del self._principals[principal_id]
+            self._granted_bytes += self._principals.pop(principal_id).granted
+
+    # -- demand mode: new rates from a grant -------------------------------------------------
+
+    def set_rates(
+        self, process_rate: int | None, principal_rates: dict[str, int], principal_default: int | None
+    ) -> None:
+        """Apply a grant in place (demand mode, on the serving loop): the process bucket's rate,
+        each principal's own rate (`principal_rates`), `principal_default` for every other.
+        Bursts and the quantum stay as built (shared/cluster/grants.py §5). Only when there
+        were buckets of that kind to begin with; a rate never appears from None."""
+        now = _ns(self._clock())
+        process = self._process
+        if process is not None and process_rate is not None:
+            process.set_rate(process_rate, now)
+            self._process_rate = process_rate
+        if self._per_principal_rate is not None and principal_default is not None:
+            self._per_principal_rate = principal_default
+            self._principal_rates = dict(principal_rates)
+            for principal_id, rate in principal_rates.items():
+                if principal_id not in self._principals:  # kept from now on, starting full
+                    self._principals[principal_id] = _Principal(
+                        TokenBucket(rate, self._per_principal_burst, self._clock)
+                    )
+            for principal_id, principal in self._principals.items():
+                if principal.bucket is not None:
+                    principal.bucket.set_rate(principal_rates.get(principal_id, principal_default), now)
+        # Waiting times were computed at the old rates: every waiter is looked at again now.
+        while self._heap:
+            principal = heapq.heappop(self._heap)[2]
+            principal.queued = _RING
+            self._ring.append(principal)
+        if self._dispatcher is not None:
+            self._wake_dispatcher(now)
 
     # -- the dispatcher --------------------------------------------------------------------
 

@@ -1,8 +1,13 @@
-"""The HTTP edge every process shares: our uvicorn protocol (protocol.py: bounded request heads,
-the connection handle that streams payload), request ids, error answers and the request guard
-(edge.py), request bodies bounded in size, depth and time (bodies.py), byte ranges and
-conditional requests (ranges.py), media types (media_types.py) and the client's believed address
-(client_address.py).
+"""The HTTP edge every process shares, on public interfaces only (httptools' parser callbacks,
+asyncio's Protocol and Transport, ASGI 3):
+    server.py       listens (plain TCP or TLS), keeps the `date` header, stops in order
+    protocol.py     one connection: bounded request heads, keep-alive, pipelining, lingering close
+    exchange.py     one request and its response as the ASGI app sees them
+    handle.py       the connection handle that writes payload past `send` (sendfile, splice)
+    refusals.py     the edge's own answers (400, 431, 500), JSON with a request id
+and above them request ids and error answers and the request guard (edge.py), request bodies
+bounded in size, depth and time (bodies.py), byte ranges and conditional requests (ranges.py),
+media types (media_types.py) and the client's believed address (client_address.py).
 
 May import: the basics (settings, errors, logs, metrics, db). Not storage/ or cluster/, which
 stand beside it, nor anything above.

@@ -7,9 +7,9 @@ first hop that is not one of them is the client. Hops further left were written 
 itself and are never believed. Several `X-Forwarded-For` headers count as one list in order
 (HAProxy adds its own header after the client's, nginx appends to the client's).
 
-uvicorn's `proxy_headers` is off: it trusts a whole header list or nothing, and would rewrite the
-peer for every request, downloads included, where nothing needs it; this resolves on demand,
-once per request.
+The server (server.py) rewrites nothing: rewriting the peer for every request, downloads included,
+costs where nothing needs it, and a server-wide switch trusts a whole header list or nothing;
+this resolves on demand, once per request.
 """
 
 from __future__ import annotations

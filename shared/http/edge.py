@@ -33,7 +33,7 @@ from arkvory.shared.errors import (
 )
 from arkvory.shared.metrics import Metrics
 
-from .protocol import HANDLE_KEY
+from .handle import HANDLE_KEY
 
 log = logging.getLogger("arkvory.http")
 
@@ -206,11 +206,11 @@ class RequestContext:
 
     `stopping` says whether the process is on its way out (its lease lost, a loop failed, a
     drain). Then the requests still running (waiting on the database, the store, a slow body)
-    are cancelled by the exit itself: uvicorn's shutdown past its grace, or the event loop's
-    end after a loss, which does not wait for them. Such a cancellation is not an error of the
-    request, and uvicorn would log each as "Exception in ASGI application" with a traceback,
-    below the one line that says why the process stops (issue 22 §13): so it ends here, the
-    connection reset.
+    are cancelled by the exit itself: the server's shutdown past its grace (server.py), or the
+    event loop's end after a loss, which does not wait for them. Such a cancellation is not an
+    error of the request (uvicorn logged each as "Exception in ASGI application" with a
+    traceback, below the one line that says why the process stops: issue 22 §13): it ends
+    here, the connection reset.
     """
 
     def __init__(self, app: ASGIApp, metrics: Metrics, stopping: Callable[[], bool] = lambda: False) -> None:
@@ -243,7 +243,7 @@ class RequestContext:
             if handle is None or not self.stopping():
                 raise
             # The task ends with this request (the exit cancels it once): it may return. The
-            # reset marks the cycle disconnected, so uvicorn reports nothing either.
+            # reset marks the exchange disconnected, so the server reports nothing either.
             handle.abort()
         finally:
             status = handle.status if handle is not None and handle.status else send_with_id.status

@@ -1,8 +1,14 @@
 """Health endpoints (SPEC §8): status for the balancer, readiness for operators, metrics.
 
-Readiness also says where the process runs (`host`, `address`) and whether its storage answers
-(`storage`: available or unavailable, with `storageLocation` and, while it does not answer,
-`storageProblem`: one line naming the setting to look at, never a credential).
+The states (Runtime.status): `ready` and `degraded` answer 200, so a balancer keeps the process;
+`unavailable` and `draining` answer 503 with Retry-After, so it takes the process out. Degraded:
+the object store does not answer, and the process serves what needs none (its read cache, all
+metadata) and answers the rest with its own 503 `unavailable` (docs/operations.md, "Readiness states").
+
+Readiness also says where the process runs (`host`, `address`), which of its parts work now
+(`parts`: database, lease, storage, read cache; `readCache` with its figures), and whether its
+storage answers (`storage`: available or unavailable, with `storageLocation` and, while it does
+not answer, `storageProblem`: one line naming the setting to look at, never a credential).
 
 Readiness and metrics also say how many stored blobs the verify task found missing or corrupt
 (`storageDiagnostics`, gauge `arkvory_storage_diagnostics{problem}`), on every process: an
@@ -29,7 +35,7 @@ from starlette.routing import Route
 from arkvory.shared.auth.credentials import resolve
 from arkvory.shared.errors import Unauthorized
 
-from .runtime import Runtime
+from .runtime import IN_POOL, Runtime
 
 log = logging.getLogger("arkvory.health")
 
@@ -126,8 +132,8 @@ async def _require_key(request: Request) -> None:
 
 async def status(request: Request) -> Response:
     state = _runtime(request).status
-    if state == "ready":
-        return JSONResponse({"status": "ready"})
+    if state in IN_POOL:
+        return JSONResponse({"status": state})
     return JSONResponse({"status": state}, status_code=503, headers=RETRY_AFTER)
 
 
@@ -139,10 +145,12 @@ async def ready(request: Request) -> Response:
     await _require_key(request)
     runtime = _runtime(request)
     bandwidth = runtime.bandwidth
+    state = runtime.status
     body = {
-        "status": runtime.status,
+        "status": state,
         "role": runtime.settings.role,
-        "writable": runtime.settings.is_writer and runtime.status == "ready",
+        # Uploads need the store: a degraded writer takes other changes, not uploads.
+        "writable": runtime.settings.is_writer and state == "ready",
         "sharedDownloads": runtime.shared_downloads(),
         "transfers": {
             "downloads": {
@@ -164,10 +172,41 @@ async def ready(request: Request) -> Response:
         "storageLocation": runtime.storage.location if runtime.storage is not None else None,
         "storageProblem": runtime.storage_health.reason,
         "storageDiagnostics": await _diagnostics_of(runtime).current(getattr(runtime, "pool", None)),
+        # Whether a failover would keep every renewal (shared/cluster/replication.py).
+        "database": runtime.replication.current.as_json(),
+        "parts": parts(runtime),
+        "readCache": read_cache_figures(runtime),
     }
-    if runtime.status != "ready":
+    if state not in IN_POOL:
         return JSONResponse(body, status_code=503, headers=RETRY_AFTER)
     return JSONResponse(body)
+
+
+def parts(runtime: Runtime) -> dict[str, str]:
+    """Which parts of the process work now, each in a word: what an operator reads first when
+    the status is not `ready`."""
+    lease = runtime.lease
+    if lease is None:
+        lease_state = "standalone" if runtime.settings.shared is None else "none"
+    elif lease.lost.is_set():
+        lease_state = "lost"
+    else:
+        lease_state = "trusted" if lease.trusted else "untrusted"
+    return {
+        # Read pins are written every few seconds: late, the database does not take our writes.
+        "database": "available" if runtime.pins.healthy else "unavailable",
+        "lease": lease_state,
+        "storage": "available" if runtime.storage_available else "unavailable",
+        "readCache": "off" if getattr(runtime.storage, "cache", None) is None else "available",
+    }
+
+
+def read_cache_figures(runtime: Runtime) -> dict[str, int] | None:
+    """The read cache's files, bytes held and limit; None without one."""
+    cache = getattr(runtime.storage, "cache", None)
+    if cache is None:
+        return None
+    return {"files": cache.files, "bytes": cache.held, "maxBytes": cache.max_bytes}
 
 
 async def metrics(request: Request) -> Response:

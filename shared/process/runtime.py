@@ -19,8 +19,10 @@ dead task. `payload_allowed()` is the one cheap answer the streaming code asks b
 chunk.
 
 With an object store, a probe loop (shared/storage/health.py) says whether it answers: while it
-does not, `/health/status` is 503 (the balancer takes the process out) and reads answer 503, but
-the process keeps its lease and answers everything that needs no blob, and comes back by itself.
+does not, the process is `degraded`: it keeps its lease and its place in the balancer
+(`/health/status` 200), serves its read cache and everything that needs no store, answers what
+needs the store with its own 503 `unavailable` and Retry-After (a balancer's bare 503 would
+carry neither), and is `ready` again by itself once the store answers.
 """
 
 from __future__ import annotations
@@ -40,13 +42,16 @@ from arkvory.shared.auth.credentials import CredentialCache
 from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.cluster import control as control_loop, lease as lease_loop, pins as pins_loop, policy
 from arkvory.shared.cluster.control import ControlConnection
+from arkvory.shared.cluster.grants import ShareExchange
 from arkvory.shared.cluster.lease import SlotLease
 from arkvory.shared.cluster.lease_history import LeaseHistory, record_payload_after_trust
 from arkvory.shared.cluster.pins import ReadPins
+from arkvory.shared.cluster.replication import ReplicationWatch
 from arkvory.shared.cluster.supervision import DATABASE, observe_database, supervised
 from arkvory.shared.cluster.transfers import Transfers
 from arkvory.shared.download.admission import Admission
 from arkvory.shared.download.catalog_cache import CatalogCache
+from arkvory.shared.download.demand import WANTED_CHANNEL, DemandShares, observe_shares
 from arkvory.shared.download.throttle import BandwidthScheduler
 from arkvory.shared.errors import DatabaseUnavailable, LeaseLost, StartupError, StartupRefused
 from arkvory.shared.metrics import Metrics
@@ -59,6 +64,7 @@ log = logging.getLogger("arkvory.runtime")
 
 EXIT_LEASE_LOST = 75  # EX_TEMPFAIL: the service manager restarts us, we wait for the slot
 LOST_DRAIN_S = 2.0  # keep answering 503 `unavailable` this long before exiting
+IN_POOL = ("ready", "degraded")  # the states /health/status answers 200: the balancer keeps us
 
 
 class Runtime:
@@ -102,7 +108,21 @@ class Runtime:
         # survives it (shared/cluster/lease_history.py).
         self.lease_history = LeaseHistory()
         self.registry.register(self.lease_history)
+        # Whether the database has a synchronous standby (readiness `database`).
+        self.replication = ReplicationWatch()
         self._publish_configured_shares()
+        # Demand mode: shares follow the demand (shared/cluster/grants.py), from the floor on.
+        self.demand: DemandShares | None = None
+        shared = settings.shared
+        if shared is not None and shared.share_mode == "demand":
+            exchange = ShareExchange(
+                shared.total_bytes_per_second, shared.per_principal_bytes_per_second, shared.slots,
+                local_limit=settings.download_bytes_per_second,
+                local_principal_limit=settings.download_bytes_per_second_per_principal,
+            )
+            self.demand = DemandShares(exchange, self.bandwidth, self.admission, self.metrics)
+        elif shared is not None:
+            observe_shares(self.metrics, shared.total_bytes_per_second, lambda: 0, lambda: 0)
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -126,6 +146,7 @@ class Runtime:
         self.control = ControlConnection(settings.database_url, settings.role)
         self._subscribe(self.control)
         await self.control.open()
+        await self.replication.at_start(self.control.conn)  # warns once if a failover could lose renewals
         if settings.is_writer:
             await self._start_writer(self.control.conn)
         else:
@@ -139,7 +160,11 @@ class Runtime:
                 (shared.slots, shared.total_bytes_per_second, shared.per_principal_bytes_per_second),
                 report=self.metrics,
                 url=advertised_url(settings),
+                share_mode=shared.share_mode,
+                shares=self.demand.exchange if self.demand is not None else None,
             )
+            if self.demand is not None:
+                self.demand.attach(self.lease, asyncio.get_running_loop())
             # Renewing starts here, in its own thread: the rest of the start-up cannot delay it.
             await self.lease.start()
         self.pool = await db.create_pool(settings)
@@ -215,6 +240,9 @@ class Runtime:
             open_blobs.CHANNEL, open_blobs.forget_everywhere, on_listening=open_blobs.forget_everywhere
         )
         control.every_ping("record credential last-used times", self.credentials.flush_last_used)
+        control.every_ping("read the database's replication", self.replication.refresh)
+        if self.demand is not None:  # another slot waits for part of our share
+            control.subscribe(WANTED_CHANNEL, self.demand.wanted_back)
 
     def _publish_configured_shares(self) -> None:
         share = self.metrics.share_bytes_per_second
@@ -260,9 +288,13 @@ class Runtime:
 
     @property
     def status(self) -> str:
+        """What /health/status answers: ready or degraded (the balancer keeps the process),
+        unavailable or draining (it takes the process out). Degraded is a ready process whose
+        object store does not answer: every process shares that store, so taking them all out
+        would turn cached blobs and everything that needs no store into the balancer's 503."""
         serving = self._serving_status()
         if serving == "ready" and not self.storage_health.available:
-            return "unavailable"  # the balancer takes us out until the store answers again
+            return "degraded"
         return serving
 
     def _serving_status(self) -> str:
@@ -292,6 +324,9 @@ class Runtime:
             "active": self.lease is not None and self.lease.trusted,
             "leaseSeconds": round(self.lease.trust_remaining(), 3) if self.lease else 0.0,
             "generation": self.lease.generation if self.lease else None,
+            "shareMode": shared.share_mode,
+            # Demand mode: this process's share, its demand and what it waits for (null: static).
+            "demand": self.demand.snapshot() if self.demand is not None else None,
         }
 
     # -- background work --------------------------------------------------------------------
@@ -330,6 +365,8 @@ class Runtime:
         if self.lease is not None:
             loops.append(("lease watcher", self._watch_lease))
             DATABASE.expect(lease_loop.LOOP)
+            if self.demand is not None:
+                loops.append(("demand shares", self.demand.run))
         if self.storage is not None and self.storage.kind != "file":
             loops.append(("storage probe", self.storage_health.run))
         return loops + self.extra_loops

@@ -1,9 +1,9 @@
-"""Run one Arkvory process: start-up checks, then uvicorn, then an orderly stop.
+"""Run one Arkvory process: start-up checks, then our HTTP server, then an orderly stop.
 
-We drive `uvicorn.Server` ourselves instead of using a lifespan because every refusal to start
-(exit 2, 3, 78) must happen before the port is bound, and because SIGTERM must mean *drain*
-(report `draining`, finish transfers, then stop) rather than uvicorn's immediate shutdown.
-Signal handlers only schedule work; a second signal forces the exit (as uvicorn does).
+Every refusal to start (exit 2, 3, 78) happens before the port is bound: the Runtime is started
+first (there is no ASGI lifespan), then the server listens. SIGTERM means *drain* (report
+`draining`, finish transfers, then stop the server, which finishes the requests in flight within
+its grace period); a second signal stops at once. Signal handlers only schedule work.
 
 Under systemd (`Type=notify`) the process says READY=1 only once it listens, which is after
 the lease, the storage and the policy were checked; STOPPING=1 on drain or failure; and the
@@ -15,39 +15,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
-from types import FrameType
+import signal
 
-import uvicorn
 from starlette.types import ASGIApp
 
+from arkvory.shared.errors import PortUnavailable
 from arkvory.shared.http.protocol import protocol_for
+from arkvory.shared.http.server import HttpServer, tls_context
 
 from .app import serving_app
-from .runtime import Runtime
+from .runtime import IN_POOL, Runtime
 from .systemd import ServiceManager, keep_informed
 
 log = logging.getLogger("arkvory.server")
 
-
-class _DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, on_first_signal: Callable[[], None]) -> None:
-        super().__init__(config)
-        self._on_first_signal = on_first_signal
-        self._signalled = False
-        self.listening = asyncio.Event()
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            self.listening.set()
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._signalled:
-            self.should_exit = self.force_exit = True
-            return
-        self._signalled = True
-        self._on_first_signal()
+GRACE_S = 5.0  # requests still running when the server stops get this long to finish
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 async def serve(runtime: Runtime, app: ASGIApp) -> int:
@@ -58,55 +41,55 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
     background: set[asyncio.Task] = set()
 
     manager = ServiceManager.from_environ()
+    tls = None
+    if settings.tls_cert_file and settings.tls_key_file:
+        tls = tls_context(str(settings.tls_cert_file), str(settings.tls_key_file))
+    server = HttpServer(serving_app(app), protocol_for(runtime), tls=tls, grace_s=GRACE_S)
+    signals = 0
 
-    def begin_drain() -> None:
-        task = loop.create_task(runtime.drain(stop))
-        background.add(task)
-        manager.stopping(f"draining: finishing transfers in flight (at most {settings.drain_timeout_s} s)")
-
-    config = uvicorn.Config(
-        serving_app(app),
-        host=settings.host,
-        port=settings.port,
-        lifespan="off",
-        http=protocol_for(runtime),  # httptools, with bounded request heads (shared/http/protocol.py)
-        ws="none",
-        log_config=None,
-        access_log=False,
-        proxy_headers=False,  # nothing reads the client address; the middleware costs per request
-        server_header=False,
-        timeout_graceful_shutdown=5,
-        ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
-        ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
-    )
-    server = _DrainingServer(config, lambda: loop.call_soon_threadsafe(begin_drain))
-
-    async def stop_server() -> None:
-        await stop.wait()
-        server.should_exit = True
-        if runtime.exit_status:
-            server.force_exit = True  # lease lost: transfers were already cut
+    def on_stop_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            background.add(loop.create_task(runtime.drain(stop)))
+            manager.stopping(f"draining: finishing transfers in flight (at most {settings.drain_timeout_s} s)")
+        else:  # a second signal: no more waiting
+            server.force()
+            stop.set()
 
     runtime.extra_loops.append(("service manager notification", functools.partial(
         keep_informed,
         manager,
         # Listening comes after the lease, storage and policy checks (Runtime.start). A gateway
-        # whose schema is too new is up on purpose, saying why it does not serve.
-        ready=lambda: server.listening.is_set() and (runtime.status == "ready" or runtime.schema_too_new),
+        # whose schema is too new is up on purpose, saying why it does not serve; one whose store
+        # stopped answering since its check serves what it can (degraded), as in the balancer.
+        ready=lambda: server.listening and (runtime.status in IN_POOL or runtime.schema_too_new),
         healthy=runtime.payload_allowed,
         status=lambda: service_status(runtime),
         stopping=lambda: runtime.stopping,
     )))
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_stop_signal)
     try:
         # Supervised loops (pins, lease watcher, control connection); the lease itself already
         # renews in its own thread since it was acquired.
         background.add(await runtime.start_background(stop))
-        background.add(loop.create_task(stop_server()))
-        await server.serve()
+        try:
+            await server.start(settings.host, settings.port)
+        except OSError as exc:
+            raise PortUnavailable(
+                f"cannot listen on {runtime.address} (ARKVORY_HOST, ARKVORY_PORT): {exc.strerror or exc}"
+            ) from None
+        await stop.wait()
+        # A lost lease cut the transfers already: nothing is worth waiting for.
+        await server.shutdown(force=bool(runtime.exit_status))
     finally:
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await server.shutdown(force=True)  # when it never got to stop (a failure above)
         await runtime.close()
         manager.close()
     log.info("stopped with exit status %d", runtime.exit_status)
@@ -120,6 +103,8 @@ def service_status(runtime: Runtime) -> str:
         f"slot {settings.shared.slot} of {settings.shared.slots}" if settings.shared else "standalone, no lease"
     )
     state = f"unavailable: {runtime.failure}" if runtime.failure else runtime.status
+    if state == "degraded":
+        state = "degraded: the object store does not answer (serving the read cache and what needs no store)"
     if runtime.schema_too_new:
         state = "unavailable: the database schema is newer than this code"
     text = f"{'writer' if settings.is_writer else 'gateway'}, {where}: {state}"

@@ -1,6 +1,7 @@
 """Whether this process's storage answers: the verdict of a supervised probe loop, read by the
-readiness document, `/health/status` (a balancer takes a process whose store is down out of
-rotation) and the content path (a read answers 503 at once instead of waiting on a dead store).
+readiness document, `/health/status` (a process whose store is down is `degraded`: it stays in
+the balancer's pool and serves its read cache) and the content path (a read the cache cannot
+serve answers 503 at once instead of waiting on a dead store).
 
 A read that fails on the store does not decide alone (one reset connection is no outage): it
 asks for a probe at once (`suspect`), and the probe's answer decides. While the store is down the
@@ -62,7 +63,8 @@ class StorageHealth:
 
     def _down(self, reason: str) -> None:
         if self.available:
-            log.error("the storage is unavailable: %s; reads answer 503 until it answers again", reason)
+            log.error("the storage is unavailable: %s; degraded: reads of blobs not in the read cache and "
+                      "uploads answer 503 until it answers again", reason)
         self.available, self.reason = False, reason
 
     async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:

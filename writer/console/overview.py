@@ -43,7 +43,10 @@ SELECT slot, holder_id, generation, pid, host, role, url, acquired_at, renewed_a
        extract(epoch FROM expires_at - now())::float8 AS reservation_left
 FROM arkvory_gateway_leases ORDER BY slot
 """
-_POLICY = "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at FROM arkvory_download_policy"
+_POLICY = (
+    "SELECT slots, total_bytes_per_second, per_principal_bytes_per_second, saved_at, share_mode"
+    " FROM arkvory_download_policy"
+)
 _WORKERS = """
 SELECT pid, application_name, backend_start, client_addr::text AS client_addr
 FROM pg_stat_activity
@@ -181,6 +184,10 @@ def _live_row(row: dict[str, Any]) -> dict[str, Any]:
         "generation": None if lease is None else lease["generation"],
         "grantedBytes": bandwidth.get("grantedBytes"),
         "bytesPerSecond": bandwidth.get("bytesPerSecond"),
+        # demand shares (issue 23): the share moves, and with it the demand it answers
+        "shareMode": shared.get("shareMode") if isinstance(shared, dict) else None,
+        "demandBytesPerSecond": ((shared or {}).get("demand") or {}).get("demandBytesPerSecond")
+        if isinstance(shared, dict) else None,
         "active": admission.get("active"),
         "waiting": admission.get("waiting"),
     }

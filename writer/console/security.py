@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from arkvory.shared.auth.credentials import SESSION_COOKIE
 from arkvory.shared.errors import Forbidden
 from arkvory.shared.http.edge import send_error
-from arkvory.shared.http.protocol import HANDLE_KEY
+from arkvory.shared.http.handle import HANDLE_KEY
 
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "X-CSRF-Token"

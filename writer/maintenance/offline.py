@@ -235,7 +235,8 @@ async def run_offline(
             print(f"arkvory: {exc}", file=sys.stderr)
             return exc.exit_status
         pool = await asyncpg.create_pool(
-            settings.database_url, min_size=1, max_size=2, command_timeout=db.QUERY_TIMEOUT_S,
+            settings.database_url, connect=db.open_connection, min_size=1, max_size=2,
+            command_timeout=db.QUERY_TIMEOUT_S,
             server_settings={"application_name": APPLICATION_NAME},
         )
         ctx = OfflineContext(kind_name, params, pool, storage, settings, out=out)

@@ -28,7 +28,6 @@ from its own event loop (arkvory.shared.process.systemd).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
@@ -38,13 +37,12 @@ from typing import Any
 
 import anyio
 import asyncpg
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.cluster.lease_history import LeaseHistory
 from arkvory.shared.cluster.supervision import DATABASE, supervised
-from arkvory.shared.http.protocol import JsonRefusalsProtocol
+from arkvory.shared.http.server import HttpServer, tls_context
 from arkvory.shared.process.systemd import ServiceManager, keep_informed
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage
@@ -58,18 +56,11 @@ from .runner import RecordingFailed, Runner
 
 log = logging.getLogger("arkvory.worker")
 
-EXIT_FAILED = 75  # the health server died: the service manager restarts us
+EXIT_FAILED = 75  # the health server could not listen: the service manager restarts us
+HEALTH_GRACE_S = 2.0  # health requests still running at the stop get this long
 RETRY_AFTER_FAILURE_S = 2.0
 SAME_STOP_S = 1.0  # stop signals this close to the first are the same stop
 _ACTIVATION_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, RecordingFailed)
-
-
-class _HealthServer(uvicorn.Server):
-    """uvicorn without its own signal handling: the worker's handlers decide (drain first)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
 
 
 class WorkerProcess:
@@ -153,7 +144,7 @@ class WorkerProcess:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        server = _HealthServer(self._server_config())
+        server = self._health_server()
         manager = self.service_manager
         informing = anyio.CancelScope()
         reading = anyio.CancelScope()
@@ -166,8 +157,8 @@ class WorkerProcess:
             with informing:
                 await keep_informed(
                     manager,
-                    ready=lambda: server.started and (self.state == "active" or self.lock.standing_by),
-                    healthy=lambda: server.started and not server.should_exit,
+                    ready=lambda: server.listening and (self.state == "active" or self.lock.standing_by),
+                    healthy=lambda: server.listening,
                     status=self.service_status,
                     stopping=self._stop.is_set,
                 )
@@ -176,13 +167,18 @@ class WorkerProcess:
             async with anyio.create_task_group() as tg:
                 # Read once before the health port serves: the series are there from the first scrape.
                 await tg.start(supervised, "lease history", read_lease_history, self._history_failed)
-                tg.start_soon(self._serve_health, server, sock)
+                try:
+                    await server.start(sock=sock)
+                except OSError:
+                    log.exception("the health server could not listen; stopping the worker (exit %d)", EXIT_FAILED)
+                    self.exit_status = EXIT_FAILED
+                    self.request_stop()
                 tg.start_soon(inform)
                 await self._take_turns()
                 informing.cancel()
                 reading.cancel()
-                server.should_exit = True
         finally:
+            await server.shutdown()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             await self.lock.release()
@@ -267,27 +263,9 @@ class WorkerProcess:
 
     # -- health -----------------------------------------------------------------------------
 
-    def _server_config(self) -> uvicorn.Config:
+    def _health_server(self) -> HttpServer:
         settings = self.settings
-        return uvicorn.Config(
-            build_health_app(self),
-            lifespan="off",
-            http=JsonRefusalsProtocol,  # even the parser's refusal is JSON with a request id
-            ws="none",
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            timeout_graceful_shutdown=2,
-            ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
-            ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
-        )
-
-    async def _serve_health(self, server: uvicorn.Server, sock: socket.socket) -> None:
-        try:
-            await server.serve(sockets=[sock])
-        except Exception:
-            log.exception("the health server failed")
-        if not self._stop.is_set():
-            log.error("the health server stopped unexpectedly; stopping the worker (exit %d)", EXIT_FAILED)
-            self.exit_status = EXIT_FAILED
-            self.request_stop()
+        tls = None
+        if settings.tls_cert_file and settings.tls_key_file:
+            tls = tls_context(str(settings.tls_cert_file), str(settings.tls_key_file))
+        return HttpServer(build_health_app(self), tls=tls, grace_s=HEALTH_GRACE_S)

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 import asyncpg
 
 from arkvory.shared import db
-from arkvory.shared.errors import StartupError, StartupRefused
+from arkvory.shared.cluster.replication import ReplicationWatch
+from arkvory.shared.errors import PortUnavailable, StartupRefused
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, open_storage
 
@@ -29,10 +30,6 @@ NOT_THE_WORKERS = (
     "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND",
     "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL",
 )
-
-
-class PortUnavailable(StartupError):
-    exit_status = 1
 
 
 def worker_settings(environ: Mapping[str, str]) -> Settings:
@@ -78,7 +75,8 @@ async def check_storage(conn: asyncpg.Connection, settings: Settings) -> BlobSto
 
 
 def bind_health_port(settings: Settings) -> socket.socket:
-    """Bind before serving, so a port in use is a clear refusal rather than uvicorn's exit."""
+    """Bind before anything else runs, so a port in use is refused before the worker waits
+    for its lock."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -100,6 +98,7 @@ async def check_database(settings: Settings) -> tuple[int, BlobStorage]:
     try:
         version = await check_schema(conn)
         storage = await check_storage(conn, settings)
+        await ReplicationWatch().at_start(conn)  # warns once if a failover could lose renewals
     finally:
         await conn.close()
     return version, storage

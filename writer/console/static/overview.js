@@ -34,6 +34,10 @@
         }
         if (process.generation !== null) { set(row, "generation", String(process.generation)); }
         if (process.renewedAt) { set(row, "renewedAt", process.renewedAt); }
+        if (process.shareMode === "demand" && typeof process.bytesPerSecond === "number") {
+          var demand = process.demandBytesPerSecond ? bytes(process.demandBytesPerSecond) + "/s" : "none";
+          set(row, "share", bytes(process.bytesPerSecond) + "/s (demand " + demand + ")");
+        }
         if (typeof process.grantedBytes === "number") {
           set(row, "grantedBytes", bytes(process.grantedBytes));
           var before = previous[process.key];
