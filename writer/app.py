@@ -12,22 +12,22 @@ from arkvory.shared.http.edge import RequestGuard
 from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
-from . import (
-    accounts, artifacts, assets, openapi, packages, permissions, repositories, service_keys, tokens, upload_one_shot,
-    uploads,
-)
-from .body_memory import keep_body_buffers
+from .identity import accounts, service_keys, tokens
+from .catalog import artifacts, assets, packages, permissions, repositories
+from . import openapi
+from .uploads import one_shot as upload_one_shot, routes as uploads
+from .uploads.body_memory import keep_body_buffers
 from .console import app as console
 from .console.security import CookieCsrfGuard
 from .idempotency import InFlightKeys, RecordedResults
-from .maintenance import diagnostics
+from .blobs import diagnostics
 from .maintenance.kinds import KINDS
 from .tasks import api as tasks
 from .tasks import schedule as task_schedule, stream as task_stream
 from .tasks.metrics import TaskMetrics
 from .tasks.schedule import Schedule
 from .tasks.stream import TaskEventHub
-from .upload_places import UploadPlaces
+from .uploads.places import UploadPlaces
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (

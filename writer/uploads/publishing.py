@@ -2,10 +2,10 @@
 `complete` share.
 
 An upload streams into a temporary file inside ARKVORY_DATA_DIR while its SHA-256 is computed
-(in batches, in a worker thread: writer/upload_store.py). Only once it is complete is it staged
+(in batches, in a worker thread: writer/uploads/store.py). Only once it is complete is it staged
 to the storage (an object store receives the bytes then, outside any transaction; a directory
 needs nothing), and one transaction claims its digest, checks that no removal of an identical
-old blob got in the way since the staging (writer/maintenance/blob_locks.py; if one did, the
+old blob got in the way since the staging (writer/blobs/locks.py; if one did, the
 bytes are staged again: `publish_blob`), publishes the blob under its digest and inserts the
 blob and artifact rows with the Idempotency-Key: an interrupted body leaves neither an artifact
 nor a stray file, and a retry with the same key replays the first artifact instead of creating
@@ -36,7 +36,7 @@ from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, StorageError, is_out_of_space, out_of_space
 from arkvory.shared.storage.upload_files import hold_in_use, remove_own_file
 
-from .maintenance.blob_locks import (
+from ..blobs.locks import (
     RemovalUnderWay,
     RemovedSinceStaging,
     Staging,
@@ -44,9 +44,9 @@ from .maintenance.blob_locks import (
     check_not_removed_since,
     claim_for_upload,
 )
-from .maintenance.diagnostics import clear_diagnostic
-from .maintenance.quarantine import notify_moved
-from .upload_store import BatchedReceiver, Region
+from ..blobs.diagnostics import clear_diagnostic
+from ..blobs.quarantine import notify_moved
+from .store import BatchedReceiver, Region
 
 log = logging.getLogger("arkvory.uploads")
 
@@ -127,7 +127,7 @@ async def publish_blob(
 ) -> T:
     """Stage the verified bytes (`stage_blob`, or `staged_already()` when it says it did) and run
     `publish(staging)`, the publishing transaction, which calls `place_claimed_blob` with
-    `staging`. A removal of the digest that got in the way (writer/maintenance/blob_locks.py) is
+    `staging`. A removal of the digest that got in the way (writer/blobs/locks.py) is
     waited for, without a transaction, and the bytes are staged again; one that does not
     settle in time is a 503, and nothing is published."""
     for attempt in range(1, PUBLISH_ATTEMPTS + 1):
@@ -156,7 +156,7 @@ async def place_claimed_blob(
 ) -> None:
     """Inside a publishing transaction (`publish_blob`): claim the digest, check that no
     removal of it got in the way since `staging` (RemovedSinceStaging: roll back, and
-    `publish_blob` stages again; writer/maintenance/blob_locks.py), publish the blob under it
+    `publish_blob` stages again; writer/blobs/locks.py), publish the blob under it
     (a directory replaces a file already there, which nobody has checked since:
     shared/storage/directory.py `place_blob`; an object store has it from the staging) and insert
     its row. The claim lasts until the commit that makes the artifact visible, so cleanup cannot

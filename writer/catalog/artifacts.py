@@ -1,5 +1,5 @@
 """Writer routes for artifacts: list, show and delete (SPEC §6); an artifact's name, JSON form
-and schema. (Uploads, the one-shot POST among them, are in writer/upload_one_shot.py.)
+and schema. (Uploads, the one-shot POST among them, are in writer/uploads/one_shot.py.)
 
 Delete removes the metadata at once; the blob stays for the cleanup task. An artifact that a
 package version or an asset still points at cannot be deleted (409): a published version is
@@ -20,11 +20,11 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import check_text, parse_uuid, repository_for_read
 from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 
-from .idempotency import Result, idempotent
-from .openapi import IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
-from .pagination import page, page_cursor, page_limit
+from ..idempotency import Result, idempotent
+from ..openapi import IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
+from ..pagination import page, page_cursor, page_limit
 from .repositories import repository_for_write
-from .request_inputs import principal_of, runtime_of
+from ..request_inputs import principal_of, runtime_of
 
 MAX_NAME = 255
 

@@ -1,5 +1,5 @@
 """The small-file upload shortcut (SPEC §6): `POST /api/v1/repositories/{repo}/artifacts` with
-the raw body as the file, published as `upload_publishing.py` says, in one request."""
+the raw body as the file, published as `publishing.py` says, in one request."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from arkvory.shared.download.catalog import Repository
 from arkvory.shared.http.bodies import declared_length
 from arkvory.shared.http.media_types import upload_media_type
 
-from .artifacts import ARTIFACT_SCHEMA, MAX_NAME, artifact_json, artifact_location, check_artifact_name
-from .idempotency import HeldKey, Result, holding_key
-from .maintenance.blob_locks import Staging
-from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, query_param, repo_param
-from .repositories import repository_for_write
-from .request_inputs import principal_of, runtime_of
-from .upload_places import UploadPlaces
-from .upload_publishing import place_claimed_blob, publish_blob, received_body
-from .upload_store import refuse_form_upload
+from ..catalog.artifacts import ARTIFACT_SCHEMA, MAX_NAME, artifact_json, artifact_location, check_artifact_name
+from ..idempotency import HeldKey, Result, holding_key
+from ..blobs.locks import Staging
+from ..openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, query_param, repo_param
+from ..catalog.repositories import repository_for_write
+from ..request_inputs import principal_of, runtime_of
+from .places import UploadPlaces
+from .publishing import place_claimed_blob, publish_blob, received_body
+from .store import refuse_form_upload
 
 
 async def upload_artifact(request: Request) -> Response:

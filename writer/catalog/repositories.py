@@ -21,10 +21,10 @@ from arkvory.shared.download.catalog import (
 )
 from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 
-from . import openapi
-from .idempotency import Result, idempotent
-from .pagination import page, page_cursor, page_limit
-from .request_inputs import flag, json_body, principal_of, runtime_of
+from .. import openapi
+from ..idempotency import Result, idempotent
+from ..pagination import page, page_cursor, page_limit
+from ..request_inputs import flag, json_body, principal_of, runtime_of
 
 
 def forget_cached_lookups(request: Request) -> None:
