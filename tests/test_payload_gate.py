@@ -300,5 +300,5 @@ async def test_aborting_a_connection_its_client_already_closed_raises_nothing():
                 break
             await asyncio.sleep(0.01)
     finally:
-        server.close()
+        await server.shutdown()
     assert outcome == {"aborted": True}
