@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import asyncpg
 import httpx
+import psutil
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "arkvory_key_test_admin_token_0000000000000001"
@@ -58,6 +59,17 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def listens_itself(pid: int, port: int) -> bool:
+    """`port` answers for process `pid` itself: another xdist worker may have picked the same free
+    port a moment earlier, and then its server answers there while ours fails to bind (a test
+    once talked to another test's writer that way)."""
+    try:
+        sockets = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s in sockets)
 
 
 def keys_file_text(keys: Mapping[str, tuple[str, list[str]]]) -> str:
@@ -122,7 +134,7 @@ class ArkvoryProcess:
                 raise AssertionError(
                     f"{self.name} exited {self.proc.returncode} before {what}:\n{self.stderr}"
                 )
-            if condition(self.status()):
+            if condition(self.status()) and listens_itself(self.proc.pid, self.port):
                 return self
             time.sleep(0.1)
         raise AssertionError(f"{self.name} not {what} after {timeout} s:\n{self.stderr}")

@@ -24,7 +24,7 @@ import httpx
 from arkvory.shared import db
 from arkvory.writer.tasks import store
 
-from .harness import ADMIN_TOKEN, ROOT, Cluster, free_port
+from .harness import ADMIN_TOKEN, ROOT, Cluster, free_port, listens_itself
 
 
 class WorkerProc:
@@ -60,7 +60,7 @@ class WorkerProc:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"{self.name} exited {self.proc.returncode} before {wanted}:\n{self.stderr}")
-            if self.status() == wanted:
+            if self.status() == wanted and listens_itself(self.proc.pid, self.port):
                 return self
             time.sleep(0.05)
         raise AssertionError(f"{self.name} not {wanted} after {timeout} s (is {self.status()}):\n{self.stderr}")
