@@ -53,7 +53,7 @@ import asyncpg  # noqa: E402
 from arkvory.shared.settings import Settings  # noqa: E402
 from arkvory.shared.storage import Storage  # noqa: E402
 from arkvory.writer.maintenance import cleanup  # noqa: E402
-from arkvory.writer.maintenance.offline import OfflineContext  # noqa: E402
+from arkvory.writer.worker.offline import OfflineContext  # noqa: E402
 
 BLOB_BYTES = 512
 GRACE_S = 3600

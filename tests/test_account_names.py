@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from arkvory.shared import db
-from arkvory.writer.account_names import FOLDED_NAME, fold
-from arkvory.writer.login_limits import ACCOUNT_LIMIT
-from arkvory.writer.passwords import hash_password
+from arkvory.writer.identity.account_names import FOLDED_NAME, fold
+from arkvory.writer.identity.login_limits import ACCOUNT_LIMIT
+from arkvory.writer.identity.passwords import hash_password
 
 from .console_client import Console, messages
 from .harness import ADMIN_TOKEN, db_execute, db_fetch, run_arkvory

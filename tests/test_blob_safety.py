@@ -1,4 +1,4 @@
-"""Cleanup against uploads and downloads at the worst moments (writer/maintenance/blob_locks.py,
+"""Cleanup against uploads and downloads at the worst moments (writer/blobs/locks.py,
 shared/cluster/pins.py): an upload reusing an old unreferenced blob while cleanup deletes it, a download
 whose artifact is deleted and collected while it waits to open the blob, and a referenced blob
 missing on disk. Real writer and gateway processes; cleanup runs in the test against the same
@@ -21,7 +21,7 @@ import pytest
 
 from arkvory.shared.storage import Storage
 from arkvory.writer.maintenance import cleanup
-from arkvory.writer.maintenance.blob_locks import DIGEST_NAMESPACE, digest_key
+from arkvory.writer.blobs.locks import DIGEST_NAMESPACE, digest_key
 from arkvory.writer.maintenance.cleanup import remove_unreferenced
 
 from .harness import ADMIN_TOKEN, db_fetch
@@ -209,7 +209,7 @@ def test_a_claimed_digest_is_skipped_and_an_unclaimed_one_waits_for_nobody(clust
     """The protocol itself, step by step: while an upload's transaction holds the claim,
     cleanup leaves the blob (row and file) alone at once; after that transaction committed its
     artifact, the re-check keeps it; an unclaimed, unreferenced one goes."""
-    from arkvory.writer.maintenance.blob_locks import claim_for_upload
+    from arkvory.writer.blobs.locks import claim_for_upload
 
     writer = cluster.writer().wait_ready()
     with writer.client() as client:
@@ -255,7 +255,7 @@ def test_an_upload_waits_for_a_removal_at_most_30_s_then_answers_503(cluster):
     it died) holds an upload for REMOVAL_WAIT_S at most, without a transaction: then 503
     `unavailable` with Retry-After, nothing published; once it settles, the same request
     (the same key) publishes."""
-    from arkvory.writer.maintenance.blob_locks import REMOVAL_WAIT_S
+    from arkvory.writer.blobs.locks import REMOVAL_WAIT_S
 
     writer = cluster.writer().wait_ready()
     content = os.urandom(5000)

@@ -21,7 +21,7 @@ import pytest
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import Storage
 from arkvory.writer.maintenance import cleanup
-from arkvory.writer.maintenance.offline import OfflineContext
+from arkvory.writer.worker.offline import OfflineContext
 
 from .harness import ADMIN_TOKEN, db_execute, db_fetch
 from .worker_harness import dispatch, events, start_worker, wait_task
@@ -212,7 +212,7 @@ def test_grace_pins_strays_uploads_keys_and_retention(cluster):
 
 def test_expired_credentials_of_an_idle_account_are_deleted_and_live_ones_kept(cluster):
     """An account that makes no more tokens and logs in no more keeps its expired rows until a
-    cleanup takes them (writer/tokens.py forgets them only at the account's next token)."""
+    cleanup takes them (writer/identity/tokens.py forgets them only at the account's next token)."""
     from .test_accounts import PASSWORD, make_account, session_of
 
     writer = cluster.writer().wait_ready()
@@ -260,7 +260,7 @@ def test_cleanup_finishes_the_removals_earlier_runs_left(cluster):
     next cleanup deletes those blobs (again) and settles them first thing; a quarantine whose
     verify ended without settling it is settled (uploads of those bytes need not wait for the
     next verify); settled marks older than a day go."""
-    from arkvory.writer.maintenance.blob_locks import SETTLED_KEPT_S
+    from arkvory.writer.blobs.locks import SETTLED_KEPT_S
 
     cluster.writer().wait_ready()
     url = cluster.database_url

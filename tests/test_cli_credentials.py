@@ -229,7 +229,7 @@ def test_a_device_that_logged_in_before_is_not_locked_out_by_others_guesses(clus
     X-Forwarded-For as a balancer's) do not lock out this device."""
     import httpx
 
-    from arkvory.writer.login_limits import ACCOUNT_LIMIT
+    from arkvory.writer.identity.login_limits import ACCOUNT_LIMIT
 
     writer = cluster.writer(ARKVORY_TRUSTED_PROXIES="127.0.0.1").wait_ready()
     with writer.client(ADMIN_TOKEN) as admin:

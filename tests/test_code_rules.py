@@ -6,7 +6,7 @@
   `pool.execute`, ...), which acquire without one: a pool emptied by a stuck query would
   otherwise hang its caller for ever (issue 22).
 - No transaction is open across a call that may reach the storage (an object store's request
-  may take minutes: writer/maintenance/blob_locks.py says how the blob protocol does without
+  may take minutes: writer/blobs/locks.py says how the blob protocol does without
   it). Checked lexically inside `async with ....transaction()` blocks, and inside any function
   that takes an `asyncpg.Connection` (it may run in its caller's transaction). "Reaches the
   storage" is a call on a `storage`/`store` object other than the methods documented as local

@@ -45,7 +45,7 @@ def alice(writer) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def reader_session(writer) -> str:
     """One session for the tests that only read: a login per test of a 27-case table would pass
-    the writer's 20 logins per address a minute (writer/login_limits.py) and fail the next login."""
+    the writer's 20 logins per address a minute (writer/identity/login_limits.py) and fail the next login."""
     name = f"reader-{uuid.uuid4().hex[:8]}"
     make_account(writer, name)
     return session_of(writer, name)

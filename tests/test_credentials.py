@@ -60,7 +60,7 @@ def get(process, token: str, path: str) -> httpx.Response:
         return client.get(path)
 
 
-SECRET = "/api/v1/repositories/secret"  # a writer route: resolved by writer/repositories.principal_of
+SECRET = "/api/v1/repositories/secret"  # a writer route: resolved by writer/request_inputs.principal_of
 KINDS = ["file key", "managed key", "personal token", "session"]
 
 

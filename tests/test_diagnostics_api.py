@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from arkvory.writer.maintenance.diagnostics import ARTIFACTS_SHOWN
+from arkvory.writer.blobs.diagnostics import ARTIFACTS_SHOWN
 
 from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, Cluster, db_execute
 

@@ -26,6 +26,12 @@ TOP_FOLDERS = ("shared", "writer", "gateway")  # the root's own packages; tests/
 # the packages of lower layers. http, storage and cluster share a layer and never import each other.
 BASICS = frozenset({"settings", "errors", "logs", "metrics", "db", "migrations"})
 LAYERS = {"http": 1, "storage": 1, "cluster": 1, "auth": 2, "download": 3, "process": 4, "cli": 5}
+# Inside arkvory.writer (writer/__init__.py draws them), the same rule; app.py assembles them all.
+WRITER_BASICS = frozenset({"idempotency", "openapi", "pagination", "request_inputs"})
+WRITER_LAYERS = {
+    "identity": 1, "tasks": 2, "catalog": 3, "blobs": 4, "uploads": 5, "maintenance": 6, "worker": 7, "console": 8,
+    "app": 9,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,34 +209,59 @@ def test_nothing_imports_the_folders_by_their_top_level_names():
     fail_with(problems, "modules are named arkvory.shared, arkvory.writer, arkvory.gateway")
 
 
-def _layer_of(module: str) -> tuple[str, int] | None:
-    """(package, layer) of a module of arkvory.shared; None outside it or for the client."""
+def _layer_of(module: str, top: str = "shared") -> tuple[str, int] | None:
+    """(package, layer) of a module of arkvory.<top> (shared or writer); None outside it, or for
+    shared's client."""
+    basics, layers = (BASICS, LAYERS) if top == "shared" else (WRITER_BASICS, WRITER_LAYERS)
     parts = module.split(".")
-    if parts[:2] != [PACKAGE, "shared"]:
+    if parts[:2] != [PACKAGE, top]:
         return None
-    if len(parts) == 2 or parts[2] in BASICS:
+    if len(parts) == 2 or parts[2] in basics:
         return "basics", 0
-    if parts[2] == "client":
+    if top == "shared" and parts[2] == "client":
         return None  # its own rule
-    if parts[2] not in LAYERS:
-        return f"an unplaced module ({parts[2]}: add it to LAYERS or BASICS)", -1
-    return parts[2], LAYERS[parts[2]]
+    if parts[2] not in layers:
+        return f"an unplaced module ({parts[2]}: add it to the layers or the basics)", -1
+    return parts[2], layers[parts[2]]
 
 
-def test_the_layers_of_shared():
+def _layer_problems(top: str, imports: list[Import] | None = None) -> list[str]:
+    layers = LAYERS if top == "shared" else WRITER_LAYERS
     problems = []
-    for imp in all_imports():
-        source, target = _layer_of(module_name(imp.source)), _layer_of(imp.target)
+    for imp in all_imports() if imports is None else imports:
+        source, target = _layer_of(module_name(imp.source), top), _layer_of(imp.target, top)
         if source is None or target is None:
             continue
         (source_package, source_layer), (target_package, target_layer) = source, target
         if source_layer < 0 or target_layer < 0:
             problems.append(f"{imp}: {source_package if source_layer < 0 else target_package}")
         elif source_package != target_package and target_package != "basics" and target_layer >= source_layer:
-            lower = sorted(p for p, layer in LAYERS.items() if layer < source_layer)
+            lower = sorted(p for p, layer in layers.items() if layer < source_layer)
             may = ", ".join(["itself", "the basics", *(f"{p}/" for p in lower)])
             problems.append(f"{imp}: {source_package}/ may import only {may}")
-    fail_with(problems, "inside arkvory.shared, a package imports only from itself, the basics and lower layers")
+        elif source_package == "basics" and target_package != "basics":
+            problems.append(f"{imp}: the basics import only each other")
+    return problems
+
+
+def test_the_layers_of_shared():
+    fail_with(_layer_problems("shared"), "inside arkvory.shared, a package imports only from itself, the basics and lower layers")
+
+
+def test_the_layers_of_the_writer():
+    fail_with(_layer_problems("writer"), "inside arkvory.writer, a package imports only from itself, the basics and lower layers")
+
+
+def test_the_layer_rule_catches_an_import_up():
+    """The rule itself, on made-up imports: catalog/ importing uploads/ (a layer up) is refused,
+    identity/ importing the basics is not."""
+    def imports(source: str, target: str) -> list[Import]:
+        path = ROOT / "writer" / source
+        return [Import(path, 1, f"{PACKAGE}.writer.{target}", False)]
+
+    assert _layer_problems("writer", imports("catalog/artifacts.py", "uploads.publishing"))
+    assert _layer_problems("writer", imports("request_inputs.py", "identity.accounts"))
+    assert not _layer_problems("writer", imports("identity/accounts.py", "pagination"))
 
 
 def _cycles_in(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from arkvory.shared.errors import RateLimited
-from arkvory.writer.login_limits import ACCOUNT_LIMIT, ADDRESS_LIMIT, DEVICE_LIMIT, WINDOW_S, LoginLimits
+from arkvory.writer.identity.login_limits import ACCOUNT_LIMIT, ADDRESS_LIMIT, DEVICE_LIMIT, WINDOW_S, LoginLimits
 
 from .fakeclock import FakeTime
 from .test_accounts import PASSWORD, make_account

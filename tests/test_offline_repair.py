@@ -1,4 +1,4 @@
-"""`arkvory admin gc` (writer/maintenance/offline.py, commands.py): refuses with exit 75 while a
+"""`arkvory admin gc` (writer/worker/offline.py, commands.py): refuses with exit 75 while a
 gateway, the writer or the worker is up and names each; with everything stopped it runs the
 cleanup kind, prints progress lines and a JSON result, and exits 0.
 """

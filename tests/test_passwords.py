@@ -11,7 +11,7 @@ import time
 import pytest
 
 from arkvory.shared.errors import Busy
-from arkvory.writer.passwords import PasswordHash, PasswordHasher, hash_password, needs_rehash, verify_password
+from arkvory.writer.identity.passwords import PasswordHash, PasswordHasher, hash_password, needs_rehash, verify_password
 
 from .harness import db_execute, db_fetch
 from .test_accounts import PASSWORD, login, make_account

@@ -198,7 +198,7 @@ def test_the_store_killed_during_complete_answers_503_and_a_repeat_publishes_one
 
 async def _exclusive_digest_locks(conn, sha256: str) -> int:
     """Granted exclusive claims of the digest (cleanup's and verify's; uploads take it shared)."""
-    from arkvory.writer.maintenance.blob_locks import DIGEST_NAMESPACE, digest_key
+    from arkvory.writer.blobs.locks import DIGEST_NAMESPACE, digest_key
 
     return await conn.fetchval(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock'"

@@ -1,4 +1,4 @@
-"""Publishing a resumable upload to a real SeaweedFS while its parts arrive (writer/upload_sessions.py
+"""Publishing a resumable upload to a real SeaweedFS while its parts arrive (writer/uploads/sessions.py
 `PrefixHash`, shared/storage/s3_client.py `Publication`): the parts reach the store as they are
 recorded, but nothing is visible under the blob's key before `complete` has checked the whole
 digest, and a digest that does not match never becomes visible at all."""

@@ -1,5 +1,5 @@
 """A resumable upload published while its parts arrive, fed from the received bytes
-(writer/upload_sessions.py `InlineFeed`, writer/upload_store.py): the part the whole-file hash
+(writer/uploads/sessions.py `InlineFeed`, writer/uploads/store.py): the part the whole-file hash
 needs next is hashed and sent to the store as it is received, not read back from the session
 file; out of order parts (and unaligned part sizes, written partly past O_DIRECT) are read back
 and still publish byte-exact; a part with a wrong X-Content-SHA256 or cut midway never reaches

@@ -11,6 +11,7 @@ import time
 import asyncpg
 import pytest
 
+from arkvory.writer.maintenance.kinds import KINDS
 from arkvory.writer.tasks.schedule import dispatch_due
 
 from .harness import db_fetch
@@ -85,7 +86,7 @@ def test_racing_dispatchers_make_one_task_per_period(cluster, database_url):
     async def race():
         conns = [await asyncpg.connect(database_url) for _ in range(8)]
         try:
-            return await asyncio.gather(*(dispatch_due(c, "verify", 3600) for c in conns))
+            return await asyncio.gather(*(dispatch_due(c, "verify", 3600, KINDS) for c in conns))
         finally:
             for c in conns:
                 await c.close()

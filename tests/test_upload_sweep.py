@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from arkvory.shared.storage import Storage
-from arkvory.writer.upload_sessions import remove_sessions, sweep_expired_uploads
+from arkvory.writer.uploads.sessions import remove_sessions, sweep_expired_uploads
 
 from .harness import ADMIN_TOKEN, db_execute, db_fetch
 from .rawhttp import read_response, status_of

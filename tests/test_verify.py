@@ -26,7 +26,7 @@ from arkvory.shared.errors import InvalidInput
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import Storage
 from arkvory.writer.maintenance import verify
-from arkvory.writer.maintenance.quarantine import quarantine_dir
+from arkvory.writer.blobs.quarantine import quarantine_dir
 from arkvory.writer.tasks.context import TaskCancelled
 
 from .harness import ADMIN_TOKEN, Cluster, db_execute, db_fetch
@@ -205,7 +205,7 @@ def test_verify_quarantines_corrupt_records_missing_and_a_reupload_clears_both(c
 
 
 def upload_in_session(client: httpx.Client, repo: str, name: str, data: bytes) -> dict:
-    """The resumable way (writer/uploads.py): the session's file is linked under the digest."""
+    """The resumable way (writer/uploads/routes.py): the session's file is linked under the digest."""
     descriptor = {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "partSize": 1024 * 1024}
     base = f"/api/v1/repositories/{repo}/uploads"
     session = client.post(base, json=descriptor, headers={"Idempotency-Key": uuid.uuid4().hex})
@@ -531,7 +531,7 @@ def test_the_offline_scrub_finds_and_quarantines(cluster):
 
 
 def test_quarantine_moves_only_the_file_that_was_hashed(tmp_path):
-    from arkvory.writer.maintenance.quarantine import move_to_quarantine
+    from arkvory.writer.blobs.quarantine import move_to_quarantine
 
     storage = Storage(tmp_path)
     storage.create_layout("test")

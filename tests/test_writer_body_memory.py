@@ -1,4 +1,4 @@
-"""The writer keeps the memory of received body pieces on glibc's heap (writer/body_memory.py):
+"""The writer keeps the memory of received body pieces on glibc's heap (writer/uploads/body_memory.py):
 pieces of a few hundred KiB are not mmapped one by one, and freed ones stay mapped for the next,
 instead of being faulted in and zeroed again for every piece of an upload."""
 
@@ -25,7 +25,7 @@ class MallInfo2(ctypes.Structure):
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
 if sys.argv[1] == "tuned":
-    from arkvory.writer.body_memory import keep_body_buffers
+    from arkvory.writer.uploads.body_memory import keep_body_buffers
     assert keep_body_buffers()
 before = libc.mallinfo2().hblks
 piece = b"x" * (600 * 1024)

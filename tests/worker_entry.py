@@ -16,7 +16,7 @@ import os
 import signal
 
 from arkvory.shared.cli.main import main
-from arkvory.writer.tasks.kinds import KINDS
+from arkvory.writer.maintenance.kinds import KINDS
 from tests import worker_kinds
 
 KINDS.setdefault("steps", worker_kinds)

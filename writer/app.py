@@ -12,25 +12,27 @@ from arkvory.shared.http.edge import RequestGuard
 from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
-from . import (
-    accounts, artifacts, assets, openapi, packages, permissions, repositories, service_keys, tokens, uploads,
-)
-from .body_memory import keep_body_buffers
+from .identity import accounts, service_keys, tokens
+from .catalog import artifacts, assets, packages, permissions, repositories
+from . import openapi
+from .uploads import one_shot as upload_one_shot, routes as uploads
+from .uploads.body_memory import keep_body_buffers
 from .console import app as console
 from .console.security import CookieCsrfGuard
 from .idempotency import InFlightKeys, RecordedResults
-from .maintenance import diagnostics
+from .blobs import diagnostics
+from .maintenance.kinds import KINDS
 from .tasks import api as tasks
 from .tasks import schedule as task_schedule, stream as task_stream
 from .tasks.metrics import TaskMetrics
 from .tasks.schedule import Schedule
 from .tasks.stream import TaskEventHub
-from .upload_places import UploadPlaces
+from .uploads.places import UploadPlaces
 
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (
-    repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, uploads, tasks,
-    diagnostics, openapi,
+    repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, upload_one_shot, uploads,
+    tasks, diagnostics, openapi,
 )
 
 
@@ -53,6 +55,7 @@ def build_writer_app(runtime: Runtime) -> Starlette:
     app.state.idempotency_keys = InFlightKeys()
     app.state.idempotency_results = RecordedResults()
     app.state.openapi_json = openapi.document_bytes(ROUTE_MODULES)
+    app.state.task_kinds = KINDS  # what the task API may dispatch (writer/tasks/kinds.py)
     _add_task_loops(app, runtime)
     console.install(app)
     return app
@@ -66,7 +69,7 @@ def _add_task_loops(app: Starlette, runtime: Runtime) -> None:
     metrics = TaskMetrics(runtime.registry, hub)
     runtime.extra_loops += [
         ("task event listener", hub.run),
-        ("task schedule", Schedule(runtime).run),
+        ("task schedule", Schedule(runtime, KINDS).run),
         ("task metrics", functools.partial(metrics.run, lambda: runtime.pool)),
     ]
     # Their error counts exist from the start, as 0 (arkvory_database_errors_total{loop}).

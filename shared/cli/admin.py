@@ -163,7 +163,7 @@ async def create_user(conn: asyncpg.Connection, *, name: str, hashed: Any, admin
     """Add an account (`hashed`: a writer.passwords.PasswordHash, made before connecting), as the
     API does: a name taken in any case is refused."""
     from arkvory.shared.errors import Conflict
-    from arkvory.writer.accounts import insert_account
+    from arkvory.writer.identity.accounts import insert_account
 
     version = await db.schema_version(conn)
     if not version or version < 4:

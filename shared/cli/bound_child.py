@@ -1,6 +1,8 @@
 """A child server process that dies with ours: started from a thread that lives exactly as long
-as the child, with Linux's PR_SET_PDEATHSIG. The local PostgreSQL (localpg.py) and SeaweedFS
-(seaweedfs.py) are started this way, so a killed `arkvory dev` or test run leaves no server behind.
+as the child, with Linux's PR_SET_PDEATHSIG, its output in a log file, in a session of its own;
+stopped by signals in steps, each with its grace, SIGKILL last. The local PostgreSQL
+(localpg.py) and SeaweedFS (seaweedfs.py) run this way, so a killed `arkvory dev` or test run
+leaves no server behind, and each says only which signals stop it how.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import queue
 import signal
 import subprocess
 import sys
+import contextlib
+import pathlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 _PR_SET_PDEATHSIG = 1
 
@@ -43,6 +47,39 @@ def spawn_bound_to_our_process(
     if isinstance(result, BaseException):
         raise result
     return result
+
+
+def spawn_server(
+    argv: list[str], log_path: pathlib.Path, *, death_signal: signal.Signals, name: str, **popen_kwargs
+) -> subprocess.Popen:
+    """A server child bound to our process (`spawn_bound_to_our_process`), its stdout and stderr
+    appended to `log_path`, no stdin, and in a session of its own: a terminal's Ctrl-C reaches
+    us, and we stop our children in order instead of all of them at once."""
+    with open(log_path, "ab") as log:
+        return spawn_bound_to_our_process(
+            argv, death_signal=death_signal, name=name,
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            **popen_kwargs,
+        )
+
+
+def end_in_steps(
+    process: subprocess.Popen, steps: Sequence[tuple[signal.Signals, float]], *, kill_wait: float = 5.0
+) -> None:
+    """Send each step's signal and wait up to its grace for the process to exit; then SIGKILL
+    and wait `kill_wait`. Returns once it is gone (at once if it was); a process that outlives
+    SIGKILL raises subprocess.TimeoutExpired."""
+    for sig, grace in steps:
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)  # a no-op once the process has been reaped
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
+            return
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=kill_wait)
 
 
 def die_with_parent_hook(death_signal: signal.Signals) -> Callable[[], None] | None:

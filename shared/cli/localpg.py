@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 
 import asyncpg
 
-from .bound_child import spawn_bound_to_our_process
+from .bound_child import end_in_steps, spawn_server
 from .postgres_binaries import (
     Install,
     LocalPostgresError,
@@ -525,17 +525,12 @@ class _Postmaster:
         argv += ["-k", socket_dir]
         for key, value in options.items():
             argv += ["-c", f"{key}={value}"]
-        with open(home / "server.log", "ab") as log:
-            # SIGINT when we die, not SIGTERM: SIGTERM is a smart shutdown that waits for every
-            # client to leave.
-            process = spawn_bound_to_our_process(
-                argv, death_signal=signal.SIGINT, name="postgres-keeper",
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=server_env(install), cwd=home,
-                # Its own session: a terminal's Ctrl-C reaches `arkvory dev`, which then stops
-                # its services before the database, not all of them at once.
-                start_new_session=True, **user_ids(user),
-            )
+        # SIGINT when we die, not SIGTERM: SIGTERM is a smart shutdown that waits for every
+        # client to leave.
+        process = spawn_server(
+            argv, home / "server.log", death_signal=signal.SIGINT, name="postgres-keeper",
+            env=server_env(install), cwd=home, **user_ids(user),
+        )
         return cls(process, data_dir)
 
     def wait_until_ready(self, log_path: pathlib.Path) -> bool:
@@ -569,23 +564,12 @@ class _Postmaster:
         with self._lock:
             # SIGINT is PostgreSQL's fast shutdown; SIGQUIT its immediate one (crash recovery
             # at next start); SIGKILL the last resort.
-            for sig, grace in ((signal.SIGINT, STOP_TIMEOUT), (signal.SIGQUIT, 5.0)):
-                self.process.send_signal(sig)  # a no-op once the process has been reaped
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.process.wait(timeout=grace)
-                    return
-            self.process.kill()
-            self.process.wait(timeout=5.0)
+            end_in_steps(self.process, ((signal.SIGINT, STOP_TIMEOUT), (signal.SIGQUIT, 5.0)))
 
     def stop_immediately(self) -> None:
         """Immediate shutdown (no checkpoint), for a server whose data is deleted next."""
         with self._lock:
-            self.process.send_signal(signal.SIGQUIT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=5.0)
-                return
-            self.process.kill()
-            self.process.wait(timeout=5.0)
+            end_in_steps(self.process, ((signal.SIGQUIT, 5.0),))
 
 
 # --- SQL from synchronous code ------------------------------------------------------------

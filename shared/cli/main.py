@@ -170,8 +170,8 @@ def _read_password() -> str | None:
 
 
 def cmd_create_user(args: argparse.Namespace) -> int:
-    from arkvory.writer.account_names import ACCOUNT_NAME
-    from arkvory.writer.passwords import MAX_PASSWORD, MIN_PASSWORD, hash_password
+    from arkvory.writer.identity.account_names import ACCOUNT_NAME
+    from arkvory.writer.identity.passwords import MAX_PASSWORD, MIN_PASSWORD, hash_password
 
     if not ACCOUNT_NAME.fullmatch(args.name):
         print("arkvory: NAME must be 1-64 letters, digits, '.', '_', '@' and '-'", file=sys.stderr)

@@ -3,7 +3,7 @@ database records to another (`file:` ↔ `s3://BUCKET[/PREFIX]`), verify each co
 recorded location in one transaction once all are there.
 
 - **Offline.** It takes the writer, worker and maintenance locks exclusively, as `arkvory admin gc`
-  does (writer/maintenance/offline.py), so it refuses while any writer, gateway or worker runs,
+  does (writer/worker/offline.py), so it refuses while any writer, gateway or worker runs,
   naming each (a slot's lease by slot, pid and host), and none can start until it ends: no
   upload, cleanup or verify changes a blob under it.
 - **What it copies**: every blob the database references (`arkvory_blobs`), by digest. A copy is
@@ -111,7 +111,7 @@ async def migrate_storage(
     from arkvory.shared import db
     from arkvory.shared.errors import StartupError
     from arkvory.shared.storage import StorageError, StorageRefused, recorded_storage
-    from arkvory.writer.maintenance.offline import ServersUp, take_offline_locks
+    from arkvory.writer.worker.offline import ServersUp, take_offline_locks
 
     try:
         conn = await db.connect(settings.database_url, server_settings={"application_name": APPLICATION_NAME})

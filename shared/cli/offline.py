@@ -1,5 +1,5 @@
 """`arkvory admin gc` and `arkvory admin scrub`: the cleanup and verify task kinds run offline,
-with every server stopped (writer/maintenance/offline.py holds the locks and the exit statuses).
+with every server stopped (writer/worker/offline.py holds the locks and the exit statuses).
 Part of the command line, not of the writer: `--dev` reads a running `arkvory dev`'s environment.
 
 Both read ARKVORY_DATABASE_URL and ARKVORY_DATA_DIR (and the other ARKVORY_* settings, e.g.
@@ -54,8 +54,8 @@ def _common(action: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def _runner(kind_name: str):
     def run(args: argparse.Namespace) -> int:
         from arkvory.shared.errors import InvalidInput, StartupError
-        from arkvory.writer.maintenance.offline import run_offline
-        from arkvory.writer.tasks.kinds import KINDS
+        from arkvory.writer.worker.offline import run_offline
+        from arkvory.writer.maintenance.kinds import KINDS
 
         from .main import _settings_or_exit
 

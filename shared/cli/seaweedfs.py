@@ -76,7 +76,7 @@ from xml.etree import ElementTree
 
 from arkvory.shared.errors import StartupError
 
-from .bound_child import spawn_bound_to_our_process
+from .bound_child import end_in_steps, spawn_server
 from .seaweedfs_tls import available as tls_available, new_grpc_identity
 from .sigv4 import signed_request
 
@@ -328,18 +328,14 @@ class SeaweedFS:
             if self.running:
                 return
             self._write_config()
-            with open(self.log_path, "ab") as log:
-                try:
-                    self._process = spawn_bound_to_our_process(
-                        self._argv(), cwd=self.home, env=_clean_env(self.home), stdin=subprocess.DEVNULL,
-                        stdout=log, stderr=subprocess.STDOUT,
-                        # Its own session: a terminal's Ctrl-C reaches us, and we stop it in order.
-                        start_new_session=True,
-                        # SIGKILL when we die: weed may sit in its own shutdown for ever after SIGTERM.
-                        death_signal=signal.SIGKILL, name="seaweedfs-keeper",
-                    )
-                except (OSError, subprocess.SubprocessError) as exc:
-                    raise SeaweedFSError(f"{self._argv()[0]} could not be started: {exc}") from exc
+            try:
+                self._process = spawn_server(
+                    self._argv(), self.log_path, cwd=self.home, env=_clean_env(self.home),
+                    # SIGKILL when we die: weed may sit in its own shutdown for ever after SIGTERM.
+                    death_signal=signal.SIGKILL, name="seaweedfs-keeper",
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise SeaweedFSError(f"{self._argv()[0]} could not be started: {exc}") from exc
             self._wait_until_ready()
 
     def restart(self) -> None:
@@ -366,19 +362,10 @@ class SeaweedFS:
             process = self._process
             if process is None:
                 return
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(first)
-                try:
-                    process.wait(timeout=grace if grace > 0 else KILL_WAIT)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    try:
-                        process.wait(timeout=KILL_WAIT)
-                    except subprocess.TimeoutExpired as exc:
-                        raise SeaweedFSError(
-                            f"SeaweedFS pid {process.pid} survived SIGKILL for {KILL_WAIT:.0f} s"
-                        ) from exc
+            try:
+                end_in_steps(process, ((first, grace),) if grace > 0 else (), kill_wait=KILL_WAIT)
+            except subprocess.TimeoutExpired as exc:
+                raise SeaweedFSError(f"SeaweedFS pid {process.pid} survived SIGKILL for {KILL_WAIT:.0f} s") from exc
             self._process = None
             self._remove_grpc_sockets()
 

@@ -20,12 +20,12 @@ from .transport import Transport
 
 # What `access` may be called: the API's two levels, and "write" for the second, as users say it.
 ACCESS_LEVELS = {"read": "read", "write": "read-write", "read-write": "read-write"}
-MAX_EXPIRY_S = 366 * 86400  # the writer's bound (writer/tokens.py)
+MAX_EXPIRY_S = 366 * 86400  # the writer's bound (writer/identity/tokens.py)
 # A server that never ends a list does not keep the client looping: the writer's largest
 # ARKVORY_MAX_TOKENS_PER_ACCOUNT (10000) fits in 10 pages of 1000, expired tokens included twice over,
 # and 100,000 managed keys is far past what an installation makes.
 MAX_PAGES = 100
-# The writer's device cookie (its writer/device_cookies.py): sent back at the next login as the
+# The writer's device cookie (its writer/identity/device_cookies.py): sent back at the next login as the
 # same account, it keeps this client signing in while others' wrong guesses lock the account.
 DEVICE_COOKIE = "arkvory_device"
 _DEVICE_COOKIE_VALUE = re.compile(r"[A-Za-z0-9._-]{1,127}")  # what the writer issues, and no more

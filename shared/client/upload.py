@@ -64,7 +64,7 @@ from .transport import Transport
 from .wholehash import WholeFileHash
 
 MiB = 1024 * 1024
-MIN_PART, MAX_PART, MAX_PARTS = 1 * MiB, 64 * MiB, 10_000  # the server's bounds (writer/upload_sessions.py)
+MIN_PART, MAX_PART, MAX_PARTS = 1 * MiB, 64 * MiB, 10_000  # the server's bounds (writer/uploads/sessions.py)
 STATE_SUFFIX = ".arkvory-upload"
 STATE_VERSION = 1
 HASH_READ = 8 * MiB

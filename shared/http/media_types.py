@@ -22,7 +22,7 @@ _MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?:{_PARAMETER})*")
 
 # Encodings of an HTML form, not the type of the file inside: `curl --data-binary` sends
 # the urlencoded one by default. (A multipart body is refused before this is asked:
-# writer/upload_store.py `refuse_form_upload`.)
+# writer/uploads/store.py `refuse_form_upload`.)
 FORM_ENCODINGS = frozenset({"multipart/form-data", "application/x-www-form-urlencoded"})
 
 

@@ -1,5 +1,5 @@
 -- Secrets the writer keeps for itself (issue 13). `login_device` signs the device cookies of
--- login limits (writer/device_cookies.py): HMAC-SHA256 keys, never shown by any route. Made here
+-- login limits (writer/identity/device_cookies.py): HMAC-SHA256 keys, never shown by any route. Made here
 -- from PostgreSQL's strong random source (gen_random_uuid uses pg_strong_random: two of them are
 -- 244 random bits), so that racing first logins never make two. Replacing the value (UPDATE)
 -- invalidates every device cookie at once.

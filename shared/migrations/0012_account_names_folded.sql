@@ -1,6 +1,6 @@
 -- Account names are unique without regard to case (SPEC §5, issue 22): `bob` and `BOB` are one
 -- name, for sign-in, the login limits and the device cookies alike. The fold is ASCII lowering,
--- `lower(name COLLATE "C")`, the same in Python (writer/account_names.py says why no other).
+-- `lower(name COLLATE "C")`, the same in Python (writer/identity/account_names.py says why no other).
 --
 -- A database that already holds names differing only in case cannot get the index: the migration
 -- refuses, naming them (at most 20 groups), and the writer does not start until an operator has

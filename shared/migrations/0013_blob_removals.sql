@@ -1,5 +1,5 @@
 -- Removals of stored blobs that no transaction waits for (issue 22: the object store is called
--- outside every transaction and digest lock; writer/maintenance/blob_locks.py says why it is safe).
+-- outside every transaction and digest lock; writer/blobs/locks.py says why it is safe).
 -- A removal is marked, in the transaction that decides it, before the store is asked to remove
 -- the blob, and settled once the store said it is gone. While a removal of a digest is pending,
 -- no upload publishes that digest; an upload that staged its bytes before a removal was marked

@@ -153,7 +153,7 @@ class Storage(LocalState):
         descriptor of the digest when this returns True.
 
         Callers publish inside a transaction that holds the digest's claim
-        (writer/maintenance/blob_locks.py), so cleanup cannot unlink what we place here before
+        (writer/blobs/locks.py), so cleanup cannot unlink what we place here before
         the row that refers to it is committed; identical uploads share the claim and may
         replace each other's file, with the same verified bytes."""
         final = self.blob_path(sha256)

@@ -19,8 +19,8 @@ Who calls what:
   `PipedReader`, s3_direct.py: the bytes arrive in a pipe and are spliced to the client; only
   `ObjectStorage` has it, and it answers None for a store reached over TLS or a proxy; the read
   cache's fill receives the same into its own buffers);
-- uploads (writer/artifacts.py, writer/uploads.py) `stage` a verified file, then `publish` it
-  inside the transaction that holds the digest's claim (writer/maintenance/blob_locks.py);
+- uploads (writer/uploads/publishing.py for both kinds of upload) `stage` a verified file, then `publish` it
+  inside the transaction that holds the digest's claim (writer/blobs/locks.py);
   no transaction is open across a call that reaches an object store (tests/test_code_rules.py);
 - cleanup lists and deletes (writer/maintenance/cleanup.py), verify re-hashes through
   `open_range` and quarantines (writer/maintenance/verify.py);
@@ -175,7 +175,7 @@ class BlobStorage(Protocol):
 
     async def publish(self, source: str | os.PathLike, sha256: str, size: int, *, link: bool = False) -> bool:
         """Inside the transaction that holds the digest's claim, after `stage` and the check that
-        no removal touched the digest since (writer/maintenance/blob_locks.py): make sure the
+        no removal touched the digest since (writer/blobs/locks.py): make sure the
         verified bytes are stored under the digest, without calling an object store (a directory
         links the file; an object store has it from `stage`); True if another copy was replaced
         (every process drops what it kept of the old one)."""
@@ -189,7 +189,7 @@ class BlobStorage(Protocol):
 
     async def delete(self, digests: list[str], *, offload: Offload | None = None) -> None:
         """Remove these blobs (absent ones are fine). The caller marked their removals first
-        and holds no transaction or claim meanwhile (writer/maintenance/blob_locks.py)."""
+        and holds no transaction or claim meanwhile (writer/blobs/locks.py)."""
         ...
 
     async def check(self) -> None:

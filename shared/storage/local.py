@@ -76,7 +76,7 @@ def out_of_space(exc: OSError | None = None) -> InsufficientStorage:
 
 
 class LocalState:
-    """ARKVORY_DATA_DIR as upload files see it (writer/upload_sessions.py, writer/artifacts.py)."""
+    """ARKVORY_DATA_DIR as upload files see it (writer/uploads/sessions.py, writer/uploads/publishing.py)."""
 
     def __init__(self, root: pathlib.Path) -> None:
         self.root = root
@@ -84,7 +84,7 @@ class LocalState:
         self.uploads = root / "uploads"  # resumable upload sessions (writer only)
 
     def upload_session_file(self, session_id: uuid.UUID) -> str:
-        """Where a resumable upload session keeps its bytes (writer/upload_sessions.py)."""
+        """Where a resumable upload session keeps its bytes (writer/uploads/sessions.py)."""
         return os.path.join(self.uploads, str(session_id))
 
     def free_bytes(self) -> int:

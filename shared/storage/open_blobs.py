@@ -9,7 +9,7 @@ acquire, at most every `idle_s` / 10: not on every one, which cost each small do
 Python loop), so a blob that cleanup deleted does not keep its disk space for long; one still
 in use when it is pushed out is closed by its last user.
 
-A blob the verify task quarantines (writer/maintenance/quarantine.py) is moved away while a
+A blob the verify task quarantines (writer/blobs/quarantine.py) is moved away while a
 descriptor of it may sit here: the quarantine notifies channel `arkvory_blobs` with the digest,
 and every process's control connection (shared/cluster/control.py) makes `forget_everywhere`
 drop it, so no process keeps serving a corrupt file from a cached descriptor. The registry of

@@ -6,7 +6,7 @@ Publishing is split in two (interface.py): `stage` uploads the verified file bef
 transaction (a multipart upload straight to the final key: nothing is visible before
 CompleteMultipartUpload, and an object already there is kept only if HEAD shows the same size and
 recorded SHA-256), and `publish`, inside the transaction that holds the digest's claim, does
-nothing: the removal marks checked there (writer/maintenance/blob_locks.py) prove that neither
+nothing: the removal marks checked there (writer/blobs/locks.py) prove that neither
 cleanup nor verify removed the object since it was staged (else the upload stages it again). So
 no transaction is ever open across a store request, not even a HEAD.
 
@@ -129,7 +129,7 @@ class ObjectStorage(LocalState):
 
     async def publish(self, source: str | os.PathLike, sha256: str, size: int, *, link: bool = False) -> bool:
         # `stage` stored the bytes before the publishing transaction, and the digest's removal
-        # marks prove in it that nobody removed them since (writer/maintenance/blob_locks.py):
+        # marks prove in it that nobody removed them since (writer/blobs/locks.py):
         # nothing is left to do, and the store is never called inside a transaction.
         return False
 
@@ -152,7 +152,7 @@ class ObjectStorage(LocalState):
         """Move the object that was hashed (its ETag `version`) to `PREFIX/quarantine/sha256/
         <digest>.<UTC time>`, kept as evidence; returns that key, or None when another object
         is under the digest now (a re-upload) or none. Call it with a removal of the digest marked
-        (writer/maintenance/blob_locks.py), so no upload publishes between the look and the delete."""
+        (writer/blobs/locks.py), so no upload publishes between the look and the delete."""
         found = await self.stat(sha256)
         if found is None or (version is not None and found.version != version):
             return None

@@ -5,7 +5,7 @@ Who removes them: the writer (at its start, on a session found expired, on DELET
 new session) and the worker's cleanup task, another process that sees nothing of the writer's
 memory. What must never happen is a removal under the writer: of a file it receives into or
 completes from, or of the row a repeated `complete` replays from. Timestamps cannot tell (a slow
-body writes once per batch of 2 or 4 MiB, writer/upload_store.py; a large part may outlast its
+body writes once per batch of 2 or 4 MiB, writer/uploads/store.py; a large part may outlast its
 session's expiry), so the rule is a lock the kernel keeps across processes, and a database
 statement that re-checks for itself:
 

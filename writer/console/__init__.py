@@ -23,5 +23,6 @@ artifact is used), after the API's own permission check.
     accounts.py    accounts, personal tokens and service keys
     views.py       how pages show sizes, rates and times; each change form's idempotency key
 
-May import: arkvory.shared (never its cli/) and arkvory.writer. Never arkvory.gateway.
+May import: arkvory.shared (never its cli/) and every other package of arkvory.writer (never its
+app.py, which assembles it). Never arkvory.gateway.
 """

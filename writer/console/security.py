@@ -14,7 +14,7 @@ cookie; as a second defence, `CookieCsrfGuard` refuses (403) every request to /a
 change something, is authorized by the cookie alone (no `Authorization` header: the bearer
 always wins over the cookie, shared/auth/credentials.py), and lacks the same token in the
 `X-CSRF-Token` header. Login and sign-up authorize nobody by the cookie and are left to the API,
-which refuses them from another site's page (writer/sign_in_guard.py).
+which refuses them from another site's page (writer/identity/sign_in_guard.py).
 
 Headers. Every console response says: no script but our own files (`script-src 'self'`, no
 inline script, no `unsafe-inline`), no framing, no MIME sniffing, no referrer off the origin,

@@ -31,7 +31,7 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import ApiError, Forbidden, Unauthorized
 from arkvory.shared.process.runtime import Runtime
 
-from ..device_cookies import COOKIE as DEVICE_COOKIE
+from ..identity.device_cookies import COOKIE as DEVICE_COOKIE
 from .forms import read_form
 from .internal import InternalApi, Refused
 from .security import CSRF_FIELD, PRESESSION_COOKIE, cookies_of, csrf_matches, csrf_token, new_presession_secret

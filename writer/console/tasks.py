@@ -18,7 +18,7 @@ from starlette.responses import Response
 from arkvory.shared.errors import ApiError
 
 from ..tasks.budgets import LIMITS
-from ..tasks.kinds import KINDS
+from ..tasks.kinds import KIND_NAMES
 from ..tasks.store import STATUSES
 from .forms import Form
 from .internal import Refused, api_path
@@ -40,7 +40,7 @@ async def _tasks(request: Request, user: ConsoleUser, *, error: Refused | ApiErr
     return render(
         request, user, "tasks.html",
         {
-            "listing": listing, "filters": filters, "kinds": sorted(KINDS), "statuses": STATUSES,
+            "listing": listing, "filters": filters, "kinds": sorted(KIND_NAMES), "statuses": STATUSES,
             "limits": list(LIMITS), "on_restart": ON_RESTART, "params": PARAMS,
             "form": form.fields if form else {},
         },

@@ -8,7 +8,7 @@ placing and committing).
 
 Why deleting a blob cannot break an upload or a download:
 
-- **Uploads.** A blob is removed in two parts (blob_locks.py has the whole argument): under its
+- **Uploads.** A blob is removed in two parts (writer/blobs/locks.py has the whole argument): under its
   digest's exclusive claim, a statement that starts after the claim is granted re-checks
   everything (no artifact references it, it is older than the grace period, no live read pin
   names it, no removal of it is pending), deletes the row and marks the removal; that
@@ -82,7 +82,7 @@ from arkvory.writer.tasks.budgets import cost_units
 from arkvory.writer.tasks.context import TaskCancelled
 from arkvory.writer.tasks.retention import any_to_prune, prune_finished_batch
 
-from .blob_locks import (
+from ..blobs.locks import (
     NONE_PENDING,
     Removal,
     ended_quarantines,
@@ -183,7 +183,7 @@ async def _idempotency_keys(ctx, grace: int) -> dict:
 
 
 # Expired credentials (sessions, personal tokens, managed keys) are refused already; their rows
-# only fill the table (writer/tokens.py and accounts.py forget an account's own at its next
+# only fill the table (writer/identity/tokens.py and accounts.py forget an account's own at its next
 # token or login; this takes those of accounts that make neither). Asked first: even a DELETE of
 # nothing notifies every process to flush its credentials cache (migrations/0004_accounts.sql).
 _ANY_EXPIRED_CREDENTIAL = "SELECT EXISTS (SELECT 1 FROM arkvory_credentials WHERE expires_at <= now())"
@@ -211,7 +211,7 @@ async def _credentials(ctx, grace: int) -> dict:
 
 
 async def _upload_sessions(ctx, grace: int) -> dict:
-    from arkvory.writer.upload_sessions import sweep_expired_uploads
+    from arkvory.writer.uploads.sessions import sweep_expired_uploads
 
     _stop_if_cancelled(ctx)
     # Sessions and temp files the writer is using are locked by it and left alone, however old
@@ -362,7 +362,7 @@ async def remove_unreferenced(
 ) -> tuple[int, int]:
     """Remove those of `digests` that are still unreferenced, old enough, unpinned and not
     being removed: rows deleted and removals marked (and `counted`) in one transaction under
-    their exclusive digest claims, then the stored blobs deleted outside it (blob_locks.py);
+    their exclusive digest claims, then the stored blobs deleted outside it (writer/blobs/locks.py);
     returns (blobs removed, bytes freed)."""
     async with pooled(pool) as conn, conn.transaction():
         locked = await try_claim_for_removal(conn, digests)
@@ -408,7 +408,7 @@ async def _finish_removals_left(ctx) -> None:
     """Removals an earlier run marked (and counted) but did not see through: the storage may
     or may not have deleted those blobs, so delete them (again) and settle. A quarantine whose
     verify ended without settling it is settled (verify looks at that blob again), and old
-    settled marks go (blob_locks.SETTLED_KEPT_S)."""
+    settled marks go (locks.SETTLED_KEPT_S)."""
     async with pooled(ctx.pool) as conn:
         left = await pending_removals(conn, ("unreferenced", "stray"))
         await settle_removals(conn, await ended_quarantines(conn))

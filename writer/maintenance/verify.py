@@ -19,7 +19,7 @@ What a run finds:
 
 On an object store the same holds, with a streaming GET instead of a file (rehash_objects.py):
 a missing object is `missing`; a corrupt one is copied to `PREFIX/quarantine/sha256/` and removed
-from its key as a removal marked under the digest's exclusive claim (blob_locks.py: no upload
+from its key as a removal marked under the digest's exclusive claim (writer/blobs/locks.py: no upload
 publishes the digest while the mark is pending, and no transaction is open while the store
 works), then recorded `corrupt` and the mark settled. A store that fails mid-run fails the
 task: that is no finding about the blobs (the next run settles the mark it left).
@@ -53,14 +53,14 @@ from arkvory.shared.errors import InvalidInput
 from arkvory.writer.tasks.budgets import cost_units
 from arkvory.writer.tasks.context import TaskCancelled
 
-from .blob_locks import NONE_PENDING, claim_for_diagnosis, mark_removals, pending_removals, settle_removals
-from .diagnostics import (
+from ..blobs.locks import NONE_PENDING, claim_for_diagnosis, mark_removals, pending_removals, settle_removals
+from ..blobs.diagnostics import (
     clear_diagnostic,
     diagnostic_counts,
     prune_diagnostics_without_blob,
     record_diagnostic,
 )
-from .quarantine import move_to_quarantine, notify_moved
+from ..blobs.quarantine import move_to_quarantine, notify_moved
 from .rehash import READ_BYTES, FileCheck, Found, check_whole
 from .rehash_objects import ObjectCheck
 
@@ -401,7 +401,7 @@ class Verifier:
         log.error("blob %s is corrupt: %s", sha256, detail)
 
     async def _corrupt_object(self, sha256: str, found: Found) -> None:
-        """Move the object to quarantine as a removal (blob_locks.py): marked under the digest's
+        """Move the object to quarantine as a removal (writer/blobs/locks.py): marked under the digest's
         exclusive claim, moved with no transaction open, then recorded and settled. While the
         mark is pending no upload publishes the digest; one that staged good bytes before it
         stages them again after, and clears the diagnostic then."""

@@ -30,11 +30,11 @@ from .api_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .budgets import budget_json, validate_budget
 from .definition import definition_hash, normalise
 from .dispatch import Definition, dispatch
-from .kinds import KINDS
+from .kinds import Kinds
 from .stream import EventStreamResponse, TaskEventHub, event_json, frames
 from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
 from ..pagination import page, page_cursor, page_limit
-from ..repositories import json_body, principal_of, runtime_of
+from ..request_inputs import json_body, principal_of, runtime_of
 
 ON_RESTART = ("fail", "retry", "resume")
 # Without `on_restart`, a kind gets the policy that suits it: cleanup is safe to run again
@@ -101,7 +101,7 @@ def task_location(task_id: uuid.UUID | str) -> str:
 # -- dispatch -----------------------------------------------------------------------------------
 
 
-def definition_from(body: dict[str, Any]) -> Definition:
+def definition_from(body: dict[str, Any], kinds: Kinds) -> Definition:
     """The checked definition of a dispatch body (400 on anything wrong). An optional field is
     left out or given a value of its type: `null` is refused, as the OpenAPI document says."""
     unknown = sorted(set(body) - _BODY_FIELDS)
@@ -111,8 +111,8 @@ def definition_from(body: dict[str, Any]) -> Definition:
     if given_null:
         raise InvalidInput(f"{given_null[0]!r} must not be null: leave it out for its default")
     kind = body.get("kind")
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise InvalidInput(f"'kind' must be one of: {', '.join(sorted(KINDS))}")
+    if not isinstance(kind, str) or kind not in kinds:
+        raise InvalidInput(f"'kind' must be one of: {', '.join(sorted(kinds))}")
     on_restart = body.get("on_restart", DEFAULT_ON_RESTART.get(kind, "fail"))
     if on_restart not in ON_RESTART:
         raise InvalidInput(f"'on_restart' must be one of: {', '.join(ON_RESTART)}")
@@ -125,7 +125,7 @@ def definition_from(body: dict[str, Any]) -> Definition:
     if params is not None and not isinstance(params, dict):
         raise InvalidInput("'params' must be an object")
     try:
-        checked = KINDS[kind].validate_params(params or {})
+        checked = kinds[kind].validate_params(params or {})
     except (TypeError, ValueError, KeyError) as exc:
         # A kind's check tripping over hostile params is still the client's input: 400, not 500.
         raise InvalidInput(f"'params' are not valid for {kind}: {exc}") from None
@@ -155,7 +155,7 @@ def dispatch_key(request: Request) -> str | None:
 async def dispatch_task(request: Request) -> Response:
     principal = await administrator(request, changing=True)
     key = dispatch_key(request)
-    definition = definition_from(await json_body(request))
+    definition = definition_from(await json_body(request), request.app.state.task_kinds)
     pool = runtime_of(request).pool
     assert pool is not None
     outcome = await dispatch(pool, definition, key, principal.id)
@@ -192,7 +192,7 @@ def _list_cursor(request: Request) -> tuple[datetime.datetime, uuid.UUID] | None
 
 async def list_tasks(request: Request) -> Response:
     await administrator(request, changing=False)
-    kind = _filter(request, "kind", KINDS)
+    kind = _filter(request, "kind", request.app.state.task_kinds)
     status = _filter(request, "status", store.STATUSES)
     limit = page_limit(request)
     after = _list_cursor(request)

@@ -6,10 +6,10 @@ from typing import Any
 
 from ..openapi import IDEMPOTENCY_KEY, errors, json_body, json_content, page_of, page_params, query_param
 from .budgets import LIMITS, MAX_LIMIT
-from .kinds import KINDS
+from .kinds import KIND_NAMES
 from .store import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS, STATUSES
 
-_KINDS = sorted(KINDS)
+_KINDS = sorted(KIND_NAMES)
 _TIME = {"type": ["string", "null"], "format": "date-time"}
 _COUNTERS = {"type": "object", "additionalProperties": {"type": "integer"}}
 

@@ -23,7 +23,7 @@ from arkvory.shared import db
 from arkvory.shared.cluster.supervision import read_every
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S
 
-from .kinds import KINDS
+from .kinds import KIND_NAMES
 from .store import STATUSES
 from .stream import TaskEventHub
 
@@ -80,7 +80,7 @@ class TaskMetrics:
             self.streams.set_function(lambda: hub.active)
         self.refreshed = False
         # Every known combination is exported (as 0 until seen), so a dashboard's series exist.
-        for kind in KINDS:
+        for kind in KIND_NAMES:
             for status in STATUSES:
                 self.tasks.labels(kind=kind, status=status).set(0)
 
@@ -95,7 +95,7 @@ class TaskMetrics:
         )
         installation = await installation_state(conn)
         counts = {(row["kind"], row["status"]): row["n"] for row in rows}
-        for kind in set(KINDS) | {kind for kind, _ in counts}:
+        for kind in set(KIND_NAMES) | {kind for kind, _ in counts}:
             for status in STATUSES:
                 self.tasks.labels(kind=kind, status=status).set(counts.get((kind, status), 0))
         self.oldest_queued.set(max(0.0, oldest))

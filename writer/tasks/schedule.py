@@ -34,7 +34,7 @@ from arkvory.shared.settings import Settings
 
 from .definition import definition_hash
 from .dispatch import Definition, insert_once
-from .kinds import KINDS
+from .kinds import Kinds
 
 log = logging.getLogger("arkvory.tasks.schedule")
 
@@ -56,23 +56,24 @@ def schedule_key(kind: str, period: int) -> str:
     return f"schedule:{kind}:{period}"
 
 
-def scheduled_definition(kind: str) -> Definition:
-    params = KINDS[kind].validate_params({})
+def scheduled_definition(kind: str, kinds: Kinds) -> Definition:
+    params = kinds[kind].validate_params({})
     return Definition(kind, params, ON_RESTART[kind], None, {}, definition_hash(kind, None, params, {}))
 
 
-async def dispatch_due(conn: asyncpg.Connection, kind: str, interval_s: int) -> tuple[int, float, bool]:
+async def dispatch_due(conn: asyncpg.Connection, kind: str, interval_s: int, kinds: Kinds) -> tuple[int, float, bool]:
     """Dispatch this period's task of `kind` unless it exists: (period, seconds until the next
     period by the database clock, whether this call created it)."""
     epoch = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8", timeout=POOLED_QUERY_TIMEOUT_S)
     period = int(epoch // interval_s)
-    outcome = await insert_once(conn, scheduled_definition(kind), schedule_key(kind, period), CREATED_BY)
+    outcome = await insert_once(conn, scheduled_definition(kind, kinds), schedule_key(kind, period), CREATED_BY)
     return period, (period + 1) * interval_s - epoch, not outcome.replayed
 
 
 class Schedule:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, kinds: Kinds) -> None:
         self.runtime = runtime
+        self.kinds = kinds
         self.intervals = intervals(runtime.settings)
         self.dispatched = 0  # tasks this process created
 
@@ -99,7 +100,7 @@ class Schedule:
         sleep_s = MAX_SLEEP_S
         async with pooled(pool) as conn:
             for kind, interval_s in self.intervals.items():
-                period, left_s, created = await dispatch_due(conn, kind, interval_s)
+                period, left_s, created = await dispatch_due(conn, kind, interval_s, self.kinds)
                 if created:
                     self.dispatched += 1
                     log.info("task schedule: dispatched %s for period %d", kind, period)

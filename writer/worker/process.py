@@ -46,7 +46,7 @@ from arkvory.shared.http.server import HttpServer, tls_context
 from arkvory.shared.process.systemd import ServiceManager, keep_informed
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage
-from arkvory.writer.tasks import kinds
+from arkvory.writer.maintenance import kinds
 
 from .health import build_health_app
 from .lock import LOOP as LOCK_LOOP, Activation, WorkerLock

@@ -25,10 +25,10 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import parse_uuid
 from arkvory.shared.errors import Conflict, InvalidInput, NotFound, Unauthorized
 
-from . import openapi
+from .. import openapi
 from .credential_makers import making_of
-from .idempotency import idempotent, key_of
-from .repositories import json_body, principal_of, require_admin_scope, runtime_of
+from ..idempotency import idempotent, key_of
+from ..request_inputs import json_body, principal_of, require_admin_scope, runtime_of
 from .tokens import (
     COLUMNS, CREDENTIAL_SCHEMA, EXPIRY_SCHEMA, ID_PARAM, LABEL_SCHEMA, MAKER_GONE, PASSWORD_SCHEMA, WITH_MAKER,
     create_credential, credential_family, credential_json, credential_page, expiry_of, label_of, password_reentered,

@@ -1,13 +1,13 @@
-"""The OpenAPI fragment of the resumable-upload routes (writer/uploads.py)."""
+"""The OpenAPI fragment of the resumable-upload routes (writer/uploads/routes.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, repo_param
-from .openapi import json_body as body_of
-from .upload_reservations import MAX_OPEN_SESSIONS
-from .upload_sessions import DEFAULT_PART, MAX_PART, MAX_PARTS, MIN_PART
+from ..openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, repo_param
+from ..openapi import json_body as body_of
+from .reservations import MAX_OPEN_SESSIONS
+from .sessions import DEFAULT_PART, MAX_PART, MAX_PARTS, MIN_PART
 
 _BASE = "/api/v1/repositories/{repo}/uploads"
 

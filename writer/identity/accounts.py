@@ -46,11 +46,11 @@ from .account_names import FOLDED_NAME, check_account_name, fold
 from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .credential_makers import require_still_valid, suspend_made_by
 from .device_cookies import DeviceCookies
-from .idempotency import idempotent, key_of
+from ..idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
-from .pagination import page, page_cursor, page_limit
+from ..pagination import page, page_cursor, page_limit
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
-from .repositories import json_body, principal_of, require_admin_scope, runtime_of
+from ..request_inputs import json_body, principal_of, require_admin_scope, runtime_of
 from .sign_in_guard import check_sign_in_request
 
 LOGIN_FAILED = "wrong account name or password"

@@ -20,10 +20,10 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import repository_for_read
 from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 
-from . import openapi
-from .account_names import FOLDED_NAME, check_account_name, fold
-from .idempotency import idempotent
-from .repositories import json_body, principal_of, runtime_of
+from .. import openapi
+from ..identity.account_names import FOLDED_NAME, check_account_name, fold
+from ..idempotency import idempotent
+from ..request_inputs import json_body, principal_of, runtime_of
 
 LEVELS = ("read", "write", "admin")
 

@@ -12,7 +12,7 @@ once nothing refers to it (fresh memory costs ~0.4 CPU s/GiB of page faults and 
 Given a second descriptor opened with O_DIRECT (`open_direct`), the whole blocks of a batch at
 an aligned offset go to the disk from that buffer as they are: a page-cache write cost this host
 ~2.4 CPU s/GiB, the direct one ~0.1 (docs/performance.md, issue 16). A region may also be fed, batch by batch, to the session's
-whole-file hash and publication while it arrives (`Region.feed`, upload_sessions.py `InlineFeed`).
+whole-file hash and publication while it arrives (`Region.feed`, sessions.py `InlineFeed`).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Region:
         self.declared = declared  # the client's X-Content-SHA256: checked before it is recorded
         self.filled = 0
         self.digest = hashlib.sha256()
-        # Where the bytes also go as they arrive (upload_sessions.py `InlineFeed`): set by the
+        # Where the bytes also go as they arrive (sessions.py `InlineFeed`): set by the
         # receiver's `inline` before the region's first batch, None when nothing is fed.
         self.feed: Any = None
 

@@ -4,7 +4,7 @@ administrators' list of it (`GET /api/v1/storage/diagnostics`).
 A row says a blob is `missing` (no file under its digest) or `corrupt` (its bytes are not its
 digest or its size: the file was moved to quarantine, see quarantine.py). Either way the store
 has no file under that digest, so an upload that places the right bytes again clears the row in
-its publishing transaction (`clear_diagnostic`, from writer/artifacts.py `place_claimed_blob`),
+its publishing transaction (`clear_diagnostic`, from writer/uploads/publishing.py `place_claimed_blob`),
 and a later verify that finds the blob good clears it too.
 """
 
@@ -24,7 +24,7 @@ from arkvory.shared.errors import Forbidden, InvalidInput, Unauthorized
 
 from .. import openapi
 from ..pagination import page, page_cursor, page_limit
-from ..repositories import principal_of, runtime_of
+from ..request_inputs import principal_of, runtime_of
 
 PROBLEMS = ("missing", "corrupt")
 ARTIFACTS_SHOWN = 10  # per entry: enough to find what is affected; the rest via `moreArtifacts`

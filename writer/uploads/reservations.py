@@ -1,6 +1,6 @@
 """The disk that open upload sessions reserve, and one principal's share of it.
 
-A session's file is preallocated at creation (writer/upload_sessions.py), so an open session
+A session's file is preallocated at creation (writer/uploads/sessions.py), so an open session
 holds its whole size until it completes, is deleted or expires. One principal's open sessions
 may hold at most ARKVORY_MAX_RESERVED_BYTES_PER_PRINCIPAL (by default one largest artifact) and
 MAX_OPEN_SESSIONS sessions: without it one user reserved all the free disk with empty sessions

@@ -26,7 +26,7 @@ The rules:
   then deletes from the storage, outside any transaction, and settles. A removal stopped in
   between (a crash, a failing store, a cancel) stays pending until the next run finishes it:
   deleting again is harmless.
-- **an upload** (writer/artifacts.py `publish_blob`) first reads, under the shared claim, the
+- **an upload** (writer/uploads/publishing.py `publish_blob`) first reads, under the shared claim, the
   newest mark id (`before_staging`); if a removal of its digest is pending it waits for it to
   settle (at most REMOVAL_WAIT_S, then `RemovalUnderWay`: a 503). Then it stages its bytes and,
   in the publishing transaction under the shared claim, checks that no removal of the digest

@@ -1,11 +1,12 @@
-"""The OpenAPI fragment of the account routes (writer/accounts.py): login, logout, sign-up,
+"""The OpenAPI fragment of the account routes (writer/identity/accounts.py): login, logout, sign-up,
 password change and the administrators' account management."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import device_cookies, openapi
+from . import device_cookies
+from .. import openapi
 from .passwords import MAX_PASSWORD
 
 
@@ -22,7 +23,7 @@ _ACCOUNT = {
 }
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$",
          "description": "Unique without regard to case: `bob` and `BOB` are one name."}
-# Login and sign-up (writer/sign_in_guard.py): no other site's page may sign a browser in.
+# Login and sign-up (writer/identity/sign_in_guard.py): no other site's page may sign a browser in.
 _SIGN_IN_GUARD = (
     " Only `Content-Type: application/json` (else 415); a request from another site's page (an `Origin`"
     " that is not this server, `Sec-Fetch-Site: cross-site` or `same-site`) is 403."

@@ -1,7 +1,7 @@
 """Keeping the memory of received bodies mapped between chunks (glibc's malloc).
 
 uvloop and httptools hand each received piece of a request body (~64–256 KiB) to Python in a
-fresh `bytes`, freed as soon as the upload has copied it into its own buffer (upload_store.py).
+fresh `bytes`, freed as soon as the upload has copied it into its own buffer (store.py).
 glibc's defaults give such a size back to the kernel at once: above its mmap threshold each
 one is an mmap/munmap, below it the free top of the heap is trimmed (`brk`) past 2 × that
 threshold. Either way the next piece faults its pages in and zeroes them again: ~0.6 CPU s per

@@ -1,6 +1,6 @@
 """Device cookies for login limits (OWASP, "Slow Down Online Guessing Attacks with Device
 Cookies"): a client that signed in to an account carries proof of it, and is then limited on its
-own instead of waiting for the account's lockout (writer/login_limits.py).
+own instead of waiting for the account's lockout (writer/identity/login_limits.py).
 
 A cookie is `v1.<issued>.<nonce>.<mac>`: the nonce names the device (its own limit), the
 issue time (Unix seconds) bounds its life to `LIFETIME_S` whatever the browser keeps, and the

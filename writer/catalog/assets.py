@@ -17,18 +17,11 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import MAX_ASSET_PATH, Repository, check_asset_path, repository_for_read
 from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 
-from . import openapi
-from .idempotency import Result, idempotent
-from .pagination import MAX_LIMIT, page, page_cursor, page_limit
-from .repositories import (
-    artifact_in,
-    forget_cached_lookups,
-    json_body,
-    principal_of,
-    repository_in,
-    runtime_of,
-    writable_name,
-)
+from .. import openapi
+from ..idempotency import Result, idempotent
+from ..pagination import MAX_LIMIT, page, page_cursor, page_limit
+from .repositories import artifact_in, forget_cached_lookups, repository_in, writable_name
+from ..request_inputs import json_body, principal_of, runtime_of
 
 DEFAULT_HISTORY = 100
 

@@ -11,7 +11,7 @@ until its window ends in `Retry-After`. Three kinds of key:
   accounts would tell them apart). Keyed on the folded name (account_names.py), the form in
   which names are unique and looked up: every spelling of a name that signs in to an account
   counts under that account's one key;
-- a device, for clients that signed in as that account before (writer/device_cookies.py):
+- a device, for clients that signed in as that account before (writer/identity/device_cookies.py):
   `DEVICE_LIMIT` failures a window each, and they do not count for the account nor wait for it.
   So a guesser who locks an account out locks out only the clients that never signed in to
   it (OWASP's device cookies), and its owner keeps signing in;

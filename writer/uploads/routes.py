@@ -9,26 +9,26 @@ under its lock) serves uploads, so an in-process registry keeps two requests fro
 same part at once, and makes a repeated `complete` wait for the one already running.
 
 `complete` checks the whole file's hash (mostly computed already, as the parts were recorded:
-upload_sessions.py `PrefixHash`), stages it to the storage (an object store receives it by a
+sessions.py `PrefixHash`), stages it to the storage (an object store receives it by a
 multipart upload, invisible until complete, unless one fed while the parts arrived holds it all
 and is completed now; a directory needs nothing), then in one transaction claims the digest
 against cleanup and checks that no removal of the same bytes got in the way since the staging
-(writer/maintenance/blob_locks.py; if one did, it stages again: artifacts.py `publish_blob`),
+(writer/blobs/locks.py; if one did, it stages again: artifacts.py `publish_blob`),
 publishes the blob (a directory hard-links the file into the blob store, directories fsynced;
 an object store has it already), inserts the blob and the artifact and marks the session
 completed: a crash, or a store that fails (503 `unavailable`), anywhere before that commit
 leaves no artifact and a session that `complete` finishes.
 Expired sessions (no part for ARKVORY_UPLOAD_EXPIRY) are removed with their files at the
 writer's start, on access, by each new session, and by the worker's cleanup
-(`upload_sessions.sweep_expired_uploads`), never while this writer receives into or completes
+(`sessions.sweep_expired_uploads`), never while this writer receives into or completes
 from a session's file: it holds the file locked meanwhile (shared/storage/upload_files.py).
 
 A completed session stays (DELETE is 409) until the idempotency retention ends, so a repeated
 `complete` returns its artifact.
 
-Session files and in-process bookkeeping are in upload_sessions.py, the disk one principal's
-sessions may reserve in upload_reservations.py, the upload places in upload_places.py,
-receiving bytes in upload_store.py, the OpenAPI fragment in uploads_openapi.py.
+Session files and in-process bookkeeping are in sessions.py, the disk one principal's
+sessions may reserve in reservations.py, the upload places in places.py,
+receiving bytes in store.py, the OpenAPI fragment in routes_openapi.py.
 """
 
 from __future__ import annotations
@@ -56,13 +56,15 @@ from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, StorageError
 from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
-from .artifacts import artifact_json, check_artifact_name, place_claimed_blob, publish_blob
-from .idempotency import Result, idempotent, key_of
-from .maintenance.blob_locks import Staging
-from .repositories import json_body, principal_of, repository_for_write, runtime_of
-from .upload_places import UploadPlaces
-from .upload_reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
-from .upload_sessions import (
+from ..catalog.artifacts import artifact_json, check_artifact_name
+from ..idempotency import Result, idempotent, key_of
+from ..blobs.locks import Staging
+from ..catalog.repositories import repository_for_write
+from ..request_inputs import json_body, principal_of, runtime_of
+from .places import UploadPlaces
+from .publishing import place_claimed_blob, publish_blob
+from .reservations import MAX_OPEN_SESSIONS, check_reservable, claim_reservation, reserved_by
+from .sessions import (
     DEFAULT_PART,
     MAX_PART,
     MAX_PARTS,
@@ -76,8 +78,8 @@ from .upload_sessions import (
     sweep_expired_uploads,
     whole_digest,
 )
-from .upload_store import BatchedReceiver, Region, open_direct, parse_sha256, refuse_form_upload
-from .uploads_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
+from .store import BatchedReceiver, Region, open_direct, parse_sha256, refuse_form_upload
+from .routes_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 
 log = logging.getLogger("arkvory.uploads")
 
@@ -459,7 +461,7 @@ async def _receive_regions(
             registry.part_recorded(session, region.index, path, storage)
 
     # On an object store the session file is only read back when a part arrived out of order or
-    # the publication failed: written O_DIRECT, past the page cache (upload_store.py). A
+    # the publication failed: written O_DIRECT, past the page cache (store.py). A
     # directory links it as the blob, which downloads then find in the page cache: buffered.
     direct_fd = None
     try:
@@ -569,7 +571,7 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
         )
     # An object store receives the bytes now, before the transaction (a 503 if it fails: the
     # session stays open and a repeated `complete` stages again). Sent already while the parts
-    # arrived (upload_sessions.py `PrefixHash`): only made visible now that the digest matched.
+    # arrived (sessions.py `PrefixHash`): only made visible now that the digest matched.
     staged_already = functools.partial(_complete_publication, request, session_id, sha256, session["size"])
     row = await publish_blob(
         pool, storage, path, sha256, session["size"],

@@ -41,13 +41,13 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import check_text, parse_uuid
 from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 
-from . import openapi
+from .. import openapi
 from .accounts import confirm_password
 from .credential_makers import making_of
-from .idempotency import idempotent, key_of
-from .pagination import page, page_limit, time_id_cursor, time_id_key
+from ..idempotency import idempotent, key_of
+from ..pagination import page, page_limit, time_id_cursor, time_id_key
 from .passwords import MAX_PASSWORD
-from .repositories import json_body, principal_of, runtime_of
+from ..request_inputs import json_body, principal_of, runtime_of
 
 DEFAULT_EXPIRY_S = 90 * 86400
 MAX_EXPIRY_S = 366 * 86400

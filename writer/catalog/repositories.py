@@ -1,5 +1,5 @@
-"""Writer routes for repositories (SPEC §6), and what every writer route uses: the principal,
-the bounded JSON body, the repository checked for writing."""
+"""Writer routes for repositories (SPEC §6), and what the catalog's changes share: the repository
+checked for writing, found in a change's transaction, its artifact, its JSON form."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from arkvory.shared.auth.credentials import SESSION_COOKIE, resolve
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import (
@@ -21,48 +20,16 @@ from arkvory.shared.download.catalog import (
     repository_for_read,
 )
 from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
-from arkvory.shared.http.bodies import read_json_object
-from arkvory.shared.process.runtime import Runtime
 
-from . import openapi
-from .idempotency import Result, idempotent
-from .pagination import page, page_cursor, page_limit
-
-
-def runtime_of(request: Request) -> Runtime:
-    return request.app.state.runtime
+from .. import openapi
+from ..idempotency import Result, idempotent
+from ..pagination import page, page_cursor, page_limit
+from ..request_inputs import flag, json_body, principal_of, runtime_of
 
 
 def forget_cached_lookups(request: Request) -> None:
     """Our own next request must see a change at once; other processes hear of it by NOTIFY."""
     runtime_of(request).catalog.invalidate()
-
-
-async def principal_of(request: Request) -> Principal:
-    """Any credential kind (shared/auth/credentials.py); on the writer also the session cookie of the
-    console (SameSite=Strict, so other sites cannot make a browser send it)."""
-    runtime = runtime_of(request)
-    return await resolve(
-        runtime.keys,
-        runtime.credentials,
-        runtime.pool,
-        request.headers.get("authorization"),
-        request.cookies.get(SESSION_COOKIE),
-    )
-
-
-def require_admin_scope(principal: Principal, managing: str) -> None:
-    """401 without credentials, 403 without the admin scope (`managing`: what the caller does)."""
-    if principal.is_anonymous:
-        raise Unauthorized("this request needs credentials")
-    if not principal.is_admin:
-        raise Forbidden(f"managing {managing} needs the admin scope")
-
-
-async def json_body(request: Request) -> dict[str, Any]:
-    """The JSON object body, bounded in size, depth and time; read only after the caller
-    was authenticated (and, where the route can tell, authorized)."""
-    return await read_json_object(request, runtime_of(request).settings.receive_timeout_s)
 
 
 async def repository_for_write(request: Request, principal: Principal) -> Repository:
@@ -123,13 +90,6 @@ def repository_location(name: str) -> str:
 
 def may_write_somewhere(principal: Principal) -> bool:
     return principal.is_admin or any(scope.startswith("write:") for scope in principal.scopes)
-
-
-def flag(request: Request, name: str) -> bool:
-    raw = request.query_params.get(name, "false")
-    if raw not in ("true", "false"):
-        raise InvalidInput(f"query parameter '{name}' must be true or false")
-    return raw == "true"
 
 
 async def create_repository(request: Request) -> Response:

@@ -1,0 +1,182 @@
+"""Writer routes for artifacts: list, show and delete (SPEC §6); an artifact's name, JSON form
+and schema. (Uploads, the one-shot POST among them, are in writer/uploads/one_shot.py.)
+
+Delete removes the metadata at once; the blob stays for the cleanup task. An artifact that a
+package version or an asset still points at cannot be deleted (409): a published version is
+immutable, and an asset would otherwise point at nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+
+import asyncpg
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.download.catalog import check_text, parse_uuid, repository_for_read
+from arkvory.shared.errors import Conflict, InvalidInput, NotFound
+
+from ..idempotency import Result, idempotent
+from ..openapi import IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
+from ..pagination import page, page_cursor, page_limit
+from .repositories import repository_for_write
+from ..request_inputs import principal_of, runtime_of
+
+MAX_NAME = 255
+
+
+def check_artifact_name(name: str, what: str = "query parameter 'name'") -> str:
+    """A file name as clients will save it: no path separators, no `.`/`..`, no controls.
+    `what` names where it came from (the one-shot query, or a session descriptor's field)."""
+    check_text(name, what, MAX_NAME)
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise InvalidInput(f"{what} must be a file name: no '/', '\\', '.' or '..'")
+    return name
+
+
+def artifact_json(row) -> dict:
+    return {
+        "id": str(row["id"]),
+        "name": row["name"],
+        "sha256": row["sha256"],
+        "size": row["size"],
+        "mediaType": row["media_type"],
+        "createdAt": row["created_at"].isoformat(),
+    }
+
+
+
+
+def artifact_location(repo_name: str, artifact_id: uuid.UUID) -> str:
+    return f"/api/v1/repositories/{repo_name}/artifacts/{artifact_id}"
+
+
+_SELECT = "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_artifacts"
+
+
+async def show_artifact(request: Request) -> Response:
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    artifact_id = parse_uuid(request.path_params["artifact_id"], "artifact id")
+    principal = await principal_of(request)
+    async with pooled(runtime.pool) as conn:
+        repo = await repository_for_read(conn, request.path_params["repo"], principal)
+        row = await conn.fetchrow(
+            f"{_SELECT} WHERE repository_id = $1 AND id = $2", repo.id, artifact_id, timeout=POOLED_QUERY_TIMEOUT_S
+        )
+    if row is None:
+        raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
+    return JSONResponse(artifact_json(row))
+
+
+async def list_artifacts(request: Request) -> Response:
+    """Oldest first, `?limit=` per page and `?cursor=` to go on; `?name=` keeps one name."""
+    runtime = runtime_of(request)
+    assert runtime.pool is not None
+    limit = page_limit(request)
+    after = page_cursor(request, ("createdAt", "id"))
+    name = request.query_params.get("name")
+    if name is not None:
+        check_text(name, "query parameter 'name'", MAX_NAME)
+    after_time, after_id = None, None
+    if after is not None:
+        try:
+            after_time = datetime.datetime.fromisoformat(after[0])
+            after_id = uuid.UUID(after[1])
+        except ValueError:
+            raise InvalidInput("query parameter 'cursor' is not a cursor this list returned") from None
+        if after_time.tzinfo is None:
+            raise InvalidInput("query parameter 'cursor' is not a cursor this list returned")
+    principal = await principal_of(request)
+    async with pooled(runtime.pool) as conn:
+        repo = await repository_for_read(conn, request.path_params["repo"], principal)
+        rows = await conn.fetch(
+            f"{_SELECT} WHERE repository_id = $1 AND ($2::text IS NULL OR name = $2)"
+            " AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid))"
+            " ORDER BY created_at, id LIMIT $5",
+            repo.id, name, after_time, after_id, limit + 1,
+            timeout=POOLED_QUERY_TIMEOUT_S,
+        )
+    return JSONResponse(
+        page(rows, limit, artifact_json, lambda r: [r["created_at"].isoformat(), str(r["id"])])
+    )
+
+
+async def delete_artifact(request: Request) -> Response:
+    """Metadata goes at once (the blob stays for cleanup); 409 while a package or asset uses it."""
+    artifact_id = parse_uuid(request.path_params["artifact_id"], "artifact id")
+    principal = await principal_of(request)
+    repo = await repository_for_write(request, principal)
+
+    async def work(conn: asyncpg.Connection) -> Result:
+        row = await conn.fetchrow(
+            "SELECT EXISTS (SELECT 1 FROM arkvory_packages WHERE artifact_id = $1) AS packaged,"
+            " EXISTS (SELECT 1 FROM arkvory_assets WHERE artifact_id = $1) AS pointed,"
+            " EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2) AS found",
+            artifact_id, repo.id, timeout=POOLED_QUERY_TIMEOUT_S,
+        )
+        if not row["found"]:
+            raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
+        if row["packaged"] or row["pointed"]:
+            what = "a package version" if row["packaged"] else "an asset"
+            raise Conflict(f"artifact {artifact_id} is still used by {what}; remove that first")
+        # A package or asset that starts pointing here meanwhile fails this delete on its
+        # foreign key (409 too): never a dangling reference.
+        await conn.execute(
+            "DELETE FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
+            artifact_id, repo.id, timeout=POOLED_QUERY_TIMEOUT_S,
+        )
+        return Result(204)
+
+    response = await idempotent(request, principal, {}, work)
+    runtime_of(request).catalog.invalidate()  # our own next download must not find it
+    return response
+
+
+routes = [
+    Route("/api/v1/repositories/{repo}/artifacts", list_artifacts, methods=["GET"]),
+    Route("/api/v1/repositories/{repo}/artifacts/{artifact_id}", show_artifact, methods=["GET"]),
+    Route("/api/v1/repositories/{repo}/artifacts/{artifact_id}", delete_artifact, methods=["DELETE"]),
+]
+
+
+ARTIFACT_SCHEMA = {"type": "object", "required": ["id", "name", "sha256", "size", "mediaType", "createdAt"],
+            "properties": {"id": {"type": "string", "format": "uuid"}, "name": {"type": "string"},
+                           "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                           "size": {"type": "integer"}, "mediaType": {"type": "string"},
+                           "createdAt": {"type": "string", "format": "date-time"}}}
+
+
+def _openapi_paths() -> dict:
+    artifact = ARTIFACT_SCHEMA
+    artifact_id = {"name": "artifact_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+    name = {"type": "string", "minLength": 1, "maxLength": MAX_NAME}
+    return {
+        "/api/v1/repositories/{repo}/artifacts": {
+            "get": {
+                "summary": "List artifacts, oldest first, a page at a time",
+                "security": [{}, {"bearer": []}],
+                "parameters": [repo_param(), query_param("name", "Only artifacts with this name.", schema=name),
+                               *page_params()],
+                "responses": {"200": {"description": "A page.", "content": json_content(page_of(artifact))},
+                              **errors(400, 401, 404)},
+            },
+        },
+        "/api/v1/repositories/{repo}/artifacts/{artifact_id}": {
+            "get": {"summary": "One artifact's metadata", "security": [{}, {"bearer": []}],
+                    "parameters": [repo_param(), artifact_id],
+                    "responses": {"200": {"description": "The artifact.", "content": json_content(artifact)},
+                                  **errors(400, 401, 404)}},
+            "delete": {"summary": "Delete an artifact's metadata (the blob stays for cleanup); 409 while a package "
+                                  "version or an asset points at it",
+                       "parameters": [repo_param(), artifact_id, IDEMPOTENCY_KEY],
+                       "responses": {"204": {"description": "Deleted."}, **errors(400, 401, 403, 404, 409, 422)}},
+        },
+    }
+
+
+OPENAPI_PATHS = _openapi_paths()
