@@ -1,9 +1,11 @@
-"""Logging set-up from ARKVORY_LOG_FORMAT / ARKVORY_LOG_LEVEL; one line per record.
+"""Logging set-up from ARKVORY_LOG_FORMAT / ARKVORY_LOG_LEVEL; one line per record. And the
+access log's logger (`arkvory.access`, ARKVORY_ACCESS_LOG=off|text|json): its own handler and
+format, whatever the level of the others, not passed on to the root logger's handler; its lines
+are made in a thread of their own (arkvory.shared.http.access_log).
 
 A line that names a client names it through `arkvory.shared.http.client_address.client_address`,
 never the socket peer (`scope["client"]`): behind the operator's balancers the peer is the
-balancer. There is no per-request access line (a download is counted in the metrics instead);
-the login limits' lines are the ones that name clients.
+balancer.
 """
 
 from __future__ import annotations
@@ -12,15 +14,24 @@ import json
 import logging
 import sys
 
+ACCESS_LOGGER = "arkvory.access"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per record; a record's `fields` (a dict: the access log's) become keys of
+    their own."""
+
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + ".%03d" % record.msecs,
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        fields = getattr(record, "fields", None)
+        if fields:
+            entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -41,14 +52,21 @@ class QuietPoolRetries(logging.Filter):
         return True
 
 
-def configure(log_format: str, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+def configure(log_format: str, level: str, access_log: str = "off") -> None:
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_stderr_handler(log_format)]
     root.setLevel(level.upper())
     # While the database is down its retries would log a traceback each (issue 13 item 17).
     logging.getLogger("asyncpg.pool").addFilter(QuietPoolRetries())
+    # Its own switch and format: ARKVORY_LOG_LEVEL=warning keeps it; and never twice through
+    # the root's handler. Operators may add handlers to `arkvory.access` to send it elsewhere.
+    access = logging.getLogger(ACCESS_LOGGER)
+    access.propagate = False
+    access.setLevel(logging.INFO)
+    access.handlers[:] = [] if access_log == "off" else [_stderr_handler(access_log)]
+
+
+def _stderr_handler(log_format: str) -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    return handler

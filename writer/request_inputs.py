@@ -10,6 +10,7 @@ from starlette.requests import Request
 from arkvory.shared.auth.credentials import SESSION_COOKIE, resolve
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import Forbidden, InvalidInput, Unauthorized
+from arkvory.shared.http.access_log import note_principal
 from arkvory.shared.http.bodies import read_json_object
 from arkvory.shared.process.runtime import Runtime
 
@@ -22,13 +23,15 @@ async def principal_of(request: Request) -> Principal:
     """Any credential kind (shared/auth/credentials.py); on the writer also the session cookie of the
     console (SameSite=Strict, so other sites cannot make a browser send it)."""
     runtime = runtime_of(request)
-    return await resolve(
+    principal = await resolve(
         runtime.keys,
         runtime.credentials,
         runtime.pool,
         request.headers.get("authorization"),
         request.cookies.get(SESSION_COOKIE),
     )
+    note_principal(request.scope, principal.id)
+    return principal
 
 
 def require_admin_scope(principal: Principal, managing: str) -> None:
