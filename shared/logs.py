@@ -1,7 +1,8 @@
 """Logging set-up from ARKVORY_LOG_FORMAT / ARKVORY_LOG_LEVEL; one line per record. And the
-access log's logger (`arkvory.access`, ARKVORY_ACCESS_LOG=off|text|json): its own handler and
-format, whatever the level of the others, not passed on to the root logger's handler; its lines
-are made in a thread of their own (arkvory.shared.http.access_log).
+access log's logger (`arkvory.access`, ARKVORY_ACCESS_LOG=off|text|json): its own handler,
+whatever the level of the others, not passed on to the root logger's handler. Its records come
+from the access log's thread (arkvory.shared.http.access_log), each a batch of whole lines
+already in the shape of these formats (TEXT_FORMAT, JsonFormatter's keys), written as they are.
 
 A line that names a client names it through `arkvory.shared.http.client_address.client_address`,
 never the socket peer (`scope["client"]`): behind the operator's balancers the peer is the
@@ -19,9 +20,6 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record; a record's `fields` (a dict: the access log's) become keys of
-    their own."""
-
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + ".%03d" % record.msecs,
@@ -29,9 +27,6 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        fields = getattr(record, "fields", None)
-        if fields:
-            entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -63,7 +58,11 @@ def configure(log_format: str, level: str, access_log: str = "off") -> None:
     access = logging.getLogger(ACCESS_LOGGER)
     access.propagate = False
     access.setLevel(logging.INFO)
-    access.handlers[:] = [] if access_log == "off" else [_stderr_handler(access_log)]
+    access.handlers[:] = []
+    if access_log != "off":
+        lines = logging.StreamHandler(sys.stderr)
+        lines.setFormatter(logging.Formatter("%(message)s"))  # (written by the access log itself)
+        access.handlers.append(lines)
 
 
 def _stderr_handler(log_format: str) -> logging.Handler:

@@ -1,13 +1,24 @@
-"""The access log (ARKVORY_ACCESS_LOG=text|json): one line per request, made off the serving path.
+"""The access log (ARKVORY_ACCESS_LOG=text|json): one line per request, written off the serving path.
 
 At the end of every request the edge (protocol.py, the one place that sees them all, its own
 400/431/500 answers and cut downloads included) hands over what it knows as a tuple: a few
 attribute reads and one pass over the headers for `Range` and `X-Forwarded-For`, no formatting,
-no lock. The tuple goes to a bounded queue; a thread of its own takes what is there every
-WRITE_EVERY_S, works out the client's address, builds a record of the logger `arkvory.access`
-and hands it to that logger's handlers (logs.configure: stderr, text or JSON). A slow stderr or
-journal thus slows that thread only: when the queue is full, the line is dropped and counted in
-`arkvory_access_log_dropped_lines_total`, and the request never waits.
+no lock, no wake-up. The tuples wait in a bounded queue. Every WRITE_EVERY_S a timer of the
+serving loop, between requests, writes them as lines (text or JSON, in the shapes of logs.py's
+formats) and hands the batch to a thread of its own, which gives it, whole lines, as one record
+to the logger `arkvory.access`; its handler (logs.configure) writes it to stderr in one call.
+A slow stderr or journal thus holds up that thread only: the next batch is written once the
+thread has taken the one before, the tuples wait meanwhile, and once the queue is full a line
+is dropped and counted in `arkvory_access_log_dropped_lines_total`; a request never waits.
+
+Why the lines are made on the loop and not in the thread (bench/small_requests.py --access-log,
+the 64 KiB download at ~55 µs of gateway CPU, issue 24's goal ≥ 0.9 of its rate): CPython runs
+one thread at a time, and a thread that computes while the loop serves takes the interpreter
+at each of the loop's system calls and keeps it for up to a switch interval. Made in the
+thread, a record per line with logging's formatter cost ~17 µs a line and 0.62 of the rate;
+made in the thread in batches, ~3 µs a line but +15 µs of CPU per request in lock hand-overs
+(0.84); made on the loop in batches, one f-string a line with repeated values escaped once and
+the time made once a second, +2 µs per request (docs/performance.md has the figures).
 
 What a line holds: the time the request ended, the client's address as `ARKVORY_TRUSTED_PROXIES`
 lets us believe it (client_address.py), the principal's id (`key:…`, `account:<uuid>`,
@@ -21,13 +32,14 @@ logs.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import logging
+import queue
 import re
 import threading
 import time
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -45,9 +57,12 @@ ANONYMOUS = "anonymous"
 # A few seconds of a busy process's requests (issue 6: ~5 k small requests/s per process).
 QUEUE_LINES = 16384
 WRITE_EVERY_S = 0.1  # how long a line waits, at most, before the thread writes it
+BATCH_LINES = 1024  # lines of one record (one write); ~2 ms of the loop's time to write them
 # Bytes kept of a client-chosen field (path, query, Range, X-Forwarded-For): bounds both the
 # queue's memory and the line, whatever head (up to 64 KiB) the client sent.
 FIELD_BYTES = 512
+_CLIENTS_KEPT = 4096  # believed addresses the thread remembers (then it starts over)
+_ESCAPED_KEPT = 4096  # values it remembers written as the line writes them
 # Query parameters whose values are logged: the API's own, none of them secret. Any other
 # parameter is logged as `name=(hidden)`. Add a name here only if its value is never a secret.
 LOGGED_QUERY_PARAMETERS = frozenset({
@@ -94,8 +109,20 @@ class AccessLog(Collector):
         # A deque, not a queue.Queue: the loop appends (atomic, no lock, no wake-up), the thread
         # takes from the other end; `capacity` is held by the loop's own length check.
         self._lines: collections.deque[tuple] = collections.deque()
-        self._stop = threading.Event()
+        # Batches of written lines for the thread; as many handed as written: it keeps up.
+        self._batches: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._handed = 0  # (the loop's count)
+        self._written = 0  # (the thread's count)
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        # The thread's own memory: believed addresses by (host, X-Forwarded-For), values as the
+        # line writes them, the time of the current second.
+        self._clients: dict[tuple, str] = {}
+        self._escape = _json if mode == "json" else _logfmt
+        self._escaped: dict[str | None, str] = {}
+        self._second = (-1, "")
+        self._logger_name = json.dumps(self.logger.name)
 
     @property
     def enabled(self) -> bool:
@@ -121,6 +148,8 @@ class AccessLog(Collector):
                 range_ = value
             elif name == b"x-forwarded-for":
                 forwarded = value if forwarded is None else forwarded + b"," + value
+        if forwarded is not None and len(forwarded) > FIELD_BYTES:
+            forwarded = forwarded[-FIELD_BYTES:]  # its right end is what may be believed
         path = scope["raw_path"]
         query = scope["query_string"]
         lines.append((
@@ -160,80 +189,130 @@ class AccessLog(Collector):
             status, body_bytes, received, request_id, range_, COMPLETE,
         ))
 
-    # -- the thread's side -----------------------------------------------------------------
+    # -- the lines, and the thread that writes them ---------------------------------------
 
     def start(self) -> None:
+        """On the serving loop: its timer that writes the lines, and the writer thread."""
         if not self.enabled or self._thread is not None:
             return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="arkvory access log", daemon=True)
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._write_batches, name="arkvory access log", daemon=True)
         self._thread.start()
+        self._timer = self._loop.call_later(self.write_every_s, self._tick)
 
-    def close(self, timeout: float = 1.0) -> None:
-        """Write what is queued and end the thread (waits up to `timeout`: a handler that hangs
-        keeps its lines, and the daemon thread ends with the process)."""
+    async def close(self, timeout: float = 1.0) -> None:
+        """Write what is queued and end the thread, waiting up to `timeout` for it (a handler
+        that hangs keeps its lines, and the daemon thread ends with the process)."""
         thread, self._thread = self._thread, None
         if thread is None:
             return
-        self._stop.set()
-        thread.join(timeout)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._lines:
+            self._hand_over()
+        self._batches.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, timeout)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.write_every_s):
-            self._write_out()
-        self._write_out()
+    def _tick(self) -> None:
+        """Every WRITE_EVERY_S on the serving loop: the queued lines written, a batch at a time,
+        once the thread has written the one before (else they wait, and beyond the queue's
+        capacity new ones are dropped); at once again while a backlog remains."""
+        self._timer = None
+        if self._handed > self._written:  # the thread is still writing (or hangs)
+            delay = self.write_every_s
+        else:
+            self._hand_over()
+            delay = 0.0 if len(self._lines) >= BATCH_LINES else self.write_every_s
+        if self._thread is not None:
+            self._timer = self._loop.call_later(delay, self._tick)
 
-    def _write_out(self) -> None:
-        lines = self._lines
-        handle = self.logger.handle
-        while lines:
+    def _hand_over(self) -> None:
+        lines, line_of = self._lines, self._line
+        batch = []
+        for _ in range(min(len(lines), BATCH_LINES)):
             item = lines.popleft()
             try:
-                record = self._record(item)
-            except Exception:  # a bug here must not end the thread: every later line would queue
-                log.exception("could not make an access log line")
-                continue
-            handle(record)  # (a handler's own failure goes to its handleError)
+                batch.append(line_of(item))
+            except Exception:  # a bug here must cost its line only
+                log.exception("could not write an access log line")
+        if batch:
+            self._handed += 1
+            self._batches.put("\n".join(batch))
 
-    def _record(self, item: tuple) -> logging.LogRecord:
-        fields = self.fields(item)
-        if self.mode == "json":
-            message = f"{fields['method']} {fields['path']} {fields['status']}"
-        else:
-            message = " ".join(f"{name}={_logfmt(value)}" for name, value in fields.items())
-        record = logging.LogRecord(self.logger.name, logging.INFO, __file__, 0, message, None, None)
-        ended = item[0]
-        record.created = ended
-        record.msecs = int((ended - int(ended)) * 1000) + 0.0
-        record.fields = fields  # (JsonFormatter's keys; any handler an operator adds may read them)
-        return record
+    def _write_batches(self) -> None:
+        """The thread: each batch as one record of the access logger (one write, whole lines)."""
+        logger = self.logger
+        while (batch := self._batches.get()) is not None:
+            try:
+                logger.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, batch, None, None))
+            except Exception:  # (handlers report their own failures; this is anything else)
+                log.exception("could not hand the access log lines to their handler")
+            finally:
+                self._written += 1
 
-    def fields(self, item: tuple) -> dict[str, Any]:
-        """A queued tuple as the line's named fields, in the order a text line shows them."""
-        (_, duration, peer, forwarded, principal, method, route, path, query,
+    def _line(self, item: tuple) -> str:
+        """One line, text or JSON: one f-string, the repeated values escaped once."""
+        (ended, duration, peer, forwarded, principal, method, route, path, query,
          status, sent, received, rid, range_, end) = item
-        forwarded_for = [forwarded.decode("latin-1")] if forwarded else []
+        host = peer[0] if peer else None
+        client = self._clients.get((host, forwarded))
+        if client is None:
+            client = self._client(host, forwarded)
+        # None: not known (the edge's own answer to a head it could not read has no method,
+        # route or path), written `-` in text and null in JSON.
+        shown = path.decode("latin-1") if path else None
+        if query:
+            shown = (shown or "") + "?" + _logged_query(query.decode("latin-1"))
         if route is None:
-            template = "-" if method is None else "unmatched"
+            template = None if method is None else "unmatched"
         else:
             template = getattr(route, "path", None) or "unmatched"
-        shown = path.decode("latin-1") if path else "-"
-        if query:
-            shown += "?" + _logged_query(query.decode("latin-1"))
-        return {
-            "client": address_of(peer[0] if peer else None, forwarded_for, self.trusted),
-            "principal": principal or ANONYMOUS,
-            "method": method or "-",
-            "route": template,
-            "path": shown,
-            "status": status,
-            "bytes_sent": sent,
-            "bytes_received": received,
-            "duration_ms": round(duration * 1000, 3),
-            "request_id": rid or "-",
-            "range": None if range_ is None else range_[:FIELD_BYTES].decode("latin-1"),
-            "end": end,
-        }
+        escaped, keep, escape = self._escaped, self._escape_and_keep, self._escape
+        client = escaped.get(client) or keep(client)
+        principal = escaped.get(principal or ANONYMOUS) or keep(principal or ANONYMOUS)
+        method = escaped.get(method) or keep(method)
+        template = escaped.get(template) or keep(template)
+        shown = escaped.get(shown) or keep(shown)
+        # Different each time: the request id, the Range asked for.
+        rid = escape(rid)
+        range_text = escape(None if range_ is None else range_[:FIELD_BYTES].decode("latin-1"))
+        second, stamp = self._second
+        if int(ended) != second:
+            second = int(ended)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S" if self.mode == "json" else "%Y-%m-%d %H:%M:%S", time.localtime(second))
+            self._second = (second, stamp)
+        ms = int((ended - second) * 1000)
+        if self.mode == "json":
+            message = f"{method[1:-1] if method != 'null' else '-'} {shown[1:-1] if shown != 'null' else '-'} {status}"
+            return (
+                f'{{"time": "{stamp}.{ms:03d}", "level": "info", "logger": {self._logger_name}, '
+                f'"message": "{message}", "client": {client}, "principal": {principal}, "method": {method}, '
+                f'"route": {template}, "path": {shown}, "status": {status}, "bytes_sent": {sent}, '
+                f'"bytes_received": {received}, "duration_ms": {duration * 1000:.3f}, "request_id": {rid}, '
+                f'"range": {range_text}, "end": "{end}"}}'
+            )
+        return (
+            f"{stamp},{ms:03d} INFO {self.logger.name}: client={client} principal={principal} method={method} "
+            f"route={template} path={shown} status={status} bytes_sent={sent} bytes_received={received} "
+            f"duration_ms={duration * 1000:.3f} request_id={rid} range={range_text} end={end}"
+        )
+
+    def _escape_and_keep(self, text: str | None) -> str:
+        escaped = self._escape(text)
+        if len(self._escaped) >= _ESCAPED_KEPT:
+            self._escaped.clear()
+        self._escaped[text] = escaped
+        return escaped
+
+    def _client(self, host: str | None, forwarded: bytes | None) -> str:
+        """The believed address (remembered: a balancer's few addresses, or a client's, come
+        again and again; client_address.address_of parses each hop)."""
+        client = address_of(host, [forwarded.decode("latin-1")] if forwarded else [], self.trusted)
+        if len(self._clients) >= _CLIENTS_KEPT:
+            self._clients.clear()
+        self._clients[(host, forwarded)] = client
+        return client
 
     # -- the metric ------------------------------------------------------------------------
 
@@ -255,15 +334,23 @@ def _logged_query(query: str) -> str:
     )
 
 
-_PLAIN = re.compile(r"[A-Za-z0-9._:/@%+,;*{}()?&~!$'\[\]-]+")
+# What a value may hold and still be written as it is: in logfmt bare (no space, quote, `=` or
+# control character), inside a JSON string (no quote, backslash, control or non-ASCII character).
+_LOGFMT_PLAIN = re.compile(r"[A-Za-z0-9._:/@%+,;*{}()?&~!$'\[\]-]+").fullmatch
+_JSON_PLAIN = re.compile(r'[ !#-\[\]-~]*').fullmatch
 
 
-def _logfmt(value: Any) -> str:
+def _logfmt(text: str | None) -> str:
     """A value as logfmt writes it: bare when it is plain, else quoted with JSON's escapes, so
-    that nothing a client sent (a CR, a quote, a space) can split or forge a line."""
-    if value is None:
+    that nothing a client sent (a CR, a quote, a space) can split or forge a line; `-` when
+    not known (a value that is `-` itself is quoted)."""
+    if text is None:
         return "-"
-    text = str(value)
-    if _PLAIN.fullmatch(text):
-        return text
-    return json.dumps(text)
+    return text if text != "-" and _LOGFMT_PLAIN(text) else json.dumps(text)
+
+
+def _json(text: str | None) -> str:
+    """A JSON string (null when not known)."""
+    if text is None:
+        return "null"
+    return f'"{text}"' if _JSON_PLAIN(text) else json.dumps(text)

@@ -124,8 +124,7 @@ class HttpServer:
             await server.wait_closed()
         self._stop_date()
         if self.access_log is not None:
-            # The last lines: written by the thread within a second, or lost with a hung handler.
-            await asyncio.get_running_loop().run_in_executor(None, self.access_log.close)
+            await self.access_log.close()  # the last lines (lost only with a hung handler)
 
     def _tick_date(self) -> None:
         """The `date` line of every response, made once a second (RFC 9110 asks for it)."""
