@@ -54,17 +54,18 @@ from .refusals import REQUEST_ID_KEY
 # Where the principal's id is kept in a request's scope (`note_principal`).
 PRINCIPAL_KEY = "arkvory.principal"
 ANONYMOUS = "anonymous"
+UNMATCHED = "unmatched"  # the route of a request no route matched (as in the metrics)
 # A few seconds of a busy process's requests (issue 6: ~5 k small requests/s per process).
 QUEUE_LINES = 16384
-WRITE_EVERY_S = 0.1  # how long a line waits, at most, before the thread writes it
-BATCH_LINES = 1024  # lines of one record (one write); ~2 ms of the loop's time to write them
+WRITE_EVERY_S = 0.1  # how long a line waits, at most, before it is written
+BATCH_LINES = 1024  # lines of one record (one write); ~2 ms of the loop's time to make them
 # Bytes kept of a client-chosen field (path, query, Range, X-Forwarded-For): bounds both the
 # queue's memory and the line, whatever head (up to 64 KiB) the client sent.
 FIELD_BYTES = 512
-_CLIENTS_KEPT = 4096  # believed addresses the thread remembers (then it starts over)
+_CLIENTS_KEPT = 4096  # believed addresses remembered (then it starts over)
 _ESCAPED_KEPT = 4096  # values it remembers written as the line writes them
 # Query parameters whose values are logged: the API's own, none of them secret. Any other
-# parameter is logged as `name=(hidden)`. Add a name here only if its value is never a secret.
+# parameter is logged as `(hidden)`. Add a name here only if its value is never a secret.
 LOGGED_QUERY_PARAMETERS = frozenset({
     "group", "name", "version", "path", "prefix", "mediaType", "filename",
     "limit", "cursor", "after", "historyLimit", "force", "kind", "status",
@@ -86,8 +87,9 @@ def note_principal(scope: Scope, principal_id: str) -> None:
 
 
 class AccessLog(Collector):
-    """The queue, its writer thread and the dropped lines' counter (a Prometheus collector:
-    registered on every process whatever the mode, so the series is there at 0 from the start)."""
+    """The queue, the timer that makes lines, the thread that writes them, and the dropped
+    lines' counter (a Prometheus collector: registered on every process whatever the mode, so
+    the series is there at 0 from the start)."""
 
     def __init__(
         self,
@@ -106,18 +108,17 @@ class AccessLog(Collector):
         self.capacity = capacity
         self.write_every_s = write_every_s
         self.dropped = 0  # counted on the serving loop only
-        # A deque, not a queue.Queue: the loop appends (atomic, no lock, no wake-up), the thread
-        # takes from the other end; `capacity` is held by the loop's own length check.
+        # The requests' values, on the loop only: no lock; `capacity` is its length's bound.
         self._lines: collections.deque[tuple] = collections.deque()
-        # Batches of written lines for the thread; as many handed as written: it keeps up.
+        # Batches of lines for the thread; as many handed as written: it keeps up.
         self._batches: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self._handed = 0  # (the loop's count)
-        self._written = 0  # (the thread's count)
+        self._handed = 0  # (counted by the loop only)
+        self._written = 0  # (counted by the thread only)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
-        # The thread's own memory: believed addresses by (host, X-Forwarded-For), values as the
-        # line writes them, the time of the current second.
+        # What making lines remembers: believed addresses by (host, X-Forwarded-For), values as
+        # a line writes them, the time of the current second.
         self._clients: dict[tuple, str] = {}
         self._escape = _json if mode == "json" else _logfmt
         self._escaped: dict[str | None, str] = {}
@@ -152,9 +153,12 @@ class AccessLog(Collector):
             forwarded = forwarded[-FIELD_BYTES:]  # its right end is what may be believed
         path = scope["raw_path"]
         query = scope["query_string"]
+        # Its template, not the route: a tuple of strings and numbers only is dropped from the
+        # garbage collector's lists at its first pass, so the queue never ages into a full
+        # collection's work.
         lines.append((
             time.time(), time.monotonic() - exchange.began, scope["client"], forwarded,
-            scope.get(PRINCIPAL_KEY), scope["method"], scope.get("route"),
+            scope.get(PRINCIPAL_KEY), scope["method"], getattr(scope.get("route"), "path", None) or UNMATCHED,
             path if len(path) <= FIELD_BYTES else path[:FIELD_BYTES],
             query if len(query) <= FIELD_BYTES else query[:FIELD_BYTES],
             exchange.status, exchange.sent, exchange.received, scope.get(REQUEST_ID_KEY), range_, end,
@@ -181,7 +185,8 @@ class AccessLog(Collector):
         received = 0
         if exchange is not None:
             scope = exchange.scope
-            method, route, principal = scope["method"], scope.get("route"), scope.get(PRINCIPAL_KEY)
+            method, principal = scope["method"], scope.get(PRINCIPAL_KEY)
+            route = getattr(scope.get("route"), "path", None) or UNMATCHED
             path, query = scope["raw_path"][:FIELD_BYTES], scope["query_string"][:FIELD_BYTES]
             received = exchange.received
         lines.append((
@@ -253,7 +258,7 @@ class AccessLog(Collector):
 
     def _line(self, item: tuple) -> str:
         """One line, text or JSON: one f-string, the repeated values escaped once."""
-        (ended, duration, peer, forwarded, principal, method, route, path, query,
+        (ended, duration, peer, forwarded, principal, method, template, path, query,
          status, sent, received, rid, range_, end) = item
         host = peer[0] if peer else None
         client = self._clients.get((host, forwarded))
@@ -264,10 +269,6 @@ class AccessLog(Collector):
         shown = path.decode("latin-1") if path else None
         if query:
             shown = (shown or "") + "?" + _logged_query(query.decode("latin-1"))
-        if route is None:
-            template = None if method is None else "unmatched"
-        else:
-            template = getattr(route, "path", None) or "unmatched"
         escaped, keep, escape = self._escaped, self._escape_and_keep, self._escape
         client = escaped.get(client) or keep(client)
         principal = escaped.get(principal or ANONYMOUS) or keep(principal or ANONYMOUS)

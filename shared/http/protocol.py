@@ -25,6 +25,10 @@ is dropped at LINGER_S.
 Each request gets a ConnectionHandle (handle.py, `scope["extensions"]["arkvory.connection"]`),
 through which the content routes write payload past `send`, gated by `admit_payload`.
 
+Every request's end passes here, the answers of our own included: `exchange_ended` when its app
+returned, `_refuse_head` and `_answer_malformed` for the 431 and 400 that no app saw. Each tells
+the server's access log (access_log.py), when it is on.
+
 The module is long because all of it reads and changes one connection's state (the head being
 counted, the requests in turn, lingering, the wait for a full socket); a request's own side is
 exchange.py, the payload's handle.py, the answers of our own refusals.py.
