@@ -135,6 +135,28 @@ def test_aria2c_http_user_passwd(site, process, tmp_path):
     assert "Range: bytes=98304-299999" in said and "HTTP/1.1 206" in said
 
 
+def test_a_netrc_file_keeps_the_token_off_the_command_line(site, tmp_path):
+    """As docs/client.md shows it: ~/.netrc (mode 0600) with any login and the token as the
+    password, read by curl --netrc, by wget and by aria2c without options."""
+    home = tmp_path / "home"
+    home.mkdir()
+    netrc = home / ".netrc"
+    netrc.write_text(f"machine 127.0.0.1 login ci password {site['pat']}\n")
+    netrc.chmod(0o600)
+    env = {**site["env"], "HOME": str(home)}
+    url = site["processes"]["gateway"].url + site["path"]
+    commands = [
+        [require_tool("curl", apt="curl"), "-fsS", "--netrc", "-o", str(tmp_path / "curl.bin"), url],
+        [require_tool("wget", apt="wget"), "-q", "-O", str(tmp_path / "wget.bin"), url],
+        [require_tool("aria2c", apt="aria2"), "-q", "-d", str(tmp_path), "-o", "aria2c.bin", url],
+    ]
+    for command in commands:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (command[0], done.stderr)
+    for name in ("curl", "wget", "aria2c"):
+        assert (tmp_path / f"{name}.bin").read_bytes() == BLOB, name
+
+
 def test_basic_works_wherever_bearer_does(site, tmp_path):
     """An upload to the writer, and the keyed health routes of every process."""
     writer = site["processes"]["writer"]
