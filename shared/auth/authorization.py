@@ -13,7 +13,8 @@ accounts. One token sent either way is one string, hence one credential-cache en
 Hostile values stay bounded and decode one way only: at most MAX_BASIC_CHARS of base64 in the
 standard alphabet with its padding (no whitespace or stray characters skipped), split at the
 first colon (RFC 7617: a user name has none, a password may), the password then read as UTF-8
-(or Latin-1, as older clients send) and without control characters. A refusal never repeats what was sent.
+(or Latin-1, as older clients send) and without control characters. A refusal never repeats
+what was sent.
 """
 
 from __future__ import annotations

@@ -319,8 +319,9 @@ class ContentDispatch:
         if ask.authorizations > 1:  # as edge.credentials_refusal, in the same pass
             await send_error(scope, send, InvalidInput("send at most one Authorization header"))
             return
+        # basic_from_browsers.is_basic on the decoded value: another pass, for Basic only.
         if ask.authorization is not None and ask.authorization[:6].lower() == "basic ":
-            refused = basic_from_browsers.refusal(scope)  # another pass, for Basic only
+            refused = basic_from_browsers.refusal(scope)
             if refused is not None:
                 await send_error(scope, send, refused)
                 return
