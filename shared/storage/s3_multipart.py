@@ -285,7 +285,7 @@ def _read(response: Any, limit: int, deadline: float, *, truncate: bool = False)
     while True:
         if time.monotonic() > deadline:
             raise socket.timeout("timed out")
-        chunk = response.read(READ_CHUNK)
+        chunk = response.read1(READ_CHUNK)  # what one receive brought: read() would wait for all
         if not chunk:
             return b"".join(chunks)
         total += len(chunk)
