@@ -240,3 +240,21 @@ def test_a_session_whose_publication_was_aborted_still_completes_byte_exact(s3_c
         complete_and_download(client, session, data)
     assert incomplete_uploads(s3_cluster) == {}
     assert "completing the publication sent while receiving failed" in writer.stderr
+
+
+def test_the_budget_bounds_the_aborts_and_holds_their_usage(s3_cluster):
+    """Two abandoned uploads and room in the budget for one: one is aborted and counted (an item,
+    a cost unit and its part's bytes), then the task fails with budget_exceeded before the
+    second, which stays for the next run."""
+    s3_cluster.writer().wait_ready()
+    start_worker(s3_cluster, real=True).wait_active()
+    keys = [blob_key(sha(f"abandoned {n}".encode())) for n in range(2)]
+    ids = {start_upload(s3_cluster, key): key for key in keys}
+    for upload_id, key in ids.items():
+        assert send_part(s3_cluster, key, upload_id, 1, b"p" * KiB) == 200
+    task_id = dispatch(s3_cluster.database_url, "cleanup", {"grace_seconds": 0}, on_restart="fail",
+                       budget={"max_items": 1})
+    ended = wait_task(s3_cluster.database_url, task_id, ("completed", "failed"), timeout=90)
+    assert (ended["status"], ended["error_code"]) == ("failed", "budget_exceeded"), (ended["result"], ended["usage"])
+    assert (ended["usage"]["items"], ended["usage"]["bytes"], ended["usage"]["cost_units"]) == (1, KiB, 1), ended["usage"]
+    assert len(incomplete_uploads(s3_cluster)) == 1

@@ -112,7 +112,7 @@ async def _abort_idle(ctx: Any, candidates: list, idle_s: float, counts: dict) -
     room = _room(ctx, len(due), ABORT_COST, sizes)
     if room == 0:
         _refuse_next(ctx, ABORT_COST, sizes[0])
-    due = due[:room]
+    due, left = due[:room], due[room:]
     freed = sum(parts.bytes for _, parts in due)
     async with ctx.reserving(items=len(due), bytes=freed, cost_units=len(due) * ABORT_COST, transitions=1):
         for publication, parts in due:
@@ -130,6 +130,8 @@ async def _abort_idle(ctx: Any, candidates: list, idle_s: float, counts: dict) -
     counts["aborted"] += len(due)
     counts["bytes"] += freed
     ctx.metrics.cleanup_aborted_uploads.inc(len(due))
+    if left:
+        _refuse_next(ctx, ABORT_COST, left[0][1].bytes)  # the budget stopped the step, not the end of the work
 
 
 def _skipped(counts: dict, why: str) -> dict:
