@@ -251,3 +251,32 @@ def test_parts_sum_their_sizes_and_find_the_newest_and_an_abort_of_a_gone_upload
     peer.answer = lambda handler: (404, {}, b"<Error><Code>NoSuchUpload</Code></Error>")
     with pytest.raises(BlobNotFound):
         asyncio.run(uploads.parts(upload))
+
+
+def test_the_cleanup_step_without_static_keys_is_skipped_with_a_warning(database_url, tmp_path, caplog):
+    """Credentials from the AWS chain (no AWS_ACCESS_KEY_ID): nothing is sent, the step says why
+    in its result and in the log, and the task goes on."""
+    import asyncpg
+
+    from arkvory.shared.settings import Settings
+    from arkvory.shared.storage.s3 import ObjectStorage
+    from arkvory.writer.maintenance.multipart_uploads import abort_abandoned_uploads
+    from arkvory.writer.worker.offline import OfflineContext
+
+    settings = Settings.from_env({
+        "ARKVORY_DATABASE_URL": database_url, "ARKVORY_DATA_DIR": str(tmp_path),
+        "ARKVORY_STORAGE_URL": "s3://blobs/inst", "ARKVORY_S3_ENDPOINT_URL": "http://127.0.0.1:9",
+    })
+    storage = ObjectStorage(tmp_path, settings.object_store)
+
+    async def run() -> dict:
+        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+        try:
+            return await abort_abandoned_uploads(OfflineContext("cleanup", {}, pool, storage, settings), 0)
+        finally:
+            await pool.close()
+
+    result = asyncio.run(run())
+    assert result["aborted"] == 0 and "AWS_ACCESS_KEY_ID is not set" in result["skipped"]
+    assert "not aborting the object store's incomplete multipart uploads: AWS_ACCESS_KEY_ID is not set" in caplog.text
+    assert "lifecycle rule" in caplog.text

@@ -24,6 +24,7 @@ import pytest
 from arkvory.shared.storage.s3 import blob_key
 
 from .test_seaweedfs import curl
+from .harness import db_execute
 from .tools import require_tool
 from .worker_harness import dispatch, start_worker, wait_for, wait_task
 
@@ -174,6 +175,29 @@ def test_a_writer_killed_while_publishing_leaves_an_upload_that_cleanup_aborts_o
         assert again.status_code == 200 and again.content == data
     assert "arkvory_cleanup_aborted_multipart_uploads_total 1.0" in worker.get("/health/metrics").text
     assert "aborted the incomplete multipart upload of " + sha(data) in worker.stderr
+
+
+def test_a_killed_writers_session_that_expires_takes_its_upload_with_it_in_the_same_cleanup(s3_cluster):
+    """The client never comes back: the session expires, and one cleanup removes it (the
+    `upload_sessions` step) and then aborts its upload, which nothing owns any more."""
+    writer = s3_cluster.writer().wait_ready()
+    start_worker(s3_cluster, real=True).wait_active()
+    data = os.urandom(PART + 3 * MiB)
+    with writer.client(timeout=120) as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        session = create_session(client, data)
+        put_part(client, session, 0, data)
+    killed = publication_fed(s3_cluster, sha(data))
+    writer.kill()
+    # ARKVORY_UPLOAD_EXPIRY has passed (a day by default).
+    db_execute(s3_cluster.database_url, "UPDATE arkvory_uploads SET expires_at = now() - interval '1 second'")
+    task_id = dispatch(s3_cluster.database_url, "cleanup", {"grace_seconds": 0}, on_restart="fail")
+    ended = wait_task(s3_cluster.database_url, task_id, ("completed", "failed"), timeout=90)
+    assert ended["status"] == "completed", ended
+    steps = ended["result"]["steps"]
+    assert steps["upload_sessions"]["sessions"] == 1, steps
+    assert (steps["multipart_uploads"]["aborted"], steps["multipart_uploads"]["bytes"]) == (1, PART), steps
+    assert killed not in incomplete_uploads(s3_cluster) and incomplete_uploads(s3_cluster) == {}
 
 
 GRACE_S = 4
