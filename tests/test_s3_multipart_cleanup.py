@@ -52,7 +52,9 @@ def s3(cluster, method: str, key: str | None = None, query: str = "", *args: str
     """One signed request of the installation's identity; `key` is under the prefix."""
     path = f"/{cluster.bucket.name}" + (f"/{cluster.prefix}/{key}" if key else "")
     url = cluster.bucket.store.endpoint_url + path + (f"?{query}" if query else "")
-    return curl(cluster.bucket.store, "-X", method, *args, url)
+    # `-X HEAD` would wait for the body its Content-Length announces: --head does not.
+    verb = ["--head"] if method == "HEAD" else ["-X", method]
+    return curl(cluster.bucket.store, *verb, *args, url)
 
 
 def _local(tag: str) -> str:
