@@ -128,6 +128,17 @@ def cleanup(cluster, grace: int) -> dict:
     return ended["result"]["steps"]["multipart_uploads"]
 
 
+def session_being_published(cluster, writer, data: bytes, parts: int) -> tuple[dict, str]:
+    """A session that declares its digest, with its first `parts` parts sent: (the session, the
+    upload id of its publication, once the store holds a part of it)."""
+    with writer.client(timeout=120) as client:
+        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
+        session = create_session(client, data)
+        for index in range(parts):
+            put_part(client, session, index, data)
+    return session, publication_fed(cluster, sha(data))
+
+
 def publication_fed(cluster, sha256: str) -> str:
     """The upload id of the session's publication, once the store holds a part of it."""
     def fed():
@@ -144,12 +155,7 @@ def test_a_writer_killed_while_publishing_leaves_an_upload_that_cleanup_aborts_o
     writer = s3_cluster.writer().wait_ready()
     worker = start_worker(s3_cluster, real=True).wait_active()
     data = os.urandom(2 * PART + 3 * MiB)
-    with writer.client(timeout=120) as client:
-        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
-        session = create_session(client, data)
-        put_part(client, session, 0, data)
-        put_part(client, session, 1, data)
-    killed = publication_fed(s3_cluster, sha(data))
+    session, killed = session_being_published(s3_cluster, writer, data, 2)
     writer.kill()  # SIGKILL, in the middle of its publication
 
     # The session is open, so its upload may be fed still, however old: left alone.
@@ -185,11 +191,7 @@ def test_a_killed_writers_session_that_expires_takes_its_upload_with_it_in_the_s
     writer = s3_cluster.writer().wait_ready()
     start_worker(s3_cluster, real=True).wait_active()
     data = os.urandom(PART + 3 * MiB)
-    with writer.client(timeout=120) as client:
-        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
-        session = create_session(client, data)
-        put_part(client, session, 0, data)
-    killed = publication_fed(s3_cluster, sha(data))
+    _, killed = session_being_published(s3_cluster, writer, data, 1)
     writer.kill()
     # ARKVORY_UPLOAD_EXPIRY has passed (a day by default).
     db_execute(s3_cluster.database_url, "UPDATE arkvory_uploads SET expires_at = now() - interval '1 second'")
@@ -210,12 +212,7 @@ def test_an_upload_still_taking_parts_is_left_alone_until_idle_and_an_aborted_on
     writer = s3_cluster.writer().wait_ready()
     start_worker(s3_cluster, real=True).wait_active()
     data = os.urandom(2 * PART + 3 * MiB)
-    with writer.client(timeout=120) as client:
-        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
-        session = create_session(client, data)
-        put_part(client, session, 0, data)
-        put_part(client, session, 1, data)
-    fed = publication_fed(s3_cluster, sha(data))
+    session, fed = session_being_published(s3_cluster, writer, data, 2)
     # A staging nobody's session names (as a writer's `complete` or a one-shot upload makes),
     # taking a part now and then.
     staged = blob_key(sha(b"a staging under way"))
@@ -254,15 +251,11 @@ def test_a_session_whose_publication_was_aborted_still_completes_byte_exact(s3_c
     nothing partial shows, and `complete` publishes from the session's file."""
     writer = s3_cluster.writer().wait_ready()
     data = os.urandom(2 * PART + 3 * MiB)
+    session, fed = session_being_published(s3_cluster, writer, data, 3)
+    status, _ = s3(s3_cluster, "DELETE", blob_key(sha(data)), f"uploadId={fed}")
+    assert status == 204
+    assert s3(s3_cluster, "HEAD", blob_key(sha(data)))[0] == 404
     with writer.client(timeout=120) as client:
-        assert client.post("/api/v1/repositories", json={"name": REPO}).status_code == 201
-        session = create_session(client, data)
-        for index in range(3):
-            put_part(client, session, index, data)
-        fed = publication_fed(s3_cluster, sha(data))
-        status, _ = s3(s3_cluster, "DELETE", blob_key(sha(data)), f"uploadId={fed}")
-        assert status == 204
-        assert s3(s3_cluster, "HEAD", blob_key(sha(data)))[0] == 404
         complete_and_download(client, session, data)
     assert incomplete_uploads(s3_cluster) == {}
     assert "completing the publication sent while receiving failed" in writer.stderr
