@@ -4,7 +4,8 @@ Steps, each checkpointed (a resumed task skips the steps it finished; every step
 run twice): expire idempotency keys; delete expired credentials; remove abandoned upload
 sessions and upload temp files; prune finished tasks past ARKVORY_TASK_RETENTION; delete
 unreferenced blobs; delete stray blob files (a file with no blob row, left by a crash between
-placing and committing).
+placing and committing); abort an object store's incomplete multipart uploads that no upload
+can still complete (multipart_uploads.py: last, so a store that hangs there holds up no other step).
 
 Why deleting a blob cannot break an upload or a download:
 
@@ -523,6 +524,12 @@ async def remove_strays(
     return len(still), freed
 
 
+async def _multipart_uploads(ctx, grace: int) -> dict:
+    from .multipart_uploads import abort_abandoned_uploads  # it takes this module's helpers
+
+    return await abort_abandoned_uploads(ctx, grace)
+
+
 _STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (
     ("idempotency_keys", _idempotency_keys),
     ("credentials", _credentials),
@@ -530,6 +537,7 @@ _STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (
     ("tasks", _tasks),
     ("blobs", _blobs),
     ("stray_files", _stray_files),
+    ("multipart_uploads", _multipart_uploads),
 )
 STEP_NAMES = tuple(name for name, _ in _STEPS)
 
