@@ -264,8 +264,10 @@ def test_a_rolled_back_change_leaves_no_entry_and_an_unwritable_entry_rolls_its_
         # The entry cannot be written: the change does not happen either.
         db_execute(url, "CREATE TRIGGER audit_test_entry BEFORE INSERT ON arkvory_audit"
                         " FOR EACH ROW EXECUTE FUNCTION audit_test_fail()")
+        # (a client each: the server closes a connection after its 500)
         with writer.client(ADMIN_TOKEN) as client:
             refused = client.post("/api/v1/repositories", json={"name": "never-audited"})
+        with writer.client(ADMIN_TOKEN) as client:
             kept_out = client.post("/api/v1/accounts", json={"name": "never-audited", "password": BOB_PASSWORD})
         assert refused.status_code == 500 and kept_out.status_code == 500
         assert not db_fetch(url, "SELECT 1 FROM arkvory_repositories WHERE name = 'never-audited'")
@@ -286,3 +288,180 @@ def test_a_replayed_change_adds_no_entry(writer):
                    for _ in range(3)]
     assert [a.status_code for a in answers] == [201] * 3
     assert [len(entries(url, a.headers["x-request-id"])) for a in answers] == [1, 0, 0]
+
+
+# -- refusals -----------------------------------------------------------------------------------
+
+
+def refusals(url: str, request_id: str) -> list:
+    return eventually(lambda: entries(url, request_id), f"the refusal {request_id} recorded")
+
+
+def test_failed_sign_ins_and_permission_refusals_are_recorded_and_nothing_else(writer):
+    url = writer.env["ARKVORY_DATABASE_URL"]
+    with writer.client(ADMIN_TOKEN) as admin:
+        assert admin.post("/api/v1/accounts", json={"name": "rita", "password": BOB_PASSWORD}).status_code == 201
+    typed_as_name = "Rita-Password-typed-in-the-name-field"
+    with writer.client(None) as anonymous:
+        wrong = anonymous.post("/api/v1/login", json={"name": "RITA", "password": "not her password"})
+        unknown = anonymous.post("/api/v1/login", json={"name": typed_as_name, "password": "whatever"})
+        no_credentials = anonymous.post("/api/v1/repositories", json={"name": "anon"})
+    with writer.client(READER_TOKEN) as reader:
+        forbidden = reader.post("/api/v1/repositories", json={"name": "not-yours"})
+    assert (wrong.status_code, unknown.status_code, no_credentials.status_code, forbidden.status_code) == (401, 401, 401, 403)
+    [entry] = refusals(url, wrong.headers["x-request-id"])
+    assert (entry["action"], entry["outcome"], entry["status"], entry["target"]) == ("account.sign-in", "refused", 401, "rita")
+    assert (entry["actor_kind"], entry["actor_id"], entry["client_address"]) == ("anonymous", "anonymous", "127.0.0.1")
+    [entry] = refusals(url, unknown.headers["x-request-id"])
+    assert entry["target"] is None  # a name that is no account's is never kept: it may be a password
+    [entry] = refusals(url, forbidden.headers["x-request-id"])
+    assert (entry["action"], entry["status"], entry["actor_id"], entry["actor_name"]) == ("repository.create", 403, "key:reader", "reader")
+    # A change without credentials is the client's mistake: not recorded.
+    assert entries(url, no_credentials.headers["x-request-id"]) == []
+    text = "\n".join(r["t"] for r in db_fetch(url, "SELECT t::text AS t FROM arkvory_audit t"))
+    assert typed_as_name not in text and "not her password" not in text
+
+
+def test_refusals_are_recorded_within_their_bound_and_the_rest_counted(writer):
+    url = writer.env["ARKVORY_DATABASE_URL"]
+    with writer.client(OTHER_TOKEN) as other:
+        answers = [other.post("/api/v1/repositories", json={"name": f"flood-{n}"}) for n in range(30)]
+    assert {a.status_code for a in answers} == {403}
+    ids = [a.headers["x-request-id"] for a in answers]
+
+    def recorded() -> list:
+        rows = db_fetch(url, "SELECT request_id, details FROM arkvory_audit WHERE request_id = ANY($1::text[])", ids)
+        return rows if len(rows) >= 20 else []
+
+    rows = eventually(recorded, "the first refusals recorded")
+    # 20 at once, one more each 30 s: a fast loop gets 20 (21 if it took over 30 s).
+    assert 20 <= len(rows) <= 21
+    assert {r["request_id"] for r in rows} == set(ids[:len(rows)])
+    with writer.client(ADMIN_TOKEN) as admin:
+        metrics = admin.get("/health/metrics").text
+    assert 'arkvory_audit_refusals_total{recorded="no"}' in metrics
+
+
+# -- the list -----------------------------------------------------------------------------------
+
+
+def listing(writer, token: str | None = ADMIN_TOKEN, **query) -> httpx.Response:
+    with writer.client(token) as client:
+        return client.get("/api/v1/audit", params=query)
+
+
+def everything(writer, **query) -> list[dict]:
+    items, cursor = [], None
+    for _ in range(200):
+        answer = listing(writer, **query, **({"cursor": cursor} if cursor else {}))
+        assert answer.status_code == 200, answer.text
+        items += answer.json()["items"]
+        cursor = answer.json()["nextCursor"]
+        if cursor is None:
+            return items
+    raise AssertionError("the list did not end")
+
+
+def test_the_list_filters_and_pages(writer, story):
+    repo = story.expected[3][1]["repository"]
+    alice = everything(writer, principal="ALICE", limit="3")
+    assert alice and {e["actor"]["name"] for e in alice} == {"alice"}
+    # Newest first, no entry twice across pages.
+    assert [e["id"] for e in alice] == sorted({e["id"] for e in alice}, reverse=True)
+    by_id = everything(writer, principal=alice[0]["actor"]["id"])
+    assert [e["id"] for e in by_id] == [e["id"] for e in alice]
+    oldest = everything(writer, principal="alice", order="oldest", limit="2")
+    assert [e["id"] for e in oldest] == [e["id"] for e in reversed(alice)]
+    in_repo = everything(writer, repository=repo)
+    assert {e["repository"] for e in in_repo} == {repo} and len(in_repo) >= 15
+    family = everything(writer, action="repository", repository=repo)
+    assert {e["action"] for e in family} == {"repository.create", "repository.update", "repository.delete"}
+    package = everything(writer, target="g/n/1.0", repository=repo)
+    assert [e["action"] for e in package] == ["package.delete", "package.register"]
+    one = everything(writer, action="account.sign-out")
+    assert one and all(e["action"] == "account.sign-out" for e in one)
+    first = next(e for e in package if e["action"] == "package.register")
+    assert first["actor"]["credentialKind"] == "pat" and first["clientAddress"] == "127.0.0.1"
+    assert first["details"]["version"] == "1.0" and first["requestId"]
+    # A time window: from the package's registration to (not including) its deletion.
+    window = everything(writer, repository=repo, since=first["at"], until=package[0]["at"])
+    assert window[-1]["id"] == first["id"] and package[0]["id"] not in {e["id"] for e in window}
+    assert everything(writer, repository=repo, since="2000-01-01T00:00:00", until="2000-01-02T00:00:00Z") == []
+    refused = everything(writer, outcome="refused")
+    assert all(e["outcome"] == "refused" for e in refused)
+
+
+@pytest.mark.parametrize("query, word", [
+    ({"sha256": "x"}, "'sha256'"),
+    ({"action": "repository.eat"}, "'action'"),
+    ({"since": "yesterday"}, "'since'"),
+    ({"since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "'until'"),
+    ({"order": "random"}, "'order'"),
+    ({"outcome": "maybe"}, "'outcome'"),
+    ({"limit": "0"}, "'limit'"),
+    ({"cursor": "not-a-cursor"}, "'cursor'"),
+    ({"target": "x" * 501}, "'target'"),
+])
+def test_the_list_refuses_what_it_does_not_know(writer, query, word):
+    answer = listing(writer, **query)
+    assert answer.status_code == 400 and word in answer.json()["message"], answer.text
+
+
+def test_the_list_is_for_administrators_only(writer):
+    assert listing(writer, None).status_code == 401
+    assert listing(writer, READER_TOKEN).status_code == 403
+    with writer.client(ADMIN_TOKEN) as admin:
+        assert admin.post("/api/v1/accounts", json={"name": "vera", "password": BOB_PASSWORD}).status_code == 201
+    with writer.client(None) as anonymous:
+        token = anonymous.post("/api/v1/login", json={"name": "vera", "password": BOB_PASSWORD}).json()["token"]
+    assert listing(writer, token).status_code == 403
+    with writer.client(ADMIN_TOKEN) as client:
+        repeated = client.get("/api/v1/audit?action=task&action=key")
+    assert repeated.status_code == 400 and "more than once" in repeated.json()["message"]
+
+
+# -- admin tools --------------------------------------------------------------------------------
+
+
+def test_admin_tools_record_themselves_as_the_actor(module_cluster, writer):
+    url = writer.env["ARKVORY_DATABASE_URL"]
+    made = subprocess.run(
+        [sys.executable, "-m", "arkvory.shared.cli.main", "admin", "create-user", "tooled"],
+        env=module_cluster.base_env(), cwd=ROOT, input=BOB_PASSWORD + "\n", capture_output=True, text=True, timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    [entry] = db_fetch(url, "SELECT * FROM arkvory_audit WHERE action = 'account.create' AND target = 'tooled'")
+    assert entry["actor_kind"] == "tool" and entry["actor_id"] == "tool:arkvory admin create-user"
+    assert "@" in entry["actor_name"] and entry["client_address"] is None and entry["status"] is None
+    assert BOB_PASSWORD not in str(dict(entry))
+    listed = everything(writer, principal="tool:arkvory admin create-user")
+    assert [e["target"] for e in listed] == ["tooled"]
+
+
+# -- retention ----------------------------------------------------------------------------------
+
+
+def test_the_cleanup_prunes_entries_past_the_retention_within_its_budget(cluster):
+    from .worker_harness import dispatch, start_worker, wait_task
+
+    url = cluster.database_url
+    cluster.writer(ARKVORY_CLEANUP_INTERVAL="off").wait_ready()
+    start_worker(cluster, real=True, ARKVORY_AUDIT_RETENTION="30d").wait_active()
+    insert = ("INSERT INTO arkvory_audit (at, actor_kind, actor_id, action, outcome)"
+              " SELECT now() - make_interval(days => $1), 'tool', 'tool:test', 'policy.reset', 'ok'"
+              " FROM generate_series(1, $2)")
+    db_execute(url, insert, 40, 30)  # past the 30 days
+    db_execute(url, insert, 20, 5)  # within them
+
+    def ages() -> tuple[int, int]:
+        rows = db_fetch(url, "SELECT count(*) FILTER (WHERE at < now() - interval '30 days') AS old,"
+                             " count(*) FILTER (WHERE at >= now() - interval '30 days') AS young FROM arkvory_audit")
+        return rows[0]["old"], rows[0]["young"]
+
+    stopped = wait_task(url, dispatch(url, "cleanup", {"grace_seconds": 3600}, budget={"max_items": 20}),
+                        ("failed", "completed"))
+    assert stopped["status"] == "failed" and stopped["error_message"] == "max_items exceeded: 21 > 20", stopped
+    assert stopped["usage"]["items"] == 20 and ages() == (10, 5)
+    done = wait_task(url, dispatch(url, "cleanup", {"grace_seconds": 3600}), ("failed", "completed"))
+    assert done["status"] == "completed" and done["result"]["steps"]["audit"] == {"pruned": 10}, done
+    assert ages() == (0, 5)

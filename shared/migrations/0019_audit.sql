@@ -40,7 +40,7 @@ CREATE TABLE arkvory_audit (
 -- pruning deletes the oldest through the first one.
 CREATE INDEX arkvory_audit_at ON arkvory_audit (at, id);
 CREATE INDEX arkvory_audit_actor ON arkvory_audit (actor_id, at, id);
-CREATE INDEX arkvory_audit_actor_name ON arkvory_audit (actor_name, at, id) WHERE actor_name IS NOT NULL;
+CREATE INDEX arkvory_audit_actor_name ON arkvory_audit (lower(actor_name), at, id) WHERE actor_name IS NOT NULL;
 CREATE INDEX arkvory_audit_action ON arkvory_audit (action, at, id);
 CREATE INDEX arkvory_audit_target ON arkvory_audit (target, at, id) WHERE target IS NOT NULL;
 CREATE INDEX arkvory_audit_repository ON arkvory_audit (repository, at, id) WHERE repository IS NOT NULL;
