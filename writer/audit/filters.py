@@ -135,8 +135,10 @@ def _time(values: dict[str, str], name: str) -> datetime.datetime | None:
         if len(value) > MAX_TIME:
             raise ValueError
         moment = datetime.datetime.fromisoformat(value)
-    except ValueError:
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=datetime.UTC)
+        return moment.astimezone(datetime.UTC)  # year 1 at +14:00 is before year 1 in UTC: refused
+    except (ValueError, OverflowError):
         raise InvalidInput(
             f"query parameter {name!r} must be a time such as 2026-01-31T12:00:00Z (ISO 8601)"
         ) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.timezone.utc)

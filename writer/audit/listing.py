@@ -59,7 +59,8 @@ def _cursor(request: Request) -> tuple[datetime.datetime, int] | None:
         moment, entry_id = datetime.datetime.fromisoformat(after[0]), int(after[1])
         if moment.tzinfo is None or not 0 < entry_id < 2**63:
             raise ValueError
-    except ValueError:
+        moment = moment.astimezone(datetime.UTC)
+    except (ValueError, OverflowError):
         raise InvalidInput("query parameter 'cursor' is not a cursor this list returned") from None
     return moment, entry_id
 
