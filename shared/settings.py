@@ -255,7 +255,7 @@ class Settings:
             task_retention_s=reader.duration("ARKVORY_TASK_RETENTION", "7d"),
             idempotency_retention_s=reader.duration("ARKVORY_IDEMPOTENCY_RETENTION", "24h"),
             # A year: what audit standards ask to keep (PCI DSS 10.5.1: twelve months), at about
-            # 1 KiB an entry with its indexes (docs/operations.md "Audit trail").
+            # 0.8 KiB an entry with its indexes (docs/operations.md "Audit trail").
             audit_retention_s=reader.duration("ARKVORY_AUDIT_RETENTION", "365d"),
             allow_signup=reader.boolean("ARKVORY_ALLOW_SIGNUP", False),
             public_metrics=reader.boolean("ARKVORY_PUBLIC_METRICS", False),
