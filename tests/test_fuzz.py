@@ -271,3 +271,27 @@ def test_authorization_header(site, authorization, browser, which, method):
         check(answer, method)
         if answer.status_code == 401:
             assert answer.headers.get_list("www-authenticate") == CHALLENGES, answer.headers
+
+
+audit_values = st.one_of(
+    texts,
+    st.sampled_from(["repository", "repository.create", "account.sign-in", "key:admin", "admin", "ok", "refused",
+                     "newest", "oldest", "2026-01-01T00:00:00Z", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00",
+                     "2026-13-01", "1" * 70]),
+)
+audit_queries = st.dictionaries(
+    st.sampled_from(["principal", "action", "repository", "target", "outcome", "since", "until", "order", "limit",
+                     "cursor"]) | texts,
+    st.one_of(audit_values, cursors), max_size=5,
+)
+
+
+@FUZZ
+@given(method=methods, query=audit_queries, header_map=headers, token=st.one_of(st.just("pat"), tokens), body=bodies)
+@example(method="GET", query={"since": "0001-01-01T00:00:00+14:00"}, header_map={}, token=ADMIN_TOKEN, body=b"")
+@example(method="GET", query={"cursor": "WyIwMDAxLTAxLTAxVDAwOjAwOjAwKzE0OjAwIiwgIjEiXQ"}, header_map={},
+         token=ADMIN_TOKEN, body=b"")
+@example(method="GET", query={"target": "\x00"}, header_map={}, token=ADMIN_TOKEN, body=b"")
+def test_audit_route(site, method, query, header_map, token, body):
+    token = site["pat"] if token == "pat" else token
+    send(site, method, "/api/v1/audit", query, header_map, token, body)

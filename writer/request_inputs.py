@@ -14,6 +14,11 @@ from arkvory.shared.http.bodies import read_json_object
 from arkvory.shared.process.runtime import Runtime
 
 
+# Who asked, once a route has resolved it: the audit of a refused change names them
+# (writer/audit/refusals.py).
+PRINCIPAL_KEY = "arkvory.principal"
+
+
 def runtime_of(request: Request) -> Runtime:
     return request.app.state.runtime
 
@@ -22,13 +27,14 @@ async def principal_of(request: Request) -> Principal:
     """Any credential kind (shared/auth/credentials.py); on the writer also the session cookie of the
     console (SameSite=Strict, so other sites cannot make a browser send it)."""
     runtime = runtime_of(request)
-    return await resolve(
+    principal = request.scope[PRINCIPAL_KEY] = await resolve(
         runtime.keys,
         runtime.credentials,
         runtime.pool,
         request.headers.get("authorization"),
         request.cookies.get(SESSION_COOKIE),
     )
+    return principal
 
 
 def require_admin_scope(principal: Principal, managing: str) -> None:

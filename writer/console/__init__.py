@@ -21,6 +21,7 @@ artifact is used), after the API's own permission check.
     uploads.py     the upload form without its script (a multipart body, streamed)
     tasks.py       tasks: list, dispatch, cancel, a task and its events
     accounts.py    accounts, personal tokens and service keys
+    audit.py       the audit trail, with the API's filters in a GET form
     views.py       how pages show sizes, rates and times; each change form's idempotency key
 
 May import: arkvory.shared (never its cli/) and every other package of arkvory.writer (never its

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from arkvory.shared.errors import ApiError, Busy, Unavailable
 from arkvory.shared.http.edge import request_id
 
-from . import accounts, catalog, overview, session, tasks, uploads
+from . import accounts, audit, catalog, overview, session, tasks, uploads
 from .internal import Refused
 from .security import PageHeaders
 from .views import FILTERS, GLOBALS
@@ -81,6 +81,7 @@ def _routes() -> list:
         Route(PREFIX + "/keys", accounts.create_key, methods=post),
         Route(PREFIX + "/keys/{key_id}/revoke", accounts.revoke_key, methods=post),
         Route(PREFIX + "/keys/{key_id}/adopt", accounts.adopt_key, methods=post),
+        Route(PREFIX + "/audit", audit.audit_page, methods=get),
         Mount(PREFIX + "/static", StaticFiles(packages=[("arkvory.writer.console", "static")]), name="static"),
         Route(PREFIX, _home, methods=get),
     ]

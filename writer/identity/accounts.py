@@ -23,6 +23,10 @@ is a guessable hash of it. Their key is still checked (400 when malformed); a re
 a second session (the lost one expires), a retried create or register answers 409 (the name
 exists), a retried password change 401 (the old password changed). Disable and enable record
 their key like every other change.
+
+Audit: each of these changes writes its entry (writer/audit/) in its own transaction, the
+account signing in or up as the actor; a failed sign-in is recorded as a refusal, naming the
+account only when it exists (audit/refusals.py). Never a password, a token or a hash of one.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ from arkvory.shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFo
 from arkvory.shared.http.client_address import client_address
 
 from . import device_cookies
+from ..audit.actions import record_request
+from ..audit.refusals import SUBJECT_KEY
+from ..audit.trail import account_actor, actor_of
 from .account_names import FOLDED_NAME, check_account_name, fold
 from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .credential_makers import require_still_valid, suspend_made_by
@@ -179,6 +186,8 @@ async def login(request: Request) -> Response:
             fold(name),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
+    if row is not None:
+        request.scope[SUBJECT_KEY] = row["name"]  # the audit of a failed sign-in names it (audit/refusals.py)
     stored = _stored_hash(row)
     matches = await _checked(state, attempt, password, stored)
     if row is None or not matches or row["disabled"]:
@@ -197,6 +206,8 @@ async def login(request: Request) -> Response:
             session.id, session.digest, row["id"], float(lifetime), _client_address(request),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
+        await record_request(conn, request, account_actor(row["id"], row["name"], session.id), 200,
+                             details={"oldSessionsEnded": ended})
     if ended:
         forget_cached(runtime.credentials)
     answer = JSONResponse(
@@ -246,12 +257,13 @@ async def logout(request: Request) -> Response:
         raise InvalidInput("logout ends a session; revoke a token with DELETE /api/v1/tokens/{id}")
     runtime = runtime_of(request)
     assert runtime.pool is not None
-    async with pooled(runtime.pool) as conn:
+    async with pooled(runtime.pool) as conn, conn.transaction():
         # What the session made without the password given again goes with it (the cascade of
         # migration 0014: credential_makers.py).
         await conn.execute(
             "DELETE FROM arkvory_credentials WHERE id = $1", principal.credential_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
+        await record_request(conn, request, actor_of(principal), 204)
     forget_cached(runtime.credentials)
     answer = Response(status_code=204)
     answer.headers["Set-Cookie"] = _session_cookie(request, "", 0)
@@ -273,8 +285,9 @@ async def register(request: Request) -> Response:
     hashed = await state.hasher.hash(password)
     pool = runtime_of(request).pool
     assert pool is not None
-    async with pooled(pool) as conn:
+    async with pooled(pool) as conn, conn.transaction():
         row = await insert_account(conn, name, hashed, admin=False)
+        await record_request(conn, request, account_actor(row["id"], row["name"]), 201, {"name": row["name"]})
     return JSONResponse(account_json(row), status_code=201)
 
 
@@ -305,19 +318,21 @@ async def change_password(request: Request) -> Response:
     assert runtime.pool is not None
     hashed = await state.hasher.hash(new)
     async with pooled(runtime.pool) as conn, conn.transaction():
-        await conn.execute(
+        name = await conn.fetchval(
             "UPDATE arkvory_accounts SET password_hash = $2, password_salt = $3, scrypt_n = $4,"
-            " scrypt_r = $5, scrypt_p = $6, password_changed_at = now() WHERE id = $1",
+            " scrypt_r = $5, scrypt_p = $6, password_changed_at = now() WHERE id = $1 RETURNING name",
             account_id, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
-        await conn.execute(
+        ended = await conn.execute(
             "DELETE FROM arkvory_credentials WHERE account_id = $1 AND kind = 'session'"
             " AND id IS DISTINCT FROM $2",
             account_id,
             principal.credential_id if principal.credential_kind == "session" else None,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
+        await record_request(conn, request, actor_of(principal), 204, {"account": name},
+                             details={"otherSessionsEnded": int(ended.split()[-1])})
     forget_cached(runtime.credentials)
     return Response(status_code=204)
 
@@ -359,8 +374,9 @@ async def create_account(request: Request) -> Response:
     hashed = await accounts_state(request).hasher.hash(password)
     pool = runtime_of(request).pool
     assert pool is not None
-    async with pooled(pool) as conn:
+    async with pooled(pool) as conn, conn.transaction():
         row = await insert_account(conn, name, hashed, admin)
+        await record_request(conn, request, actor_of(principal), 201, {"name": row["name"], "admin": admin})
     return JSONResponse(account_json(row), status_code=201)
 
 

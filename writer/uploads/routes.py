@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -56,6 +57,8 @@ from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, StorageError
 from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
+from ..audit.actions import record_request
+from ..audit.trail import actor_of
 from ..catalog.artifacts import artifact_json, check_artifact_name
 from ..idempotency import Result, idempotent, key_of
 from ..blobs.locks import Staging
@@ -313,6 +316,10 @@ async def delete_upload(request: Request) -> Response:
             if status != "open":
                 raise Conflict(_COMPLETED)
             raise busy  # its file is in use: a request took it since our look
+        # Right after the row's DELETE, not in its transaction: the file goes in between, and
+        # a file is never removed inside a transaction (tests/test_code_rules.py).
+        await record_request(conn, request, actor_of(await principal_of(request)), 204,
+                             details={"name": session["name"], "size": session["size"]})
     active_uploads(request).forget(session["id"])
     return Response(status_code=204)
 
@@ -573,9 +580,14 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
     # session stays open and a repeated `complete` stages again). Sent already while the parts
     # arrived (sessions.py `PrefixHash`): only made visible now that the digest matched.
     staged_already = functools.partial(_complete_publication, request, session_id, sha256, session["size"])
+    actor = actor_of(await principal_of(request))
+
+    async def audited(conn: asyncpg.Connection, artifact: asyncpg.Record) -> None:
+        await record_request(conn, request, actor, 201, body=artifact_json(artifact))
+
     row = await publish_blob(
         pool, storage, path, sha256, session["size"],
-        functools.partial(_publish_session, pool, storage, repo, session, path, sha256, runtime.settings),
+        functools.partial(_publish_session, pool, storage, repo, session, path, sha256, runtime.settings, audited),
         staged_already=staged_already,
     )
     await remove_own_file(path)
@@ -584,9 +596,10 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
 
 async def _publish_session(
     pool: asyncpg.Pool, storage: BlobStorage, repo: Repository, session: asyncpg.Record, path: str, sha256: str,
-    settings: Settings, staging: Staging,
+    settings: Settings, audited: Callable[[asyncpg.Connection, asyncpg.Record], Awaitable[None]], staging: Staging,
 ) -> asyncpg.Record:
-    """The publishing transaction of a session's `complete` (artifacts.py `publish_blob`)."""
+    """The publishing transaction of a session's `complete` (artifacts.py `publish_blob`), with
+    its audit entry (`audited`)."""
     session_id = session["id"]
     async with pooled(pool) as conn, conn.transaction():
         status = await conn.fetchval(
@@ -616,6 +629,7 @@ async def _publish_session(
         await conn.execute(
             "DELETE FROM arkvory_upload_parts WHERE upload_id = $1", session_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
+        await audited(conn, row)
     return row
 
 
