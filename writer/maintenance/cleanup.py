@@ -2,7 +2,8 @@
 
 Steps, each checkpointed (a resumed task skips the steps it finished; every step is also safe to
 run twice): expire idempotency keys; delete expired credentials; remove abandoned upload
-sessions and upload temp files; prune finished tasks past ARKVORY_TASK_RETENTION; delete
+sessions and upload temp files; prune finished tasks past ARKVORY_TASK_RETENTION; delete the
+artifacts the repositories' retention rules no longer keep (retention.py); delete
 unreferenced blobs; delete stray blob files (a file with no blob row, left by a crash between
 placing and committing).
 
@@ -48,7 +49,7 @@ sleeps PACE times the time the batch kept a CPU busy (its wall time minus the ti
 waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of a core.
 
 Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a credential, a task, a
-session or temp file, a blob, a stray file), its bytes what it freed, its cost units one per row
+session or temp file, an artifact retention deletes, a blob, a stray file), its bytes what it freed, its cost units one per row
 and one per file (an unreferenced blob and an abandoned upload cost 2). Each batch is cut, before it is
 removed, to what the budget has left, so the usage never goes over; when work is left that not
 even one removal fits, the task fails there with `budget_exceeded`. A batch's usage is written
@@ -523,11 +524,18 @@ async def remove_strays(
     return len(still), freed
 
 
+async def _retention(ctx, grace: int) -> dict:
+    from .retention import apply_retention  # (it uses this module's budget helpers)
+
+    return await apply_retention(ctx)
+
+
 _STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (
     ("idempotency_keys", _idempotency_keys),
     ("credentials", _credentials),
     ("upload_sessions", _upload_sessions),
     ("tasks", _tasks),
+    ("retention", _retention),  # before blobs: the blobs of old artifacts it deletes go in the same run
     ("blobs", _blobs),
     ("stray_files", _stray_files),
 )

@@ -39,6 +39,11 @@ class WorkerMetrics:
             "Unreferenced blobs the cleanup task deleted",
             registry=registry,
         )
+        self.cleanup_retention_deleted_artifacts = Counter(
+            "arkvory_cleanup_retention_deleted_artifacts",
+            "Artifacts the cleanup task deleted because their repository's retention rule no longer keeps them",
+            registry=registry,
+        )
         self.verify_hashed_bytes = Counter(
             "arkvory_verify_hashed_bytes",
             "Bytes of stored blobs the verify task re-hashed",
