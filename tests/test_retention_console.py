@@ -1,8 +1,9 @@
 """The retention section of a repository's console page (issue 25 item 10) over plain HTTP: the
 rule, the preview of the saved rule and of typed limits (paged, keeping the limits), saving
 (disabled unless the box is ticked), disabling and deleting, refusals shown as messages, only
-for the repository's admins; CSRF on every form; the page's security headers. And the same
-walk in headless Chromium (soak tier), from the keyboard, with no CSP violation.
+for the repository's admins; CSRF on every form; the page's security headers. The same
+walk in headless Chromium is tests/test_retention_browser.py. Hostile forms and queries are never
+a 500.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import re
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from arkvory.writer.console.security import CONTENT_SECURITY_POLICY
 
-from .console_client import Console, make_account, messages, scripts_of
+from .console_client import Console, csrf_of, make_account, messages, scripts_of
 from .harness import ADMIN_TOKEN, db_execute
 
 pytestmark = pytest.mark.timeout(180)
@@ -173,3 +176,34 @@ def test_the_section_sends_its_security_headers_and_no_script(writer, admin):
         assert "<img src=x" not in answer.text
     listed = admin.get(PAGE, params={"keep_newest": "1"})
     assert names_listed(listed) == ["<img src=x onerror=alert(1)>", made[0]["name"], made[1]["name"]]
+
+
+# -- hostile input -------------------------------------------------------------------------------
+
+_TEXT = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=40) | st.sampled_from(
+    ["", "0", "1", "-1", "60", "59s", "1m", "30d", "99999999999999999999999", "1e9", " 5 d", "\x00", "<script>",
+     "5\u0661", "a" * 5000, "true"])
+_FIELDS = st.dictionaries(st.sampled_from(["keep_newest", "keep_younger_than", "enabled", "key", "cursor", "x"]),
+                          _TEXT, max_size=5)
+_SEGMENT = st.sampled_from(["builds", "nope", "..", "%2F", "a" * 300, "<x>"])
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(action=st.sampled_from(["", "/disable", "/delete"]), segment=_SEGMENT, fields=_FIELDS, query=_FIELDS)
+def test_hostile_retention_forms_and_queries_are_never_a_500(hostile_console, action, segment, fields, query):
+    console, csrf = hostile_console
+    path = f"/console/repositories/{segment}/retention"
+    answer = console.http.post(path + action, data={**fields, "csrf": csrf})
+    assert answer.status_code < 500, (path + action, fields, answer.status_code, answer.text[:2000])
+    assert answer.headers.get("content-security-policy") == CONTENT_SECURITY_POLICY
+    shown = console.get(path, params=query)
+    assert shown.status_code < 500, (path, query, shown.text[:2000])
+
+
+@pytest.fixture
+def hostile_console(writer):
+    uploaded(writer, 2)
+    make_account(writer.url, "fuzz-admin", admin=True)
+    with Console(writer.url) as console:
+        console.signed_in("fuzz-admin")
+        yield console, csrf_of(console.get("/console/"))
