@@ -18,14 +18,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from arkvory.shared.db import pooled
-from arkvory.shared.download.catalog import Repository, repository_for_read
-from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.download.catalog import Repository
+from arkvory.shared.errors import InvalidInput, NotFound
 
 from .. import openapi
 from ..idempotency import idempotent
 from ..pagination import page, page_limit, time_id_cursor, time_id_key
-from ..request_inputs import json_body, principal_of, runtime_of
+from ..request_inputs import json_body, runtime_of
 from .artifacts import ARTIFACT_SCHEMA, artifact_json
+from .repositories import administered_repository
 from .retention_rules import (
     MAX_AGE_S,
     MAX_KEEP_NEWEST,
@@ -44,16 +45,7 @@ PREVIEW_PARAMS = ("limit", "cursor", "keepNewest", "keepYoungerThanSeconds")
 
 
 async def _administered(request: Request):
-    """(principal, repository) once the caller may administer the repository."""
-    principal = await principal_of(request)
-    if principal.is_anonymous:
-        raise Unauthorized("this request needs credentials")
-    pool = runtime_of(request).pool
-    assert pool is not None
-    repo = await repository_for_read(pool, request.path_params["repo"], principal)
-    if not principal.may_administer(repo.name):
-        raise Forbidden(f"the retention rule of {repo.name!r} needs its admin permission")
-    return principal, repo
+    return await administered_repository(request, "the retention rule")
 
 
 def _no_rule(repo: Repository) -> NotFound:
