@@ -49,8 +49,9 @@ sleeps PACE times the time the batch kept a CPU busy (its wall time minus the ti
 waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of a core.
 
 Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a credential, a task, a
-session or temp file, an artifact retention deletes, a blob, a stray file), its bytes what it freed, its cost units one per row
-and one per file (an unreferenced blob and an abandoned upload cost 2). Each batch is cut, before it is
+session or temp file, an artifact retention deletes, a blob, a stray file), its bytes what it
+freed, its cost units one per row and one per file (an unreferenced blob and an abandoned upload
+cost 2). Each batch is cut, before it is
 removed, to what the budget has left, so the usage never goes over; when work is left that not
 even one removal fits, the task fails there with `budget_exceeded`. A batch's usage is written
 in the transaction that removes its rows or marks its blobs (`progress(conn=...)`), so a crash
