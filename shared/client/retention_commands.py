@@ -16,7 +16,7 @@ from .credential_commands import duration_seconds, utc_minute
 
 MIN_AGE_S = 60
 MAX_AGE_S = 100 * 365 * 86400  # the writer's bounds (writer/catalog/retention_rules.py)
-MAX_KEEP_NEWEST = 1_000_000
+MAX_KEEP_NEWEST = 100_000
 DEFAULT_SHOWN = 100
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 

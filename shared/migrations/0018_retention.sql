@@ -11,7 +11,7 @@
 --   deleted_total  artifacts the cleanup deleted under this repository's rules, in all.
 CREATE TABLE arkvory_retention_rules (
     repository_id uuid PRIMARY KEY REFERENCES arkvory_repositories (id) ON DELETE CASCADE,
-    keep_newest integer CHECK (keep_newest BETWEEN 1 AND 1000000),
+    keep_newest integer CHECK (keep_newest BETWEEN 1 AND 100000),
     keep_younger_than_s bigint CHECK (keep_younger_than_s BETWEEN 60 AND 3153600000),
     enabled boolean NOT NULL DEFAULT false,
     updated_at timestamptz NOT NULL DEFAULT now(),

@@ -32,7 +32,7 @@ import asyncpg
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S
 from arkvory.shared.errors import InvalidInput
 
-MAX_KEEP_NEWEST = 1_000_000
+MAX_KEEP_NEWEST = 100_000  # the preview and each turn read this many index entries to find the rest
 MIN_AGE_S = 60
 MAX_AGE_S = 100 * 365 * 86400  # 100 years: past every artifact's age
 FIELDS = ("keepNewest", "keepYoungerThanSeconds", "enabled")
