@@ -213,6 +213,29 @@ def test_credential_and_account_routes(site, which, rest, method, query, header_
     send(site, method, f"/api/v1/{which}{rest}", query, header_map, token, body)
 
 
+# Retention rules (issue 25): limits that parse, limits out of range, and everything else.
+rule_numbers = st.one_of(st.none(), st.integers(), st.sampled_from([0, 1, 59, 60, 100_000, 100_001, 10**40]),
+                         texts, st.booleans(), st.floats(allow_nan=False))
+rule_bodies = st.fixed_dictionaries({}, optional={"keepNewest": rule_numbers, "keepYoungerThanSeconds": rule_numbers,
+                                                  "enabled": st.one_of(st.booleans(), texts, st.none())}).map(
+    lambda doc: __import__("json").dumps(doc).encode())
+rule_queries = st.fixed_dictionaries({}, optional={
+    "keepNewest": st.one_of(texts, st.integers().map(str)), "keepYoungerThanSeconds": st.one_of(texts, st.integers().map(str)),
+    "limit": st.one_of(texts, st.integers().map(str)), "cursor": cursors})
+
+
+@FUZZ
+@given(repo=st.one_of(st.sampled_from(["priv", "pub", "missing"]), segments),
+       tail=st.sampled_from(["", "", "/preview", "/preview", "/", "/preview/x"]), method=methods,
+       query=st.one_of(rule_queries, queries), header_map=headers, token=tokens, body=st.one_of(rule_bodies, bodies))
+@example(repo="priv", tail="", method="PUT", query={}, header_map={}, token=ADMIN_TOKEN,
+         body=b'{"keepNewest": 100000000000000000000000000000000000000, "enabled": true}')
+@example(repo="priv", tail="/preview", method="GET", query={"keepNewest": "1", "cursor": "WyI5OTk5OS0wMS0wMSIsICIwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDAiXQ"},
+         header_map={}, token=ADMIN_TOKEN, body=b"")
+def test_retention_routes(site, repo, tail, method, query, header_map, token, body):
+    send(site, method, f"/api/v1/repositories/{encode(repo)}/retention{tail}", query, header_map, token, body)
+
+
 @FUZZ
 @given(rest=st.lists(segments, max_size=3), which=st.sampled_from(["status", "live", "ready", "metrics", ""]),
        method=methods, query=queries, header_map=headers, token=tokens)

@@ -14,6 +14,7 @@ from arkvory.shared.process.runtime import Runtime
 
 from .identity import accounts, service_keys, tokens
 from .catalog import artifacts, assets, packages, permissions, repositories
+from .catalog import retention
 from . import openapi
 from .uploads import one_shot as upload_one_shot, routes as uploads
 from .uploads.body_memory import keep_body_buffers
@@ -35,6 +36,7 @@ from .uploads.places import UploadPlaces
 ROUTE_MODULES = (
     repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, upload_one_shot, uploads,
     tasks, diagnostics, audit_listing, openapi,
+    retention,
 )
 
 

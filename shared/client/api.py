@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import credentials
+from . import retention
 from .credentials import Session
 from .download import ContentRoute, Download, DownloadResult, Progress, name_from_headers
 from .errors import UsageError
@@ -174,6 +175,38 @@ class Client:
             f"delete artifact {artifact_id}", headers={"Idempotency-Key": uuid.uuid4().hex},
         )
 
+    # -- retention rules (issue 25) --------------------------------------------------------------
+
+    def retention_rule(self, repo: str) -> dict[str, Any]:
+        """The repository's retention rule (NotFoundError when it has none): keepNewest,
+        keepYoungerThanSeconds, enabled, updatedAt, lastAppliedAt, deletedTotal."""
+        return retention.show(self._transport, repo)
+
+    def set_retention_rule(
+        self, repo: str, *, keep_newest: int | None = None, keep_younger_than_s: int | None = None,
+        enabled: bool = False,
+    ) -> dict[str, Any]:
+        """Replace the repository's rule: an artifact goes only when it is beyond the newest
+        `keep_newest` and older than `keep_younger_than_s` (one limit alone keeps by that one),
+        never while a package version or an asset points at it. Saved disabled unless
+        `enabled`: see `retention_preview` first."""
+        return retention.set_rule(
+            self._transport, repo, keep_newest=keep_newest, keep_younger_than_s=keep_younger_than_s, enabled=enabled
+        )
+
+    def delete_retention_rule(self, repo: str) -> None:
+        retention.delete(self._transport, repo)
+
+    def retention_preview(
+        self, repo: str, *, keep_newest: int | None = None, keep_younger_than_s: int | None = None,
+        page_size: int = 1000,
+    ) -> Iterator[dict[str, Any]]:
+        """The dry run: the artifacts the next cleanup would delete, oldest first (pages
+        followed as they are read), by the saved rule, or by the limits given."""
+        return retention.preview(
+            self._transport, repo, keep_newest=keep_newest, keep_younger_than_s=keep_younger_than_s,
+            page_size=page_size,
+        )
 
     # -- credentials (SPEC §5) -------------------------------------------------------------------
 

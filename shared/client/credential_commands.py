@@ -81,10 +81,15 @@ def _lifetime_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def duration_seconds(text: str) -> int | None:
+    """`30d`, `12h`, `90m`, `3600s` or `3600` → seconds; None when it is none of these."""
+    found = _DURATION.fullmatch(text.strip())
+    return int(found.group(1)) * _UNIT_SECONDS[found.group(2)] if found else None
+
+
 def parse_lifetime(text: str) -> int:
     """`30d`, `12h`, `90m`, `3600s` or `3600` → seconds (1 s to 366 days)."""
-    found = _DURATION.fullmatch(text.strip())
-    seconds = int(found.group(1)) * _UNIT_SECONDS[found.group(2)] if found else 0
+    seconds = duration_seconds(text) or 0
     if not 1 <= seconds <= MAX_LIFETIME_S:
         raise argparse.ArgumentTypeError(f"expected a duration like 30d, 12h or 3600s, at most 366d; got {text!r}")
     return seconds

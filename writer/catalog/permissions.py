@@ -17,27 +17,19 @@ from starlette.routing import Route
 
 from arkvory.shared.auth.credentials import forget_cached
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.download.catalog import repository_for_read
-from arkvory.shared.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from arkvory.shared.errors import InvalidInput, NotFound
 
 from .. import openapi
 from ..identity.account_names import FOLDED_NAME, check_account_name, fold
 from ..idempotency import idempotent
-from ..request_inputs import json_body, principal_of, runtime_of
+from ..request_inputs import json_body, runtime_of
+from .repositories import administered_repository
 
 LEVELS = ("read", "write", "admin")
 
 
 async def _administered(request: Request):
-    principal = await principal_of(request)
-    if principal.is_anonymous:
-        raise Unauthorized("this request needs credentials")
-    pool = runtime_of(request).pool
-    assert pool is not None
-    repo = await repository_for_read(pool, request.path_params["repo"], principal)
-    if not principal.may_administer(repo.name):
-        raise Forbidden(f"managing permissions of {repo.name!r} needs its admin permission")
-    return principal, repo
+    return await administered_repository(request, "managing permissions")
 
 
 async def list_permissions(request: Request) -> Response:

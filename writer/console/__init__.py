@@ -18,6 +18,7 @@ artifact is used), after the API's own permission check.
     forms.py       bounded form bodies
     overview.py    leases, policy, each process's readiness, the worker, storage diagnostics
     catalog.py     repositories, artifacts, packages, assets, permissions, downloads
+    retention.py   a repository's retention rule: the rule, its preview, save, disable, delete
     uploads.py     the upload form without its script (a multipart body, streamed)
     tasks.py       tasks: list, dispatch, cancel, a task and its events
     accounts.py    accounts, personal tokens and service keys

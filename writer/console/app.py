@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from arkvory.shared.errors import ApiError, Busy, Unavailable
 from arkvory.shared.http.edge import request_id
 
-from . import accounts, audit, catalog, overview, session, tasks, uploads
+from . import accounts, audit, catalog, overview, retention, session, tasks, uploads
 from .internal import Refused
 from .security import PageHeaders
 from .views import FILTERS, GLOBALS
@@ -62,6 +62,10 @@ def _routes() -> list:
         Route(repo + "/permissions", catalog.set_permission, methods=post),
         Route(repo + "/permissions/remove", catalog.remove_permission, methods=post),
         Route(repo + "/upload", uploads.upload_form, methods=post),
+        Route(repo + "/retention", retention.retention_page, methods=get),
+        Route(repo + "/retention", retention.save_rule, methods=post),
+        Route(repo + "/retention/disable", retention.disable_rule, methods=post),
+        Route(repo + "/retention/delete", retention.delete_rule, methods=post),
         Route(artifact, catalog.artifact_page, methods=get),
         Route(artifact + "/download", catalog.Download(), methods=["GET", "HEAD"]),
         Route(artifact + "/delete", catalog.delete_artifact, methods=post),

@@ -58,6 +58,9 @@ NOTICES = {
     "key-revoked": "The service key was revoked.",
     "key-adopted": "The service key is yours now, and works again.",
     "uploaded": "The file was uploaded.",
+    "retention-saved": "The retention rule was saved.",
+    "retention-disabled": "The retention rule was disabled: it deletes nothing until enabled again.",
+    "retention-deleted": "The retention rule was deleted.",
 }
 
 

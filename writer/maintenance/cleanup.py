@@ -3,7 +3,8 @@
 Steps, each checkpointed (a resumed task skips the steps it finished; every step is also safe to
 run twice): expire idempotency keys; delete expired credentials; remove abandoned upload
 sessions and upload temp files; prune finished tasks past ARKVORY_TASK_RETENTION; prune audit
-entries past ARKVORY_AUDIT_RETENTION; delete
+entries past ARKVORY_AUDIT_RETENTION; delete the artifacts the repositories' retention rules no
+longer keep (retention.py); delete
 unreferenced blobs; delete stray blob files (a file with no blob row, left by a crash between
 placing and committing); abort an object store's incomplete multipart uploads that no upload
 can still complete (multipart_uploads.py: last, so a store that hangs there holds up no other step).
@@ -50,8 +51,9 @@ sleeps PACE times the time the batch kept a CPU busy (its wall time minus the ti
 waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of a core.
 
 Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a credential, a task, an audit entry, a
-session or temp file, a blob, a stray file), its bytes what it freed, its cost units one per row
-and one per file (an unreferenced blob and an abandoned upload cost 2). Each batch is cut, before it is
+session or temp file, an artifact retention deletes, a blob, a stray file), its bytes what it
+freed, its cost units one per row and one per file (an unreferenced blob and an abandoned upload
+cost 2). Each batch is cut, before it is
 removed, to what the budget has left, so the usage never goes over; when work is left that not
 even one removal fits, the task fails there with `budget_exceeded`. A batch's usage is written
 in the transaction that removes its rows or marks its blobs (`progress(conn=...)`), so a crash
@@ -546,12 +548,19 @@ async def _multipart_uploads(ctx, grace: int) -> dict:
     return await abort_abandoned_uploads(ctx, grace)
 
 
+async def _retention(ctx, grace: int) -> dict:
+    from .retention import apply_retention  # (it uses this module's budget helpers)
+
+    return await apply_retention(ctx)
+
+
 _STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (
     ("idempotency_keys", _idempotency_keys),
     ("credentials", _credentials),
     ("upload_sessions", _upload_sessions),
     ("tasks", _tasks),
     ("audit", _audit_entries),
+    ("retention", _retention),  # before blobs: the blobs of old artifacts it deletes go in the same run
     ("blobs", _blobs),
     ("stray_files", _stray_files),
     ("multipart_uploads", _multipart_uploads),
