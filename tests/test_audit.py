@@ -105,6 +105,10 @@ def run_story(writer) -> Story:
              {**by_pat, "action": "permission.set", "repository": repo, "target": "bob"}, json={"level": "write"})
     s.change(pat, "DELETE", f"/api/v1/repositories/{repo}/permissions/bob", 204,
              {**by_pat, "action": "permission.remove", "repository": repo, "target": "bob"})
+    s.change(pat, "PUT", f"/api/v1/repositories/{repo}/retention", 200,
+             {**by_pat, "action": "retention.set", "repository": repo, "target": repo}, json={"keepNewest": 5})
+    s.change(pat, "DELETE", f"/api/v1/repositories/{repo}/retention", 204,
+             {**by_pat, "action": "retention.delete", "repository": repo, "target": repo})
     s.change(pat, "PUT", f"/api/v1/repositories/{repo}/packages", 201,
              {**by_pat, "action": "package.register", "repository": repo, "target": "g/n/1.0"},
              json={"group": "g", "name": "n", "version": "1.0", "artifactId": first})

@@ -98,6 +98,8 @@ ACTIONS: dict[tuple[str, str], Action] = {
     ("DELETE", _REPO): Action("repository.delete", _path("repo")),
     ("PUT", _REPO + "/permissions/{account}"): Action("permission.set", _path("account")),
     ("DELETE", _REPO + "/permissions/{account}"): Action("permission.remove", _path("account")),
+    ("PUT", _REPO + "/retention"): Action("retention.set", _path("repo")),
+    ("DELETE", _REPO + "/retention"): Action("retention.delete", _path("repo")),
     ("DELETE", _REPO + "/artifacts/{artifact_id}"): Action("artifact.delete", _path("artifact_id")),
     ("PUT", _REPO + "/packages"): Action("package.register", _package),
     ("POST", _REPO + "/packages"): Action("package.register", _package),
