@@ -12,7 +12,7 @@ from arkvory.shared.http.edge import RequestGuard
 from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
-from .identity import accounts, service_keys, tokens
+from .identity import account_lifecycle, accounts, service_keys, tokens
 from .catalog import artifacts, assets, packages, permissions, repositories
 from . import openapi
 from .uploads import one_shot as upload_one_shot, routes as uploads
@@ -32,7 +32,7 @@ from .uploads.places import UploadPlaces
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (
     repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, upload_one_shot, uploads,
-    tasks, diagnostics, openapi,
+    tasks, diagnostics, openapi, account_lifecycle,
 )
 
 
