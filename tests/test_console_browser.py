@@ -314,7 +314,7 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
 
     # -- the administrators' other pages, from the keyboard too ------------------------------------
     for path, name in (("/console/accounts", "accounts"), ("/console/keys", "keys"),
-                       ("/console/repositories/builds/permissions", "permissions"),
+                       ("/console/repositories/builds/members", "members"),
                        ("/console/repositories/builds/packages", "packages")):
         walk.open(path)
         walk.page_checks(name)
