@@ -178,9 +178,10 @@ def test_a_token_page_says_how_long_each_kind_lives(writer):
     with Console(writer.url) as root:
         root.signed_in("root")
         page = root.get("/console/tokens").text
-        lifetime = re.search(r"Until this session ends: when you sign out, or at the latest\s+(.*?) \((.*?)\)</label>", page)
+        lifetime = re.search(r'<option value="session" selected>Until this session ends: when you sign out, or at the'
+                             r" latest ([0-9-]+ [0-9:]+ UTC) \((.*?)\)</option>", page)
         assert lifetime and lifetime.group(2) in ("in 2 h 0 min", "in 1 h 59 min"), page
-        assert "needs your\n       password again" in page
+        assert '<option value="days">For a number of days, past this session: needs your password again</option>' in page
         tied = root.submit("/console/tokens", "/console/tokens", access="read", label="tied", lifetime="session",
                            expires_days="30", password=PASSWORD)
         assert tied.status_code == 201

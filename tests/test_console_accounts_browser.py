@@ -7,7 +7,10 @@ is made for a number of days with the password given again, the page saying how 
 
 from __future__ import annotations
 
+import os
+import pathlib
 import re
+import shutil
 
 import httpx
 import pytest
@@ -92,11 +95,11 @@ def test_the_account_pages_in_a_real_browser(cluster, browser, tmp_path):  # noq
 
     # -- a token that outlives the session: the page says how long each kind lives -------------------------
     walk.open("/console/tokens")
-    assert re.search(r"Until this session ends: when you sign out, or at the latest .* \(in 1[12] h \d+ min\)",
-                     walk.text("#token-lifetime"))
+    chosen = walk.find("#token-lifetime option:checked").text
+    assert re.fullmatch(r"Until this session ends: when you sign out, or at the latest .* \(in 1[12] h \d+ min\)", chosen)
     walk.page_checks("tokens-lifetime")
     walk.find("#token-label").send_keys("ci")
-    walk.find("#token-lifetime-days").click()
+    walk.find("#token-lifetime").send_keys("For a number")
     walk.find("#token-days").send_keys("30")
     walk.find("#token-password").send_keys(PASSWORD)
     walk.find("#token-password").submit()
@@ -125,3 +128,8 @@ def test_the_account_pages_in_a_real_browser(cluster, browser, tmp_path):  # noq
     walk.wait(lambda d: d.find_elements(By.ID, "password-form"), "on her password page")
     walk.page_checks("password")
     assert len(walk.taken) >= 9
+    keep = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
+    if keep:
+        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+        for path in walk.taken:
+            shutil.copy2(path, pathlib.Path(keep) / f"accounts-{path.name}")
