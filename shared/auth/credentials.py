@@ -1,17 +1,19 @@
-"""Bearer tokens of every kind to principals, on every process (SPEC §5).
+"""Tokens of every kind to principals, on every process (SPEC §5).
 
 Four kinds: keys-file tokens (in memory, identity.KeyRing), and three kinds that live in
 `arkvory_credentials`: sessions `dps_<id>.<secret>`, personal tokens `pat_<id>.<secret>` and
 managed service keys `arkvory_<uuid>.<secret>`. Only the SHA-256 of a token is stored; one
 indexed lookup by that digest finds the credential, its account and the account's permissions.
+Every kind arrives as `Authorization: Bearer`, or as HTTP Basic's password (authorization.py),
+and a session also as the console's cookie.
 
 Revocation must take effect on the next request on every process, so resolved credentials are
 remembered (by the token's `identity.memo_key`, a BLAKE2b digest: a hit then costs no SHA-256)
 only under the same rule as the catalog cache: while this process LISTENs on
 `arkvory_credentials` (migrations 0004, 0014 and 0017 notify on every revocation, expiry change,
-suspended key, disabled, deleted or reset account and permission change), flushed on every notification and on
-every reconnect, and nothing is remembered *or answered* from memory while the listener is
-down. Expiry is checked on every hit against the expiry read from the database. What a revoked
+suspended key, disabled, deleted or reset account and permission change), flushed on every
+notification and on every reconnect, and nothing is remembered *or answered* from memory while
+the listener is down. Expiry is checked on every hit against the expiry read from the database. What a revoked
 credential made goes with it in the same statement (migration 0014's `ends_with` cascade), so
 the one notification covers it too.
 
@@ -39,7 +41,8 @@ from arkvory.shared.cluster.notified_cache import NotifiedCache
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Unauthorized
 
-from .identity import ANONYMOUS, KeyRing, Principal, bearer_token, memo_key
+from .authorization import presented_token
+from .identity import ANONYMOUS, KeyRing, Principal, memo_key
 
 log = logging.getLogger("arkvory.credentials")
 
@@ -188,8 +191,9 @@ def forget_cached(cache: CredentialCache) -> None:
 
 
 def token_of(authorization: str | None, session_cookie: str | None = None) -> str | None:
-    """The bearer token, else the session cookie (the writer passes it; gateways never do)."""
-    token = bearer_token(authorization)
+    """The `Authorization` header's token (Bearer, or Basic's password: authorization.py), else
+    the session cookie (the writer passes it; gateways never do)."""
+    token = presented_token(authorization)
     if token is None and session_cookie:
         return session_cookie
     return token
