@@ -5,9 +5,9 @@ A new token or key is shown once, in the answer to the form that made it (never 
 again; the page is not stored: `Cache-Control: no-store`). Its form says how long each kind lives
 (SPEC §5, issue 25 §8): one that ends with this session (when it signs out, or at the latest at
 the session's expiry, shown with how far off that is), or one that lives for a number of days,
-which needs the password given again; the answer says which the new one is. An administrator may revoke any
-account's personal token, as the API allows: the accounts page lists them all (the API lists
-only the caller's own), and the tokens page takes any token's id.
+which needs the password given again; the answer says which the new one is. An administrator may
+revoke any account's personal token, as the API allows: the accounts page lists them all (the
+API lists only the caller's own), and the tokens page takes any token's id.
 """
 
 from __future__ import annotations
