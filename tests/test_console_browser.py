@@ -128,7 +128,9 @@ class Walk:
               'a[href], button, input:not([type="hidden"]), select, textarea, summary');
             var n = 0;
             controls.forEach(function (element) {
-              var visible = element.getClientRects().length > 0 && getComputedStyle(element).visibility !== 'hidden';
+              // checkVisibility: not what a closed <details> holds either (only its summary shows).
+              var visible = element.getClientRects().length > 0 && getComputedStyle(element).visibility !== 'hidden'
+                && (!element.checkVisibility || element.checkVisibility());
               if (visible && !element.disabled) { element.setAttribute('data-kb', String(n)); n += 1; }
             });
             if (document.activeElement) { document.activeElement.blur(); }
@@ -314,7 +316,7 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
 
     # -- the administrators' other pages, from the keyboard too ------------------------------------
     for path, name in (("/console/accounts", "accounts"), ("/console/keys", "keys"),
-                       ("/console/repositories/builds/permissions", "permissions"),
+                       ("/console/repositories/builds/members", "members"),
                        ("/console/repositories/builds/packages", "packages")):
         walk.open(path)
         walk.page_checks(name)

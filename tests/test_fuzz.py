@@ -55,6 +55,9 @@ def site(postgres, module_tmp_path):
             session = client.post("/api/v1/login", json=account).json()["token"]
             pat = client.post("/api/v1/tokens", json={"access": "read-write"},
                               headers={"Authorization": f"Bearer {session}"}).json()["token"]
+            # What the account routes reset and delete, so that the fuzzer's own token lives on.
+            assert client.post("/api/v1/accounts", json={"name": "victim", "password": "victim's password"}).status_code == 201
+            assert client.put("/api/v1/repositories/priv/members/victim", json={"level": "read"}).status_code == 200
         gateway = cluster.gateway(1, shared).wait_ready()
         clients = [httpx.Client(base_url=p.url, timeout=20) for p in (writer, gateway)]
         yield {"artifact": artifact["id"], "clients": clients, "pat": pat}
@@ -200,7 +203,8 @@ page_queries = st.fixed_dictionaries({}, optional={"limit": st.one_of(texts, st.
 
 @FUZZ
 @given(which=st.sampled_from(["tokens", "keys", "accounts", "login", "logout", "register", "account/password"]),
-       rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)), st.sampled_from(["/x/disable", "/nobody/enable"])),
+       rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)),
+                      st.sampled_from(["/x/disable", "/nobody/enable", "/victim/password", "/victim", "/victim/disable"])),
        method=methods, query=st.one_of(page_queries, queries), header_map=headers,
        token=st.one_of(st.just("pat"), tokens), body=bodies)
 @example(which="tokens", rest="", method="GET", query={"limit": "1", "cursor": "WyJ4Il0"}, header_map={}, token="pat", body=b"")
@@ -234,6 +238,20 @@ rule_queries = st.fixed_dictionaries({}, optional={
          header_map={}, token=ADMIN_TOKEN, body=b"")
 def test_retention_routes(site, repo, tail, method, query, header_map, token, body):
     send(site, method, f"/api/v1/repositories/{encode(repo)}/retention{tail}", query, header_map, token, body)
+
+
+@FUZZ
+@given(repo=st.one_of(st.sampled_from(["priv", "pub"]), segments), which=st.sampled_from(["members", "permissions"]),
+       account=st.one_of(st.none(), st.sampled_from(["victim", "fuzzer", "VICTIM"]), segments), method=methods,
+       query=st.one_of(page_queries, queries), header_map=headers, token=st.one_of(st.just("pat"), tokens), body=bodies)
+@example(repo="priv", which="members", account=None, method="GET", query={"limit": "1", "cursor": "WyJ4Il0"},
+         header_map={}, token=ADMIN_TOKEN, body=b"")
+@example(repo="priv", which="members", account="victim", method="PUT", query={}, header_map={}, token=ADMIN_TOKEN,
+         body=b'{"level": "owner"}')
+def test_member_routes(site, repo, which, account, method, query, header_map, token, body):
+    token = site["pat"] if token == "pat" else token
+    tail = "" if account is None else f"/{encode(account)}"
+    send(site, method, f"/api/v1/repositories/{encode(repo)}/{which}{tail}", query, header_map, token, body)
 
 
 @FUZZ

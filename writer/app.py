@@ -12,7 +12,7 @@ from arkvory.shared.http.edge import RequestGuard
 from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
-from .identity import accounts, service_keys, tokens
+from .identity import account_lifecycle, accounts, service_keys, tokens
 from .catalog import artifacts, assets, packages, permissions, repositories
 from .catalog import retention
 from . import openapi
@@ -35,7 +35,7 @@ from .uploads.places import UploadPlaces
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (
     repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, upload_one_shot, uploads,
-    tasks, diagnostics, audit_listing, openapi,
+    tasks, diagnostics, audit_listing, openapi, account_lifecycle,
     retention,
 )
 

@@ -236,6 +236,29 @@ class Client:
             password=password, session=session,
         )
 
+    def change_password(self, old: str, new: str, *, session: Session | None = None) -> None:
+        """Change the account's own password, as `session` (or this client's token): its other
+        sessions end, its personal tokens stay."""
+        credentials.change_password(self._transport, old, new, session)
+
+    def list_accounts(self, *, page_size: int = 1000) -> list[dict[str, Any]]:
+        """Every account, by name (an administrator's call)."""
+        return credentials.list_accounts(self._transport, page_size)
+
+    def account(self, name: str) -> dict[str, Any]:
+        """One account (an administrator's call), with `holds`: what deleting it would end."""
+        return credentials.show_account(self._transport, name)
+
+    def reset_password(self, name: str, password: str) -> dict[str, Any]:
+        """Set another account's password (an administrator's call): its sessions end, and it
+        must set its own at its next sign-in."""
+        return credentials.reset_password(self._transport, name, password)
+
+    def delete_account(self, name: str) -> dict[str, Any]:
+        """Delete an account (an administrator's call): its credentials end at once, the keys it
+        made are suspended, its permissions go, its artifacts stay. What ended, counted."""
+        return credentials.delete_account(self._transport, name)
+
     def list_tokens(self, *, page_size: int = 1000) -> list[dict[str, Any]]:
         """This account's personal tokens, without their secrets (every page followed)."""
         return credentials.list_tokens(self._transport, page_size)

@@ -100,13 +100,14 @@ def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAc
     rm.add_argument("repo", metavar="REPO")
     rm.add_argument("artifact_id", metavar="ARTIFACT_ID")
 
-    from . import credential_commands, key_commands
+    from . import account_commands, credential_commands, key_commands
 
     credential_commands.register(add)
     key_commands.register(add)
     from . import retention_commands
 
     retention_commands.register(add)
+    account_commands.register(add)
 
 
 def _common_options() -> argparse.ArgumentParser:

@@ -26,6 +26,7 @@ from ..idempotency import Result, idempotent
 from ..openapi import IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
 from ..pagination import page, page_cursor, page_limit
 from .repositories import repository_for_write
+from . import uploaders
 from ..request_inputs import principal_of, runtime_of
 
 MAX_NAME = 255
@@ -48,6 +49,7 @@ def artifact_json(row) -> dict:
         "size": row["size"],
         "mediaType": row["media_type"],
         "createdAt": row["created_at"].isoformat(),
+        "uploadedBy": uploaders.uploader_json(row),
     }
 
 
@@ -57,7 +59,9 @@ def artifact_location(repo_name: str, artifact_id: uuid.UUID) -> str:
     return f"/api/v1/repositories/{repo_name}/artifacts/{artifact_id}"
 
 
-_SELECT = "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_artifacts"
+# What artifact_json reads: a SELECT's or an INSERT's RETURNING columns.
+COLUMNS = f"id, name, sha256, size, media_type, created_at, {uploaders.COLUMNS}"
+_SELECT = f"SELECT {COLUMNS} FROM arkvory_artifacts"
 
 
 async def show_artifact(request: Request) -> Response:
@@ -174,11 +178,12 @@ routes = [
 ]
 
 
-ARTIFACT_SCHEMA = {"type": "object", "required": ["id", "name", "sha256", "size", "mediaType", "createdAt"],
+ARTIFACT_SCHEMA = {"type": "object", "required": ["id", "name", "sha256", "size", "mediaType", "createdAt", "uploadedBy"],
             "properties": {"id": {"type": "string", "format": "uuid"}, "name": {"type": "string"},
                            "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                            "size": {"type": "integer"}, "mediaType": {"type": "string"},
-                           "createdAt": {"type": "string", "format": "date-time"}}}
+                           "createdAt": {"type": "string", "format": "date-time"},
+                           "uploadedBy": uploaders.SCHEMA}}
 
 
 def _openapi_paths() -> dict:

@@ -1,5 +1,6 @@
 """Accounts on the writer (SPEC §5): login, logout, self-registration, password change, and the
-administrators' account management (create, list, disable, enable).
+administrators' account management (create, list, disable, enable); an administrator's password
+reset and deleting an account are account_lifecycle.py's.
 
 A failed login says the same thing whether the account exists or not, and takes as long: an
 unknown name is verified against a dummy hash. A name is one name in any case (`BOB` signs in to
@@ -27,6 +28,10 @@ their key like every other change.
 Audit: each of these changes writes its entry (writer/audit/) in its own transaction, the
 account signing in or up as the actor; a failed sign-in is recorded as a refusal, naming the
 account only when it exists (audit/refusals.py). Never a password, a token or a hash of one.
+After an administrator's reset (account_lifecycle.py) the login says `mustChangePassword`, and
+its session may only change the password (the password it was given as the old one) or log
+out; the change clears the flag. An account never disables itself, nor anyone but a keys-file
+key the last enabled administrator account (lockout.py).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from .account_names import FOLDED_NAME, check_account_name, fold
 from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .credential_makers import require_still_valid, suspend_made_by
 from .device_cookies import DeviceCookies
+from .lockout import lock_for_removal
 from ..idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
 from ..pagination import page, page_cursor, page_limit
@@ -87,10 +93,14 @@ def account_json(row: asyncpg.Record) -> dict[str, Any]:
         "admin": row["is_admin"],
         "disabled": row["disabled"],
         "createdAt": row["created_at"].isoformat(),
+        "mustChangePassword": row["must_change_password"],
     }
 
 
-_ACCOUNT_COLUMNS = "id, name, is_admin, disabled, created_at"
+ACCOUNT_COLUMNS = "id, name, is_admin, disabled, created_at, must_change_password"
+# A new account sets its own password: spelt out, so that `arkvory admin create-user` also works
+# on a database the writer has not migrated to 0017 yet.
+_NEW_ACCOUNT_COLUMNS = "id, name, is_admin, disabled, created_at, false AS must_change_password"
 
 
 def _client_address(request: Request) -> str:
@@ -114,7 +124,7 @@ async def insert_account(conn: asyncpg.Connection, name: str, hashed: PasswordHa
             "INSERT INTO arkvory_accounts (id, name, password_hash, password_salt, scrypt_n, scrypt_r,"
             " scrypt_p, is_admin) SELECT $1, $2, $3, $4, $5, $6, $7, $8"
             f" WHERE NOT EXISTS (SELECT 1 FROM arkvory_accounts WHERE {FOLDED_NAME} = $9)"
-            f" RETURNING {_ACCOUNT_COLUMNS}",
+            f" RETURNING {_NEW_ACCOUNT_COLUMNS}",
             uuid.uuid4(), name, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, admin, fold(name),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
@@ -181,7 +191,7 @@ async def login(request: Request) -> Response:
     attempt = state.limits.begin_login(name, _client_address(request), device)
     async with pooled(runtime.pool) as conn:
         row = await conn.fetchrow(
-            f"SELECT {_ACCOUNT_COLUMNS}, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
+            f"SELECT {ACCOUNT_COLUMNS}, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
             f" FROM arkvory_accounts WHERE {FOLDED_NAME} = $1",
             fold(name),
             timeout=POOLED_QUERY_TIMEOUT_S,
@@ -212,7 +222,7 @@ async def login(request: Request) -> Response:
         forget_cached(runtime.credentials)
     answer = JSONResponse(
         {"token": session.token, "sessionId": str(session.id), "expiresAt": expires_at.isoformat(),
-         "account": account_json(row)},
+         "account": account_json(row), "mustChangePassword": row["must_change_password"]},
         headers={"Cache-Control": "no-store"},
     )
     answer.headers["Set-Cookie"] = _session_cookie(request, session.token, lifetime)
@@ -250,7 +260,7 @@ async def _make_session_room(conn: asyncpg.Connection, account_id: uuid.UUID, li
 
 
 async def logout(request: Request) -> Response:
-    principal = await principal_of(request)
+    principal = await principal_of(request, before_new_password=True)
     if principal.is_anonymous:
         raise Unauthorized("log in first")
     if principal.credential_kind != "session":
@@ -303,8 +313,9 @@ def _require_account(principal: Principal) -> uuid.UUID:
 
 async def change_password(request: Request) -> Response:
     """Needs the old password; ends every other session of the account, and what they made
-    without the password given again (credential_makers.py), but not its other tokens."""
-    principal = await principal_of(request)
+    without the password given again (credential_makers.py), but not its other tokens. Clears
+    the flag of an administrator's reset (the reset's password is then the old one)."""
+    principal = await principal_of(request, before_new_password=True)
     account_id = _require_account(principal)
     key_of(request)
     body = await json_body(request)
@@ -312,6 +323,9 @@ async def change_password(request: Request) -> Response:
     if not isinstance(old, str) or not 1 <= len(old) <= MAX_PASSWORD:
         raise InvalidInput(f"'oldPassword' must be a string of 1-{MAX_PASSWORD} characters")
     new = check_password_text(body.get("newPassword"), "'newPassword'")
+    if new == old:
+        # After a reset above all: the administrator's password would stay the account's.
+        raise InvalidInput("'newPassword' must differ from the old one")
     await confirm_password(request, principal, old, "the old password is wrong")
     state = accounts_state(request)
     runtime = runtime_of(request)
@@ -320,7 +334,8 @@ async def change_password(request: Request) -> Response:
     async with pooled(runtime.pool) as conn, conn.transaction():
         name = await conn.fetchval(
             "UPDATE arkvory_accounts SET password_hash = $2, password_salt = $3, scrypt_n = $4,"
-            " scrypt_r = $5, scrypt_p = $6, password_changed_at = now() WHERE id = $1 RETURNING name",
+            " scrypt_r = $5, scrypt_p = $6, password_changed_at = now(), must_change_password = false"
+            " WHERE id = $1 RETURNING name",
             account_id, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
@@ -389,7 +404,7 @@ async def list_accounts(request: Request) -> Response:
     after = page_cursor(request, ("name",))
     async with pooled(pool) as conn:
         rows = await conn.fetch(
-            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts WHERE ($1::text IS NULL OR name > $1)"
+            f"SELECT {ACCOUNT_COLUMNS} FROM arkvory_accounts WHERE ($1::text IS NULL OR name > $1)"
             " ORDER BY name LIMIT $2",
             after and after[0], limit + 1,
             timeout=POOLED_QUERY_TIMEOUT_S,
@@ -403,8 +418,10 @@ async def _set_disabled(request: Request, disabled: bool) -> Response:
     name = check_account_name(request.path_params["name"])
 
     async def work(conn: asyncpg.Connection):
+        if disabled:
+            await lock_for_removal(conn, principal, name, "disable")
         row = await conn.fetchrow(
-            f"UPDATE arkvory_accounts SET disabled = $2 WHERE {FOLDED_NAME} = $1 RETURNING {_ACCOUNT_COLUMNS}",
+            f"UPDATE arkvory_accounts SET disabled = $2 WHERE {FOLDED_NAME} = $1 RETURNING {ACCOUNT_COLUMNS}",
             fold(name), disabled,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )

@@ -59,7 +59,8 @@ from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
 from ..audit.actions import record_request
 from ..audit.trail import actor_of
-from ..catalog.artifacts import artifact_json, check_artifact_name
+from ..catalog.artifacts import COLUMNS as ARTIFACT_COLUMNS, artifact_json, check_artifact_name
+from ..catalog.uploaders import uploader_of
 from ..idempotency import Result, idempotent, key_of
 from ..blobs.locks import Staging
 from ..catalog.repositories import repository_for_write
@@ -528,7 +529,7 @@ async def _completed_answer(request: Request, session: asyncpg.Record, replay: b
     assert pool is not None
     async with pooled(pool) as conn:
         row = await conn.fetchrow(
-            "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_artifacts WHERE id = $1",
+            f"SELECT {ARTIFACT_COLUMNS} FROM arkvory_artifacts WHERE id = $1",
             session["artifact_id"], timeout=POOLED_QUERY_TIMEOUT_S,
         ) if session["artifact_id"] else None
     if row is None:
@@ -613,10 +614,12 @@ async def _publish_session(
         # the commit fails, the session still has its file and a repeated complete links it
         # again (the same bytes under the same name).
         await place_claimed_blob(conn, storage, path, sha256, session["size"], staging, link=True)
+        # Only the session's own principal completes it (_session_for): the uploader.
         row = await conn.fetchrow(
-            "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
-            " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, name, sha256, size, media_type, created_at",
+            "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type, uploaded_by_kind,"
+            f" uploaded_by_id, uploaded_by_name) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {ARTIFACT_COLUMNS}",
             uuid.uuid4(), repo.id, session["name"], sha256, session["size"], session["media_type"],
+            *await uploader_of(conn, session["principal_id"]),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
         # Kept for the idempotency retention, so a late repeat still finds its artifact.
