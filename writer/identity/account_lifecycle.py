@@ -22,7 +22,7 @@ made are suspended as at a disable (an administrator may adopt them, service_key
 sessions and tokens and what they made go (cascades), its repository permissions go, and its
 open upload sessions expire (the next sweep frees their space). Its artifacts stay and keep
 saying who uploaded them (writer/catalog/uploaders.py: name and id as they were). Every process
-hears of it through the credentials NOTIFY (migration 0017), so the next request with any of its
+hears of it through the credentials NOTIFY (migration 0019), so the next request with any of its
 credentials is 401 everywhere. An account never deletes itself, and the last enabled
 administrator account goes only with a keys-file key (lockout.py). The name is free again
 afterwards; a new account of that name is another account (another id).
