@@ -5,6 +5,8 @@
     │   ├── InvalidInput           400 invalid_input
     │   ├── Unauthorized           401 unauthorized
     │   ├── Forbidden              403 forbidden
+    │   │   └── PasswordChangeRequired 403 password_change_required (an administrator reset the
+    │   │                                  account's password: its session may only set a new one)
     │   ├── NotFound               404 not_found
     │   ├── MethodNotAllowed       405 method_not_allowed (writer: Allow lists the path's methods)
     │   ├── ReadOnly               405 read_only      (gateway: Allow: GET, HEAD)
@@ -52,20 +54,42 @@ class ApiError(Exception):
             return {}
         return {"Retry-After": str(self.retry_after)}
 
+    def header_pairs(self) -> list[tuple[str, str]]:
+        """`headers()` as (name, value) pairs, where a name may repeat: what an API answer sends."""
+        return list(self.headers().items())
+
 
 class InvalidInput(ApiError):
     status, code = 400, "invalid_input"
 
 
+BASIC_CHALLENGE = 'Basic realm="arkvory", charset="UTF-8"'
+BEARER_CHALLENGE = 'Bearer realm="arkvory"'
+
+
 class Unauthorized(ApiError):
+    """An API 401 challenges for Basic as well as Bearer (shared/auth/authorization.py): wget,
+    git and others send their credentials only after a Basic challenge."""
+
     status, code = 401, "unauthorized"
 
     def headers(self) -> dict[str, str]:
-        return {"WWW-Authenticate": 'Bearer realm="arkvory"'}
+        # What the console's pages send (one value per name): no Basic challenge there, or a
+        # browser would open its password dialog over a page that signs in with its own form.
+        return {"WWW-Authenticate": BEARER_CHALLENGE}
+
+    def header_pairs(self) -> list[tuple[str, str]]:
+        # Two header fields, Basic first: clients that read only the first field, or one
+        # challenge per field (wget, browsers), still find Basic.
+        return [("WWW-Authenticate", BASIC_CHALLENGE), ("WWW-Authenticate", BEARER_CHALLENGE)]
 
 
 class Forbidden(ApiError):
     status, code = 403, "forbidden"
+
+
+class PasswordChangeRequired(Forbidden):
+    code = "password_change_required"
 
 
 class NotFound(ApiError):

@@ -1,6 +1,7 @@
-"""Random paths, query strings, headers and small bodies, per route family, to a live writer and
-a live gateway: never a 5xx except a documented 503 with Retry-After, and every error is JSON
-with a `code` (SPEC §6: "never 500").
+"""Random paths, query strings, headers and small bodies, per route family (and hostile
+`Authorization` values, Basic above all), to a live writer and a live gateway: never a 5xx
+except a documented 503 with Retry-After, and every error is JSON with a `code` (SPEC §6:
+"never 500").
 
 Reproducible in CI: `derandomize=True` fixes the examples; `max_examples` bounds the time per
 family (a few seconds each on a quiet machine). The processes start once for the module.
@@ -8,6 +9,7 @@ family (a few seconds each on a quiet machine). The processes start once for the
 
 from __future__ import annotations
 
+import base64
 import urllib.parse
 import uuid
 
@@ -53,6 +55,9 @@ def site(postgres, module_tmp_path):
             session = client.post("/api/v1/login", json=account).json()["token"]
             pat = client.post("/api/v1/tokens", json={"access": "read-write"},
                               headers={"Authorization": f"Bearer {session}"}).json()["token"]
+            # What the account routes reset and delete, so that the fuzzer's own token lives on.
+            assert client.post("/api/v1/accounts", json={"name": "victim", "password": "victim's password"}).status_code == 201
+            assert client.put("/api/v1/repositories/priv/members/victim", json={"level": "read"}).status_code == 200
         gateway = cluster.gateway(1, shared).wait_ready()
         clients = [httpx.Client(base_url=p.url, timeout=20) for p in (writer, gateway)]
         yield {"artifact": artifact["id"], "clients": clients, "pat": pat}
@@ -198,7 +203,8 @@ page_queries = st.fixed_dictionaries({}, optional={"limit": st.one_of(texts, st.
 
 @FUZZ
 @given(which=st.sampled_from(["tokens", "keys", "accounts", "login", "logout", "register", "account/password"]),
-       rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)), st.sampled_from(["/x/disable", "/nobody/enable"])),
+       rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)),
+                      st.sampled_from(["/x/disable", "/nobody/enable", "/victim/password", "/victim", "/victim/disable"])),
        method=methods, query=st.one_of(page_queries, queries), header_map=headers,
        token=st.one_of(st.just("pat"), tokens), body=bodies)
 @example(which="tokens", rest="", method="GET", query={"limit": "1", "cursor": "WyJ4Il0"}, header_map={}, token="pat", body=b"")
@@ -211,9 +217,122 @@ def test_credential_and_account_routes(site, which, rest, method, query, header_
     send(site, method, f"/api/v1/{which}{rest}", query, header_map, token, body)
 
 
+# Retention rules (issue 25): limits that parse, limits out of range, and everything else.
+rule_numbers = st.one_of(st.none(), st.integers(), st.sampled_from([0, 1, 59, 60, 100_000, 100_001, 10**40]),
+                         texts, st.booleans(), st.floats(allow_nan=False))
+rule_bodies = st.fixed_dictionaries({}, optional={"keepNewest": rule_numbers, "keepYoungerThanSeconds": rule_numbers,
+                                                  "enabled": st.one_of(st.booleans(), texts, st.none())}).map(
+    lambda doc: __import__("json").dumps(doc).encode())
+rule_queries = st.fixed_dictionaries({}, optional={
+    "keepNewest": st.one_of(texts, st.integers().map(str)), "keepYoungerThanSeconds": st.one_of(texts, st.integers().map(str)),
+    "limit": st.one_of(texts, st.integers().map(str)), "cursor": cursors})
+
+
+@FUZZ
+@given(repo=st.one_of(st.sampled_from(["priv", "pub", "missing"]), segments),
+       tail=st.sampled_from(["", "", "/preview", "/preview", "/", "/preview/x"]), method=methods,
+       query=st.one_of(rule_queries, queries), header_map=headers, token=tokens, body=st.one_of(rule_bodies, bodies))
+@example(repo="priv", tail="", method="PUT", query={}, header_map={}, token=ADMIN_TOKEN,
+         body=b'{"keepNewest": 100000000000000000000000000000000000000, "enabled": true}')
+@example(repo="priv", tail="/preview", method="GET", query={"keepNewest": "1", "cursor": "WyI5OTk5OS0wMS0wMSIsICIwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDAiXQ"},
+         header_map={}, token=ADMIN_TOKEN, body=b"")
+def test_retention_routes(site, repo, tail, method, query, header_map, token, body):
+    send(site, method, f"/api/v1/repositories/{encode(repo)}/retention{tail}", query, header_map, token, body)
+
+
+@FUZZ
+@given(repo=st.one_of(st.sampled_from(["priv", "pub"]), segments), which=st.sampled_from(["members", "permissions"]),
+       account=st.one_of(st.none(), st.sampled_from(["victim", "fuzzer", "VICTIM"]), segments), method=methods,
+       query=st.one_of(page_queries, queries), header_map=headers, token=st.one_of(st.just("pat"), tokens), body=bodies)
+@example(repo="priv", which="members", account=None, method="GET", query={"limit": "1", "cursor": "WyJ4Il0"},
+         header_map={}, token=ADMIN_TOKEN, body=b"")
+@example(repo="priv", which="members", account="victim", method="PUT", query={}, header_map={}, token=ADMIN_TOKEN,
+         body=b'{"level": "owner"}')
+def test_member_routes(site, repo, which, account, method, query, header_map, token, body):
+    token = site["pat"] if token == "pat" else token
+    tail = "" if account is None else f"/{encode(account)}"
+    send(site, method, f"/api/v1/repositories/{encode(repo)}/{which}{tail}", query, header_map, token, body)
+
+
 @FUZZ
 @given(rest=st.lists(segments, max_size=3), which=st.sampled_from(["status", "live", "ready", "metrics", ""]),
        method=methods, query=queries, header_map=headers, token=tokens)
 def test_health_and_unknown_routes(site, rest, which, method, query, header_map, token):
     path = f"/health/{which}" + "".join(f"/{encode(s)}" for s in rest)
     send(site, method, path, query, header_map, token, b"")
+
+
+# Hostile `Authorization` values, Basic above all (issue 25 §9: a token as Basic's password): any
+# bytes encoded, a token behind any user name, base64 that is not (padding dropped, the URL-safe
+# alphabet, stray characters), oversized values, other schemes; with and without a browser's
+# Sec-Fetch-* and Origin headers. Never a 500, and every 401 challenges for Basic and Bearer.
+def _basic(raw: bytes) -> bytes:
+    return b"Basic " + base64.b64encode(raw)
+
+
+# What an HTTP client can send in a header value: no CR, LF or NUL (h11 refuses them itself).
+header_bytes = st.binary(max_size=60).map(lambda raw: bytes(b for b in raw if b >= 0x20 or b == 0x09))
+known_tokens = st.sampled_from([ADMIN_TOKEN, READER_TOKEN, OTHER_TOKEN, "pat", "fuzzer's password", "", "x"])
+authorizations = st.one_of(
+    st.binary(max_size=80).map(_basic),
+    st.tuples(st.binary(max_size=24), known_tokens),
+    header_bytes.map(lambda raw: b"Basic " + raw),
+    st.binary(min_size=1, max_size=40).map(lambda raw: _basic(raw).rstrip(b"=")),
+    st.binary(min_size=1, max_size=40).map(lambda raw: b"Basic " + base64.urlsafe_b64encode(raw)),
+    st.tuples(st.sampled_from([b"Basic", b"basic", b"BASIC", b"Bearer", b"Digest", b"Negotiate", b""]),
+              st.sampled_from([b"", b" ", b"  ", b"\t"]), header_bytes).map(b"".join),
+    st.sampled_from([b"Basic " + b"A" * 5000, b"Basic " + b"QQ==" * 300, _basic(b":" * 700),
+                     _basic(b"u:" + b"t" * 766), _basic(b"u:" + b"t" * 767), b"Basic ====", b"Basic =",
+                     _basic("ж:ж".encode()), _basic("u:ж".encode("utf-8")), _basic(b"u:\xe9t\xe9"),
+                     _basic(b"u:\x00"), _basic(b"\x00:" + ADMIN_TOKEN.encode())]),
+)
+browser_headers = st.fixed_dictionaries({}, optional={
+    "Sec-Fetch-Site": st.sampled_from(["cross-site", "same-site", "same-origin", "none", "", "CROSS-SITE", "x"]),
+    "Sec-Fetch-Mode": st.sampled_from(["navigate", "cors", "no-cors", "", "NAVIGATE"]),
+    "Origin": st.sampled_from(["http://elsewhere.example", "null", "", "http://127.0.0.1"]),
+})
+CHALLENGES = ['Basic realm="arkvory", charset="UTF-8"', 'Bearer realm="arkvory"']
+
+
+@FUZZ
+@given(authorization=authorizations, browser=browser_headers,
+       which=st.sampled_from(["content", "/api/v1/repositories", "/api/v1/repositories/priv", "/api/v1/tokens",
+                              "/health/ready", "/health/metrics"]),
+       method=st.sampled_from(["GET", "HEAD", "POST", "DELETE"]))
+@example(authorization=(b"anyone", ADMIN_TOKEN), browser={}, which="content", method="GET")
+@example(authorization=(b"", "pat"), browser={"Sec-Fetch-Site": "cross-site"}, which="/api/v1/tokens", method="POST")
+def test_authorization_header(site, authorization, browser, which, method):
+    if isinstance(authorization, tuple):  # a known token (or password) behind a user name
+        user, secret = authorization
+        authorization = _basic(user.replace(b":", b"") + b":" + (site["pat"] if secret == "pat" else secret).encode())
+    path = f"/api/v1/repositories/priv/artifacts/{site['artifact']}/content" if which == "content" else which
+    sent = {"Authorization": authorization.strip(), **browser}
+    for client in site["clients"]:
+        answer = client.request(method, path, headers=sent)
+        check(answer, method)
+        if answer.status_code == 401:
+            assert answer.headers.get_list("www-authenticate") == CHALLENGES, answer.headers
+
+
+audit_values = st.one_of(
+    texts,
+    st.sampled_from(["repository", "repository.create", "account.sign-in", "key:admin", "admin", "ok", "refused",
+                     "newest", "oldest", "2026-01-01T00:00:00Z", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00",
+                     "2026-13-01", "1" * 70]),
+)
+audit_queries = st.dictionaries(
+    st.sampled_from(["principal", "action", "repository", "target", "outcome", "since", "until", "order", "limit",
+                     "cursor"]) | texts,
+    st.one_of(audit_values, cursors), max_size=5,
+)
+
+
+@FUZZ
+@given(method=methods, query=audit_queries, header_map=headers, token=st.one_of(st.just("pat"), tokens), body=bodies)
+@example(method="GET", query={"since": "0001-01-01T00:00:00+14:00"}, header_map={}, token=ADMIN_TOKEN, body=b"")
+@example(method="GET", query={"cursor": "WyIwMDAxLTAxLTAxVDAwOjAwOjAwKzE0OjAwIiwgIjEiXQ"}, header_map={},
+         token=ADMIN_TOKEN, body=b"")
+@example(method="GET", query={"target": "\x00"}, header_map={}, token=ADMIN_TOKEN, body=b"")
+def test_audit_route(site, method, query, header_map, token, body):
+    token = site["pat"] if token == "pat" else token
+    send(site, method, "/api/v1/audit", query, header_map, token, body)

@@ -5,6 +5,7 @@ The basics, which every package here may import:
     openapi.py         the OpenAPI document and the fragments routes share
     pagination.py      limit and cursor of every list
     request_inputs.py  what every route reads of its request: runtime, principal, JSON body
+    audit/             the audit trail: every change recorded with who, what, when, from where
 
 The packages, from the bottom up. Each imports only from itself, the basics and the packages on
 the lines above it; packages on one line never import each other. tests/test_layout.py holds

@@ -1,17 +1,19 @@
-"""Bearer tokens of every kind to principals, on every process (SPEC §5).
+"""Tokens of every kind to principals, on every process (SPEC §5).
 
 Four kinds: keys-file tokens (in memory, identity.KeyRing), and three kinds that live in
 `arkvory_credentials`: sessions `dps_<id>.<secret>`, personal tokens `pat_<id>.<secret>` and
 managed service keys `arkvory_<uuid>.<secret>`. Only the SHA-256 of a token is stored; one
 indexed lookup by that digest finds the credential, its account and the account's permissions.
+Every kind arrives as `Authorization: Bearer`, or as HTTP Basic's password (authorization.py),
+and a session also as the console's cookie.
 
 Revocation must take effect on the next request on every process, so resolved credentials are
 remembered (by the token's `identity.memo_key`, a BLAKE2b digest: a hit then costs no SHA-256)
 only under the same rule as the catalog cache: while this process LISTENs on
-`arkvory_credentials` (migrations 0004 and 0014 notify on every revocation, expiry change,
-suspended key, disabled account and permission change), flushed on every notification and on
-every reconnect, and nothing is remembered *or answered* from memory while the listener is
-down. Expiry is checked on every hit against the expiry read from the database. What a revoked
+`arkvory_credentials` (migrations 0004, 0014 and 0017 notify on every revocation, expiry change,
+suspended key, disabled, deleted or reset account and permission change), flushed on every
+notification and on every reconnect, and nothing is remembered *or answered* from memory while
+the listener is down. Expiry is checked on every hit against the expiry read from the database. What a revoked
 credential made goes with it in the same statement (migration 0014's `ends_with` cascade), so
 the one notification covers it too.
 
@@ -39,7 +41,8 @@ from arkvory.shared.cluster.notified_cache import NotifiedCache
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Unauthorized
 
-from .identity import ANONYMOUS, KeyRing, Principal, bearer_token, memo_key
+from .authorization import presented_token
+from .identity import ANONYMOUS, KeyRing, Principal, memo_key
 
 log = logging.getLogger("arkvory.credentials")
 
@@ -55,7 +58,7 @@ DATABASE_TOKEN = re.compile(
 )
 
 _LOOKUP = """
-SELECT c.id, c.kind, c.access, c.scopes, c.account_id, c.expires_at, a.is_admin,
+SELECT c.id, c.kind, c.access, c.scopes, c.account_id, c.expires_at, a.is_admin, a.must_change_password,
        ARRAY(SELECT p.level || ':' || r.name FROM arkvory_repository_permissions p
              JOIN arkvory_repositories r ON r.id = p.repository_id
              WHERE p.account_id = c.account_id) AS permissions
@@ -117,6 +120,12 @@ def principal_from_row(row: asyncpg.Record) -> Principal:
             credential_kind="service_key",
         )
     read_only = row["kind"] == "pat" and row["access"] == "read"
+    if row["kind"] == "session" and row["must_change_password"]:
+        # Signed in with a password an administrator set: nothing but setting a new one.
+        return Principal(
+            id=f"account:{row['account_id']}", kind="account", scopes=frozenset(), account_id=row["account_id"],
+            credential_id=row["id"], credential_kind="session", password_change_required=True,
+        )
     return Principal(
         id=f"account:{row['account_id']}",  # a session and a token of one account share a budget
         kind="account",
@@ -182,8 +191,9 @@ def forget_cached(cache: CredentialCache) -> None:
 
 
 def token_of(authorization: str | None, session_cookie: str | None = None) -> str | None:
-    """The bearer token, else the session cookie (the writer passes it; gateways never do)."""
-    token = bearer_token(authorization)
+    """The `Authorization` header's token (Bearer, or Basic's password: authorization.py), else
+    the session cookie (the writer passes it; gateways never do)."""
+    token = presented_token(authorization)
     if token is None and session_cookie:
         return session_cookie
     return token

@@ -19,7 +19,8 @@ from starlette.types import Message, Receive, Scope, Send
 from arkvory.shared.auth.credentials import resolve, resolve_now
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import InvalidInput, Unavailable
-from arkvory.shared.http.access_log import PRINCIPAL_KEY
+from arkvory.shared.http import basic_from_browsers
+from arkvory.shared.http.access_log import PRINCIPAL_ID_KEY
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, send_error
 from arkvory.shared.http.handle import HANDLE_KEY, ConnectionHandle, encode_header_block
 from arkvory.shared.http.ranges import not_modified, requested_range
@@ -148,7 +149,7 @@ class _ContentEndpoint:
         if principal is None:  # a database credential this process does not remember (yet)
             principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
             _still_serving(runtime)
-        scope[PRINCIPAL_KEY] = principal.id  # for the access line (access_log.note_principal)
+        scope[PRINCIPAL_ID_KEY] = principal.id  # for the access line (access_log.note_principal)
         generation = runtime.catalog.generation
         found = find_content_now(runtime.catalog, ask.repo, principal, key)
         if found is None:
@@ -296,7 +297,8 @@ class ContentDispatch:
     small download itself. Everything else goes to `app`.
 
     The fast path applies what the skipped layers would: a request with two `Authorization`
-    headers is refused (the gates' RequestGuard), a process that may not serve answers 503
+    headers, or with Basic credentials a browser added to another site's request, is refused
+    (the gates' RequestGuard), a process that may not serve answers 503
     (ServingGate), and errors go through the same exception handlers.
     """
 
@@ -316,9 +318,15 @@ class ContentDispatch:
         scope["route"] = route
         # One coroutine for the dispatch (this one) and one for the endpoint.
         ask = _Ask(scope)
-        if ask.authorizations > 1:  # as edge.ambiguous_credentials, in the same pass
+        if ask.authorizations > 1:  # as edge.credentials_refusal, in the same pass
             await send_error(scope, send, InvalidInput("send at most one Authorization header"))
             return
+        # basic_from_browsers.is_basic on the decoded value: another pass, for Basic only.
+        if ask.authorization is not None and ask.authorization[:6].lower() == "basic ":
+            refused = basic_from_browsers.refusal(scope)
+            if refused is not None:
+                await send_error(scope, send, refused)
+                return
         scope[_ASK_KEY] = ask
         if not self.runtime.may_serve:
             await send_error(scope, send, Unavailable(f"this process cannot serve: {self.runtime.status}"))

@@ -51,8 +51,9 @@ from .client_address import Network, address_of
 from .exchange import Exchange
 from .refusals import REQUEST_ID_KEY
 
-# Where the principal's id is kept in a request's scope (`note_principal`).
-PRINCIPAL_KEY = "arkvory.principal"
+# Where the principal's id is kept in a request's scope (`note_principal`): a string, not the
+# Principal the writer's routes keep under "arkvory.principal" (writer/request_inputs.PRINCIPAL_KEY).
+PRINCIPAL_ID_KEY = "arkvory.principal_id"
 ANONYMOUS = "anonymous"
 UNMATCHED = "unmatched"  # the route of a request no route matched (as in the metrics)
 # A few seconds of a busy process's requests (issue 6: ~5 k small requests/s per process).
@@ -83,7 +84,7 @@ log = logging.getLogger("arkvory.http")
 
 def note_principal(scope: Scope, principal_id: str) -> None:
     """Say who asks, for the access line (called where a request's credential is resolved)."""
-    scope[PRINCIPAL_KEY] = principal_id
+    scope[PRINCIPAL_ID_KEY] = principal_id
 
 
 class AccessLog(Collector):
@@ -158,7 +159,7 @@ class AccessLog(Collector):
         # collection's work.
         lines.append((
             time.time(), time.monotonic() - exchange.began, scope["client"], forwarded,
-            scope.get(PRINCIPAL_KEY), scope["method"], getattr(scope.get("route"), "path", None) or UNMATCHED,
+            scope.get(PRINCIPAL_ID_KEY), scope["method"], getattr(scope.get("route"), "path", None) or UNMATCHED,
             path if len(path) <= FIELD_BYTES else path[:FIELD_BYTES],
             query if len(query) <= FIELD_BYTES else query[:FIELD_BYTES],
             exchange.status, exchange.sent, exchange.received, scope.get(REQUEST_ID_KEY), range_, end,
@@ -185,7 +186,7 @@ class AccessLog(Collector):
         received = 0
         if exchange is not None:
             scope = exchange.scope
-            method, principal = scope["method"], scope.get(PRINCIPAL_KEY)
+            method, principal = scope["method"], scope.get(PRINCIPAL_ID_KEY)
             route = getattr(scope.get("route"), "path", None) or UNMATCHED
             path, query = scope["raw_path"][:FIELD_BYTES], scope["query_string"][:FIELD_BYTES]
             received = exchange.received

@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from arkvory.shared.auth.credentials import SESSION_COOKIE
 from arkvory.shared.errors import Forbidden
-from arkvory.shared.http.access_log import PRINCIPAL_KEY
+from arkvory.shared.http.access_log import PRINCIPAL_ID_KEY
 from arkvory.shared.http.edge import send_error
 from arkvory.shared.http.handle import HANDLE_KEY
 
@@ -152,6 +152,6 @@ class PageHeaders:
         finally:
             # What the edge reads of the request at its end (the metrics' route, the access
             # line's principal) was set on the copy.
-            for key in ("route", PRINCIPAL_KEY):
+            for key in ("route", PRINCIPAL_ID_KEY):
                 if key in scope:
                     outer[key] = scope[key]
