@@ -47,7 +47,7 @@ def client_address(scope: Scope, trusted: tuple[Network, ...]) -> str:
 
 def address_of(peer: str | None, forwarded_for: list[str], trusted: tuple[Network, ...]) -> str:
     """`believed_address`, and the warning (once per process) when `X-Forwarded-For` came from
-    a peer that is not trusted. (The access log's thread calls it too, for every request.)"""
+    a peer that is not trusted. (The access log calls it too, as it makes each line.)"""
     if forwarded_for and not _untrusted_forwarding_seen and peer is not None:
         address = _parse(peer)
         if address is not None and not _is_trusted(address, trusted):
