@@ -14,14 +14,14 @@ nginx runs with 1 worker (one process, like the gateway) and with `auto` (one pe
 `--share-mode demand` runs every process with demand shares (issue 23: nothing may be added per
 request or per chunk, so the figure must not fall).
 
-`--access-log text|json` measures the access log instead (issue 24 item 4, goal: ≥ 0.9 × the rate
-without it): two open-admission gateways on one cluster, one with `ARKVORY_ACCESS_LOG` off and
-one with it on (its stderr goes to a file), in `--rounds` alternating wrk rounds, each round
-starting with the other; it prints each one's median and range, the median of the per-round
-ratios, CPU per request, and the lines written and dropped (nothing else is measured then).
+`--access-log text json` measures the access log instead (issue 24 item 4, goal: ≥ 0.9 × the rate
+without it): open-admission gateways on one cluster, one with `ARKVORY_ACCESS_LOG` off and one per
+format named, in `--rounds` rounds of wrk against each in turn, each round starting with the next
+gateway; it prints each one's median and range, the median of the per-round ratios to off, the
+CPU per request each adds, and the lines written and dropped (nothing else is measured then).
 
     .venv/bin/python bench/small_requests.py [--seconds 10] [--connections 64] [--share-mode static|demand]
-    .venv/bin/python bench/small_requests.py --access-log text [--rounds 7] [--seconds 5]
+    .venv/bin/python bench/small_requests.py --access-log text json [--rounds 7] [--seconds 5]
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def main() -> int:
         help="record the open-admission gateway with py-spy during its run (FILE.svg: flame graph, "
         "FILE.txt: collapsed stacks; sampling slows the gateway a little); needs `.venv/bin/pip install py-spy`",
     )
-    parser.add_argument("--access-log", choices=("text", "json"),
-                        help="measure a gateway with this access log beside one without (only that)")
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds of --access-log")
+    parser.add_argument("--access-log", choices=("text", "json"), nargs="+",
+                        help="measure a gateway with each access log format beside one without (only that)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of --access-log")
     args = parser.parse_args()
     if args.access_log:
         return access_log_cost(args)
@@ -221,72 +221,71 @@ ACCESS_LOG_GOAL = 0.9
 
 
 def access_log_cost(args: argparse.Namespace) -> int:
-    """Two gateways, the access log off and on, in alternating rounds (module docstring)."""
+    """A gateway with the access log off beside one per asked format, in rounds that each start
+    with the next of them (module docstring)."""
     size = args.size_kib * KiB
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     wrk = dict(threads=args.threads, connections=args.connections)
     load_before = os.getloadavg()
+    modes = ["off", *dict.fromkeys(args.access_log)]
     with BenchCluster() as bench:
-        shared = bench.shared(slots=3, total=MAX_RATE, ARKVORY_SHARE_MODE=args.share_mode)
+        shared = bench.shared(slots=len(modes) + 1, total=MAX_RATE, ARKVORY_SHARE_MODE=args.share_mode)  # (the writer is slot 0)
         pool = {"ARKVORY_DATABASE_POOL_SIZE": str(args.pool_size)}
         extra = dict(item.split("=", 1) for item in args.env)
         writer = bench.writer(shared, **pool)
         create_repo(writer, "bench")
         artifact = upload(writer, "bench", "small.bin", size)
         gateways = {
-            "access log off": bench.gateway(1, shared, **{**pool, **OPEN_ADMISSION, **extra, "ARKVORY_ACCESS_LOG": "off"}),
-            f"access log {args.access_log}": bench.gateway(
-                2, shared, **{**pool, **OPEN_ADMISSION, **extra, "ARKVORY_ACCESS_LOG": args.access_log}
-            ),
+            mode: bench.gateway(slot, shared, **{**pool, **OPEN_ADMISSION, **extra, "ARKVORY_ACCESS_LOG": mode})
+            for slot, mode in enumerate(modes, start=1)
         }
         for gateway in gateways.values():
             run_wrk(gateway.url + artifact["path"], headers=auth, seconds=2, **wrk)  # warm-up
-        rates: dict[str, list[float]] = {name: [] for name in gateways}
-        cpu: dict[str, list[float]] = {name: [] for name in gateways}
-        served = 0
-        order = list(gateways)
+        rates: dict[str, list[float]] = {mode: [] for mode in modes}
+        cpu: dict[str, list[float]] = {mode: [] for mode in modes}
         for round_ in range(args.rounds):
-            for name in order[round_ % 2:] + order[:round_ % 2]:
-                gateway = gateways[name]
+            turn = round_ % len(modes)
+            for mode in modes[turn:] + modes[:turn]:
+                gateway = gateways[mode]
                 before = cpu_seconds(gateway.proc.pid)
                 result = run_wrk(gateway.url + artifact["path"], headers=auth, seconds=args.seconds, **wrk)
                 if result["non2xx"] or result["socket_errors"]:
-                    raise BenchError(f"{name}: {result['non2xx']} non-2xx, {result['socket_errors']} socket errors")
-                rates[name].append(result["rps"])
-                cpu[name].append((cpu_seconds(gateway.proc.pid) - before) / max(result["requests"], 1))
-        logged = gateways[order[1]]
-        dropped = metrics(logged).get("arkvory_access_log_dropped_lines_total", float("nan"))
-        time.sleep(0.5)  # the thread writes what is queued every 0.1 s
-        written = sum(1 for line in logged.stderr.splitlines() if "arkvory.access" in line)
+                    raise BenchError(f"{mode}: {result['non2xx']} non-2xx, {result['socket_errors']} socket errors")
+                rates[mode].append(result["rps"])
+                cpu[mode].append((cpu_seconds(gateway.proc.pid) - before) / max(result["requests"], 1))
+        time.sleep(0.5)  # the lines are written every 0.1 s
+        dropped = {mode: metrics(gateways[mode]).get("arkvory_access_log_dropped_lines_total", float("nan")) for mode in modes}
+        written = {mode: sum(1 for line in gateways[mode].stderr.splitlines() if "arkvory.access" in line) for mode in modes}
     load_after = os.getloadavg()
     rows = [
         (
-            name,
-            f"{statistics.median(rates[name]):,.0f}",
-            f"{min(rates[name]):,.0f}–{max(rates[name]):,.0f}",
-            f"{statistics.median(cpu[name]) * 1e6:.0f}",
+            f"access log {mode}",
+            f"{statistics.median(rates[mode]):,.0f}",
+            f"{min(rates[mode]):,.0f}–{max(rates[mode]):,.0f}",
+            f"{statistics.median(cpu[mode]) * 1e6:.0f}",
+            f"{written[mode]:,}",
+            f"{dropped[mode]:.0f}",
         )
-        for name in gateways
+        for mode in modes
     ]
     print()
-    print(table(rows, ("gateway", "req/s (median)", "range", "CPU µs/req (median)")))
-    ratios = [on / off for off, on in zip(rates[order[0]], rates[order[1]])]
-    cpu_ratios = [on / off for off, on in zip(cpu[order[0]], cpu[order[1]])]
-    ratio = statistics.median(ratios)
+    print(table(rows, ("gateway", "req/s (median)", "range", "CPU µs/req (median)", "lines", "dropped")))
+    figures = []
+    for mode in modes[1:]:
+        ratios = [on / off for off, on in zip(rates["off"], rates[mode])]
+        cpu_added = [(on - off) * 1e6 for off, on in zip(cpu["off"], cpu[mode])]
+        ratio = statistics.median(ratios)
+        figures.append((
+            f"{mode} / off, per round", f"{ratio:.3f} ({min(ratios):.2f}–{max(ratios):.2f})",
+            f"{statistics.median(cpu_added):+.1f} ({min(cpu_added):+.1f}–{max(cpu_added):+.1f})",
+            f"≥ {ACCESS_LOG_GOAL}", verdict(ratio >= ACCESS_LOG_GOAL and not dropped[mode]),
+        ))
     print()
-    print(table(
-        [(f"{order[1]} / {order[0]}, per round", f"{ratio:.3f} ({min(ratios):.2f}–{max(ratios):.2f})",
-          f"≥ {ACCESS_LOG_GOAL}", verdict(ratio >= ACCESS_LOG_GOAL))],
-        ("figure", "median (range)", "goal", "result"),
-    ))
+    print(table(figures, ("figure", "rate ratio, median (range)", "CPU µs/req added", "goal", "result")))
     print(
-        f"\nCPU per request, on / off per round: {statistics.median(cpu_ratios):.2f} "
-        f"({min(cpu_ratios):.2f}–{max(cpu_ratios):.2f}); {written:,} lines written to a file, "
-        f"{dropped:.0f} dropped (the figure counts only when none are)"
-    )
-    print(
-        f"({args.rounds} alternating rounds of wrk -t{args.threads} -c{args.connections} -d{args.seconds}s, "
-        f"{args.size_kib} KiB body, after a 2 s warm-up each; load average {load_before[0]:.2f} before, "
+        f"\n({args.rounds} rounds of wrk -t{args.threads} -c{args.connections} -d{args.seconds}s per gateway, "
+        f"each round starting with the next gateway, {args.size_kib} KiB body, after a 2 s warm-up each; "
+        f"a figure counts only when no line was dropped; load average {load_before[0]:.2f} before, "
         f"{load_after[0]:.2f} after; {machine()})"
     )
     return 0
