@@ -6,6 +6,7 @@ worker's health port alike. The edge's side in one process: tests/test_access_lo
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import socket
@@ -133,7 +134,7 @@ def test_a_line_for_every_kind_of_answer_with_every_field(cluster, log_format):
 
 def test_no_credential_in_any_line_whatever_the_request_carries(cluster):
     """Every credential kind, on the writer (API, console with its cookie, login with a
-    password), a gateway and the worker's health port: the lines name each principal by its
+    password, a token as HTTP Basic's password), a gateway and the worker's health port: the lines name each principal by its
     id and hold no token, cookie or password. The writer trusts no balancer: a forwarded
     address is not believed, and said once."""
     shared = cluster.shared_env(slots=2)
@@ -151,10 +152,17 @@ def test_no_credential_in_any_line_whatever_the_request_carries(cluster):
     # The secret half of each database token too, alone (a line might cut a token at its dot).
     secrets += [token.split(".", 1)[1] for token in (session, pat, key)]
 
+    basic = {token: base64.b64encode(f"anyone:{token}".encode()).decode() for token in (ADMIN_TOKEN, pat, key)}
+    secrets += list(basic.values())
     for process in (writer, gateway):
         for token in (ADMIN_TOKEN, READER_TOKEN, session, pat, key):
             with process.client(token) as client:
                 assert client.get("/health/ready", headers={"X-Forwarded-For": "192.0.2.1"}).status_code == 200
+        # HTTP Basic with a token as the password: the same principals, the header in no line.
+        for encoded in basic.values():
+            with httpx.Client(base_url=process.url, timeout=10) as client:
+                answer = client.get("/health/ready", headers={"Authorization": f"Basic {encoded}", "X-Request-Id": "t-basic"})
+                assert answer.status_code == 200
     with httpx.Client(base_url=writer.url, timeout=10) as browser:
         browser.cookies.set("arkvory_session", session)
         assert browser.get("/console/").status_code == 200
@@ -164,11 +172,15 @@ def test_no_credential_in_any_line_whatever_the_request_carries(cluster):
 
     # Lines are written in order: the last request's line is the last one.
     eventually(lambda: [line["path"] for line in access_lines(writer.stderr)].count("/api/v1/login") == 2, "the writer's lines")
-    eventually(lambda: len(access_lines(gateway.stderr)) >= 5, "the gateway's lines")
+    eventually(lambda: len(access_lines(gateway.stderr)) >= 8, "the gateway's lines")
     eventually(lambda: len(access_lines(worker.stderr)) >= 1, "the worker's line")
     principals = {line["principal"] for line in access_lines(writer.stderr) if line["path"] == "/health/ready"}
     assert "key:admin" in principals and "key:reader" in principals
     assert sum(p.startswith("account:") for p in principals) == 1 and sum(p.startswith("service:") for p in principals) == 1
+    for process in (writer, gateway):
+        by_basic = sorted(line["principal"] for line in access_lines(process.stderr) if line["request_id"] == "t-basic")
+        assert len(by_basic) == 3 and "key:admin" in by_basic, by_basic
+        assert sum(p.startswith("account:") for p in by_basic) == 1 and sum(p.startswith("service:") for p in by_basic) == 1
     console = [line for line in access_lines(writer.stderr) if line["path"] == "/console/"]
     assert console and console[0]["principal"].startswith("account:"), console
     assert {line["client"] for line in access_lines(writer.stderr)} == {"127.0.0.1"}
