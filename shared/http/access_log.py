@@ -64,7 +64,9 @@ BATCH_LINES = 1024  # lines of one record (one write); ~2 ms of the loop's time 
 # queue's memory and the line, whatever head (up to 64 KiB) the client sent.
 FIELD_BYTES = 512
 _CLIENTS_KEPT = 4096  # believed addresses remembered (then it starts over)
-_ESCAPED_KEPT = 4096  # values it remembers written as the line writes them
+# Lines' written heads remembered (then it starts over): at most ~3 KiB each (a path of
+# FIELD_BYTES past ASCII, escaped), so a few MiB.
+_HEADS_KEPT = 1024
 # Query parameters whose values are logged: the API's own, none of them secret. Any other
 # parameter is logged as `(hidden)`. Add a name here only if its value is never a secret.
 LOGGED_QUERY_PARAMETERS = frozenset({
@@ -118,12 +120,13 @@ class AccessLog(Collector):
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
-        # What making lines remembers: believed addresses by (host, X-Forwarded-For), values as
-        # a line writes them, the time of the current second.
+        # What making lines remembers: believed addresses by (host, X-Forwarded-For), the heads
+        # of lines as written (`_head`), the time of the current second.
         self._clients: dict[tuple, str] = {}
+        self._heads: dict[tuple, str | tuple[str, str]] = {}
         self._escape = _json if mode == "json" else _logfmt
-        self._escaped: dict[str | None, str] = {}
         self._second = (-1, "")
+        self._name = self.logger.name
         self._logger_name = json.dumps(self.logger.name)
 
     @property
@@ -258,25 +261,17 @@ class AccessLog(Collector):
                 self._written += 1
 
     def _line(self, item: tuple) -> str:
-        """One line, text or JSON: one f-string, the repeated values escaped once."""
+        """One line, text or JSON: one f-string. What repeats from request to request (who asked
+        what, from where: a client fetching one artifact again and again, a balancer's polls) is
+        written once and remembered (`_head`); the time once a second."""
         (ended, duration, peer, forwarded, principal, method, template, path, query,
          status, sent, received, rid, range_, end) = item
-        host = peer[0] if peer else None
-        client = self._clients.get((host, forwarded))
-        if client is None:
-            client = self._client(host, forwarded)
-        # None: not known (the edge's own answer to a head it could not read has no method,
-        # route or path), written `-` in text and null in JSON.
-        shown = path.decode("latin-1") if path else None
-        if query:
-            shown = (shown or "") + "?" + _logged_query(query.decode("latin-1"))
-        escaped, keep, escape = self._escaped, self._escape_and_keep, self._escape
-        client = escaped.get(client) or keep(client)
-        principal = escaped.get(principal or ANONYMOUS) or keep(principal or ANONYMOUS)
-        method = escaped.get(method) or keep(method)
-        template = escaped.get(template) or keep(template)
-        shown = escaped.get(shown) or keep(shown)
+        key = (peer[0] if peer else None, forwarded, principal, method, template, path, query)
+        head = self._heads.get(key)
+        if head is None:
+            head = self._head(key)
         # Different each time: the request id, the Range asked for.
+        escape = self._escape
         rid = escape(rid)
         range_text = escape(None if range_ is None else range_[:FIELD_BYTES].decode("latin-1"))
         second, stamp = self._second
@@ -286,26 +281,43 @@ class AccessLog(Collector):
             self._second = (second, stamp)
         ms = int((ended - second) * 1000)
         if self.mode == "json":
-            message = f"{method[1:-1] if method != 'null' else '-'} {shown[1:-1] if shown != 'null' else '-'} {status}"
+            what, fields = head
             return (
                 f'{{"time": "{stamp}.{ms:03d}", "level": "info", "logger": {self._logger_name}, '
-                f'"message": "{message}", "client": {client}, "principal": {principal}, "method": {method}, '
-                f'"route": {template}, "path": {shown}, "status": {status}, "bytes_sent": {sent}, '
+                f'"message": "{what} {status}", {fields}, "status": {status}, "bytes_sent": {sent}, '
                 f'"bytes_received": {received}, "duration_ms": {duration * 1000:.3f}, "request_id": {rid}, '
                 f'"range": {range_text}, "end": "{end}"}}'
             )
         return (
-            f"{stamp},{ms:03d} INFO {self.logger.name}: client={client} principal={principal} method={method} "
-            f"route={template} path={shown} status={status} bytes_sent={sent} bytes_received={received} "
-            f"duration_ms={duration * 1000:.3f} request_id={rid} range={range_text} end={end}"
+            f"{stamp},{ms:03d} INFO {self._name}: {head} status={status} bytes_sent={sent} "
+            f"bytes_received={received} duration_ms={duration * 1000:.3f} request_id={rid} range={range_text} end={end}"
         )
 
-    def _escape_and_keep(self, text: str | None) -> str:
-        escaped = self._escape(text)
-        if len(self._escaped) >= _ESCAPED_KEPT:
-            self._escaped.clear()
-        self._escaped[text] = escaped
-        return escaped
+    def _head(self, key: tuple) -> str | tuple[str, str]:
+        """The client, principal, method, route and path of a line, written (and remembered):
+        text's `client=… path=…`, or JSON's message start and its fields."""
+        host, forwarded, principal, method, template, path, query = key
+        client = self._clients.get((host, forwarded))
+        if client is None:
+            client = self._client(host, forwarded)
+        # None: not known (the edge's own answer to a head it could not read has no method,
+        # route or path), written `-` in text and null in JSON.
+        shown = path.decode("latin-1") if path else None
+        if query:
+            shown = (shown or "") + "?" + _logged_query(query.decode("latin-1"))
+        escape = self._escape
+        client, principal, template = escape(client), escape(principal or ANONYMOUS), escape(template)
+        method_text, shown_text = escape(method), escape(shown)
+        if self.mode == "json":
+            what = f"{'-' if method is None else method_text[1:-1]} {'-' if shown is None else shown_text[1:-1]}"
+            head = (what, f'"client": {client}, "principal": {principal}, "method": {method_text}, '
+                          f'"route": {template}, "path": {shown_text}')
+        else:
+            head = f"client={client} principal={principal} method={method_text} route={template} path={shown_text}"
+        if len(self._heads) >= _HEADS_KEPT:
+            self._heads.clear()
+        self._heads[key] = head
+        return head
 
     def _client(self, host: str | None, forwarded: bytes | None) -> str:
         """The believed address (remembered: a balancer's few addresses, or a client's, come
