@@ -17,8 +17,10 @@ one thread at a time, and a thread that computes while the loop serves takes the
 at each of the loop's system calls and keeps it for up to a switch interval. Made in the
 thread, a record per line with logging's formatter cost ~17 µs a line and 0.62 of the rate;
 made in the thread in batches, ~3 µs a line but +15 µs of CPU per request in lock hand-overs
-(0.84); made on the loop in batches, one f-string a line with repeated values escaped once and
-the time made once a second, +2 µs per request (docs/performance.md has the figures).
+(0.84), as measured while it was built. Made on the loop in batches, one f-string a
+line with what repeats from line to line written once (`_head`) and the time once a second, it
+costs ~27 k user-space instructions a text line (~31 k JSON, request_ended's share ~11 k) beside
+~196 k for the download itself (callgrind; docs/performance.md, "Issue 24 §4 access log").
 
 What a line holds: the time the request ended, the client's address as `ARKVORY_TRUSTED_PROXIES`
 lets us believe it (client_address.py), the principal's id (`key:…`, `account:<uuid>`,
