@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from .harness import db_execute, db_fetch
+from .test_catalog_api import walk as walk_pages
 from .test_accounts import make_account, session_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -26,18 +27,8 @@ def writer(module_cluster):
 
 
 def walk(client, url: str, **params) -> list[dict]:
-    """Every item of a list, page by page (LIMIT a page): the pages' union, in order."""
-    items, cursor = [], None
-    for _ in range(200):
-        answer = client.get(url, params={**params, "limit": LIMIT, **({"cursor": cursor} if cursor else {})})
-        assert answer.status_code == 200, answer.text
-        page = answer.json()
-        assert len(page["items"]) <= LIMIT
-        items += page["items"]
-        cursor = page["nextCursor"]
-        if cursor is None:
-            return items
-    raise AssertionError("the list never ended")
+    """Every item of a list, page by page, LIMIT a page."""
+    return walk_pages(client, url, LIMIT, **params)
 
 
 def moment(text: str) -> datetime.datetime:

@@ -17,7 +17,7 @@ import pytest
 from arkvory.shared.download.content import QUERY_PARAMETERS
 from arkvory.writer.request_inputs import declared_query_parameters
 
-from .harness import ADMIN_TOKEN, Cluster, db_fetch
+from .harness import ADMIN_TOKEN, db_fetch
 from .test_openapi import built_app
 
 pytestmark = pytest.mark.timeout(180)
@@ -26,22 +26,17 @@ UNKNOWN = "zz_unknown"
 
 
 @pytest.fixture(scope="module")
-def site(postgres, module_tmp_path):
-    database_url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
-    cluster = Cluster(database_url, module_tmp_path)
-    try:
-        shared = cluster.shared_env(slots=2)
-        writer = cluster.writer(shared).wait_ready()
-        with writer.client() as client:
-            assert client.post("/api/v1/repositories", json={"name": "walk"}).status_code == 201
-            artifact = client.post("/api/v1/repositories/walk/artifacts", params={"name": "a.bin"}, content=b"abc").json()
-            client.put("/api/v1/repositories/walk/packages",
-                       json={"group": "g", "name": "n", "version": "1", "artifactId": artifact["id"]})
-            client.put("/api/v1/repositories/walk/assets", params={"path": "p"}, json={"artifactId": artifact["id"]})
-        gateway = cluster.gateway(1, shared).wait_ready()
-        yield {"writer": writer, "gateway": gateway, "artifact": artifact, "database_url": database_url}
-    finally:
-        cluster.close()
+def site(module_cluster, module_database_url):
+    shared = module_cluster.shared_env(slots=2)
+    writer = module_cluster.writer(shared).wait_ready()
+    with writer.client() as client:
+        assert client.post("/api/v1/repositories", json={"name": "walk"}).status_code == 201
+        artifact = client.post("/api/v1/repositories/walk/artifacts", params={"name": "a.bin"}, content=b"abc").json()
+        client.put("/api/v1/repositories/walk/packages",
+                   json={"group": "g", "name": "n", "version": "1", "artifactId": artifact["id"]})
+        client.put("/api/v1/repositories/walk/assets", params={"path": "p"}, json={"artifactId": artifact["id"]})
+    gateway = module_cluster.gateway(1, shared).wait_ready()
+    return {"writer": writer, "gateway": gateway, "artifact": artifact, "database_url": module_database_url}
 
 
 def operations() -> list[tuple[str, str, frozenset[str]]]:
