@@ -21,7 +21,9 @@ artifact is used), after the API's own permission check.
     uploads.py     the upload form without its script (a multipart body, streamed)
     tasks.py       tasks: list, dispatch, cancel, a task and its events
     accounts.py    accounts, personal tokens and service keys
-    views.py       how pages show sizes, rates and times; each change form's idempotency key
+    list_filters.py  each list page's filters and order (a GET form), handed to the API's list
+    views.py       how pages show sizes, rates and times; each change form's idempotency key;
+                   the query a pager's link keeps
 
 May import: arkvory.shared (never its cli/) and every other package of arkvory.writer (never its
 app.py, which assembles it). Never arkvory.gateway.
