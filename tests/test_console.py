@@ -153,14 +153,17 @@ POST_ROUTES = [
     "/console/repositories/builds/delete",
     "/console/repositories/builds/packages/delete",
     "/console/repositories/builds/assets/delete",
-    "/console/repositories/builds/permissions",
-    "/console/repositories/builds/permissions/remove",
+    "/console/repositories/builds/members",
+    "/console/repositories/builds/members/remove",
     "/console/repositories/builds/artifacts/00000000-0000-0000-0000-000000000000/delete",
     "/console/tasks",
     "/console/tasks/00000000-0000-0000-0000-000000000000/cancel",
     "/console/accounts",
     "/console/accounts/root/disable",
     "/console/accounts/root/enable",
+    "/console/accounts/root/password",
+    "/console/accounts/root/delete",
+    "/console/account/password",
     "/console/tokens",
     "/console/tokens/revoke",
     "/console/tokens/00000000-0000-0000-0000-000000000000/revoke",
@@ -264,7 +267,7 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
          [builds, "<h2>Artifacts</h2>", "<caption>Artifacts of builds, newest first</caption>", "a.bin"]),
         ("/console/repositories/builds/packages", 200, [builds, "<h2>Packages</h2>"]),
         ("/console/repositories/builds/assets", 200, [builds, "<h2>Assets</h2>"]),
-        ("/console/repositories/builds/permissions", 200, [builds, "<h2>Permissions</h2>"]),
+        ("/console/repositories/builds/members", 200, [builds, "<h2>Members</h2>"]),
         (f"/console/repositories/builds/artifacts/{artifact['id']}", 200,
          ['<h1>Artifact <span class="name">a.bin</span></h1>', artifact["sha256"]]),
         ("/console/tasks", 200, ["<h1>Tasks</h1>", f'href="/console/tasks/{task["id"]}"']),
@@ -403,14 +406,14 @@ def test_repositories_artifacts_and_refusals_as_messages(writer, admin):
     with api(writer) as client:
         assert client.get("/api/v1/repositories/builds").json()["public"] is True
     make_account(writer.url, "bob")
-    granted = admin.submit("/console/repositories/builds/permissions", "/console/repositories/builds/permissions",
+    granted = admin.submit("/console/repositories/builds/members", "/console/repositories/builds/members",
                            account="bob", level="write")
     assert granted.status_code == 303
-    assert "bob" in admin.get("/console/repositories/builds/permissions").text
-    nobody = admin.submit("/console/repositories/builds/permissions", "/console/repositories/builds/permissions",
+    assert "bob" in admin.get("/console/repositories/builds/members").text
+    nobody = admin.submit("/console/repositories/builds/members", "/console/repositories/builds/members",
                           account="nobody", level="read")
     assert nobody.status_code == 404 and messages(nobody) == ["no account 'nobody'"]
-    removed = admin.submit("/console/repositories/builds/permissions", "/console/repositories/builds/permissions/remove",
+    removed = admin.submit("/console/repositories/builds/members", "/console/repositories/builds/members/remove",
                            account="bob")
     assert removed.status_code == 303
     dropped = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete", force="true")
@@ -681,20 +684,24 @@ def test_a_gateway_has_no_console(cluster):
 
 _FIELDS = ["csrf", "key", "name", "public", "force", "account", "level", "group", "version", "path", "kind",
            "param_grace_seconds", "param_bytes_per_second", "budget_max_items", "budget_max_bytes", "on_restart",
-           "max_attempts", "password", "admin", "label", "access", "expires_days", "scopes", "id", "next"]
+           "max_attempts", "password", "admin", "label", "access", "expires_days", "scopes", "id", "next",
+           "lifetime", "current_password", "new_password", "new_password_again", "password_again"]
 _TEXT = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=80) | st.sampled_from(
     ["", "0", "-1", "99999999999999999999999", "1e9", "true", "../..", "/", "%00", "\x00", "<script>", "verify",
      "cleanup", "read", "admin", "read:*", "\u202e", "a" * 5000, "00000000-0000-0000-0000-000000000000"])
 _TARGETS = [
     "/console/repositories", "/console/repositories/{x}/visibility", "/console/repositories/{x}/delete",
-    "/console/repositories/{x}/permissions", "/console/repositories/{x}/permissions/remove",
+    "/console/repositories/{x}/members", "/console/repositories/{x}/members/remove",
     "/console/repositories/{x}/packages/delete", "/console/repositories/{x}/assets/delete",
     "/console/repositories/{x}/artifacts/{x}/delete", "/console/tasks", "/console/tasks/{x}/cancel",
     "/console/accounts/{x}/enable", "/console/tokens", "/console/tokens/revoke", "/console/tokens/{x}/revoke",
     "/console/keys", "/console/keys/{x}/revoke", "/console/keys/{x}/adopt", "/console/sign-in",
+    "/console/accounts/{x}/password", "/console/accounts/{x}/delete", "/console/account/password",
 ]
 _PAGES = ["/console/repositories/{x}", "/console/repositories/{x}/packages", "/console/repositories/{x}/assets",
-          "/console/repositories/{x}/permissions", "/console/repositories/{x}/artifacts/{x}",
+          "/console/repositories/{x}/members", "/console/repositories/{x}/permissions",
+          "/console/repositories/{x}/artifacts/{x}", "/console/accounts/{x}/password", "/console/accounts/{x}/delete",
+          "/console/account/password",
           "/console/repositories/{x}/artifacts/{x}/download", "/console/tasks/{x}", "/console/repositories",
           "/console/tasks", "/console/sign-in", "/console/accounts", "/console/tokens", "/console/keys"]
 _SEGMENT = st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="/?#"), min_size=1, max_size=40) | st.sampled_from(

@@ -60,6 +60,9 @@ def site(postgres, module_tmp_path):
             session = client.post("/api/v1/login", json=account).json()["token"]
             pat = client.post("/api/v1/tokens", json={"access": "read-write"},
                               headers={"Authorization": f"Bearer {session}"}).json()["token"]
+            # What the account routes reset and delete, so that the fuzzer's own token lives on.
+            assert client.post("/api/v1/accounts", json={"name": "victim", "password": "victim's password"}).status_code == 201
+            assert client.put("/api/v1/repositories/priv/members/victim", json={"level": "read"}).status_code == 200
         gateway = cluster.gateway(1, shared).wait_ready()
         clients = [httpx.Client(base_url=p.url, timeout=20) for p in (writer, gateway)]
         yield {"artifact": artifact["id"], "clients": clients, "pat": pat}
@@ -267,7 +270,8 @@ def test_list_orders_and_filters(site, request, token, method):
 
 @FUZZ
 @given(which=st.sampled_from(["tokens", "keys", "accounts", "login", "logout", "register", "account/password"]),
-       rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)), st.sampled_from(["/x/disable", "/nobody/enable"])),
+       rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)),
+                      st.sampled_from(["/x/disable", "/nobody/enable", "/victim/password", "/victim", "/victim/disable"])),
        method=methods, query=st.one_of(page_queries, queries), header_map=headers,
        token=st.one_of(st.just("pat"), tokens), body=bodies)
 @example(which="tokens", rest="", method="GET", query={"limit": "1", "cursor": "WyJ4Il0"}, header_map={}, token="pat", body=b"")
@@ -278,6 +282,43 @@ def test_list_orders_and_filters(site, request, token, method):
 def test_credential_and_account_routes(site, which, rest, method, query, header_map, token, body):
     token = site["pat"] if token == "pat" else token
     send(site, method, f"/api/v1/{which}{rest}", query, header_map, token, body)
+
+
+# Retention rules (issue 25): limits that parse, limits out of range, and everything else.
+rule_numbers = st.one_of(st.none(), st.integers(), st.sampled_from([0, 1, 59, 60, 100_000, 100_001, 10**40]),
+                         texts, st.booleans(), st.floats(allow_nan=False))
+rule_bodies = st.fixed_dictionaries({}, optional={"keepNewest": rule_numbers, "keepYoungerThanSeconds": rule_numbers,
+                                                  "enabled": st.one_of(st.booleans(), texts, st.none())}).map(
+    lambda doc: __import__("json").dumps(doc).encode())
+rule_queries = st.fixed_dictionaries({}, optional={
+    "keepNewest": st.one_of(texts, st.integers().map(str)), "keepYoungerThanSeconds": st.one_of(texts, st.integers().map(str)),
+    "limit": st.one_of(texts, st.integers().map(str)), "cursor": cursors})
+
+
+@FUZZ
+@given(repo=st.one_of(st.sampled_from(["priv", "pub", "missing"]), segments),
+       tail=st.sampled_from(["", "", "/preview", "/preview", "/", "/preview/x"]), method=methods,
+       query=st.one_of(rule_queries, queries), header_map=headers, token=tokens, body=st.one_of(rule_bodies, bodies))
+@example(repo="priv", tail="", method="PUT", query={}, header_map={}, token=ADMIN_TOKEN,
+         body=b'{"keepNewest": 100000000000000000000000000000000000000, "enabled": true}')
+@example(repo="priv", tail="/preview", method="GET", query={"keepNewest": "1", "cursor": "WyI5OTk5OS0wMS0wMSIsICIwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDAiXQ"},
+         header_map={}, token=ADMIN_TOKEN, body=b"")
+def test_retention_routes(site, repo, tail, method, query, header_map, token, body):
+    send(site, method, f"/api/v1/repositories/{encode(repo)}/retention{tail}", query, header_map, token, body)
+
+
+@FUZZ
+@given(repo=st.one_of(st.sampled_from(["priv", "pub"]), segments), which=st.sampled_from(["members", "permissions"]),
+       account=st.one_of(st.none(), st.sampled_from(["victim", "fuzzer", "VICTIM"]), segments), method=methods,
+       query=st.one_of(page_queries, queries), header_map=headers, token=st.one_of(st.just("pat"), tokens), body=bodies)
+@example(repo="priv", which="members", account=None, method="GET", query={"limit": "1", "cursor": "WyJ4Il0"},
+         header_map={}, token=ADMIN_TOKEN, body=b"")
+@example(repo="priv", which="members", account="victim", method="PUT", query={}, header_map={}, token=ADMIN_TOKEN,
+         body=b'{"level": "owner"}')
+def test_member_routes(site, repo, which, account, method, query, header_map, token, body):
+    token = site["pat"] if token == "pat" else token
+    tail = "" if account is None else f"/{encode(account)}"
+    send(site, method, f"/api/v1/repositories/{encode(repo)}/{which}{tail}", query, header_map, token, body)
 
 
 @FUZZ
@@ -338,3 +379,27 @@ def test_authorization_header(site, authorization, browser, which, method):
         check(answer, method)
         if answer.status_code == 401:
             assert answer.headers.get_list("www-authenticate") == CHALLENGES, answer.headers
+
+
+audit_values = st.one_of(
+    texts,
+    st.sampled_from(["repository", "repository.create", "account.sign-in", "key:admin", "admin", "ok", "refused",
+                     "newest", "oldest", "2026-01-01T00:00:00Z", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00",
+                     "2026-13-01", "1" * 70]),
+)
+audit_queries = st.dictionaries(
+    st.sampled_from(["principal", "action", "repository", "target", "outcome", "since", "until", "order", "limit",
+                     "cursor"]) | texts,
+    st.one_of(audit_values, cursors), max_size=5,
+)
+
+
+@FUZZ
+@given(method=methods, query=audit_queries, header_map=headers, token=st.one_of(st.just("pat"), tokens), body=bodies)
+@example(method="GET", query={"since": "0001-01-01T00:00:00+14:00"}, header_map={}, token=ADMIN_TOKEN, body=b"")
+@example(method="GET", query={"cursor": "WyIwMDAxLTAxLTAxVDAwOjAwOjAwKzE0OjAwIiwgIjEiXQ"}, header_map={},
+         token=ADMIN_TOKEN, body=b"")
+@example(method="GET", query={"target": "\x00"}, header_map={}, token=ADMIN_TOKEN, body=b"")
+def test_audit_route(site, method, query, header_map, token, body):
+    token = site["pat"] if token == "pat" else token
+    send(site, method, "/api/v1/audit", query, header_map, token, body)

@@ -125,7 +125,7 @@ COMPONENTS: dict[str, Any] = {
             "properties": {
                 "code": {
                     "type": "string",
-                    "description": "invalid_input, unauthorized, forbidden, not_found, read_only, "
+                    "description": "invalid_input, unauthorized, forbidden, password_change_required, not_found, read_only, "
                     "method_not_allowed, request_timeout, conflict, idempotency_key_in_use, "
                     "payload_too_large, unsupported_media_type, IdempotentParameterMismatch, "
                     "digest_mismatch, range_not_satisfiable, "

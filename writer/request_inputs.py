@@ -14,27 +14,42 @@ from starlette.routing import BaseRoute, Route
 
 from arkvory.shared.auth.credentials import SESSION_COOKIE, resolve
 from arkvory.shared.auth.identity import Principal
-from arkvory.shared.errors import Forbidden, InvalidInput, Unauthorized
+from arkvory.shared.errors import Forbidden, InvalidInput, PasswordChangeRequired, Unauthorized
 from arkvory.shared.http.bodies import read_json_object
 from arkvory.shared.http.query import checked_query, query_value
 from arkvory.shared.process.runtime import Runtime
+
+
+# Who asked, once a route has resolved it: the audit of a refused change names them
+# (writer/audit/refusals.py).
+PRINCIPAL_KEY = "arkvory.principal"
 
 
 def runtime_of(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-async def principal_of(request: Request) -> Principal:
+async def principal_of(request: Request, *, before_new_password: bool = False) -> Principal:
     """Any credential kind (shared/auth/credentials.py); on the writer also the session cookie of the
-    console (SameSite=Strict, so other sites cannot make a browser send it)."""
+    console (SameSite=Strict, so other sites cannot make a browser send it).
+
+    A session signed in with a password an administrator reset is refused (403
+    password_change_required) by every route but those that pass `before_new_password`: setting
+    the new password and logging out."""
     runtime = runtime_of(request)
-    return await resolve(
+    principal = request.scope[PRINCIPAL_KEY] = await resolve(
         runtime.keys,
         runtime.credentials,
         runtime.pool,
         request.headers.get("authorization"),
         request.cookies.get(SESSION_COOKIE),
     )
+    if principal.password_change_required and not before_new_password:
+        raise PasswordChangeRequired(
+            "an administrator reset this account's password: set your own first (POST /api/v1/account/password"
+            " with the password you were given as oldPassword, `arkvory password ACCOUNT`, or the console)"
+        )
+    return principal
 
 
 def require_admin_scope(principal: Principal, managing: str) -> None:

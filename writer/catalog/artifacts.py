@@ -3,7 +3,9 @@ and schema. (Uploads, the one-shot POST among them, are in writer/uploads/one_sh
 
 Delete removes the metadata at once; the blob stays for the cleanup task. An artifact that a
 package version or an asset still points at cannot be deleted (409): a published version is
-immutable, and an asset would otherwise point at nothing.
+immutable, and an asset would otherwise point at nothing. The asset-history entries that named
+a deleted artifact go with it: what is left of a history can all be restored. Retention rules
+(writer/maintenance/retention.py) delete through the same `delete_unused_artifacts`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..openapi import (
 )
 from ..pagination import NEWEST, OLDEST, TIME_ID, ListQuery, page_cursor, page_limit, page_order, text_filter
 from .repositories import repository_for_write
+from . import uploaders
 from ..request_inputs import principal_of, query, runtime_of
 
 MAX_NAME = 255
@@ -49,6 +52,7 @@ def artifact_json(row) -> dict:
         "size": row["size"],
         "mediaType": row["media_type"],
         "createdAt": row["created_at"].isoformat(),
+        "uploadedBy": uploaders.uploader_json(row),
     }
 
 
@@ -58,7 +62,9 @@ def artifact_location(repo_name: str, artifact_id: uuid.UUID) -> str:
     return f"/api/v1/repositories/{repo_name}/artifacts/{artifact_id}"
 
 
-_SELECT = "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_artifacts"
+# What artifact_json reads: a SELECT's or an INSERT's RETURNING columns.
+COLUMNS = f"id, name, sha256, size, media_type, created_at, {uploaders.COLUMNS}"
+_SELECT = f"SELECT {COLUMNS} FROM arkvory_artifacts"
 
 
 async def show_artifact(request: Request) -> Response:
@@ -115,6 +121,41 @@ async def list_artifacts(request: Request) -> Response:
     return JSONResponse(listing.page(rows, limit, artifact_json))
 
 
+_LOCK = (
+    "SELECT id FROM arkvory_artifacts WHERE id = ANY($1::uuid[]) AND repository_id = $2 ORDER BY id FOR UPDATE"
+)
+_DELETE_UNUSED = """
+DELETE FROM arkvory_artifacts a
+WHERE a.id = ANY($1::uuid[]) AND a.repository_id = $2
+  AND NOT EXISTS (SELECT 1 FROM arkvory_packages p WHERE p.artifact_id = a.id)
+  AND NOT EXISTS (SELECT 1 FROM arkvory_assets s WHERE s.artifact_id = a.id)
+RETURNING a.id, a.name, a.sha256, a.size, a.media_type, a.created_at
+"""
+
+
+async def delete_unused_artifacts(
+    conn: asyncpg.Connection, repository_id: uuid.UUID, ids: list[uuid.UUID]
+) -> list[asyncpg.Record]:
+    """Delete those of `ids` (artifacts of the repository) that no package version and no asset
+    points at, and the asset-history entries that named them, in the caller's transaction;
+    returns the rows deleted. Their blobs stay for the cleanup's unreferenced-blob step.
+
+    The rows are locked first (in id order, so two deleters never deadlock), and the delete is a
+    statement of its own after that: a package version or an asset being pointed at one of them
+    has either committed by then (the delete sees it and keeps that artifact) or waits for our
+    commit and then fails on its foreign key (409). Never a dangling reference."""
+    if not ids:
+        return []
+    await conn.execute(_LOCK, ids, repository_id, timeout=POOLED_QUERY_TIMEOUT_S)
+    rows = await conn.fetch(_DELETE_UNUSED, ids, repository_id, timeout=POOLED_QUERY_TIMEOUT_S)
+    if rows:
+        await conn.execute(
+            "DELETE FROM arkvory_asset_history WHERE artifact_id = ANY($1::uuid[]) AND repository_id = $2",
+            [r["id"] for r in rows], repository_id, timeout=POOLED_QUERY_TIMEOUT_S,
+        )
+    return rows
+
+
 async def delete_artifact(request: Request) -> Response:
     """Metadata goes at once (the blob stays for cleanup); 409 while a package or asset uses it."""
     artifact_id = parse_uuid(request.path_params["artifact_id"], "artifact id")
@@ -122,24 +163,17 @@ async def delete_artifact(request: Request) -> Response:
     repo = await repository_for_write(request, principal)
 
     async def work(conn: asyncpg.Connection) -> Result:
+        if await delete_unused_artifacts(conn, repo.id, [artifact_id]):
+            return Result(204)
         row = await conn.fetchrow(
             "SELECT EXISTS (SELECT 1 FROM arkvory_packages WHERE artifact_id = $1) AS packaged,"
-            " EXISTS (SELECT 1 FROM arkvory_assets WHERE artifact_id = $1) AS pointed,"
             " EXISTS (SELECT 1 FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2) AS found",
             artifact_id, repo.id, timeout=POOLED_QUERY_TIMEOUT_S,
         )
         if not row["found"]:
             raise NotFound(f"no artifact {artifact_id} in {repo.name!r}")
-        if row["packaged"] or row["pointed"]:
-            what = "a package version" if row["packaged"] else "an asset"
-            raise Conflict(f"artifact {artifact_id} is still used by {what}; remove that first")
-        # A package or asset that starts pointing here meanwhile fails this delete on its
-        # foreign key (409 too): never a dangling reference.
-        await conn.execute(
-            "DELETE FROM arkvory_artifacts WHERE id = $1 AND repository_id = $2",
-            artifact_id, repo.id, timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-        return Result(204)
+        what = "a package version" if row["packaged"] else "an asset"
+        raise Conflict(f"artifact {artifact_id} is still used by {what}; remove that first")
 
     response = await idempotent(request, principal, {}, work)
     runtime_of(request).catalog.invalidate()  # our own next download must not find it
@@ -153,11 +187,12 @@ routes = [
 ]
 
 
-ARTIFACT_SCHEMA = {"type": "object", "required": ["id", "name", "sha256", "size", "mediaType", "createdAt"],
+ARTIFACT_SCHEMA = {"type": "object", "required": ["id", "name", "sha256", "size", "mediaType", "createdAt", "uploadedBy"],
             "properties": {"id": {"type": "string", "format": "uuid"}, "name": {"type": "string"},
                            "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                            "size": {"type": "integer"}, "mediaType": {"type": "string"},
-                           "createdAt": {"type": "string", "format": "date-time"}}}
+                           "createdAt": {"type": "string", "format": "date-time"},
+                           "uploadedBy": uploaders.SCHEMA}}
 
 
 def _openapi_paths() -> dict:

@@ -43,6 +43,19 @@ async def repository_for_write(request: Request, principal: Principal) -> Reposi
     return repo
 
 
+async def administered_repository(request: Request, what: str) -> tuple[Principal, Repository]:
+    """(principal, repository of the path) once the caller may administer it: 401 without
+    credentials, 404 for one it may not read (as if it did not exist), 403 without its admin
+    permission ("`what` of 'name' needs its admin permission")."""
+    principal = await principal_of(request)
+    if principal.is_anonymous:
+        raise Unauthorized("this request needs credentials")
+    repo = await repository_for_read(runtime_of(request).pool, request.path_params["repo"], principal)
+    if not principal.may_administer(repo.name):
+        raise Forbidden(f"{what} of {repo.name!r} needs its admin permission")
+    return principal, repo
+
+
 async def writable_name(request: Request, principal: Principal) -> str:
     """The path's repository name once the principal's scopes allow writing it. No query: the
     repository itself is found by the change (`repository_in`), so that a retry replays its

@@ -2,9 +2,12 @@
 (administrators): list, create, disable and enable, revoke, and adopt a suspended key.
 
 A new token or key is shown once, in the answer to the form that made it (never in a URL, never
-again; the page is not stored: `Cache-Control: no-store`). An administrator may revoke any
-account's personal token, as the API allows: the accounts page lists them all (the API lists
-only the caller's own), and the tokens page takes any token's id.
+again; the page is not stored: `Cache-Control: no-store`). Its form says how long each kind lives
+(SPEC §5, issue 25 §8): one that ends with this session (when it signs out, or at the latest at
+the session's expiry, shown with how far off that is), or one that lives for a number of days,
+which needs the password given again; the answer says which the new one is. An administrator may
+revoke any account's personal token, as the API allows: the accounts page lists them all (the
+API lists only the caller's own), and the tokens page takes any token's id.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import ApiError
+from arkvory.shared.errors import ApiError, InvalidInput
 
 from .forms import Form
 from .internal import Refused, api_path
@@ -107,14 +110,38 @@ async def enable_account(request: Request, user: ConsoleUser, form: Form) -> Res
 # -- personal tokens -----------------------------------------------------------------------------
 
 
+LIFETIMES = ("session", "days")
+
+
 def _expiry(form: Form, body: dict[str, Any]) -> None:
+    """The lifetime the form chose: `session` (it ends with this session: no password is sent,
+    and the API caps its expiry at the session's), or `days` (it outlives the session, so the
+    password is needed). A form without the choice sends what it holds."""
+    lifetime = form.optional("lifetime")
+    if lifetime is not None and lifetime not in LIFETIMES:
+        raise InvalidInput("'lifetime' must be 'session' or 'days'")
+    if form.optional("label") is not None:
+        body["label"] = form.text("label")
+    if lifetime == "session":
+        return
     days = form.whole_number("expires_days", "expiry (days)")
     if days is not None:
         body["expiresInSeconds"] = days * DAY_S
-    if form.optional("label") is not None:
-        body["label"] = form.text("label")
     if form.optional("password") is not None:
         body["password"] = form.text("password")
+    elif lifetime == "days":
+        raise InvalidInput("a token or key that outlives this session needs your password: give it, or choose"
+                           " one that ends with this session")
+
+
+async def _session_ends(request: Request, user: ConsoleUser) -> dict[str, Any]:
+    """This console session's id and expiry: what a token or key made without the password ends with."""
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        ends = await conn.fetchval("SELECT expires_at FROM arkvory_credentials WHERE id = $1",
+                                   user.principal.credential_id, timeout=POOLED_QUERY_TIMEOUT_S)
+    return {"session_id": str(user.principal.credential_id), "session_ends": ends}
 
 
 async def _tokens(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
@@ -124,8 +151,8 @@ async def _tokens(request: Request, user: ConsoleUser, *, error: Refused | ApiEr
     shown = _error(error or refused)
     if status is not None:
         shown["status"] = status
-    return render(request, user, "tokens.html",
-                  {"listing": listing, "tokens": listing["items"], "created": created, "list_filters": filters}, **shown)
+    return render(request, user, "tokens.html", {"listing": listing, "tokens": listing["items"], "created": created,
+                                                 "list_filters": filters, **await _session_ends(request, user)}, **shown)
 
 
 @page
@@ -172,8 +199,8 @@ async def _keys(request: Request, user: ConsoleUser, *, error: Refused | ApiErro
     shown = _error(error or refused)
     if status is not None:
         shown["status"] = status
-    return render(request, user, "keys.html",
-                  {"listing": listing, "keys": listing["items"], "created": created, "list_filters": filters}, **shown)
+    return render(request, user, "keys.html", {"listing": listing, "keys": listing["items"], "created": created,
+                                               "list_filters": filters, **await _session_ends(request, user)}, **shown)
 
 
 @page

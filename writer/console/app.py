@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from arkvory.shared.errors import ApiError, Busy, Unavailable
 from arkvory.shared.http.edge import request_id
 
-from . import accounts, catalog, overview, session, tasks, uploads
+from . import account_lifecycle, accounts, audit, catalog, members, overview, password, retention, session, tasks, uploads
 from .internal import Refused
 from .security import PageHeaders
 from .views import FILTERS, GLOBALS
@@ -58,10 +58,15 @@ def _routes() -> list:
         Route(repo + "/delete", catalog.delete_repository, methods=post),
         Route(repo + "/packages/delete", catalog.delete_package, methods=post),
         Route(repo + "/assets/delete", catalog.delete_asset, methods=post),
-        Route(repo + "/permissions", catalog.permissions_page, methods=get),
-        Route(repo + "/permissions", catalog.set_permission, methods=post),
-        Route(repo + "/permissions/remove", catalog.remove_permission, methods=post),
+        Route(repo + "/members", members.members_page, methods=get),
+        Route(repo + "/members", members.set_member, methods=post),
+        Route(repo + "/members/remove", members.remove_member, methods=post),
+        Route(repo + "/permissions", members.permissions_page, methods=get),
         Route(repo + "/upload", uploads.upload_form, methods=post),
+        Route(repo + "/retention", retention.retention_page, methods=get),
+        Route(repo + "/retention", retention.save_rule, methods=post),
+        Route(repo + "/retention/disable", retention.disable_rule, methods=post),
+        Route(repo + "/retention/delete", retention.delete_rule, methods=post),
         Route(artifact, catalog.artifact_page, methods=get),
         Route(artifact + "/download", catalog.Download(), methods=["GET", "HEAD"]),
         Route(artifact + "/delete", catalog.delete_artifact, methods=post),
@@ -73,6 +78,12 @@ def _routes() -> list:
         Route(PREFIX + "/accounts", accounts.create_account, methods=post),
         Route(PREFIX + "/accounts/{name}/disable", accounts.disable_account, methods=post),
         Route(PREFIX + "/accounts/{name}/enable", accounts.enable_account, methods=post),
+        Route(PREFIX + "/accounts/{name}/password", account_lifecycle.reset_page, methods=get),
+        Route(PREFIX + "/accounts/{name}/password", account_lifecycle.reset_password, methods=post),
+        Route(PREFIX + "/accounts/{name}/delete", account_lifecycle.delete_page, methods=get),
+        Route(PREFIX + "/accounts/{name}/delete", account_lifecycle.delete_account, methods=post),
+        Route(PREFIX + "/account/password", password.password_page, methods=get),
+        Route(PREFIX + "/account/password", password.change_password, methods=post),
         Route(PREFIX + "/tokens", accounts.tokens_page, methods=get),
         Route(PREFIX + "/tokens", accounts.create_token, methods=post),
         Route(PREFIX + "/tokens/revoke", accounts.revoke_token, methods=post),
@@ -81,6 +92,7 @@ def _routes() -> list:
         Route(PREFIX + "/keys", accounts.create_key, methods=post),
         Route(PREFIX + "/keys/{key_id}/revoke", accounts.revoke_key, methods=post),
         Route(PREFIX + "/keys/{key_id}/adopt", accounts.adopt_key, methods=post),
+        Route(PREFIX + "/audit", audit.audit_page, methods=get),
         Mount(PREFIX + "/static", StaticFiles(packages=[("arkvory.writer.console", "static")]), name="static"),
         Route(PREFIX, _home, methods=get),
     ]

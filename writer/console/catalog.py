@@ -1,5 +1,5 @@
-"""Repositories and what they hold: lists with paging, create, visibility, permissions, delete;
-an artifact's page (metadata, SHA-256, where it is used) and its download.
+"""Repositories and what they hold: lists with paging, create, visibility, delete (its members
+are members.py's); an artifact's page (metadata, SHA-256, where it is used) and its download.
 
 Every read and change is the API's (internal.py), as the signed-in account: a repository the
 account may not read answers 404 as in the API, a refusal (a repository that still holds
@@ -44,7 +44,6 @@ from .session import (
 )
 
 USES_SHOWN = 100
-LEVELS = ("read", "write", "admin")
 
 
 def _repo(request: Request) -> str:
@@ -182,52 +181,6 @@ async def delete_asset(request: Request, user: ConsoleUser, form: Form) -> Respo
     except Refused as refusal:
         return await _repository(request, user, "assets", error=refusal)
     return see_other(f"/console/repositories/{name}/assets", "asset-deleted")
-
-
-# -- permissions -----------------------------------------------------------------------------------
-
-
-async def _permissions(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None) -> Response:
-    name = _repo(request)
-    api = api_for(request, user)
-    repository = await api.fetch(api_path("repositories", name))
-    permissions = await api.fetch(api_path("repositories", name, "permissions"))
-    return render(
-        request, user, "permissions.html",
-        {"repository": repository, "base": _base(repository["name"]), "permissions": permissions["items"],
-         "levels": LEVELS, **_abilities(user, repository["name"])},
-        status=refusal_status(error) if error else 200, error=error.message if error else None,
-    )
-
-
-@page
-async def permissions_page(request: Request, user: ConsoleUser) -> Response:
-    return await _permissions(request, user)
-
-
-@action
-async def set_permission(request: Request, user: ConsoleUser, form: Form) -> Response:
-    name = _repo(request)
-    try:
-        await api_for(request, user).change(
-            "PUT", api_path("repositories", name, "permissions", form.text("account")),
-            {"level": form.text("level")}, key=form.optional("key"),
-        )
-    except (Refused, InvalidInput) as refusal:
-        return await _permissions(request, user, error=refusal)
-    return see_other(f"/console/repositories/{name}/permissions", "permission-set")
-
-
-@action
-async def remove_permission(request: Request, user: ConsoleUser, form: Form) -> Response:
-    name = _repo(request)
-    try:
-        await api_for(request, user).change(
-            "DELETE", api_path("repositories", name, "permissions", form.text("account")), key=form.optional("key")
-        )
-    except (Refused, InvalidInput) as refusal:
-        return await _permissions(request, user, error=refusal)
-    return see_other(f"/console/repositories/{name}/permissions", "permission-removed")
 
 
 # -- one artifact ------------------------------------------------------------------------------------

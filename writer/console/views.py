@@ -53,6 +53,24 @@ def when(value: Any) -> str:
     return str(value)
 
 
+def from_now(value: Any, now: datetime.datetime | None = None) -> str:
+    """How far a time is from now, as a person counts: 'in 11 h 58 min', 'in 90 days', 'passed'."""
+    if isinstance(value, str):
+        try:
+            value = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            return "—"
+    if not isinstance(value, datetime.datetime):
+        return "—"
+    left = (value - (now or datetime.datetime.now(datetime.UTC))).total_seconds()
+    if left <= 0:
+        return "passed"
+    if left >= 2 * 86400:
+        return f"in {round(left / 86400)} days"
+    hours, minutes = divmod(max(1, round(left / 60)), 60)
+    return f"in {hours} h {minutes} min" if hours else f"in {minutes} min"
+
+
 def seconds(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{max(0.0, float(value)):.1f} s"
@@ -72,5 +90,5 @@ def form_key(_: Any = None) -> str:
     return "console-" + secrets.token_urlsafe(24)
 
 
-FILTERS = {"size": size, "rate": rate, "when": when, "seconds": seconds}
+FILTERS = {"size": size, "rate": rate, "when": when, "seconds": seconds, "from_now": from_now}
 GLOBALS = {"form_key": form_key, "query_with": query_with}

@@ -42,6 +42,8 @@ from arkvory.shared.download.catalog import check_text, parse_uuid
 from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 
 from .. import openapi
+from ..audit.actions import record_request
+from ..audit.trail import actor_of
 from .accounts import confirm_password
 from .credential_makers import making_of
 from ..idempotency import idempotent, key_of
@@ -160,6 +162,9 @@ async def create_credential(
             raise Unauthorized(MAKER_GONE) from None  # deleted between the read and the insert
         if row is None:
             raise Unauthorized(MAKER_GONE)
+        made = {"label": label, "expiresInSeconds": expires_in, "passwordGiven": password_given,
+                **({"access": access} if kind == "pat" else {"scopes": scopes})}
+        await record_request(conn, request, actor_of(principal), 201, made, credential_json(row))
     if purged:
         forget_cached(runtime.credentials)
     return JSONResponse(

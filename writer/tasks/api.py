@@ -32,6 +32,8 @@ from .definition import definition_hash, normalise
 from .dispatch import Definition, dispatch
 from .kinds import Kinds
 from .stream import EventStreamResponse, TaskEventHub, event_json, frames
+from ..audit.actions import record_request
+from ..audit.trail import actor_of
 from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
 from ..pagination import NEWEST, TIME_ID, ListQuery, choice_filter, page_cursor, page_limit, page_order
 from ..request_inputs import json_body, principal_of, query, runtime_of
@@ -158,7 +160,14 @@ async def dispatch_task(request: Request) -> Response:
     definition = definition_from(await json_body(request), request.app.state.task_kinds)
     pool = runtime_of(request).pool
     assert pool is not None
-    outcome = await dispatch(pool, definition, key, principal.id)
+    actor = actor_of(principal)
+
+    async def audited(conn: asyncpg.Connection, task: dict[str, Any]) -> None:
+        await record_request(conn, request, actor, 202, body=task_json(task), details={
+            "kind": definition.kind, "params": definition.params, "version": definition.version,
+            "budget": definition.budget, "onRestart": definition.on_restart})
+
+    outcome = await dispatch(pool, definition, key, principal.id, audited)
     # Committed: whoever follows the Location finds the task (and its `task.queued` event).
     headers = {"Location": task_location(outcome.task["id"])}
     if outcome.replayed:
