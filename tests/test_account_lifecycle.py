@@ -291,7 +291,7 @@ def test_every_artifact_says_who_uploaded_it_and_older_ones_say_nothing(site, cl
     assert {a["id"]: a["uploadedBy"]["kind"] for a in listed} == {
         by_key["id"]: "key", completed.json()["id"]: "account",
         **{a["id"]: "service" for a in listed if a["uploadedBy"]["kind"] == "service"}}
-    # An artifact uploaded before migration 0017 has no record: unknown.
+    # An artifact uploaded before migration 0019 has no record: unknown.
     db_execute(cluster.database_url, "UPDATE arkvory_artifacts SET uploaded_by_kind = NULL, uploaded_by_id = NULL,"
                " uploaded_by_name = NULL WHERE id = $1", uuid.UUID(by_key["id"]))
     with writer.client(ADMIN_TOKEN) as admin:

@@ -37,6 +37,7 @@ ALICE_PASSWORD = "alice-Pw-9f3e1c77d2"
 ALICE_NEW_PASSWORD = "alice-NewPw-5b8a0e44"
 BOB_PASSWORD = "bob-Pw-a1b2c3d4e5f6"
 CAROL_PASSWORD = "carol-Pw-77aa88bb99"
+BOB_RESET_PASSWORD = "bob-Reset-0f1e2d3c4b5a"
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +105,10 @@ def run_story(writer) -> Story:
     s.change(pat, "PUT", f"/api/v1/repositories/{repo}/permissions/bob", 200,
              {**by_pat, "action": "permission.set", "repository": repo, "target": "bob"}, json={"level": "write"})
     s.change(pat, "DELETE", f"/api/v1/repositories/{repo}/permissions/bob", 204,
+             {**by_pat, "action": "permission.remove", "repository": repo, "target": "bob"})
+    s.change(pat, "PUT", f"/api/v1/repositories/{repo}/members/bob", 200,
+             {**by_pat, "action": "permission.set", "repository": repo, "target": "bob"}, json={"level": "read"})
+    s.change(pat, "DELETE", f"/api/v1/repositories/{repo}/members/bob", 204,
              {**by_pat, "action": "permission.remove", "repository": repo, "target": "bob"})
     s.change(pat, "PUT", f"/api/v1/repositories/{repo}/retention", 200,
              {**by_pat, "action": "retention.set", "repository": repo, "target": repo}, json={"keepNewest": 5})
@@ -178,6 +183,9 @@ def run_story(writer) -> Story:
              {**admin, "action": "key.adopt", "target": kept.json()["id"]}, json={})
     s.change(ADMIN_TOKEN, "POST", "/api/v1/accounts/alice/enable", 200,
              {**admin, "action": "account.enable", "target": "alice"})
+    s.secrets.append(BOB_RESET_PASSWORD)
+    s.change(ADMIN_TOKEN, "POST", "/api/v1/accounts/bob/password", 200,
+             {**admin, "action": "account.password-reset", "target": "bob"}, json={"password": BOB_RESET_PASSWORD})
     # Tasks, by the admin key (no worker runs here: a queued task is cancelled at once).
     dispatched = s.change(ADMIN_TOKEN, "POST", "/api/v1/tasks", 202, {**admin, "action": "task.dispatch"},
                           json={"kind": "cleanup", "params": {"grace_seconds": 3600}})
@@ -194,6 +202,8 @@ def run_story(writer) -> Story:
     carol_session = s.secret_token(carol_in.json()["token"])
     s.change(carol_session, "POST", "/api/v1/logout", 204, {"action": "account.sign-out", "actor_name": "carol",
              "credential_kind": "session", "credential_id": carol_in.json()["sessionId"]})
+    s.change(ADMIN_TOKEN, "DELETE", "/api/v1/accounts/carol", 200,
+             {**admin, "action": "account.delete", "target": "carol"})
     s.change(ADMIN_TOKEN, "DELETE", f"/api/v1/repositories/{repo}", 204,
              {**admin, "action": "repository.delete", "repository": repo, "target": repo}, params={"force": "true"})
     return s

@@ -86,6 +86,8 @@ ACTIONS: dict[tuple[str, str], Action] = {
     ("POST", "/api/v1/accounts"): Action("account.create", _part("name")),
     ("POST", "/api/v1/accounts/{name}/disable"): Action("account.disable", _path("name")),
     ("POST", "/api/v1/accounts/{name}/enable"): Action("account.enable", _path("name")),
+    ("POST", "/api/v1/accounts/{name}/password"): Action("account.password-reset", _path("name")),
+    ("DELETE", "/api/v1/accounts/{name}"): Action("account.delete", _path("name")),
     # personal tokens and managed service keys (tokens.py, service_keys.py)
     ("POST", "/api/v1/tokens"): Action("token.create", _answer("id")),
     ("DELETE", "/api/v1/tokens/{id}"): Action("token.revoke", _path("id")),
@@ -98,6 +100,8 @@ ACTIONS: dict[tuple[str, str], Action] = {
     ("DELETE", _REPO): Action("repository.delete", _path("repo")),
     ("PUT", _REPO + "/permissions/{account}"): Action("permission.set", _path("account")),
     ("DELETE", _REPO + "/permissions/{account}"): Action("permission.remove", _path("account")),
+    ("PUT", _REPO + "/members/{account}"): Action("permission.set", _path("account")),
+    ("DELETE", _REPO + "/members/{account}"): Action("permission.remove", _path("account")),
     ("PUT", _REPO + "/retention"): Action("retention.set", _path("repo")),
     ("DELETE", _REPO + "/retention"): Action("retention.delete", _path("repo")),
     ("DELETE", _REPO + "/artifacts/{artifact_id}"): Action("artifact.delete", _path("artifact_id")),

@@ -131,7 +131,8 @@ WITH first_beyond AS (
     WHERE repository_id = $1 AND $2::integer IS NOT NULL
     ORDER BY created_at DESC, id DESC OFFSET coalesce($2::integer, 0) LIMIT 1
 )
-SELECT a.id, a.name, a.sha256, a.size, a.media_type, a.created_at FROM arkvory_artifacts a
+SELECT a.id, a.name, a.sha256, a.size, a.media_type, a.created_at,
+       a.uploaded_by_kind, a.uploaded_by_id, a.uploaded_by_name FROM arkvory_artifacts a
 WHERE a.repository_id = $1
   AND ($2::integer IS NULL OR (a.created_at, a.id) <= (SELECT created_at, id FROM first_beyond))
   AND ($3::bigint IS NULL OR a.created_at < now() - make_interval(secs => $3::float8))

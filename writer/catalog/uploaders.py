@@ -1,4 +1,4 @@
-"""Who uploaded an artifact (issue 25 §1, migration 0017): the principal as it was at the upload,
+"""Who uploaded an artifact (issue 25 §1, migration 0019): the principal as it was at the upload,
 copied into the artifact's row so that the artifact still says who it was after the account or
 key is gone.
 

@@ -22,7 +22,7 @@ made are suspended as at a disable (an administrator may adopt them, service_key
 sessions and tokens and what they made go (cascades), its repository permissions go, and its
 open upload sessions expire (the next sweep frees their space). Its artifacts stay and keep
 saying who uploaded them (writer/catalog/uploaders.py: name and id as they were). Every process
-hears of it through the credentials NOTIFY (migration 0017), so the next request with any of its
+hears of it through the credentials NOTIFY (migration 0019), so the next request with any of its
 credentials is 401 everywhere. An account never deletes itself, and the last enabled
 administrator account goes only with a keys-file key (lockout.py). The name is free again
 afterwards; a new account of that name is another account (another id).
@@ -42,6 +42,8 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Forbidden, NotFound
 
 from .. import openapi
+from ..audit.actions import record_request
+from ..audit.trail import actor_of
 from .account_names import FOLDED_NAME, check_account_name, fold
 from .accounts import ACCOUNT_COLUMNS, account_json, accounts_state
 from .accounts_openapi import ACCOUNT_SCHEMA, NAME_PARAM, NEW_PASSWORD_SCHEMA
@@ -117,6 +119,10 @@ async def reset_password(request: Request) -> Response:
             " SELECT count(*) FROM ended",
             row["id"], timeout=POOLED_QUERY_TIMEOUT_S,
         )
+        # Outside `idempotent` (its key is never recorded), so the audit entry is written here,
+        # in the reset's own transaction; never the password.
+        await record_request(conn, request, actor_of(principal), 200, target=row["name"],
+                             details={"sessionsEnded": ended})
     forget_cached(runtime.credentials)
     return JSONResponse({**account_json(row), "sessionsEnded": ended}, headers={"Cache-Control": "no-store"})
 
