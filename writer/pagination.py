@@ -107,7 +107,7 @@ def page_cursor(request: Request, key: Sequence[SortColumn]) -> tuple | None:
         if not (isinstance(values, list) and len(values) == len(key) and all(isinstance(v, str) for v in values)):
             raise ValueError
         return tuple(_cursor_value(column.type, value) for column, value in zip(key, values))
-    except (ValueError, UnicodeError, binascii.Error):
+    except (ValueError, OverflowError, UnicodeError, binascii.Error):
         raise _bad_cursor() from None
 
 
@@ -117,7 +117,9 @@ def _cursor_value(kind: str, text: str) -> Any:
         moment = datetime.datetime.fromisoformat(text)
         if moment.tzinfo is None:
             raise ValueError
-        return moment
+        # In UTC, as the database compares it: a time at the edge of the range in another zone
+        # (0001-01-01T00:00:00+14:00) is outside it (OverflowError), so not a cursor.
+        return moment.astimezone(datetime.UTC)
     if kind == "uuid":
         return uuid.UUID(text)
     if kind == "bigint":
