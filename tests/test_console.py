@@ -703,7 +703,7 @@ _PAGES = ["/console/repositories/{x}", "/console/repositories/{x}/packages", "/c
           "/console/repositories/{x}/artifacts/{x}", "/console/accounts/{x}/password", "/console/accounts/{x}/delete",
           "/console/account/password",
           "/console/repositories/{x}/artifacts/{x}/download", "/console/tasks/{x}", "/console/repositories",
-          "/console/tasks", "/console/sign-in"]
+          "/console/tasks", "/console/sign-in", "/console/accounts", "/console/tokens", "/console/keys"]
 _SEGMENT = st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="/?#"), min_size=1, max_size=40) | st.sampled_from(
     ["builds", "..", ".", "%2F", "00000000-0000-0000-0000-000000000000", "a" * 300, "<x>"])
 
@@ -732,7 +732,8 @@ def test_hostile_form_input_is_never_a_500(fuzz_console, target, segment, fields
 @given(
     page=st.sampled_from(_PAGES),
     segment=_SEGMENT,
-    query=st.dictionaries(st.sampled_from(["cursor", "kind", "status", "next", "notice", "x"]), _TEXT, max_size=3),
+    query=st.dictionaries(st.sampled_from(["cursor", "kind", "status", "next", "notice", "x", "prefix", "sha256", "order",
+                                           "group", "name"]), _TEXT, max_size=3),
     body=st.binary(max_size=300),
 )
 def test_hostile_pages_and_raw_bodies_are_never_a_500(fuzz_console, page, segment, query, body):

@@ -10,6 +10,8 @@ family (a few seconds each on a quiet machine). The processes start once for the
 from __future__ import annotations
 
 import base64
+import functools
+import json
 import urllib.parse
 import uuid
 
@@ -18,7 +20,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from arkvory.writer.request_inputs import declared_query_parameters
+
 from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, Cluster
+from .test_openapi import built_app
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -108,7 +113,10 @@ bodies = st.one_of(
     st.sampled_from([1, 32, 33, 2_000, 200_000]).map(lambda n: b"[" * n + b"]" * n),
 )
 queries = st.dictionaries(
-    st.sampled_from(["path", "group", "name", "version", "mediaType", "after", "x"]) | texts, texts, max_size=4
+    st.sampled_from(["path", "group", "name", "version", "mediaType", "after", "order", "prefix", "sha256", "limit",
+                     "x"]) | texts,
+    texts,
+    max_size=4,
 )
 
 
@@ -199,6 +207,65 @@ cursors = st.one_of(
                      "WyI5OTk5OS0wMS0wMSIsICIwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDAiXQ"]),  # year 99999
 )
 page_queries = st.fixed_dictionaries({}, optional={"limit": st.one_of(texts, st.integers().map(str)), "cursor": cursors})
+
+
+# Every list with its order and filters (issue 25): the orders each list has and others, prefixes
+# at the edges of the code points (U+10FFFF has no successor; U+D7FF's is past the surrogates),
+# `%` and `_`, digests of every shape, cursors of each list's key shapes.
+LISTS = {  # a list of the fuzz site -> its route
+    "/api/v1/repositories": "/api/v1/repositories",
+    "/api/v1/repositories/priv/artifacts": "/api/v1/repositories/{repo}/artifacts",
+    "/api/v1/repositories/pub/artifacts": "/api/v1/repositories/{repo}/artifacts",
+    "/api/v1/repositories/priv/packages": "/api/v1/repositories/{repo}/packages",
+    "/api/v1/repositories/priv/assets": "/api/v1/repositories/{repo}/assets",
+    "/api/v1/repositories/priv/asset": "/api/v1/repositories/{repo}/asset",
+    "/api/v1/accounts": "/api/v1/accounts", "/api/v1/tokens": "/api/v1/tokens", "/api/v1/keys": "/api/v1/keys",
+    "/api/v1/tasks": "/api/v1/tasks", "/api/v1/storage/diagnostics": "/api/v1/storage/diagnostics",
+}
+prefixes = st.one_of(texts, st.sampled_from(["a", "a.", "%", "_", "a%", "\U0010ffff", "a\U0010ffff", "a\ud7ff", "p", "n"]))
+list_cursors = st.one_of(cursors, st.lists(
+    st.sampled_from(["2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00", str(uuid.uuid4()), "g", "n", "1", "\U0010ffff",
+                     "9" * 30, "-1", ""]), min_size=1, max_size=4,
+).map(lambda key: base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")))
+list_queries = st.fixed_dictionaries({}, optional={
+    "order": st.one_of(st.sampled_from(["newest", "oldest", "name", "sha256", "NEWEST", ""]), texts),
+    "prefix": prefixes,
+    "sha256": st.one_of(st.sampled_from(["0" * 64, "A" * 64, "0" * 63, "g" * 64, ""]), texts),
+    "name": st.one_of(st.sampled_from(["a.bin", "n"]), texts),
+    "group": st.one_of(st.just("g"), texts),
+    "path": st.one_of(st.just("p"), texts),
+    "problem": st.sampled_from(["missing", "corrupt", "x"]),
+    "kind": st.sampled_from(["cleanup", "verify", "x"]),
+    "limit": st.sampled_from(["1", "2", "1000", "0", "x"]),
+    "cursor": list_cursors,
+})
+
+
+@functools.cache
+def declared(route: str) -> frozenset[str]:
+    return declared_query_parameters(json.loads(built_app().state.openapi_json), route, "get")
+
+
+@st.composite
+def list_requests(draw):
+    """A list and a query of mostly the parameters it declares (an undeclared one is refused at once)."""
+    path = draw(st.sampled_from(sorted(LISTS)))
+    query = draw(list_queries)
+    if draw(st.integers(0, 9)):
+        query = {name: value for name, value in query.items() if name in declared(LISTS[path])}
+    return path, query
+
+
+@FUZZ
+@given(request=list_requests(), token=st.one_of(st.just("pat"), tokens), method=st.sampled_from(["GET", "HEAD"]))
+@example(request=("/api/v1/repositories/priv/artifacts", {"prefix": "\U0010ffff", "order": "newest"}), token=ADMIN_TOKEN,
+         method="GET")
+@example(request=("/api/v1/repositories/priv/packages", {"prefix": "a\ud7ff", "order": "oldest"}), token=ADMIN_TOKEN,
+         method="GET")
+def test_list_orders_and_filters(site, request, token, method):
+    path, query = request
+    token = site["pat"] if token == "pat" else token
+    send(site, method, path, query, {}, token, b"")
 
 
 @FUZZ

@@ -28,7 +28,7 @@ from arkvory.shared.errors import InvalidInput, NotFound
 from .. import openapi
 from ..identity.account_names import FOLDED_NAME, check_account_name, fold
 from ..idempotency import idempotent
-from ..pagination import page, page_cursor, page_limit
+from ..pagination import ListQuery, SortColumn, page_cursor, page_limit
 from ..request_inputs import json_body, runtime_of
 from .repositories import administered_repository
 
@@ -44,22 +44,25 @@ def member_json(row: asyncpg.Record) -> dict[str, Any]:
             "admin": row["is_admin"], "disabled": row["disabled"]}
 
 
+# By name without regard to case, as the accounts list (the folded name is unique, migration 0012).
+MEMBER_ORDER = (SortColumn('lower(a.name COLLATE "C")', "folded"),)
+
+
 async def list_members(request: Request) -> Response:
     """By account name, `?limit=` per page and `?cursor=` to go on."""
     _, repo = await _administered(request)
     limit = page_limit(request)
-    after = page_cursor(request, ("account",))
+    listing = ListQuery(
+        "SELECT a.name, lower(a.name COLLATE \"C\") AS folded, p.account_id, p.level, a.is_admin, a.disabled FROM arkvory_repository_permissions p"
+        " JOIN arkvory_accounts a ON a.id = p.account_id",
+        MEMBER_ORDER,
+    ).where("p.repository_id = {}", repo.id)
+    listing.after(page_cursor(request, MEMBER_ORDER))
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
-        rows = await conn.fetch(
-            "SELECT a.name, p.account_id, p.level, a.is_admin, a.disabled FROM arkvory_repository_permissions p"
-            " JOIN arkvory_accounts a ON a.id = p.account_id"
-            " WHERE p.repository_id = $1 AND ($2::text IS NULL OR a.name > $2) ORDER BY a.name LIMIT $3",
-            repo.id, after and after[0], limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(page(rows, limit, member_json, lambda r: [r["name"]]))
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, member_json))
 
 
 async def _account_id(conn: asyncpg.Connection, name: str):

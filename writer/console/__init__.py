@@ -23,10 +23,12 @@ artifact is used), after the API's own permission check.
     uploads.py     the upload form without its script (a multipart body, streamed)
     tasks.py       tasks: list, dispatch, cancel, a task and its events
     accounts.py    accounts, personal tokens and service keys
+    list_filters.py  each list page's filters and order (a GET form), handed to the API's list
     account_lifecycle.py  an administrator's password reset and account deletion pages
     password.py    your own password (the only page after an administrator's reset)
     audit.py       the audit trail, with the API's filters in a GET form
-    views.py       how pages show sizes, rates and times; each change form's idempotency key
+    views.py       how pages show sizes, rates and times; each change form's idempotency key;
+                   the query a pager's link keeps
 
 May import: arkvory.shared (never its cli/) and every other package of arkvory.writer (never its
 app.py, which assembles it). Never arkvory.gateway.

@@ -29,6 +29,7 @@ from arkvory.shared.errors import ApiError, InvalidInput
 
 from .forms import Form
 from .internal import Refused, api_path
+from .list_filters import fetch_listing, filters_of
 from .session import (
     ConsoleUser,
     action,
@@ -42,16 +43,11 @@ from .session import (
     sign_in_redirect,
 )
 
-PAGE_SIZE = "50"
 USES_SHOWN = 100
 
 
 def _repo(request: Request) -> str:
     return request.path_params["repo"]
-
-
-def _cursor(request: Request, name: str = "cursor") -> str | None:
-    return request.query_params.get(name) or None
 
 
 def _base(repo: str) -> str:
@@ -72,13 +68,13 @@ def _abilities(user: ConsoleUser, repo: str) -> dict[str, bool]:
 
 async def _repositories(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                         form: Form | None = None) -> Response:
-    listing = await api_for(request, user).fetch(
-        "/api/v1/repositories", {"limit": PAGE_SIZE, "cursor": _cursor(request)}
-    )
+    filters = filters_of(request, "repositories", "/console/repositories", "Find repositories")
+    listing, refused = await fetch_listing(api_for(request, user), "/api/v1/repositories", request, filters)
+    error = error or refused
     may_create = user.admin or any(scope.startswith("write:") for scope in user.principal.scopes)
     return render(
         request, user, "repositories.html",
-        {"listing": listing, "may_create": may_create, "form": form.fields if form else {}},
+        {"listing": listing, "may_create": may_create, "form": form.fields if form else {}, "list_filters": filters},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )
 
@@ -105,13 +101,16 @@ async def _repository(request: Request, user: ConsoleUser, tab: str, *, error: R
     name = _repo(request)
     api = api_for(request, user)
     repository = await api.fetch(api_path("repositories", name))
-    query = {"limit": PAGE_SIZE, "cursor": _cursor(request)}
-    listing = await api.fetch(api_path("repositories", name, tab), query)
+    base = _base(repository["name"])
+    filters = filters_of(request, tab, base if tab == "artifacts" else f"{base}/{tab}", f"Find {tab}")
+    listing, refused = await fetch_listing(api, api_path("repositories", name, tab), request, filters)
+    error = error or refused
     context = {
         "repository": repository,
-        "base": _base(repository["name"]),
+        "base": base,
         "tab": tab,
         "listing": listing,
+        "list_filters": filters,
         **_abilities(user, repository["name"]),
     }
     return render(
