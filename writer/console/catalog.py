@@ -27,6 +27,9 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import check_repository_name, parse_uuid, repository_for_read
 from arkvory.shared.errors import ApiError, InvalidInput
 
+from . import confirm
+from .confirm import asks_first
+from .downloads import artifact_lines
 from .forms import Form
 from .internal import Refused, api_path
 from .session import (
@@ -56,7 +59,7 @@ def _cursor(request: Request, name: str = "cursor") -> str | None:
 
 
 def _base(repo: str) -> str:
-    return "/console/repositories/" + urllib.parse.quote(repo, safe="")
+    return repository_path(repo)
 
 
 def _abilities(user: ConsoleUser, repo: str) -> dict[str, bool]:
@@ -152,6 +155,7 @@ async def set_visibility(request: Request, user: ConsoleUser, form: Form) -> Res
 
 
 @action
+@asks_first(confirm.delete_repository)
 async def delete_repository(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     query = {"force": "true"} if form.checked("force") else None
@@ -163,6 +167,7 @@ async def delete_repository(request: Request, user: ConsoleUser, form: Form) -> 
 
 
 @action
+@asks_first(confirm.delete_package)
 async def delete_package(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     query = {field: form.text(field) for field in ("group", "name", "version")}
@@ -174,6 +179,7 @@ async def delete_package(request: Request, user: ConsoleUser, form: Form) -> Res
 
 
 @action
+@asks_first(confirm.delete_asset)
 async def delete_asset(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     try:
@@ -220,6 +226,7 @@ async def set_permission(request: Request, user: ConsoleUser, form: Form) -> Res
 
 
 @action
+@asks_first(confirm.remove_permission)
 async def remove_permission(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     try:
@@ -266,7 +273,7 @@ async def _artifact(request: Request, user: ConsoleUser, *, error: Refused | Api
     return render(
         request, user, "artifact.html",
         {"repository": repository, "base": _base(repository["name"]), "artifact": artifact, **uses,
-         **_abilities(user, repository["name"])},
+         "lines": artifact_lines(request, repository, artifact), **_abilities(user, repository["name"])},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )
 
@@ -277,6 +284,7 @@ async def artifact_page(request: Request, user: ConsoleUser) -> Response:
 
 
 @action
+@asks_first(confirm.delete_artifact)
 async def delete_artifact(request: Request, user: ConsoleUser, form: Form) -> Response:
     repo, artifact_id = _repo(request), request.path_params["artifact_id"]
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import secrets
+import urllib.parse
 from typing import Any
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -55,6 +56,11 @@ def seconds(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{max(0.0, float(value)):.1f} s"
     return "—"
+
+
+def repository_path(name: str) -> str:
+    """The console page of a repository (the prefix of its tabs, artifacts and forms)."""
+    return "/console/repositories/" + urllib.parse.quote(name, safe="")
 
 
 def form_key(_: Any = None) -> str:
