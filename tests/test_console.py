@@ -117,7 +117,7 @@ def test_sign_out_ends_the_session_everywhere(writer):
     with Console(writer.url) as console:
         console.signed_in("alice")
         token = console.session
-        assert console.get("/console/").status_code == 200
+        assert console.get("/console/repositories").status_code == 200
         page = console.get("/console/tokens")
         out = console.http.post("/console/sign-out", data={"csrf": csrf_of(page)})
         assert out.status_code == 303 and out.headers["location"] == "/console/sign-in?notice=signed-out"
@@ -156,6 +156,9 @@ POST_ROUTES = [
     "/console/repositories/builds/permissions",
     "/console/repositories/builds/permissions/remove",
     "/console/repositories/builds/artifacts/00000000-0000-0000-0000-000000000000/delete",
+    "/console/repositories/builds/packages",
+    "/console/repositories/builds/assets",
+    "/console/repositories/builds/asset/restore",
     "/console/tasks",
     "/console/tasks/00000000-0000-0000-0000-000000000000/cancel",
     "/console/accounts",
@@ -176,11 +179,13 @@ def test_every_form_post_without_its_csrf_token_is_403(writer, admin):
     other_session = Console(writer.url)
     make_account(writer.url, "mallory")
     other_session.signed_in("mallory")
-    foreign = csrf_of(other_session.get("/console/"))  # a real token, of another session
+    foreign = csrf_of(other_session.get("/console/repositories"))  # a real token, of another session
     for path in POST_ROUTES:
         for csrf in (None, "", "x" * 43, foreign):
             data = {"name": "made-by-forgery", "public": "true", "force": "true", "kind": "verify", "account": "root",
-                    "level": "admin", "id": str(uuid.uuid4()), "scopes": "admin", "password": "whatever12"}
+                    "level": "admin", "id": str(uuid.uuid4()), "scopes": "admin", "password": "whatever12",
+                    "confirm": "yes", "group": "g", "version": "1", "path": "p", "artifact": str(uuid.uuid4()),
+                    "history": "1"}
             if csrf is not None:
                 data["csrf"] = csrf
             answer = admin.http.post(path, data=data)
@@ -347,9 +352,12 @@ def test_a_user_sees_only_what_the_api_lets_it_read(writer):
         # A reader is offered no change, and the API refuses one anyway.
         team = alice.get("/console/repositories/team").text
         assert "upload-form" not in team and "/delete" not in team and "/visibility" not in team
-        assert "Tasks" not in alice.get("/console/").text  # administrators' sections are not offered
-        forced = alice.http.post("/console/repositories/team/delete", data={"csrf": csrf_of(alice.get("/console/")), "force": "true"})
-        assert forced.status_code == 403, forced.text
+        assert "Tasks" not in listing and "Overview" not in listing  # administrators' sections are not offered
+        csrf = csrf_of(alice.get("/console/repositories"))
+        for confirmed in ({}, {"confirm": "yes"}):  # refused, whether it was confirmed or not
+            forced = alice.http.post("/console/repositories/team/delete", data={"csrf": csrf, "force": "true", **confirmed})
+            assert forced.status_code == 403, forced.text
+        assert alice.get("/console/repositories/team/delete").status_code == 403
         for path in ("/console/tasks", "/console/accounts", "/console/keys"):
             refused = alice.get(path)
             assert refused.status_code == 403, path
@@ -383,19 +391,20 @@ def test_repositories_artifacts_and_refusals_as_messages(writer, admin):
 
     # The API's refusals, as the API words them.
     used = admin.submit(f"/console/repositories/builds/artifacts/{artifact['id']}",
-                        f"/console/repositories/builds/artifacts/{artifact['id']}/delete")
+                        f"/console/repositories/builds/artifacts/{artifact['id']}/delete", confirm="yes")
     assert used.status_code == 409 and "still used by a package version" in messages(used)[0]
-    holding = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete")
+    holding = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete", confirm="yes")
     assert holding.status_code == 409 and "still holds 1 artifact" in messages(holding)[0]
 
     assert admin.get("/console/repositories/builds/packages").status_code == 200
     gone = admin.submit("/console/repositories/builds/packages", "/console/repositories/builds/packages/delete",
-                        group="org", name="app", version="1.0")
+                        group="org", name="app", version="1.0", confirm="yes")
     assert gone.status_code == 303
-    gone = admin.submit("/console/repositories/builds/assets", "/console/repositories/builds/assets/delete", path="latest/app.tar")
+    gone = admin.submit("/console/repositories/builds/assets", "/console/repositories/builds/assets/delete", path="latest/app.tar",
+                        confirm="yes")
     assert gone.status_code == 303
     deleted = admin.submit(f"/console/repositories/builds/artifacts/{artifact['id']}",
-                           f"/console/repositories/builds/artifacts/{artifact['id']}/delete")
+                           f"/console/repositories/builds/artifacts/{artifact['id']}/delete", confirm="yes")
     assert deleted.status_code == 303 and "notice=artifact-deleted" in deleted.headers["location"]
 
     public = admin.submit("/console/repositories/builds", "/console/repositories/builds/visibility", public="true")
@@ -411,9 +420,9 @@ def test_repositories_artifacts_and_refusals_as_messages(writer, admin):
                           account="nobody", level="read")
     assert nobody.status_code == 404 and messages(nobody) == ["no account 'nobody'"]
     removed = admin.submit("/console/repositories/builds/permissions", "/console/repositories/builds/permissions/remove",
-                           account="bob")
+                           account="bob", confirm="yes")
     assert removed.status_code == 303
-    dropped = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete", force="true")
+    dropped = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete", force="true", confirm="yes")
     assert dropped.status_code == 303 and dropped.headers["location"] == "/console/repositories?notice=repository-deleted"
 
 
@@ -536,7 +545,7 @@ def test_accounts_tokens_and_keys(writer, admin):
     assert created.status_code == 303
     short = admin.submit("/console/accounts", "/console/accounts", name="dave", password="short")
     assert short.status_code == 400 and 'value="short"' not in short.text  # a password is never sent back
-    disabled = admin.submit("/console/accounts", "/console/accounts/carol/disable")
+    disabled = admin.submit("/console/accounts", "/console/accounts/carol/disable", confirm="yes")
     assert disabled.status_code == 303
     with Console(writer.url) as carol:
         assert carol.sign_in("carol", "carol's password").status_code == 401
@@ -554,9 +563,9 @@ def test_accounts_tokens_and_keys(writer, admin):
     # An administrator sees every account's tokens, and revokes anyone's.
     every = admin.get("/console/accounts")
     assert f'data-token="{token_id}"' in every.text and "carol" in every.text and secret not in every.text
-    revoked = admin.submit("/console/accounts", f"/console/tokens/{token_id}/revoke", back="accounts")
+    revoked = admin.submit("/console/accounts", f"/console/tokens/{token_id}/revoke", back="accounts", confirm="yes")
     assert revoked.status_code == 303 and revoked.headers["location"] == "/console/accounts?notice=token-revoked"
-    again = admin.submit("/console/tokens", "/console/tokens/revoke", id=token_id)
+    again = admin.submit("/console/tokens", "/console/tokens/revoke", id=token_id, confirm="yes")
     assert again.status_code == 404 and messages(again) == [f"no token {token_id}"]
     with api(writer, secret) as client:
         assert client.get("/api/v1/tokens").status_code == 401
@@ -567,7 +576,7 @@ def test_accounts_tokens_and_keys(writer, admin):
         assert client.get("/api/v1/repositories").status_code == 200
     listing = admin.get("/console/keys").text
     key_id = listing.split('data-key="', 1)[1].split('"', 1)[0]
-    assert admin.submit("/console/keys", f"/console/keys/{key_id}/revoke").status_code == 303
+    assert admin.submit("/console/keys", f"/console/keys/{key_id}/revoke", confirm="yes").status_code == 303
     with api(writer, key_secret) as client:
         assert client.get("/api/v1/repositories").status_code == 401
     bad = admin.submit("/console/keys", "/console/keys", scopes="root:everything")

@@ -16,7 +16,6 @@ conditional requests, the bandwidth budget and the admission queue are the conte
 from __future__ import annotations
 
 import json
-import urllib.parse
 from typing import Any
 
 from starlette.requests import Request
@@ -44,6 +43,7 @@ from .session import (
     signed_in,
     sign_in_redirect,
 )
+from .views import repository_path
 
 PAGE_SIZE = "50"
 USES_SHOWN = 100
@@ -63,12 +63,7 @@ def _base(repo: str) -> str:
 
 
 def _abilities(user: ConsoleUser, repo: str) -> dict[str, bool]:
-    principal = user.principal
-    return {
-        "may_write": principal.may_write(repo) and not principal.read_only,
-        "may_administer": principal.may_administer(repo),
-        "may_delete": principal.is_admin,
-    }
+    return user.abilities(repo)
 
 
 # -- the list --------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import InvalidInput
+from arkvory.shared.errors import Forbidden, InvalidInput
+
+from ..request_inputs import require_admin_scope
 
 from .forms import Form
 from .internal import api_path
@@ -90,6 +92,12 @@ def _text(fields: Mapping[str, str], name: str) -> str:
     return fields.get(name, "")
 
 
+def _may(user: ConsoleUser, ability: str, repo: str, refusal: str) -> None:
+    """Refuse a page whose change the API would refuse this account (as the API words it)."""
+    if not user.abilities(repo)[ability]:
+        raise Forbidden(refusal)
+
+
 def _uuid_or_none(value: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(value)
@@ -99,6 +107,7 @@ def _uuid_or_none(value: str) -> uuid.UUID | None:
 
 async def delete_repository(request: Request, user: ConsoleUser, fields: Mapping[str, str]) -> Danger:
     repository = await api_for(request, user).fetch(api_path("repositories", request.path_params["repo"]))
+    _may(user, "may_delete", repository["name"], "deleting a repository needs the admin scope")
     base = repository_path(repository["name"])
     return Danger(
         title=f"Delete repository {repository['name']}?",
@@ -116,6 +125,7 @@ async def delete_artifact(request: Request, user: ConsoleUser, fields: Mapping[s
     repo, artifact_id = request.path_params["repo"], request.path_params["artifact_id"]
     api = api_for(request, user)
     repository = await api.fetch(api_path("repositories", repo))
+    _may(user, "may_write", repository["name"], f"no write permission on {repository['name']!r}")
     artifact = await api.fetch(api_path("repositories", repo, "artifacts", artifact_id))
     page_path = f"{repository_path(repository['name'])}/artifacts/{artifact['id']}"
     return Danger(
@@ -134,6 +144,7 @@ async def delete_package(request: Request, user: ConsoleUser, fields: Mapping[st
     coordinates = {name: _text(fields, name) for name in ("group", "name", "version")}
     api = api_for(request, user)
     repository = await api.fetch(api_path("repositories", repo))
+    _may(user, "may_write", repository["name"], f"no write permission on {repository['name']!r}")
     package = await api.fetch(api_path("repositories", repo, "package"), coordinates)
     base = repository_path(repository["name"])
     spelled = f"{package['group']}/{package['name']} {package['version']}"
@@ -152,6 +163,7 @@ async def delete_asset(request: Request, user: ConsoleUser, fields: Mapping[str,
     repo, path = request.path_params["repo"], _text(fields, "path")
     api = api_for(request, user)
     repository = await api.fetch(api_path("repositories", repo))
+    _may(user, "may_write", repository["name"], f"no write permission on {repository['name']!r}")
     asset = await api.fetch(api_path("repositories", repo, "asset"), {"path": path, "historyLimit": "0"})
     base = repository_path(repository["name"])
     return Danger(
@@ -167,6 +179,8 @@ async def remove_permission(request: Request, user: ConsoleUser, fields: Mapping
     if not account:
         raise InvalidInput("the form names no account")
     repository = await api_for(request, user).fetch(api_path("repositories", repo))
+    _may(user, "may_administer", repository["name"],
+         f"managing permissions of {repository['name']!r} needs its admin permission")
     base = repository_path(repository["name"])
     return Danger(
         title=f"Remove {account}'s permission on {repository['name']}?",
@@ -178,6 +192,7 @@ async def remove_permission(request: Request, user: ConsoleUser, fields: Mapping
 
 async def disable_account(request: Request, user: ConsoleUser, fields: Mapping[str, str]) -> Danger:
     name = request.path_params["name"]
+    require_admin_scope(user.principal, "accounts")
     return Danger(
         title=f"Disable account {name}?",
         facts=(
@@ -225,6 +240,7 @@ async def revoke_token(request: Request, user: ConsoleUser, fields: Mapping[str,
 
 async def revoke_key(request: Request, user: ConsoleUser, fields: Mapping[str, str]) -> Danger:
     key_id = request.path_params["key_id"]
+    require_admin_scope(user.principal, "service keys")
     found = await _credential(request, user, key_id, "service_key")
     named = f"service key {found['label'] or key_id}" if found else f"service key {key_id}"
     return Danger(

@@ -21,7 +21,6 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import repository_for_read
 from arkvory.shared.errors import ApiError, Forbidden
 
-from .catalog import _abilities
 from .downloads import asset_lines, package_lines
 from .forms import Form
 from .internal import InternalApi, Refused, api_path
@@ -41,7 +40,7 @@ async def _writable(request: Request, user: ConsoleUser) -> tuple[InternalApi, d
     be allowed to write to for a publishing form."""
     api = api_for(request, user)
     repository = await api.fetch(api_path("repositories", request.path_params["repo"]))
-    abilities = _abilities(user, repository["name"])
+    abilities = user.abilities(repository["name"])
     if not abilities["may_write"]:
         raise Forbidden(f"publishing to {repository['name']!r} needs the repository's write permission")
     return api, repository, abilities
@@ -106,7 +105,7 @@ async def package_page(request: Request, user: ConsoleUser) -> Response:
         request, user, "package.html",
         {"repository": repository, "base": repository_path(repository["name"]), "package": package,
          "artifact": artifact, "lines": package_lines(request, repository, package),
-         **_abilities(user, repository["name"])},
+         **user.abilities(repository["name"])},
     )
 
 
@@ -175,7 +174,7 @@ async def _asset(request: Request, user: ConsoleUser, *, error: Refused | ApiErr
         {"repository": repository, "base": repository_path(repository["name"]), "asset": asset,
          "artifacts": artifacts, "current": artifacts.get(asset["artifactId"]),
          "lines": asset_lines(request, repository, asset["path"]), "history_shown": HISTORY_SHOWN,
-         **_abilities(user, repository["name"])},
+         **user.abilities(repository["name"])},
         **_shown(error),
     )
 

@@ -82,6 +82,17 @@ class ConsoleUser:
     def csrf(self) -> str:
         return csrf_token(self.token)
 
+    def abilities(self, repo: str) -> dict[str, bool]:
+        """What the pages offer on `repo`, by the principal's own permission methods (the API
+        decides anyway): writing (upload, publish, delete what it holds), administering, and
+        deleting the repository."""
+        principal = self.principal
+        return {
+            "may_write": principal.may_write(repo) and not principal.read_only,
+            "may_administer": principal.may_administer(repo),
+            "may_delete": principal.is_admin,
+        }
+
 
 def runtime_of(request: Request) -> Runtime:
     return request.app.state.runtime
