@@ -135,8 +135,9 @@ def safe_next(value: str | None) -> str:
     return "/console/"
 
 
-def see_other(path: str, notice: str | None = None, **query: str) -> RedirectResponse:
-    """303 to a console page, after a change (the browser then GETs it)."""
+def see_other(path: str, notice: str | None = None, /, **query: str) -> RedirectResponse:
+    """303 to a console page, after a change (the browser then GETs it), with `query` (a
+    field may be called `path`: the page's path is positional only)."""
     params = {k: v for k, v in query.items() if v is not None}
     if notice is not None:
         assert notice in NOTICES, notice

@@ -117,9 +117,9 @@ async def progress(request: Request, task: dict[str, Any]) -> dict[str, Any]:
         return _bar(None, 1, text)
     done = int(usage.get(measured[0], 0))
     top = max(total, done, 1)
+    if status == "queued":  # nothing to measure yet: the bar waits (indeterminate)
+        return _bar(None, top, "Queued: waiting for a worker.", counter=measured[0], total=total, unit=measured[1])
     words = f"{done} of {top} {measured[1]} ({done * 100 // top} %)"
-    if status == "queued":
-        words = "Queued: waiting for a worker."
-    elif status in FINISHED:
+    if status in FINISHED:
         words = f"Stopped ({status}) at {words}."
     return _bar(done, top, words, counter=measured[0], total=total, unit=measured[1])
