@@ -259,7 +259,15 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
         assert client.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
         artifact = upload(writer, "builds", "a.bin", b"bytes")
         task = client.post("/api/v1/tasks", json={"kind": "cleanup"}).json()
+        assert client.put("/api/v1/repositories/builds/packages",
+                          json={"group": "g", "name": "n", "version": "1", "artifactId": artifact["id"]}).status_code == 201
+        assert client.put("/api/v1/repositories/builds/assets", params={"path": "p/q"},
+                          json={"artifactId": artifact["id"]}).status_code == 200
+        key = client.post("/api/v1/keys", json={"scopes": ["read:*"]}).json()
+    make_account(writer.url, "bob")
     builds = "<h1>Repository builds</h1>"
+    confirm = '<h1 id="confirm-heading">'
+    artifact_path = f"/console/repositories/builds/artifacts/{artifact['id']}"
     # Each page with its exact status and something only that page shows when it rendered (a
     # broken page that answered 404 or another page's content would fail here).
     pages = [
@@ -280,6 +288,21 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
         ("/console/no-such-page", 404, ["<h1>Not found</h1>", "There is no such console page."]),
         ("/console/repositories/nope", 404, ["<h1>Not found</h1>", "no repository &#39;nope&#39;"]),
         ("/console/sign-in", 303, ["/console/"]),  # signed in already: on to the console
+        # publishing (issue 25 §5), downloads through the gateways (§6), confirmations (§7)
+        ("/console/repositories/builds/package?group=g&name=n&version=1", 200,
+         ['<h1>Package version <span class="name">g/n 1</span></h1>', 'id="line-curl"', "copy.js"]),
+        ("/console/repositories/builds/asset?path=p/q", 200,
+         ['<h1>Asset <span class="name">p/q</span></h1>', 'id="asset-history"', 'id="line-arkvory"']),
+        ("/console/repositories/builds/packages/new", 200, ["<h1>Publish a package version</h1>"]),
+        ("/console/repositories/builds/assets/new", 200, ["<h1>Point an asset at an artifact</h1>"]),
+        (f"{artifact_path}/delete", 200, [confirm + "Delete artifact a.bin?</h1>"]),
+        ("/console/repositories/builds/delete", 200, [confirm + "Delete repository builds?</h1>"]),
+        ("/console/repositories/builds/packages/delete?group=g&name=n&version=1", 200, [confirm + "Delete package version g/n 1?</h1>"]),
+        ("/console/repositories/builds/assets/delete?path=p/q", 200, [confirm + "Delete asset p/q?</h1>"]),
+        ("/console/repositories/builds/permissions/remove?account=bob", 200, [confirm + "Remove bob&#39;s permission on builds?</h1>"]),
+        ("/console/accounts/bob/disable", 200, [confirm + "Disable account bob?</h1>"]),
+        (f"/console/keys/{key['id']}/revoke", 200, [confirm + f"Revoke service key {key['id']}?</h1>"]),
+        (f"/console/tokens/{uuid.UUID(int=1)}/revoke", 200, [confirm + f"Revoke token {uuid.UUID(int=1)}?</h1>"]),
     ]
     assert "'unsafe-inline'" not in CONTENT_SECURITY_POLICY and "script-src 'self'" in CONTENT_SECURITY_POLICY
     with Console(writer.url) as anonymous:
@@ -302,7 +325,7 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
             assert all(source and source.startswith("/console/static/") for source in found.sources), found.sources
             for url in found.urls:  # no secret in any link or form target
                 assert admin.session not in url and "dps_" not in url and "csrf" not in url.lower(), url
-    for static in ("console.css", "upload.js", "task-events.js", "overview.js"):
+    for static in ("console.css", "upload.js", "task-events.js", "overview.js", "copy.js"):
         answer = admin.get(f"/console/static/{static}")
         assert answer.status_code == 200 and answer.headers["x-content-type-options"] == "nosniff"
     # A page that shows a new secret is never stored.
@@ -682,6 +705,20 @@ def test_a_gateway_has_no_console(cluster):
         answer = httpx.get(gateway.url + path, timeout=10)
         assert answer.status_code == 404 and answer.json()["code"] == "not_found", path
         assert "text/html" not in answer.headers["content-type"]
+    # A browser asks for HTML by name: a page it can read says the console is on the writer
+    # (404 all the same: nothing is served here), and sends it nowhere it cannot know.
+    browser = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+    for path in ("/console/", "/console", "/console/sign-in", "/console/repositories/x?y=<z>", "/"):
+        page = httpx.get(gateway.url + path, headers=browser, timeout=10)
+        assert page.status_code == 404 and page.headers["content-type"] == "text/html; charset=utf-8", path
+        assert "<h1>The console is on the writer</h1>" in page.text and "location" not in page.headers
+        assert page.headers["content-security-policy"].startswith("default-src 'none'")
+        found = scripts_of(page.text)
+        assert found.sources == [] and found.inline == [] and found.urls == [] and "<z>" not in page.text
+        assert page.headers["x-request-id"]
+        head = httpx.head(gateway.url + path, headers=browser, timeout=10)
+        assert head.status_code == 404 and head.content == b""
+    assert httpx.get(gateway.url + "/", timeout=10).json()["code"] == "not_found"  # a program: JSON
     posted = httpx.post(gateway.url + "/console/sign-in", data={"name": "root", "password": PASSWORD}, timeout=10)
     assert posted.status_code == 405 and posted.json()["code"] == "read_only"
 
@@ -690,22 +727,30 @@ def test_a_gateway_has_no_console(cluster):
 
 _FIELDS = ["csrf", "key", "name", "public", "force", "account", "level", "group", "version", "path", "kind",
            "param_grace_seconds", "param_bytes_per_second", "budget_max_items", "budget_max_bytes", "on_restart",
-           "max_attempts", "password", "admin", "label", "access", "expires_days", "scopes", "id", "next"]
+           "max_attempts", "password", "admin", "label", "access", "expires_days", "scopes", "id", "next", "confirm",
+           "artifact", "history"]
 _TEXT = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=80) | st.sampled_from(
-    ["", "0", "-1", "99999999999999999999999", "1e9", "true", "../..", "/", "%00", "\x00", "<script>", "verify",
+    ["", "0", "-1", "99999999999999999999999", "1e9", "true", "yes", "../..", "/", "%00", "\x00", "<script>", "verify",
      "cleanup", "read", "admin", "read:*", "\u202e", "a" * 5000, "00000000-0000-0000-0000-000000000000"])
 _TARGETS = [
     "/console/repositories", "/console/repositories/{x}/visibility", "/console/repositories/{x}/delete",
     "/console/repositories/{x}/permissions", "/console/repositories/{x}/permissions/remove",
     "/console/repositories/{x}/packages/delete", "/console/repositories/{x}/assets/delete",
     "/console/repositories/{x}/artifacts/{x}/delete", "/console/tasks", "/console/tasks/{x}/cancel",
+    "/console/repositories/{x}/packages", "/console/repositories/{x}/assets", "/console/repositories/{x}/asset/restore",
+    "/console/accounts/{x}/disable",
     "/console/accounts/{x}/enable", "/console/tokens", "/console/tokens/revoke", "/console/tokens/{x}/revoke",
     "/console/keys", "/console/keys/{x}/revoke", "/console/keys/{x}/adopt", "/console/sign-in",
 ]
 _PAGES = ["/console/repositories/{x}", "/console/repositories/{x}/packages", "/console/repositories/{x}/assets",
           "/console/repositories/{x}/permissions", "/console/repositories/{x}/artifacts/{x}",
           "/console/repositories/{x}/artifacts/{x}/download", "/console/tasks/{x}", "/console/repositories",
-          "/console/tasks", "/console/sign-in"]
+          "/console/tasks", "/console/sign-in", "/console/repositories/{x}/package", "/console/repositories/{x}/asset",
+          "/console/repositories/{x}/packages/new", "/console/repositories/{x}/assets/new",
+          "/console/repositories/{x}/delete", "/console/repositories/{x}/packages/delete",
+          "/console/repositories/{x}/assets/delete", "/console/repositories/{x}/permissions/remove",
+          "/console/repositories/{x}/artifacts/{x}/delete", "/console/accounts/{x}/disable", "/console/tokens/{x}/revoke",
+          "/console/tokens/revoke", "/console/keys/{x}/revoke", "/"]
 _SEGMENT = st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="/?#"), min_size=1, max_size=40) | st.sampled_from(
     ["builds", "..", ".", "%2F", "00000000-0000-0000-0000-000000000000", "a" * 300, "<x>"])
 
@@ -734,7 +779,8 @@ def test_hostile_form_input_is_never_a_500(fuzz_console, target, segment, fields
 @given(
     page=st.sampled_from(_PAGES),
     segment=_SEGMENT,
-    query=st.dictionaries(st.sampled_from(["cursor", "kind", "status", "next", "notice", "x"]), _TEXT, max_size=3),
+    query=st.dictionaries(st.sampled_from(["cursor", "kind", "status", "next", "notice", "x", "group", "name", "version",
+                                           "path", "artifact", "account", "id", "force"]), _TEXT, max_size=4),
     body=st.binary(max_size=300),
 )
 def test_hostile_pages_and_raw_bodies_are_never_a_500(fuzz_console, page, segment, query, body):

@@ -15,14 +15,14 @@
     selection.addRange(range);
   }
 
-  function copied(label) { say("Copied the " + label + "."); }
+  function copied(label) { say("Copied: " + label + "."); }
 
   function fallback(element, label) {
     // Older browsers, or a page served over plain HTTP to another host (no clipboard API there).
     selectText(element);
     var done = false;
     try { done = document.execCommand("copy"); } catch (error) { done = false; }
-    if (done) { copied(label); } else { say("Selected: press Ctrl+C (or ⌘C) to copy."); }
+    if (done) { copied(label); } else { say("Selected: press Ctrl+C (⌘C on a Mac) to copy it."); }
   }
 
   Array.prototype.forEach.call(document.querySelectorAll("button.copy[data-copy]"), function (button) {
