@@ -22,29 +22,16 @@ import httpx
 import markupsafe
 import pytest
 
-from arkvory.writer.console.security import CONTENT_SECURITY_POLICY
 from arkvory.writer.console.task_progress import sentence
 
 from .console_client import PASSWORD, Console, csrf_of, make_account, messages, scripts_of
 from .harness import ADMIN_TOKEN, db_fetch, free_port
-from .test_console import api, upload
+from .test_console import admin, api, upload, writer  # noqa: F401  (admin, writer: fixtures)
 from .worker_harness import start_worker, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
-
-
-@pytest.fixture
-def writer(cluster):
-    return cluster.writer().wait_ready()
-
-
-@pytest.fixture
-def admin(writer):
-    make_account(writer.url, "root", admin=True)
-    with Console(writer.url) as console:
-        yield console.signed_in("root")
 
 
 def text_of(page: httpx.Response, element_id: str) -> str:

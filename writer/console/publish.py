@@ -12,6 +12,7 @@ are offered to accounts that may write to the repository; the API decides anyway
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 from starlette.requests import Request
@@ -60,17 +61,26 @@ async def _artifact_or_none(api: InternalApi, repo: str, artifact_id: str | None
 # -- package versions -------------------------------------------------------------------------
 
 
-async def _publish_form(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
-                        form: Form | None = None) -> Response:
+async def _form(request: Request, user: ConsoleUser, template: str, linked: tuple[str, ...], *,
+                error: Refused | ApiError | None = None, form: Form | None = None) -> Response:
+    """A publishing form: empty but for what a link filled in (`linked`: `?artifact=` from an
+    artifact's page), or as it was sent, with the API's refusal."""
     api, repository, abilities = await _writable(request, user)
-    fields = dict(form.fields) if form else {"artifact": request.query_params.get("artifact", "")}
+    if form is not None:
+        fields = dict(form.fields)
+    else:
+        fields = {name: request.query_params.get(name, "") for name in linked}
     artifact = await _artifact_or_none(api, repository["name"], fields.get("artifact", "").strip())
     return render(
-        request, user, "publish_package.html",
+        request, user, template,
         {"repository": repository, "base": repository_path(repository["name"]), "form": fields,
          "artifact": artifact, **abilities},
         **_shown(error),
     )
+
+
+def _publish_form(request: Request, user: ConsoleUser, **shown: Any) -> Awaitable[Response]:
+    return _form(request, user, "publish_package.html", ("artifact",), **shown)
 
 
 @page
@@ -112,20 +122,8 @@ async def package_page(request: Request, user: ConsoleUser) -> Response:
 # -- assets ------------------------------------------------------------------------------------------
 
 
-async def _point_form(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
-                      form: Form | None = None) -> Response:
-    api, repository, abilities = await _writable(request, user)
-    if form is not None:
-        fields = dict(form.fields)
-    else:
-        fields = {name: request.query_params.get(name, "") for name in ("path", "artifact")}
-    artifact = await _artifact_or_none(api, repository["name"], fields.get("artifact", "").strip())
-    return render(
-        request, user, "point_asset.html",
-        {"repository": repository, "base": repository_path(repository["name"]), "form": fields,
-         "artifact": artifact, **abilities},
-        **_shown(error),
-    )
+def _point_form(request: Request, user: ConsoleUser, **shown: Any) -> Awaitable[Response]:
+    return _form(request, user, "point_asset.html", ("path", "artifact"), **shown)
 
 
 @page
