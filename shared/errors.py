@@ -52,16 +52,34 @@ class ApiError(Exception):
             return {}
         return {"Retry-After": str(self.retry_after)}
 
+    def header_pairs(self) -> list[tuple[str, str]]:
+        """`headers()` as (name, value) pairs, where a name may repeat: what an API answer sends."""
+        return list(self.headers().items())
+
 
 class InvalidInput(ApiError):
     status, code = 400, "invalid_input"
 
 
+BASIC_CHALLENGE = 'Basic realm="arkvory", charset="UTF-8"'
+BEARER_CHALLENGE = 'Bearer realm="arkvory"'
+
+
 class Unauthorized(ApiError):
+    """An API 401 challenges for Basic as well as Bearer (shared/auth/authorization.py): wget,
+    git and others send their credentials only after a Basic challenge."""
+
     status, code = 401, "unauthorized"
 
     def headers(self) -> dict[str, str]:
-        return {"WWW-Authenticate": 'Bearer realm="arkvory"'}
+        # What the console's pages send (one value per name): no Basic challenge there, or a
+        # browser would open its password dialog over a page that signs in with its own form.
+        return {"WWW-Authenticate": BEARER_CHALLENGE}
+
+    def header_pairs(self) -> list[tuple[str, str]]:
+        # Two header fields, Basic first: clients that read only the first field, or one
+        # challenge per field (wget, browsers), still find Basic.
+        return [("WWW-Authenticate", BASIC_CHALLENGE), ("WWW-Authenticate", BEARER_CHALLENGE)]
 
 
 class Forbidden(ApiError):

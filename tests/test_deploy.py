@@ -869,3 +869,38 @@ def test_multi_host_balancer_configurations_are_accepted(tmp_path):
         [nginx, "-t", "-p", str(tmp_path), "-c", str(wrapper)], capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 0, result.stderr
+
+
+# -- SeaweedFS in production (deploy/multi-host/seaweedfs/) --------------------------------------
+
+SEAWEEDFS = MULTI / "seaweedfs"
+
+
+def test_the_seaweedfs_unit_guards_the_store_as_the_dev_store_is_guarded(tmp_path):
+    """The same guards as `arkvory dev --storage s3` (shared/cli/seaweedfs.py): only S3 serves a
+    blob, no bucket appears by itself, no browser origin; SIGKILL after a bounded SIGTERM wait
+    (weed may never finish its own shutdown); and systemd accepts the unit."""
+    from arkvory.shared.cli import seaweedfs
+
+    unit = read_unit(SEAWEEDFS / "seaweedfs.service")["Service"]
+    command = " ".join(unit["ExecStart"]).split()
+    for flag in ("-disableHttp", "-s3.autoCreateBucket=false", f"-s3.allowedOrigins={seaweedfs._NO_ORIGIN}",
+                 "-master.telemetry=false", "-logtostderr"):
+        assert flag in command, flag
+    assert unit["SendSIGKILL"] == ["yes"] and unit["TimeoutStopSec"] == ["15s"]
+    assert unit["WorkingDirectory"] == ["/etc/seaweedfs"]  # where weed finds security.toml
+    security = tomllib.loads((SEAWEEDFS / "security.toml.example").read_text())
+    assert {"jwt", "cors", "grpc", "access"} <= security.keys()
+    assert {"signing"} <= security["jwt"].keys() and "read" in security["jwt"]["signing"]
+    assert {"master", "volume", "filer", "s3", "client"} <= security["grpc"].keys()
+    identities = json.loads((SEAWEEDFS / "s3.json.example").read_text())["identities"]
+    assert [sorted(i["actions"]) for i in identities] == [["List", "Read", "Tagging", "Write"]]
+    analyze = require_tool("systemd-analyze", apt="systemd", why="the checks above still ran")
+    weed = seaweedfs.find_weed() or pathlib.Path(shutil.which("true") or "/bin/true")
+    (tmp_path / "seaweedfs.service").write_text(
+        (SEAWEEDFS / "seaweedfs.service").read_text().replace("/usr/local/bin/weed", str(weed))
+    )
+    result = subprocess.run([analyze, "verify", "--man=no", "seaweedfs.service"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=30)
+    complaints = [line for line in result.stderr.splitlines() if str(tmp_path) in line]
+    assert result.returncode == 0 and not complaints, result.stderr

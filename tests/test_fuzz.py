@@ -1,6 +1,7 @@
-"""Random paths, query strings, headers and small bodies, per route family, to a live writer and
-a live gateway: never a 5xx except a documented 503 with Retry-After, and every error is JSON
-with a `code` (SPEC §6: "never 500").
+"""Random paths, query strings, headers and small bodies, per route family (and hostile
+`Authorization` values, Basic above all), to a live writer and a live gateway: never a 5xx
+except a documented 503 with Retry-After, and every error is JSON with a `code` (SPEC §6:
+"never 500").
 
 Reproducible in CI: `derandomize=True` fixes the examples; `max_examples` bounds the time per
 family (a few seconds each on a quiet machine). The processes start once for the module.
@@ -8,6 +9,7 @@ family (a few seconds each on a quiet machine). The processes start once for the
 
 from __future__ import annotations
 
+import base64
 import urllib.parse
 import uuid
 
@@ -217,3 +219,55 @@ def test_credential_and_account_routes(site, which, rest, method, query, header_
 def test_health_and_unknown_routes(site, rest, which, method, query, header_map, token):
     path = f"/health/{which}" + "".join(f"/{encode(s)}" for s in rest)
     send(site, method, path, query, header_map, token, b"")
+
+
+# Hostile `Authorization` values, Basic above all (issue 25 §9: a token as Basic's password): any
+# bytes encoded, a token behind any user name, base64 that is not (padding dropped, the URL-safe
+# alphabet, stray characters), oversized values, other schemes; with and without a browser's
+# Sec-Fetch-* and Origin headers. Never a 500, and every 401 challenges for Basic and Bearer.
+def _basic(raw: bytes) -> bytes:
+    return b"Basic " + base64.b64encode(raw)
+
+
+# What an HTTP client can send in a header value: no CR, LF or NUL (h11 refuses them itself).
+header_bytes = st.binary(max_size=60).map(lambda raw: bytes(b for b in raw if b >= 0x20 or b == 0x09))
+known_tokens = st.sampled_from([ADMIN_TOKEN, READER_TOKEN, OTHER_TOKEN, "pat", "fuzzer's password", "", "x"])
+authorizations = st.one_of(
+    st.binary(max_size=80).map(_basic),
+    st.tuples(st.binary(max_size=24), known_tokens),
+    header_bytes.map(lambda raw: b"Basic " + raw),
+    st.binary(min_size=1, max_size=40).map(lambda raw: _basic(raw).rstrip(b"=")),
+    st.binary(min_size=1, max_size=40).map(lambda raw: b"Basic " + base64.urlsafe_b64encode(raw)),
+    st.tuples(st.sampled_from([b"Basic", b"basic", b"BASIC", b"Bearer", b"Digest", b"Negotiate", b""]),
+              st.sampled_from([b"", b" ", b"  ", b"\t"]), header_bytes).map(b"".join),
+    st.sampled_from([b"Basic " + b"A" * 5000, b"Basic " + b"QQ==" * 300, _basic(b":" * 700),
+                     _basic(b"u:" + b"t" * 766), _basic(b"u:" + b"t" * 767), b"Basic ====", b"Basic =",
+                     _basic("ж:ж".encode()), _basic("u:ж".encode("utf-8")), _basic(b"u:\xe9t\xe9"),
+                     _basic(b"u:\x00"), _basic(b"\x00:" + ADMIN_TOKEN.encode())]),
+)
+browser_headers = st.fixed_dictionaries({}, optional={
+    "Sec-Fetch-Site": st.sampled_from(["cross-site", "same-site", "same-origin", "none", "", "CROSS-SITE", "x"]),
+    "Sec-Fetch-Mode": st.sampled_from(["navigate", "cors", "no-cors", "", "NAVIGATE"]),
+    "Origin": st.sampled_from(["http://elsewhere.example", "null", "", "http://127.0.0.1"]),
+})
+CHALLENGES = ['Basic realm="arkvory", charset="UTF-8"', 'Bearer realm="arkvory"']
+
+
+@FUZZ
+@given(authorization=authorizations, browser=browser_headers,
+       which=st.sampled_from(["content", "/api/v1/repositories", "/api/v1/repositories/priv", "/api/v1/tokens",
+                              "/health/ready", "/health/metrics"]),
+       method=st.sampled_from(["GET", "HEAD", "POST", "DELETE"]))
+@example(authorization=(b"anyone", ADMIN_TOKEN), browser={}, which="content", method="GET")
+@example(authorization=(b"", "pat"), browser={"Sec-Fetch-Site": "cross-site"}, which="/api/v1/tokens", method="POST")
+def test_authorization_header(site, authorization, browser, which, method):
+    if isinstance(authorization, tuple):  # a known token (or password) behind a user name
+        user, secret = authorization
+        authorization = _basic(user.replace(b":", b"") + b":" + (site["pat"] if secret == "pat" else secret).encode())
+    path = f"/api/v1/repositories/priv/artifacts/{site['artifact']}/content" if which == "content" else which
+    sent = {"Authorization": authorization.strip(), **browser}
+    for client in site["clients"]:
+        answer = client.request(method, path, headers=sent)
+        check(answer, method)
+        if answer.status_code == 401:
+            assert answer.headers.get_list("www-authenticate") == CHALLENGES, answer.headers

@@ -81,6 +81,12 @@ def test_the_document_is_valid_openapi_3_1_and_complete():
     content = document["paths"]["/api/v1/repositories/{repo}/artifacts/{artifact_id}/content"]["get"]
     assert {p["name"] for p in content["parameters"]} >= {"Range", "If-Range", "If-None-Match"}
     assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    # A token as Basic's password, wherever a bearer token works (issue 25 §9).
+    assert document["components"]["securitySchemes"]["basic"]["scheme"] == "basic"
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            if {"bearer": []} in operation["security"]:
+                assert {"basic": []} in operation["security"], (method, path)
 
 
 # -- a live writer --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import concurrent.futures
 import hashlib
 import os
 import signal
+import socket
 import time
 
 import urllib.parse
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from .harness import ADMIN_TOKEN
+from .rawhttp import read_response, status_of
 from .tcpproxy import TcpProxy
 
 
@@ -167,6 +169,17 @@ def test_a_cached_file_waiting_for_its_first_read_is_served_while_the_store_is_d
             assert ready.status_code == 200 and ready.json()["parts"]["storage"] == "unavailable"
             assert ready.json()["parts"]["readCache"] == "available" and ready.json()["readCache"]["files"] == 1
             assert metric(writer, "arkvory_storage_available") == 0
+            # A one-shot upload is refused before its body is read (it could not be published):
+            # a declared 64 MiB that never comes is answered at once, not after the receive timeout.
+            started = time.monotonic()
+            with socket.create_connection(("127.0.0.1", writer.port), timeout=10) as sock:
+                sock.sendall(
+                    f"POST /api/v1/repositories/{REPO}/artifacts?name=x HTTP/1.1\r\nHost: t\r\n"
+                    f"Authorization: Bearer {ADMIN_TOKEN}\r\nContent-Length: {64 * MiB}\r\n\r\n".encode()
+                )
+                refused = read_response(sock)
+            assert status_of(refused) == 503 and b'"code":"unavailable"' in refused.replace(b" ", b""), refused
+            assert b"\r\nretry-after: " in refused.lower() and time.monotonic() - started < 5
         assert download(writer, cached_artifact) == cached  # its first read: checked, not fetched
         assert download(writer, cached_artifact) == cached  # a hit
         assert metric(writer, 'arkvory_read_cache_discards_total{reason="corrupt"}') == 0

@@ -1,4 +1,5 @@
-"""System tools a test needs (balancers, promtool, systemd-analyze, strace, a browser, weed):
+"""System tools a test needs (balancers, promtool, systemd-analyze, strace, a browser, weed,
+download tools):
 found, or the test skips saying what is missing and how to install it.
 
     haproxy = require_tool("haproxy", apt="haproxy")

@@ -8,7 +8,8 @@ components below. Fragments refer to:
 - `#/components/schemas/Error`            the error JSON of every 4xx/5xx
 - `#/components/responses/Error`          any error answer with that schema
 - `#/components/parameters/IdempotencyKey` the `Idempotency-Key` request header
-- the security scheme `bearer`            `Authorization: Bearer <token>`
+- the security scheme `bearer`            `Authorization: Bearer <token>`; `build_document` adds
+  `basic` (a token as the password) beside it wherever it stands, as every process takes both
 
 tests/test_openapi.py compares the document with the app's route table, so neither can drift.
 """
@@ -90,7 +91,13 @@ COMPONENTS: dict[str, Any] = {
             "type": "http",
             "scheme": "bearer",
             "description": "A service key, personal token (`pat_...`) or session (`dps_...`); never in a URL.",
-        }
+        },
+        "basic": {
+            "type": "http",
+            "scheme": "basic",
+            "description": "Any user name and a token (as for `bearer`) as the password, for tools that "
+            "speak only Basic; never an account's password (refused as a wrong token).",
+        },
     },
     "schemas": {
         "Error": {
@@ -270,6 +277,12 @@ def _document_idempotency(operation: dict[str, Any]) -> None:
         responses.setdefault(status, ERROR)
 
 
+def _basic_beside_bearer(security: list[dict]) -> list[dict]:
+    """A token works as Basic's password wherever it works as a bearer token
+    (shared/auth/authorization.py)."""
+    return security + [{"basic": []}] if {"bearer": []} in security else security
+
+
 def build_document(modules: Iterable[ModuleType]) -> dict[str, Any]:
     """The whole document: shared fragments, then every module's `OPENAPI_PATHS` (this module's
     own route is one of them when it is in `modules`, as in the writer app)."""
@@ -283,7 +296,7 @@ def build_document(modules: Iterable[ModuleType]) -> dict[str, Any]:
                 if method in merged:
                     raise ValueError(f"OpenAPI: {method.upper()} {path} is described twice")
                 if method in ("get", "put", "post", "delete", "patch", "head", "options"):
-                    operation.setdefault("security", [{"bearer": []}])
+                    operation["security"] = _basic_beside_bearer(operation.get("security", [{"bearer": []}]))
                     if not operation.get("operationId"):
                         operation["operationId"] = _operation_id(method, path)
                     if IDEMPOTENCY_KEY in operation.get("parameters", []):
@@ -299,7 +312,7 @@ def build_document(modules: Iterable[ModuleType]) -> dict[str, Any]:
             "every answer carries `X-Request-Id`.",
         },
         "servers": [{"url": "/"}],
-        "security": [{"bearer": []}],
+        "security": _basic_beside_bearer([{"bearer": []}]),
         "paths": paths,
         "components": COMPONENTS,
     }

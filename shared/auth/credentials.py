@@ -1,9 +1,11 @@
-"""Bearer tokens of every kind to principals, on every process (SPEC §5).
+"""Tokens of every kind to principals, on every process (SPEC §5).
 
 Four kinds: keys-file tokens (in memory, identity.KeyRing), and three kinds that live in
 `arkvory_credentials`: sessions `dps_<id>.<secret>`, personal tokens `pat_<id>.<secret>` and
 managed service keys `arkvory_<uuid>.<secret>`. Only the SHA-256 of a token is stored; one
 indexed lookup by that digest finds the credential, its account and the account's permissions.
+Every kind arrives as `Authorization: Bearer`, or as HTTP Basic's password (authorization.py),
+and a session also as the console's cookie.
 
 Revocation must take effect on the next request on every process, so resolved credentials are
 remembered (by the token's `identity.memo_key`, a BLAKE2b digest: a hit then costs no SHA-256)
@@ -39,7 +41,8 @@ from arkvory.shared.cluster.notified_cache import NotifiedCache
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Unauthorized
 
-from .identity import ANONYMOUS, KeyRing, Principal, bearer_token, memo_key
+from .authorization import presented_token
+from .identity import ANONYMOUS, KeyRing, Principal, memo_key
 
 log = logging.getLogger("arkvory.credentials")
 
@@ -182,8 +185,9 @@ def forget_cached(cache: CredentialCache) -> None:
 
 
 def token_of(authorization: str | None, session_cookie: str | None = None) -> str | None:
-    """The bearer token, else the session cookie (the writer passes it; gateways never do)."""
-    token = bearer_token(authorization)
+    """The `Authorization` header's token (Bearer, or Basic's password: authorization.py), else
+    the session cookie (the writer passes it; gateways never do)."""
+    token = presented_token(authorization)
     if token is None and session_cookie:
         return session_cookie
     return token

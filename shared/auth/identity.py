@@ -1,4 +1,4 @@
-"""Who is asking (SPEC §5): principals from bearer tokens, and what they may do.
+"""Who is asking (SPEC §5): principals from tokens, and what they may do.
 
 The same code runs on every process, so a gateway checks permissions exactly as the writer.
 Only digests of tokens are kept and compared (SHA-256 as the keys file and the database store
@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Iterable
 
 from arkvory.shared.errors import Unauthorized
+
+from .authorization import presented_token
 
 _SCOPE = re.compile(r"^(admin|(read|write):(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,99}))$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -167,21 +169,11 @@ class KeyRing:
         return self._remembered.get(known)
 
 
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an `Authorization: Bearer` header; other schemes are refused clearly."""
-    if authorization is None:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    token = token.strip()
-    if not token or scheme.lower() != "bearer":
-        raise Unauthorized("expected 'Authorization: Bearer <token>'")
-    return token
-
-
 def authenticate(keys: KeyRing, authorization: str | None) -> Principal:
-    """The principal behind a keys-file token; ANONYMOUS when no credentials were sent.
-    Every request path uses `credentials.resolve`, which also knows database credentials."""
-    token = bearer_token(authorization)
+    """The principal behind a keys-file token (Bearer, or Basic's password); ANONYMOUS when no
+    credentials were sent. Every request path uses `credentials.resolve`, which also knows
+    database credentials."""
+    token = presented_token(authorization)
     if token is None:
         return ANONYMOUS
     principal = keys.lookup(token)

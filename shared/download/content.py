@@ -19,6 +19,7 @@ from starlette.types import Message, Receive, Scope, Send
 from arkvory.shared.auth.credentials import resolve, resolve_now
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import InvalidInput, Unavailable
+from arkvory.shared.http import basic_from_browsers
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, send_error
 from arkvory.shared.http.handle import HANDLE_KEY, ConnectionHandle, encode_header_block
 from arkvory.shared.http.ranges import not_modified, requested_range
@@ -294,7 +295,8 @@ class ContentDispatch:
     small download itself. Everything else goes to `app`.
 
     The fast path applies what the skipped layers would: a request with two `Authorization`
-    headers is refused (the gates' RequestGuard), a process that may not serve answers 503
+    headers, or with Basic credentials a browser added to another site's request, is refused
+    (the gates' RequestGuard), a process that may not serve answers 503
     (ServingGate), and errors go through the same exception handlers.
     """
 
@@ -314,9 +316,15 @@ class ContentDispatch:
         scope["route"] = route
         # One coroutine for the dispatch (this one) and one for the endpoint.
         ask = _Ask(scope)
-        if ask.authorizations > 1:  # as edge.ambiguous_credentials, in the same pass
+        if ask.authorizations > 1:  # as edge.credentials_refusal, in the same pass
             await send_error(scope, send, InvalidInput("send at most one Authorization header"))
             return
+        # basic_from_browsers.is_basic on the decoded value: another pass, for Basic only.
+        if ask.authorization is not None and ask.authorization[:6].lower() == "basic ":
+            refused = basic_from_browsers.refusal(scope)
+            if refused is not None:
+                await send_error(scope, send, refused)
+                return
         scope[_ASK_KEY] = ask
         if not self.runtime.may_serve:
             await send_error(scope, send, Unavailable(f"this process cannot serve: {self.runtime.status}"))

@@ -33,6 +33,7 @@ from arkvory.shared.errors import (
 )
 from arkvory.shared.metrics import Metrics
 
+from . import basic_from_browsers
 from .handle import HANDLE_KEY
 
 log = logging.getLogger("arkvory.http")
@@ -50,11 +51,10 @@ def error_body(code: str, message: str, rid: str) -> dict:
 
 
 def error_response(scope: Scope, exc: ApiError) -> JSONResponse:
-    return JSONResponse(
-        error_body(exc.code, exc.message, request_id(scope)),
-        status_code=exc.status,
-        headers=exc.headers(),
-    )
+    response = JSONResponse(error_body(exc.code, exc.message, request_id(scope)), status_code=exc.status)
+    for name, value in exc.header_pairs():
+        response.headers.append(name, value)
+    return response
 
 
 # A refused request whose unread body is larger than this closes its connection, so that the
@@ -169,32 +169,41 @@ async def send_error(scope: Scope, send: Send, exc: ApiError) -> None:
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-    ] + [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
+    ] + [(k.lower().encode(), v.encode()) for k, v in exc.header_pairs()]
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""})
 
 
 class RequestGuard:
     """Refuses requests whose credentials are ambiguous before any route reads them: with two
-    `Authorization` headers, one part of the program could check one and another the other."""
+    `Authorization` headers, one part of the program could check one and another the other.
+    And Basic credentials that a browser added to another site's request (basic_from_browsers.py)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and ambiguous_credentials(scope):
-            await send_error(scope, send, InvalidInput("send at most one Authorization header"))
-            return
+        if scope["type"] == "http":
+            refused = credentials_refusal(scope)
+            if refused is not None:
+                await send_error(scope, send, refused)
+                return
         await self.app(scope, receive, send)
 
 
-def ambiguous_credentials(scope: Scope) -> bool:
-    """Two or more `Authorization` headers."""
+def credentials_refusal(scope: Scope) -> ApiError | None:
+    """Why the request's credentials are refused before any route reads them, or None."""
     seen = 0
-    for key, _ in scope["headers"]:
+    authorization = b""
+    for key, value in scope["headers"]:
         if key == b"authorization":
             seen += 1
-    return seen > 1
+            authorization = value
+    if seen > 1:
+        return InvalidInput("send at most one Authorization header")
+    if seen and basic_from_browsers.is_basic(authorization):
+        return basic_from_browsers.refusal(scope)
+    return None
 
 
 class RequestContext:

@@ -15,6 +15,7 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S
 from arkvory.shared.download.catalog import Repository
 from arkvory.shared.http.bodies import declared_length
 from arkvory.shared.http.media_types import upload_media_type
+from arkvory.shared.storage import StorageError
 
 from ..catalog.artifacts import ARTIFACT_SCHEMA, MAX_NAME, artifact_json, artifact_location, check_artifact_name
 from ..idempotency import HeldKey, Result, holding_key
@@ -23,7 +24,7 @@ from ..openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, query_param,
 from ..catalog.repositories import repository_for_write
 from ..request_inputs import principal_of, runtime_of
 from .places import UploadPlaces
-from .publishing import place_claimed_blob, publish_blob, received_body
+from .publishing import place_claimed_blob, publish_blob, received_body, storage_failed
 from .store import refuse_form_upload
 
 
@@ -38,6 +39,10 @@ async def upload_artifact(request: Request) -> Response:
     declared_length(request)  # a malformed Content-Length is refused before taking a place
     runtime = runtime_of(request)
     assert runtime.storage is not None
+    if not runtime.storage_available:
+        # A store that does not answer now (the probe's verdict) could not take the blob at the
+        # end either: refused before a byte of the body is read, not after all of it.
+        raise storage_failed(StorageError(runtime.storage_health.reason or "the object store does not answer"))
     places: UploadPlaces = request.app.state.upload_places
     # The key is held while the body streams (a concurrent duplicate gets 409 at once, before
     # the 503 its principal's full share of places would give) and recorded in the transaction
