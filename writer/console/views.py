@@ -1,5 +1,6 @@
-"""How the templates show numbers and times (Jinja2 filters), and the idempotency key each
-change form carries, so that a form sent twice (a double click, a reload) is one change."""
+"""How the templates show numbers and times (Jinja2 filters), a repository's console path, and
+the idempotency key each change form carries, so that a form sent twice (a double click, a
+reload) is one change."""
 
 from __future__ import annotations
 
