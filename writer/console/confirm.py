@@ -1,14 +1,15 @@
 """Every delete, revoke and disable asks first (issue 25 §7: one click deleted an artifact).
 
 A danger button is a link to its confirmation page (GET the same path as the change): it says
-what will happen and holds the form that does it, with the CSRF token, a fresh idempotency key
-and `confirm=yes`. The change itself (POST) runs only with `confirm=yes`; a form without it, an
-old page's or a script's, gets the same confirmation page and changes nothing. There is no
-script in it: with or without JavaScript it is the same page.
+what will happen and holds the form that does it, with the CSRF token, an idempotency key (the
+unconfirmed form's, else a fresh one) and `confirm=yes`. The change itself (POST) runs only with
+`confirm=yes`; a form without it, an old page's or a script's, gets the same confirmation page
+and changes nothing. There is no script in it: with or without JavaScript it is the same page.
 
 What each page says is a `describe` function below: it reads what is about to go through the
 API, as the signed-in account (so a page for something the account may not see is the API's
-404, never a hint that it exists), and names the fields the confirmed form carries.
+404, never a hint that it exists), refuses (403) what the API would refuse this account anyway,
+as the API words it, and names the fields the confirmed form carries.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Forbidden, InvalidInput
 
 from ..request_inputs import require_admin_scope
-
 from .forms import Form
 from .internal import api_path
 from .session import ConsoleUser, Handler, api_for, page, render, runtime_of
