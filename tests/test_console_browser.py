@@ -115,6 +115,14 @@ class Walk:
         assert path.stat().st_size > 1000
         self.taken.append(path)
 
+    def keep_screenshots(self, prefix: str = "") -> None:
+        """Copy the screenshots to $CONSOLE_SCREENSHOTS_DIR when that is set."""
+        keep = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
+        if keep:
+            pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+            for path in self.taken:
+                shutil.copy2(path, pathlib.Path(keep) / (prefix + path.name))
+
     def no_policy_violation(self, name: str) -> None:
         problems = [entry["message"] for entry in self.driver.get_log("browser")
                     if "Content Security Policy" in entry["message"] or "Refused to" in entry["message"]
@@ -361,11 +369,7 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
     walk.wait(lambda d: "/console/sign-in" in d.current_url, "the console closed again")
 
     assert len(walk.taken) >= 15 and all(path.is_file() for path in walk.taken)
-    keep = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
-    if keep:
-        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
-        for path in walk.taken:
-            shutil.copy2(path, pathlib.Path(keep) / path.name)
+    walk.keep_screenshots()
 
 
 # The login CSRF of issue 22 §2, as it was reproduced: another site's page posts the attacker's
@@ -545,3 +549,4 @@ def test_publishing_download_lines_and_confirmations_in_a_real_browser(cluster, 
             assert f">{lease['pid']}<" not in source and f"pid {lease['pid']}" not in source, path
         assert "Overview" not in walk.text("header"), path
     walk.page_checks("account-artifact")
+    walk.keep_screenshots("publishing-")
