@@ -317,12 +317,14 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
     # Each event a sentence, the same live as the server writes them on a reload.
     live_sentences = [row.find_elements(By.TAG_NAME, "td")[2].text for row in events]
     assert all(text and not text.startswith("{") for text in live_sentences), live_sentences
+    live_result = walk.text("#task-result")
+    assert live_result.startswith("bytes ") and "checked 2" in live_result, live_result  # name value pairs
     walk.page_checks("task")
     browser.refresh()
     walk.wait(lambda d: d.find_elements(By.ID, "events"), "the task page again")
     reloaded = [row.find_elements(By.TAG_NAME, "td")[2].text
                 for row in browser.find_elements(By.CSS_SELECTOR, "#events tbody tr")]
-    assert reloaded == live_sentences
+    assert reloaded == live_sentences and walk.text("#task-result") == live_result
 
     # -- a token: created (shown once), used, revoked ----------------------------------------------
     walk.open("/console/tokens")

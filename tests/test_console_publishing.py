@@ -22,7 +22,7 @@ import httpx
 import markupsafe
 import pytest
 
-from arkvory.writer.console.task_progress import sentence
+from arkvory.writer.console.task_progress import pairs, sentence
 
 from .console_client import PASSWORD, Console, csrf_of, make_account, messages, scripts_of
 from .harness import ADMIN_TOKEN, db_fetch, free_port
@@ -480,7 +480,7 @@ def test_the_root_leads_a_browser_to_the_console_and_tells_a_program_where_the_a
     ({"type": "task.running", "data": {"recovered_from": "running", "resumed": True}},
      "Running again from its last checkpoint, after a worker restart."),
     ({"type": "task.progress", "data": {"usage": {"items": 3, "bytes": 2048, "cost_units": 0, "transitions": 4},
-                                        "message": "3 blobs checked"}}, "3 blobs checked (so far: 3 items, 2048 bytes)."),
+                                        "message": "3 blobs checked"}}, "3 blobs checked (so far: items 3, bytes 2048)."),
     ({"type": "task.progress", "data": {"usage": {"transitions": 1}}}, "Progress."),
     ({"type": "task.checkpoint", "data": {"state_bytes": 120, "usage": {}}}, "Checkpoint saved (120 bytes of state)."),
     ({"type": "task.cancelling", "data": {"by": "root"}}, "Cancel asked by root: it stops at its next step."),
@@ -495,6 +495,14 @@ def test_the_root_leads_a_browser_to_the_console_and_tells_a_program_where_the_a
 ])
 def test_each_event_is_a_sentence(event, said):
     assert sentence(event) == said
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    (None, "—"), ({}, "none"), ({"grace_seconds": 60}, "grace_seconds 60"),
+    ({"b": {"y": 1, "x": False}, "a": "text"}, "a text, b.x false, b.y 1"), (3, "3"),
+])
+def test_params_and_results_are_name_value_pairs(value, said):
+    assert pairs(value) == said
 
 
 def test_a_task_page_shows_progress_as_a_bar_and_events_as_sentences(cluster, writer, admin):
@@ -528,6 +536,8 @@ def test_a_task_page_shows_progress_as_a_bar_and_events_as_sentences(cluster, wr
     assert said["task.completed"].startswith("Completed: ") and "checked 3" in said["task.completed"]
     events_table = done.text.split('<table id="events">', 1)[1].split("</table>", 1)[0]
     assert "{" not in events_table and "<code>" not in events_table  # sentences, not JSON
+    assert text_of(done, "task-result").startswith("bytes ") and "checked 3" in text_of(done, "task-result")
+    assert "{" not in done.text.split('<dl class="metadata" id="task"', 1)[1].split("</dl>", 1)[0]
     stopped = admin.get(cut)
     assert re.search(r'<progress id="task-progress" class="task" max="3" value="1"', stopped.text)
     assert text_of(stopped, "task-progress-text") == "Stopped (failed) at 1 of 3 blobs checked (33 %)."

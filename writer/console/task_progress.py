@@ -1,5 +1,5 @@
-"""A task's page in words (issue 25 §7): its progress as a bar, and each event as a sentence
-instead of its JSON.
+"""A task's page in words (issue 25 §7): its progress as a bar, each event as a sentence and
+its params and result as `name value` pairs, instead of their JSON.
 
 The bar is a `<progress>` element. Where a kind's progress can be measured it is determinate:
 `verify` counts one item per blob it checks (writer/maintenance/verify.py), out of the blobs
@@ -48,12 +48,21 @@ def _flat(value: Any, prefix: str = "") -> list[str]:
 
 
 def usage_words(usage: Any) -> str:
-    """'12 items, 3145728 bytes, 15 cost units': the counters with work in them."""
+    """'items 12, bytes 3145728, cost units 15': the counters with work in them."""
     if not isinstance(usage, dict):
         return ""
     return ", ".join(
-        f"{_number(usage[counter])} {words}" for counter, words in _USAGE_WORDS if usage.get(counter)
+        f"{words} {_number(usage[counter])}" for counter, words in _USAGE_WORDS if usage.get(counter)
     )
+
+
+def pairs(value: Any) -> str:
+    """A task's params or result in words: 'checked 3, missing 0'; 'none' when empty."""
+    if value is None:
+        return "—"
+    if isinstance(value, dict) and not value:
+        return "none"
+    return ", ".join(_flat(value)) if isinstance(value, dict) else _number(value)
 
 
 def sentence(event: dict[str, Any]) -> str:
@@ -81,7 +90,7 @@ def sentence(event: dict[str, Any]) -> str:
         return f"Cancelled{by}."
     if kind == "task.completed":
         result = data.get("result")
-        return f"Completed: {', '.join(_flat(result))}." if isinstance(result, dict) and result else "Completed."
+        return f"Completed: {pairs(result)}." if isinstance(result, dict) and result else "Completed."
     if kind == "task.failed":
         return f"Failed: {_number(data.get('error_code'))}: {_number(data.get('error_message'))}."
     return f"{_number(kind)}: {_number(data)}"

@@ -23,7 +23,7 @@ from ..tasks.store import STATUSES
 from .forms import Form
 from .internal import Refused, api_path
 from .session import ConsoleUser, action, api_for, page, refusal_status, render, see_other
-from .task_progress import progress, sentence
+from .task_progress import pairs, progress, sentence
 
 PAGE_SIZE = "50"
 EVENTS_SHOWN = "1000"
@@ -106,6 +106,7 @@ async def _task(request: Request, user: ConsoleUser, *, error: Refused | ApiErro
     return render(
         request, user, "task.html",
         {"task": task, "events": events, "lines": lines, "progress": await progress(request, task), "budget_rows": rows,
+         "params_words": pairs(task["params"]), "result_words": pairs(task["result"]),
          "finished": task["status"] in ("completed", "failed", "cancelled")},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )

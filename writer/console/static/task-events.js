@@ -53,7 +53,15 @@
   function usageWords(usage) {
     if (!usage || typeof usage !== "object") { return ""; }
     return USAGE_WORDS.filter(function (pair) { return usage[pair[0]]; })
-      .map(function (pair) { return number(usage[pair[0]]) + " " + pair[1]; }).join(", ");
+      .map(function (pair) { return pair[1] + " " + number(usage[pair[0]]); }).join(", ");
+  }
+
+  function pairs(value) {
+    if (value === null || value === undefined) { return "—"; }
+    if (typeof value === "object" && !Array.isArray(value)) {
+      return Object.keys(value).length ? flat(value, "").join(", ") : "none";
+    }
+    return number(value);
   }
 
   function sentence(event) {
@@ -75,7 +83,7 @@
       case "task.completed":
         var result = data.result;
         return (result && typeof result === "object" && !Array.isArray(result) && Object.keys(result).length)
-          ? "Completed: " + flat(result, "").join(", ") + "." : "Completed.";
+          ? "Completed: " + pairs(result) + "." : "Completed.";
       case "task.failed": return "Failed: " + number(data.error_code) + ": " + number(data.error_message) + ".";
       default: return number(event.type) + ": " + number(data);
     }
@@ -127,7 +135,7 @@
         setText("task-started", status.started_at ? utc(status.started_at) : "—");
         setText("task-finished", status.finished_at ? utc(status.finished_at) : "—");
         setText("task-error", status.error ? status.error.code + ": " + status.error.message : "—");
-        setText("task-result", status.result === null ? "—" : JSON.stringify(status.result));
+        setText("task-result", pairs(status.result));
         var usage = (status.budget && status.budget.usage) || {};
         Array.prototype.forEach.call(document.querySelectorAll("[data-usage]"), function (used) {
           var counter = used.getAttribute("data-usage");
