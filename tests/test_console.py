@@ -325,6 +325,9 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
             assert all(source and source.startswith("/console/static/") for source in found.sources), found.sources
             for url in found.urls:  # no secret in any link or form target
                 assert admin.session not in url and "dps_" not in url and "csrf" not in url.lower(), url
+            # No secret anywhere on a page: the session, a key, the database's address.
+            for secret in (admin.session, ADMIN_TOKEN, writer.env["ARKVORY_DATABASE_URL"]):
+                assert secret not in answer.text, path
     for static in ("console.css", "upload.js", "task-events.js", "overview.js", "copy.js"):
         answer = admin.get(f"/console/static/{static}")
         assert answer.status_code == 200 and answer.headers["x-content-type-options"] == "nosniff"
