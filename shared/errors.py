@@ -5,6 +5,8 @@
     │   ├── InvalidInput           400 invalid_input
     │   ├── Unauthorized           401 unauthorized
     │   ├── Forbidden              403 forbidden
+    │   │   └── PasswordChangeRequired 403 password_change_required (an administrator reset the
+    │   │                                  account's password: its session may only set a new one)
     │   ├── NotFound               404 not_found
     │   ├── MethodNotAllowed       405 method_not_allowed (writer: Allow lists the path's methods)
     │   ├── ReadOnly               405 read_only      (gateway: Allow: GET, HEAD)
@@ -84,6 +86,10 @@ class Unauthorized(ApiError):
 
 class Forbidden(ApiError):
     status, code = 403, "forbidden"
+
+
+class PasswordChangeRequired(Forbidden):
+    code = "password_change_required"
 
 
 class NotFound(ApiError):

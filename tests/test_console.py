@@ -153,8 +153,8 @@ POST_ROUTES = [
     "/console/repositories/builds/delete",
     "/console/repositories/builds/packages/delete",
     "/console/repositories/builds/assets/delete",
-    "/console/repositories/builds/permissions",
-    "/console/repositories/builds/permissions/remove",
+    "/console/repositories/builds/members",
+    "/console/repositories/builds/members/remove",
     "/console/repositories/builds/artifacts/00000000-0000-0000-0000-000000000000/delete",
     "/console/repositories/builds/packages",
     "/console/repositories/builds/assets",
@@ -164,6 +164,9 @@ POST_ROUTES = [
     "/console/accounts",
     "/console/accounts/root/disable",
     "/console/accounts/root/enable",
+    "/console/accounts/root/password",
+    "/console/accounts/root/delete",
+    "/console/account/password",
     "/console/tokens",
     "/console/tokens/revoke",
     "/console/tokens/00000000-0000-0000-0000-000000000000/revoke",
@@ -263,6 +266,8 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
                           json={"group": "g", "name": "n", "version": "1", "artifactId": artifact["id"]}).status_code == 201
         assert client.put("/api/v1/repositories/builds/assets", params={"path": "p/q"},
                           json={"artifactId": artifact["id"]}).status_code == 200
+        assert client.put("/api/v1/repositories/builds/retention",
+                          json={"keepNewest": 5, "keepYoungerThanSeconds": None, "enabled": True}).status_code == 200
         key = client.post("/api/v1/keys", json={"scopes": ["read:*"]}).json()
     make_account(writer.url, "bob")
     builds = "<h1>Repository builds</h1>"
@@ -277,7 +282,7 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
          [builds, "<h2>Artifacts</h2>", "<caption>Artifacts of builds, newest first</caption>", "a.bin"]),
         ("/console/repositories/builds/packages", 200, [builds, "<h2>Packages</h2>"]),
         ("/console/repositories/builds/assets", 200, [builds, "<h2>Assets</h2>"]),
-        ("/console/repositories/builds/permissions", 200, [builds, "<h2>Permissions</h2>"]),
+        ("/console/repositories/builds/members", 200, [builds, "<h2>Members</h2>"]),
         (f"/console/repositories/builds/artifacts/{artifact['id']}", 200,
          ['<h1>Artifact <span class="name">a.bin</span></h1>', artifact["sha256"]]),
         ("/console/tasks", 200, ["<h1>Tasks</h1>", f'href="/console/tasks/{task["id"]}"']),
@@ -299,7 +304,9 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
         ("/console/repositories/builds/delete", 200, [confirm + "Delete repository builds?</h1>"]),
         ("/console/repositories/builds/packages/delete?group=g&name=n&version=1", 200, [confirm + "Delete package version g/n 1?</h1>"]),
         ("/console/repositories/builds/assets/delete?path=p/q", 200, [confirm + "Delete asset p/q?</h1>"]),
-        ("/console/repositories/builds/permissions/remove?account=bob", 200, [confirm + "Remove bob&#39;s permission on builds?</h1>"]),
+        ("/console/repositories/builds/members/remove?account=bob", 200, [confirm + "Remove bob from the members of builds?</h1>"]),
+        ("/console/repositories/builds/retention/disable", 200, [confirm + "Disable the retention rule of builds?</h1>"]),
+        ("/console/repositories/builds/retention/delete", 200, [confirm + "Delete the retention rule of builds?</h1>"]),
         ("/console/accounts/bob/disable", 200, [confirm + "Disable account bob?</h1>"]),
         (f"/console/keys/{key['id']}/revoke", 200, [confirm + f"Revoke service key {key['id']}?</h1>"]),
         (f"/console/tokens/{uuid.UUID(int=1)}/revoke", 200, [confirm + f"Revoke token {uuid.UUID(int=1)}?</h1>"]),
@@ -438,14 +445,14 @@ def test_repositories_artifacts_and_refusals_as_messages(writer, admin):
     with api(writer) as client:
         assert client.get("/api/v1/repositories/builds").json()["public"] is True
     make_account(writer.url, "bob")
-    granted = admin.submit("/console/repositories/builds/permissions", "/console/repositories/builds/permissions",
+    granted = admin.submit("/console/repositories/builds/members", "/console/repositories/builds/members",
                            account="bob", level="write")
     assert granted.status_code == 303
-    assert "bob" in admin.get("/console/repositories/builds/permissions").text
-    nobody = admin.submit("/console/repositories/builds/permissions", "/console/repositories/builds/permissions",
+    assert "bob" in admin.get("/console/repositories/builds/members").text
+    nobody = admin.submit("/console/repositories/builds/members", "/console/repositories/builds/members",
                           account="nobody", level="read")
     assert nobody.status_code == 404 and messages(nobody) == ["no account 'nobody'"]
-    removed = admin.submit("/console/repositories/builds/permissions", "/console/repositories/builds/permissions/remove",
+    removed = admin.submit("/console/repositories/builds/members", "/console/repositories/builds/members/remove",
                            account="bob", confirm="yes")
     assert removed.status_code == 303
     dropped = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete", force="true", confirm="yes")
@@ -731,27 +738,32 @@ def test_a_gateway_has_no_console(cluster):
 _FIELDS = ["csrf", "key", "name", "public", "force", "account", "level", "group", "version", "path", "kind",
            "param_grace_seconds", "param_bytes_per_second", "budget_max_items", "budget_max_bytes", "on_restart",
            "max_attempts", "password", "admin", "label", "access", "expires_days", "scopes", "id", "next", "confirm",
-           "artifact", "history"]
+           "artifact", "history", "lifetime", "current_password", "new_password", "new_password_again", "password_again"]
 _TEXT = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=80) | st.sampled_from(
     ["", "0", "-1", "99999999999999999999999", "1e9", "true", "yes", "../..", "/", "%00", "\x00", "<script>", "verify",
      "cleanup", "read", "admin", "read:*", "\u202e", "a" * 5000, "00000000-0000-0000-0000-000000000000"])
 _TARGETS = [
     "/console/repositories", "/console/repositories/{x}/visibility", "/console/repositories/{x}/delete",
-    "/console/repositories/{x}/permissions", "/console/repositories/{x}/permissions/remove",
+    "/console/repositories/{x}/members", "/console/repositories/{x}/members/remove",
     "/console/repositories/{x}/packages/delete", "/console/repositories/{x}/assets/delete",
     "/console/repositories/{x}/artifacts/{x}/delete", "/console/tasks", "/console/tasks/{x}/cancel",
     "/console/repositories/{x}/packages", "/console/repositories/{x}/assets", "/console/repositories/{x}/asset/restore",
     "/console/accounts/{x}/disable",
     "/console/accounts/{x}/enable", "/console/tokens", "/console/tokens/revoke", "/console/tokens/{x}/revoke",
     "/console/keys", "/console/keys/{x}/revoke", "/console/keys/{x}/adopt", "/console/sign-in",
+    "/console/accounts/{x}/password", "/console/accounts/{x}/delete", "/console/account/password",
 ]
 _PAGES = ["/console/repositories/{x}", "/console/repositories/{x}/packages", "/console/repositories/{x}/assets",
-          "/console/repositories/{x}/permissions", "/console/repositories/{x}/artifacts/{x}",
+          "/console/repositories/{x}/members", "/console/repositories/{x}/permissions",
+          "/console/repositories/{x}/artifacts/{x}", "/console/accounts/{x}/password", "/console/accounts/{x}/delete",
+          "/console/account/password",
           "/console/repositories/{x}/artifacts/{x}/download", "/console/tasks/{x}", "/console/repositories",
-          "/console/tasks", "/console/sign-in", "/console/repositories/{x}/package", "/console/repositories/{x}/asset",
+          "/console/tasks", "/console/sign-in", "/console/accounts", "/console/tokens", "/console/keys",
+          "/console/repositories/{x}/package", "/console/repositories/{x}/asset",
           "/console/repositories/{x}/packages/new", "/console/repositories/{x}/assets/new",
           "/console/repositories/{x}/delete", "/console/repositories/{x}/packages/delete",
-          "/console/repositories/{x}/assets/delete", "/console/repositories/{x}/permissions/remove",
+          "/console/repositories/{x}/assets/delete", "/console/repositories/{x}/members/remove",
+          "/console/repositories/{x}/retention/disable", "/console/repositories/{x}/retention/delete",
           "/console/repositories/{x}/artifacts/{x}/delete", "/console/accounts/{x}/disable", "/console/tokens/{x}/revoke",
           "/console/tokens/revoke", "/console/keys/{x}/revoke", "/"]
 _SEGMENT = st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="/?#"), min_size=1, max_size=40) | st.sampled_from(
@@ -782,8 +794,9 @@ def test_hostile_form_input_is_never_a_500(fuzz_console, target, segment, fields
 @given(
     page=st.sampled_from(_PAGES),
     segment=_SEGMENT,
-    query=st.dictionaries(st.sampled_from(["cursor", "kind", "status", "next", "notice", "x", "group", "name", "version",
-                                           "path", "artifact", "account", "id", "force"]), _TEXT, max_size=4),
+    query=st.dictionaries(st.sampled_from(["cursor", "kind", "status", "next", "notice", "x", "prefix", "sha256", "order",
+                                           "group", "name", "version", "path", "artifact", "account", "id", "force"]),
+                          _TEXT, max_size=4),
     body=st.binary(max_size=300),
 )
 def test_hostile_pages_and_raw_bodies_are_never_a_500(fuzz_console, page, segment, query, body):

@@ -137,7 +137,7 @@ class Walk:
               'a[href], button, input:not([type="hidden"]), select, textarea, summary');
             var n = 0;
             controls.forEach(function (element) {
-              // checkVisibility(): not inside a closed <details> either (its content keeps boxes).
+              // checkVisibility: not what a closed <details> holds either (only its summary shows).
               var visible = element.getClientRects().length > 0 && getComputedStyle(element).visibility !== 'hidden'
                 && (!element.checkVisibility || element.checkVisibility());
               if (visible && !element.disabled) { element.setAttribute('data-kb', String(n)); n += 1; }
@@ -357,7 +357,7 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
 
     # -- the administrators' other pages, from the keyboard too ------------------------------------
     for path, name in (("/console/accounts", "accounts"), ("/console/keys", "keys"),
-                       ("/console/repositories/builds/permissions", "permissions"),
+                       ("/console/repositories/builds/members", "members"),
                        ("/console/repositories/builds/packages", "packages")):
         walk.open(path)
         walk.page_checks(name)
@@ -552,3 +552,40 @@ def test_publishing_download_lines_and_confirmations_in_a_real_browser(cluster, 
         assert "Overview" not in walk.text("header"), path
     walk.page_checks("account-artifact")
     walk.keep_screenshots("publishing-")
+
+
+@pytest.mark.soak
+def test_the_audit_page_in_a_real_browser(cluster, browser, tmp_path):
+    """The audit page (writer/console/audit.py): the filters as a GET form sent from the
+    keyboard, the table, the link to older entries; no script, no policy violation."""
+    writer = cluster.writer().wait_ready()
+    make_account(writer.url, "root", admin=True)
+    with httpx.Client(base_url=writer.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as api:
+        for n in range(52):
+            assert api.post("/api/v1/repositories", json={"name": f"audited-{n}"}).status_code == 201
+    walk = Walk(browser, writer.url, tmp_path)
+    walk.open("/console/sign-in")
+    walk.find("#sign-in-name").send_keys("root")
+    walk.find("#sign-in-password").send_keys(PASSWORD + Keys.ENTER)
+    walk.wait(lambda d: d.current_url.rstrip("/").endswith("/console"), "on the overview")
+    browser.find_element(By.LINK_TEXT, "Audit").click()
+    walk.wait(lambda d: d.current_url.endswith("/console/audit"), "on the audit page")
+    assert "account.sign-in" in walk.text("#audit")  # root's own sign-in, newest first
+    walk.page_checks("audit")
+    # Filter from the keyboard: who, and a family of actions; Enter sends the GET form.
+    walk.find("#audit-principal").send_keys("key:admin")
+    walk.find("#audit-action").send_keys("repository")  # selects "repository (all)"
+    walk.find("#audit-principal").send_keys(Keys.ENTER)
+    walk.wait(lambda d: "principal=key%3Aadmin" in d.current_url and "action=repository" in d.current_url,
+              "the filters in the page's address")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#audit tbody tr")
+    assert len(rows) == 50 and all("repository.create" in r.text for r in rows)
+    assert "audited-51" in rows[0].text  # newest first
+    walk.page_checks("audit-filtered")
+    browser.find_element(By.LINK_TEXT, "Older entries").click()
+    walk.wait(lambda d: "cursor=" in d.current_url, "on the older page")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#audit tbody tr")
+    assert [r.find_element(By.CSS_SELECTOR, "td:nth-child(7)").text for r in rows] == ["audited-1", "audited-0"]
+    assert walk.find("#audit-principal").get_attribute("value") == "key:admin"  # the form keeps the filters
+    walk.page_checks("audit-older")
+    walk.keep_screenshots("audit-")

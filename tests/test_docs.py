@@ -147,6 +147,7 @@ DEFAULT_OF = {
     "ARKVORY_CLEANUP_GRACE": lambda: settings().cleanup_grace_s,
     "ARKVORY_VERIFY_BYTES_PER_SECOND": lambda: settings().verify_bytes_per_second,
     "ARKVORY_TASK_RETENTION": lambda: settings().task_retention_s,
+    "ARKVORY_AUDIT_RETENTION": lambda: settings().audit_retention_s,
 }
 
 # Defaults the doc states as a rule of another setting, and what that rule computes.

@@ -10,6 +10,8 @@ family (a few seconds each on a quiet machine). The processes start once for the
 from __future__ import annotations
 
 import base64
+import functools
+import json
 import urllib.parse
 import uuid
 
@@ -18,7 +20,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from arkvory.writer.request_inputs import declared_query_parameters
+
 from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, Cluster
+from .test_openapi import built_app
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -55,6 +60,9 @@ def site(postgres, module_tmp_path):
             session = client.post("/api/v1/login", json=account).json()["token"]
             pat = client.post("/api/v1/tokens", json={"access": "read-write"},
                               headers={"Authorization": f"Bearer {session}"}).json()["token"]
+            # What the account routes reset and delete, so that the fuzzer's own token lives on.
+            assert client.post("/api/v1/accounts", json={"name": "victim", "password": "victim's password"}).status_code == 201
+            assert client.put("/api/v1/repositories/priv/members/victim", json={"level": "read"}).status_code == 200
         gateway = cluster.gateway(1, shared).wait_ready()
         clients = [httpx.Client(base_url=p.url, timeout=20) for p in (writer, gateway)]
         yield {"artifact": artifact["id"], "clients": clients, "pat": pat}
@@ -105,7 +113,10 @@ bodies = st.one_of(
     st.sampled_from([1, 32, 33, 2_000, 200_000]).map(lambda n: b"[" * n + b"]" * n),
 )
 queries = st.dictionaries(
-    st.sampled_from(["path", "group", "name", "version", "mediaType", "after", "x"]) | texts, texts, max_size=4
+    st.sampled_from(["path", "group", "name", "version", "mediaType", "after", "order", "prefix", "sha256", "limit",
+                     "x"]) | texts,
+    texts,
+    max_size=4,
 )
 
 
@@ -198,9 +209,69 @@ cursors = st.one_of(
 page_queries = st.fixed_dictionaries({}, optional={"limit": st.one_of(texts, st.integers().map(str)), "cursor": cursors})
 
 
+# Every list with its order and filters (issue 25): the orders each list has and others, prefixes
+# at the edges of the code points (U+10FFFF has no successor; U+D7FF's is past the surrogates),
+# `%` and `_`, digests of every shape, cursors of each list's key shapes.
+LISTS = {  # a list of the fuzz site -> its route
+    "/api/v1/repositories": "/api/v1/repositories",
+    "/api/v1/repositories/priv/artifacts": "/api/v1/repositories/{repo}/artifacts",
+    "/api/v1/repositories/pub/artifacts": "/api/v1/repositories/{repo}/artifacts",
+    "/api/v1/repositories/priv/packages": "/api/v1/repositories/{repo}/packages",
+    "/api/v1/repositories/priv/assets": "/api/v1/repositories/{repo}/assets",
+    "/api/v1/repositories/priv/asset": "/api/v1/repositories/{repo}/asset",
+    "/api/v1/accounts": "/api/v1/accounts", "/api/v1/tokens": "/api/v1/tokens", "/api/v1/keys": "/api/v1/keys",
+    "/api/v1/tasks": "/api/v1/tasks", "/api/v1/storage/diagnostics": "/api/v1/storage/diagnostics",
+}
+prefixes = st.one_of(texts, st.sampled_from(["a", "a.", "%", "_", "a%", "\U0010ffff", "a\U0010ffff", "a\ud7ff", "p", "n"]))
+list_cursors = st.one_of(cursors, st.lists(
+    st.sampled_from(["2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00", str(uuid.uuid4()), "g", "n", "1", "\U0010ffff",
+                     "9" * 30, "-1", ""]), min_size=1, max_size=4,
+).map(lambda key: base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")))
+list_queries = st.fixed_dictionaries({}, optional={
+    "order": st.one_of(st.sampled_from(["newest", "oldest", "name", "sha256", "NEWEST", ""]), texts),
+    "prefix": prefixes,
+    "sha256": st.one_of(st.sampled_from(["0" * 64, "A" * 64, "0" * 63, "g" * 64, ""]), texts),
+    "name": st.one_of(st.sampled_from(["a.bin", "n"]), texts),
+    "group": st.one_of(st.just("g"), texts),
+    "path": st.one_of(st.just("p"), texts),
+    "problem": st.sampled_from(["missing", "corrupt", "x"]),
+    "kind": st.sampled_from(["cleanup", "verify", "x"]),
+    "limit": st.sampled_from(["1", "2", "1000", "0", "x"]),
+    "cursor": list_cursors,
+})
+
+
+@functools.cache
+def declared(route: str) -> frozenset[str]:
+    return declared_query_parameters(json.loads(built_app().state.openapi_json), route, "get")
+
+
+@st.composite
+def list_requests(draw):
+    """A list and a query of mostly the parameters it declares (an undeclared one is refused at once)."""
+    path = draw(st.sampled_from(sorted(LISTS)))
+    query = draw(list_queries)
+    if draw(st.integers(0, 9)):
+        query = {name: value for name, value in query.items() if name in declared(LISTS[path])}
+    return path, query
+
+
+@FUZZ
+@given(request=list_requests(), token=st.one_of(st.just("pat"), tokens), method=st.sampled_from(["GET", "HEAD"]))
+@example(request=("/api/v1/repositories/priv/artifacts", {"prefix": "\U0010ffff", "order": "newest"}), token=ADMIN_TOKEN,
+         method="GET")
+@example(request=("/api/v1/repositories/priv/packages", {"prefix": "a\ud7ff", "order": "oldest"}), token=ADMIN_TOKEN,
+         method="GET")
+def test_list_orders_and_filters(site, request, token, method):
+    path, query = request
+    token = site["pat"] if token == "pat" else token
+    send(site, method, path, query, {}, token, b"")
+
+
 @FUZZ
 @given(which=st.sampled_from(["tokens", "keys", "accounts", "login", "logout", "register", "account/password"]),
-       rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)), st.sampled_from(["/x/disable", "/nobody/enable"])),
+       rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)),
+                      st.sampled_from(["/x/disable", "/nobody/enable", "/victim/password", "/victim", "/victim/disable"])),
        method=methods, query=st.one_of(page_queries, queries), header_map=headers,
        token=st.one_of(st.just("pat"), tokens), body=bodies)
 @example(which="tokens", rest="", method="GET", query={"limit": "1", "cursor": "WyJ4Il0"}, header_map={}, token="pat", body=b"")
@@ -211,6 +282,43 @@ page_queries = st.fixed_dictionaries({}, optional={"limit": st.one_of(texts, st.
 def test_credential_and_account_routes(site, which, rest, method, query, header_map, token, body):
     token = site["pat"] if token == "pat" else token
     send(site, method, f"/api/v1/{which}{rest}", query, header_map, token, body)
+
+
+# Retention rules (issue 25): limits that parse, limits out of range, and everything else.
+rule_numbers = st.one_of(st.none(), st.integers(), st.sampled_from([0, 1, 59, 60, 100_000, 100_001, 10**40]),
+                         texts, st.booleans(), st.floats(allow_nan=False))
+rule_bodies = st.fixed_dictionaries({}, optional={"keepNewest": rule_numbers, "keepYoungerThanSeconds": rule_numbers,
+                                                  "enabled": st.one_of(st.booleans(), texts, st.none())}).map(
+    lambda doc: __import__("json").dumps(doc).encode())
+rule_queries = st.fixed_dictionaries({}, optional={
+    "keepNewest": st.one_of(texts, st.integers().map(str)), "keepYoungerThanSeconds": st.one_of(texts, st.integers().map(str)),
+    "limit": st.one_of(texts, st.integers().map(str)), "cursor": cursors})
+
+
+@FUZZ
+@given(repo=st.one_of(st.sampled_from(["priv", "pub", "missing"]), segments),
+       tail=st.sampled_from(["", "", "/preview", "/preview", "/", "/preview/x"]), method=methods,
+       query=st.one_of(rule_queries, queries), header_map=headers, token=tokens, body=st.one_of(rule_bodies, bodies))
+@example(repo="priv", tail="", method="PUT", query={}, header_map={}, token=ADMIN_TOKEN,
+         body=b'{"keepNewest": 100000000000000000000000000000000000000, "enabled": true}')
+@example(repo="priv", tail="/preview", method="GET", query={"keepNewest": "1", "cursor": "WyI5OTk5OS0wMS0wMSIsICIwMDAwMDAwMC0wMDAwLTAwMDAtMDAwMC0wMDAwMDAwMDAwMDAiXQ"},
+         header_map={}, token=ADMIN_TOKEN, body=b"")
+def test_retention_routes(site, repo, tail, method, query, header_map, token, body):
+    send(site, method, f"/api/v1/repositories/{encode(repo)}/retention{tail}", query, header_map, token, body)
+
+
+@FUZZ
+@given(repo=st.one_of(st.sampled_from(["priv", "pub"]), segments), which=st.sampled_from(["members", "permissions"]),
+       account=st.one_of(st.none(), st.sampled_from(["victim", "fuzzer", "VICTIM"]), segments), method=methods,
+       query=st.one_of(page_queries, queries), header_map=headers, token=st.one_of(st.just("pat"), tokens), body=bodies)
+@example(repo="priv", which="members", account=None, method="GET", query={"limit": "1", "cursor": "WyJ4Il0"},
+         header_map={}, token=ADMIN_TOKEN, body=b"")
+@example(repo="priv", which="members", account="victim", method="PUT", query={}, header_map={}, token=ADMIN_TOKEN,
+         body=b'{"level": "owner"}')
+def test_member_routes(site, repo, which, account, method, query, header_map, token, body):
+    token = site["pat"] if token == "pat" else token
+    tail = "" if account is None else f"/{encode(account)}"
+    send(site, method, f"/api/v1/repositories/{encode(repo)}/{which}{tail}", query, header_map, token, body)
 
 
 @FUZZ
@@ -271,6 +379,30 @@ def test_authorization_header(site, authorization, browser, which, method):
         check(answer, method)
         if answer.status_code == 401:
             assert answer.headers.get_list("www-authenticate") == CHALLENGES, answer.headers
+
+
+audit_values = st.one_of(
+    texts,
+    st.sampled_from(["repository", "repository.create", "account.sign-in", "key:admin", "admin", "ok", "refused",
+                     "newest", "oldest", "2026-01-01T00:00:00Z", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00",
+                     "2026-13-01", "1" * 70]),
+)
+audit_queries = st.dictionaries(
+    st.sampled_from(["principal", "action", "repository", "target", "outcome", "since", "until", "order", "limit",
+                     "cursor"]) | texts,
+    st.one_of(audit_values, cursors), max_size=5,
+)
+
+
+@FUZZ
+@given(method=methods, query=audit_queries, header_map=headers, token=st.one_of(st.just("pat"), tokens), body=bodies)
+@example(method="GET", query={"since": "0001-01-01T00:00:00+14:00"}, header_map={}, token=ADMIN_TOKEN, body=b"")
+@example(method="GET", query={"cursor": "WyIwMDAxLTAxLTAxVDAwOjAwOjAwKzE0OjAwIiwgIjEiXQ"}, header_map={},
+         token=ADMIN_TOKEN, body=b"")
+@example(method="GET", query={"target": "\x00"}, header_map={}, token=ADMIN_TOKEN, body=b"")
+def test_audit_route(site, method, query, header_map, token, body):
+    token = site["pat"] if token == "pat" else token
+    send(site, method, "/api/v1/audit", query, header_map, token, body)
 
 
 # The root and the console's paths (issue 25 §7), with any Accept: the writer's `/` sends a

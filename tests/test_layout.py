@@ -27,7 +27,7 @@ TOP_FOLDERS = ("shared", "writer", "gateway")  # the root's own packages; tests/
 BASICS = frozenset({"settings", "errors", "logs", "metrics", "db", "migrations"})
 LAYERS = {"http": 1, "storage": 1, "cluster": 1, "auth": 2, "download": 3, "process": 4, "cli": 5}
 # Inside arkvory.writer (writer/__init__.py draws them), the same rule; app.py assembles them all.
-WRITER_BASICS = frozenset({"idempotency", "openapi", "pagination", "request_inputs"})
+WRITER_BASICS = frozenset({"idempotency", "openapi", "pagination", "request_inputs", "audit"})
 WRITER_LAYERS = {
     "identity": 1, "tasks": 2, "catalog": 3, "blobs": 4, "uploads": 5, "maintenance": 6, "worker": 7, "console": 8,
     "app": 9,

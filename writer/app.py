@@ -12,14 +12,18 @@ from arkvory.shared.http.edge import RequestGuard
 from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
-from .identity import accounts, service_keys, tokens
+from .identity import account_lifecycle, accounts, service_keys, tokens
 from .catalog import artifacts, assets, packages, permissions, repositories
+from .catalog import retention
 from . import openapi
 from .uploads import one_shot as upload_one_shot, routes as uploads
 from .uploads.body_memory import keep_body_buffers
 from .console import app as console
 from .console.security import CookieCsrfGuard
 from .idempotency import InFlightKeys, RecordedResults
+from .request_inputs import with_declared_query
+from .audit import listing as audit_listing
+from .audit.refusals import AuditRefusals, RefusalRecorder
 from .blobs import diagnostics
 from .maintenance.kinds import KINDS
 from .tasks import api as tasks
@@ -32,7 +36,8 @@ from .uploads.places import UploadPlaces
 # Every writer module with routes: its `routes` are served and its `OPENAPI_PATHS` documented.
 ROUTE_MODULES = (
     repositories, packages, assets, artifacts, accounts, tokens, service_keys, permissions, upload_one_shot, uploads,
-    tasks, diagnostics, openapi,
+    tasks, diagnostics, audit_listing, openapi, account_lifecycle,
+    retention,
 )
 
 
@@ -42,19 +47,26 @@ def build_writer_app(runtime: Runtime) -> Starlette:
         # gain for uploads published to an object store only; a directory's were as fast or
         # slower with it (bench/upload.py, docs/performance.md issue 16 round 3).
         keep_body_buffers()
+    document = openapi.build_document(ROUTE_MODULES)
     app = build_app(
         runtime,
-        routes=[route for module in ROUTE_MODULES for route in module.routes],
+        # Each route refuses a query parameter its operation in the document does not declare.
+        routes=with_declared_query([route for module in ROUTE_MODULES for route in module.routes], document),
         # The console (writer/console/) is a program of its own beside the API's routes; a
         # change to the API authorized by its session cookie needs the console's CSRF token.
-        middleware=[Middleware(RequestGuard), Middleware(CookieCsrfGuard), Middleware(console.ConsoleDispatch)],
+        # Refused changes worth an audit entry are recorded after their answer (writer/audit/refusals.py).
+        middleware=[
+            Middleware(RequestGuard), Middleware(CookieCsrfGuard), Middleware(AuditRefusals),
+            Middleware(console.ConsoleDispatch),
+        ],
     )
     app.state.upload_places = UploadPlaces(
         runtime.settings.max_uploads, runtime.settings.max_uploads_per_principal
     )
     app.state.idempotency_keys = InFlightKeys()
     app.state.idempotency_results = RecordedResults()
-    app.state.openapi_json = openapi.document_bytes(ROUTE_MODULES)
+    app.state.audit_refusals = RefusalRecorder(runtime.registry)
+    app.state.openapi_json = openapi.document_json(document)
     app.state.task_kinds = KINDS  # what the task API may dispatch (writer/tasks/kinds.py)
     _add_task_loops(app, runtime)
     console.install(app)

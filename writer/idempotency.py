@@ -31,6 +31,9 @@ Without an `Idempotency-Key` header the work just runs in a transaction. With on
 - a key older than `ARKVORY_IDEMPOTENCY_RETENTION` is ignored at once (the request runs anew)
   and deleted later by `delete_expired`, which the cleanup task calls.
 
+Every change run here is recorded in the audit trail (writer/audit/) in the same transaction,
+after the work: a change rolled back has no entry, a replay makes none.
+
 Why a crash cannot make the work happen twice: the key row and the result are inserted in the
 same transaction as the change. Either both are committed (a retry replays) or neither is (a retry
 does the work for the first time). A failed request (an `ApiError` from the work, or any
@@ -75,6 +78,9 @@ from starlette.responses import Response
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Conflict, IdempotencyKeyInUse, IdempotentParameterMismatch, InvalidInput
+
+from .audit.actions import record_request
+from .audit.trail import actor_of
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -246,6 +252,7 @@ class HeldKey:
         if self.key is None:
             async with pooled(pool) as conn, conn.transaction():
                 result = _as_result(await work(conn))
+                await self._audit(conn, parts, result)
             return _response(result, result.encoded(), replayed=False)
         expected = fingerprint(self.request, parts)
         results = _results(self.request)
@@ -265,6 +272,7 @@ class HeldKey:
                 if row is not None:
                     return _replay(_from_row(row, results.clock()), expected)
                 result = _as_result(await work(conn))
+                await self._audit(conn, parts, result)
                 body = result.encoded()
                 recorded = {k: v for k, v in result.headers.items() if k.lower() in _RECORDED_HEADERS}
                 # An expired row for the key is replaced; a live one cannot exist under the lock,
@@ -293,6 +301,11 @@ class HeldKey:
         deadline = started + runtime.settings.idempotency_retention_s
         results.put(self.principal.id, self.key, _Recorded(expected, result.status, body, recorded, deadline))
         return _response(result, body, replayed=False)
+
+    async def _audit(self, conn: asyncpg.Connection, parts: Any, result: Result) -> None:
+        """The change's audit entry (writer/audit/), in its transaction: committed with it or
+        not at all. A replay changes nothing and records nothing."""
+        await record_request(conn, self.request, actor_of(self.principal), result.status, parts, result.body)
 
 
 @contextlib.asynccontextmanager

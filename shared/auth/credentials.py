@@ -10,10 +10,10 @@ and a session also as the console's cookie.
 Revocation must take effect on the next request on every process, so resolved credentials are
 remembered (by the token's `identity.memo_key`, a BLAKE2b digest: a hit then costs no SHA-256)
 only under the same rule as the catalog cache: while this process LISTENs on
-`arkvory_credentials` (migrations 0004 and 0014 notify on every revocation, expiry change,
-suspended key, disabled account and permission change), flushed on every notification and on
-every reconnect, and nothing is remembered *or answered* from memory while the listener is
-down. Expiry is checked on every hit against the expiry read from the database. What a revoked
+`arkvory_credentials` (migrations 0004, 0014 and 0017 notify on every revocation, expiry change,
+suspended key, disabled, deleted or reset account and permission change), flushed on every
+notification and on every reconnect, and nothing is remembered *or answered* from memory while
+the listener is down. Expiry is checked on every hit against the expiry read from the database. What a revoked
 credential made goes with it in the same statement (migration 0014's `ends_with` cascade), so
 the one notification covers it too.
 
@@ -58,7 +58,7 @@ DATABASE_TOKEN = re.compile(
 )
 
 _LOOKUP = """
-SELECT c.id, c.kind, c.access, c.scopes, c.account_id, c.expires_at, a.is_admin,
+SELECT c.id, c.kind, c.access, c.scopes, c.account_id, c.expires_at, a.is_admin, a.must_change_password,
        ARRAY(SELECT p.level || ':' || r.name FROM arkvory_repository_permissions p
              JOIN arkvory_repositories r ON r.id = p.repository_id
              WHERE p.account_id = c.account_id) AS permissions
@@ -120,6 +120,12 @@ def principal_from_row(row: asyncpg.Record) -> Principal:
             credential_kind="service_key",
         )
     read_only = row["kind"] == "pat" and row["access"] == "read"
+    if row["kind"] == "session" and row["must_change_password"]:
+        # Signed in with a password an administrator set: nothing but setting a new one.
+        return Principal(
+            id=f"account:{row['account_id']}", kind="account", scopes=frozenset(), account_id=row["account_id"],
+            credential_id=row["id"], credential_kind="session", password_change_required=True,
+        )
     return Principal(
         id=f"account:{row['account_id']}",  # a session and a token of one account share a budget
         kind="account",

@@ -49,6 +49,9 @@ class Principal:
     read_only: bool = False  # a `read` personal token: never writes, whatever its account may do
     credential_id: uuid.UUID | None = None
     credential_kind: str | None = None  # "session" | "pat" | "service_key" for database credentials
+    # A session of an account whose password an administrator reset: it holds no scope and may
+    # only set a new password or log out (writer/identity/account_lifecycle.py).
+    password_change_required: bool = False
 
     @property
     def is_anonymous(self) -> bool:

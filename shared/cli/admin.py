@@ -26,6 +26,7 @@ from arkvory.shared.errors import StartupError, StartupRefused, StorageUnreachab
 from arkvory.shared.process.runtime import prepare_writer_state
 from arkvory.shared.settings import Settings
 from arkvory.shared.storage import ID_FILE, BlobStorage, StorageError, StorageRefused, open_storage
+from arkvory.writer.audit.trail import Entry, record_tool_change
 
 Tool = Callable[[asyncpg.Connection], Awaitable[int]]
 
@@ -73,6 +74,11 @@ async def initialize(settings: Settings) -> int:
         if settings.shared is not None:  # without the variables, a saved policy is left alone
             await policy.save_or_check(conn, settings.shared)
         print(f"download policy  {_policy_outcome(saved, settings)}")
+        policy_saved = saved is None and settings.shared is not None
+        if before != version or not had_storage or policy_saved:  # only when it changed something
+            await record_tool_change(conn, "arkvory admin init", Entry("installation.init", details={
+                "schemaFrom": before, "schemaTo": version, "storageCreated": not had_storage,
+                "policySaved": policy_saved}))
     finally:
         await control.close()
     print("ready: start the writer, then the gateways and the worker")
@@ -153,8 +159,11 @@ async def reset_download_policy(conn: asyncpg.Connection) -> int:
                 file=sys.stderr,
             )
             return 1
-        await conn.execute("DELETE FROM arkvory_gateway_leases")
+        saved = await _saved_policy(conn)
+        leases = await conn.execute("DELETE FROM arkvory_gateway_leases")
         await conn.execute("DELETE FROM arkvory_download_policy")
+        await record_tool_change(conn, "arkvory admin reset-download-policy", Entry("policy.reset", details={
+            "policy": _describe_policy(saved), "leasesDeleted": int(leases.split()[-1])}))
     print("download policy and leases deleted; start the writer with the new settings")
     return 0
 
@@ -170,7 +179,10 @@ async def create_user(conn: asyncpg.Connection, *, name: str, hashed: Any, admin
         print("arkvory: the database has no accounts yet: start the writer once first", file=sys.stderr)
         return 1
     try:
-        await insert_account(conn, name, hashed, admin)
+        async with conn.transaction():
+            await insert_account(conn, name, hashed, admin)
+            await record_tool_change(conn, "arkvory admin create-user", Entry(
+                "account.create", target=name, details={"name": name, "admin": admin}))
     except Conflict as exc:
         print(f"arkvory: {exc.message}", file=sys.stderr)
         return 1

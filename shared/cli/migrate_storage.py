@@ -111,6 +111,7 @@ async def migrate_storage(
     from arkvory.shared import db
     from arkvory.shared.errors import StartupError
     from arkvory.shared.storage import StorageError, StorageRefused, recorded_storage
+    from arkvory.writer.audit.trail import Entry, record_tool_change
     from arkvory.writer.worker.offline import ServersUp, take_offline_locks
 
     try:
@@ -173,6 +174,10 @@ async def migrate_storage(
                 "UPDATE arkvory_storage SET location = $1 WHERE storage_id = $2 AND location = $3",
                 to_url, uuid.UUID(storage_id), location, timeout=db.QUERY_TIMEOUT_S,
             )
+            if switched == "UPDATE 1":
+                await record_tool_change(conn, "arkvory admin migrate-storage", Entry(
+                    "storage.migrate", target=to_url, details={"from": location, "copied": tally.copied,
+                                                               "present": tally.present}))
         if switched != "UPDATE 1":
             print("arkvory: the recorded storage changed during the migration; nothing was switched", file=sys.stderr)
             return EXIT_INCOMPLETE

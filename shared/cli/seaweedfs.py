@@ -75,10 +75,10 @@ from typing import TextIO
 from xml.etree import ElementTree
 
 from arkvory.shared.errors import StartupError
+from arkvory.shared.storage.sigv4 import signed_request
 
 from .bound_child import end_in_steps, spawn_server
 from .seaweedfs_tls import available as tls_available, new_grpc_identity
-from .sigv4 import signed_request
 
 # Loopback only: a caller's http_proxy must not see (or break) our requests to our own server.
 _urlopen = urllib.request.build_opener(urllib.request.ProxyHandler({})).open

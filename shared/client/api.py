@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import credentials
+from . import retention
 from .credentials import Session
 from .download import ContentRoute, Download, DownloadResult, Progress, name_from_headers
 from .errors import UsageError
@@ -174,6 +175,38 @@ class Client:
             f"delete artifact {artifact_id}", headers={"Idempotency-Key": uuid.uuid4().hex},
         )
 
+    # -- retention rules (issue 25) --------------------------------------------------------------
+
+    def retention_rule(self, repo: str) -> dict[str, Any]:
+        """The repository's retention rule (NotFoundError when it has none): keepNewest,
+        keepYoungerThanSeconds, enabled, updatedAt, lastAppliedAt, deletedTotal."""
+        return retention.show(self._transport, repo)
+
+    def set_retention_rule(
+        self, repo: str, *, keep_newest: int | None = None, keep_younger_than_s: int | None = None,
+        enabled: bool = False,
+    ) -> dict[str, Any]:
+        """Replace the repository's rule: an artifact goes only when it is beyond the newest
+        `keep_newest` and older than `keep_younger_than_s` (one limit alone keeps by that one),
+        never while a package version or an asset points at it. Saved disabled unless
+        `enabled`: see `retention_preview` first."""
+        return retention.set_rule(
+            self._transport, repo, keep_newest=keep_newest, keep_younger_than_s=keep_younger_than_s, enabled=enabled
+        )
+
+    def delete_retention_rule(self, repo: str) -> None:
+        retention.delete(self._transport, repo)
+
+    def retention_preview(
+        self, repo: str, *, keep_newest: int | None = None, keep_younger_than_s: int | None = None,
+        page_size: int = 1000,
+    ) -> Iterator[dict[str, Any]]:
+        """The dry run: the artifacts the next cleanup would delete, oldest first (pages
+        followed as they are read), by the saved rule, or by the limits given."""
+        return retention.preview(
+            self._transport, repo, keep_newest=keep_newest, keep_younger_than_s=keep_younger_than_s,
+            page_size=page_size,
+        )
 
     # -- credentials (SPEC §5) -------------------------------------------------------------------
 
@@ -202,6 +235,29 @@ class Client:
             self._transport, access=access, label=label, expires_in_seconds=expires_in_seconds,
             password=password, session=session,
         )
+
+    def change_password(self, old: str, new: str, *, session: Session | None = None) -> None:
+        """Change the account's own password, as `session` (or this client's token): its other
+        sessions end, its personal tokens stay."""
+        credentials.change_password(self._transport, old, new, session)
+
+    def list_accounts(self, *, page_size: int = 1000) -> list[dict[str, Any]]:
+        """Every account, by name (an administrator's call)."""
+        return credentials.list_accounts(self._transport, page_size)
+
+    def account(self, name: str) -> dict[str, Any]:
+        """One account (an administrator's call), with `holds`: what deleting it would end."""
+        return credentials.show_account(self._transport, name)
+
+    def reset_password(self, name: str, password: str) -> dict[str, Any]:
+        """Set another account's password (an administrator's call): its sessions end, and it
+        must set its own at its next sign-in."""
+        return credentials.reset_password(self._transport, name, password)
+
+    def delete_account(self, name: str) -> dict[str, Any]:
+        """Delete an account (an administrator's call): its credentials end at once, the keys it
+        made are suspended, its permissions go, its artifacts stay. What ended, counted."""
+        return credentials.delete_account(self._transport, name)
 
     def list_tokens(self, *, page_size: int = 1000) -> list[dict[str, Any]]:
         """This account's personal tokens, without their secrets (every page followed)."""

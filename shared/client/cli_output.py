@@ -27,7 +27,7 @@ EXIT_INTERRUPTED = 130
 # The table of `arkvory --help`, each command's help and the README. The numbers are a contract:
 # scripts branch on them, so one cause never moves to another number.
 EXIT_CODES_HELP = """\
-exit codes of get, put, ls, stat, rm, login and token:
+exit codes of get, put, ls, stat, rm, login, password, token, key and account:
   0  ok
   1  any other failure: a refusal not listed here (413 too large, 507 server storage
      full, ...) or an unexpected error

@@ -1,5 +1,5 @@
 """`arkvory get|put|ls|stat|rm`: the client library (shared/client) on the command line (SPEC §10);
-`login` and `token` are in credential_commands.py.
+`login` and `token` are in credential_commands.py, `retention` in retention_commands.py.
 
 Registered by shared/cli/main.py. Every import that costs (httpx, tenacity, tqdm, the library itself)
 happens inside a command, so `arkvory serve` and `arkvory --help` load none of it.
@@ -100,10 +100,14 @@ def register(commands: argparse._SubParsersAction, admin: argparse._SubParsersAc
     rm.add_argument("repo", metavar="REPO")
     rm.add_argument("artifact_id", metavar="ARTIFACT_ID")
 
-    from . import credential_commands, key_commands
+    from . import account_commands, credential_commands, key_commands
 
     credential_commands.register(add)
     key_commands.register(add)
+    from . import retention_commands
+
+    retention_commands.register(add)
+    account_commands.register(add)
 
 
 def _common_options() -> argparse.ArgumentParser:

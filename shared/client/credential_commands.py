@@ -1,5 +1,5 @@
-"""`arkvory login` and `arkvory token create|list|revoke`: credentials without curl (SPEC §5);
-an administrator's managed keys are key_commands.py's.
+"""`arkvory login`, `arkvory password` and `arkvory token create|list|revoke`: credentials without
+curl (SPEC §5); an administrator's managed keys are key_commands.py's, accounts account_commands.py's.
 
 `login` signs in with the account's password, makes a personal token with it (the password
 makes it, so it may outlive the session, which is then ended) and files the token in a profile
@@ -12,6 +12,11 @@ A password is never a command-line option or an environment variable (every loca
 read a process's arguments): on a terminal it is asked for without echo (getpass); otherwise
 one line of standard input is the password, for scripts and tests:
 `printf '%s\\n' "$PASSWORD" | arkvory login alice`.
+
+`password` signs in with the current password (so it needs no stored token, and works after an
+administrator's reset, whose session may do nothing else), changes it, and signs out; the
+account's other sessions end, its tokens stay. After a reset, `login` stores nothing: it says to
+run `arkvory password` first.
 """
 
 from __future__ import annotations
@@ -49,6 +54,12 @@ def register(add) -> None:
     _lifetime_option(login)
     login.add_argument("--label", help="the token's label in `token list` (default: arkvory login on HOST)")
 
+    password = add(
+        "password", "change your account's password (asks for the current one, then the new one twice; "
+        "without a terminal: the two lines of standard input)", cmd_password,
+    )
+    password.add_argument("account", metavar="ACCOUNT", help="your account's name")
+
     token = add("token", "create, list or revoke your personal tokens", None)
     actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = add(
@@ -81,10 +92,15 @@ def _lifetime_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def duration_seconds(text: str) -> int | None:
+    """`30d`, `12h`, `90m`, `3600s` or `3600` → seconds; None when it is none of these."""
+    found = _DURATION.fullmatch(text.strip())
+    return int(found.group(1)) * _UNIT_SECONDS[found.group(2)] if found else None
+
+
 def parse_lifetime(text: str) -> int:
     """`30d`, `12h`, `90m`, `3600s` or `3600` → seconds (1 s to 366 days)."""
-    found = _DURATION.fullmatch(text.strip())
-    seconds = int(found.group(1)) * _UNIT_SECONDS[found.group(2)] if found else 0
+    seconds = duration_seconds(text) or 0
     if not 1 <= seconds <= MAX_LIFETIME_S:
         raise argparse.ArgumentTypeError(f"expected a duration like 30d, 12h or 3600s, at most 366d; got {text!r}")
     return seconds
@@ -113,7 +129,7 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
     from .cli_config import config_path, resolve_connection
     from .cli_config_store import stored_device_cookie, store_profile
     from .cli_config import retry_policy
-    from .errors import ClientError
+    from .errors import AuthError
 
     # Only the URLs: the token, if any, is what this replaces.
     connection = resolve_connection(args.url, args.profile, os.environ)
@@ -124,15 +140,19 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
     label = args.label or f"arkvory login on {socket.gethostname()}"[:200]
     with Client(list(connection.urls), None, retry=retry_policy(args)) as client:
         session = client.login(args.account, password, device_cookie=device)
+        if session.must_change_password:
+            _end_quietly(client, session)
+            raise AuthError(
+                f"an administrator reset the password of {args.account}: set your own with `arkvory password"
+                f" {args.account}` (the password you were given is the current one), then log in again",
+                code="password_change_required",
+            )
         try:
             created = client.create_token(
                 access=args.access, label=label, expires_in_seconds=args.expires, password=password, session=session,
             )
         finally:
-            try:
-                client.logout(session)  # the token is what stays; the session has done its work
-            except ClientError:
-                pass  # it expires by itself (ARKVORY_SESSION_LIFETIME)
+            _end_quietly(client, session)  # the token is what stays; the session has done its work
     stored = store_profile(
         path, args.profile, urls=connection.urls, token=created["token"], environ_profile=environ_profile,
         device_cookie=(args.account, session.device_cookie) if session.device_cookie else None,
@@ -146,6 +166,54 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
         "account": args.account, "profile": stored.profile, "config": str(path),
         "token": {k: v for k, v in created.items() if k != "token"},
     })
+    return 0
+
+
+def _end_quietly(client, session) -> None:
+    from .errors import ClientError
+
+    try:
+        client.logout(session)
+    except ClientError:
+        pass  # it expires by itself (ARKVORY_SESSION_LIFETIME)
+
+
+# password ---------------------------------------------------------------------------------------
+
+
+def read_new_password() -> str:
+    """A new password: asked twice on a terminal (the two must match), else the next line of
+    standard input."""
+    from .cli_parsing import CommandUsageError
+
+    new = read_password("new password: ")
+    if sys.stdin.isatty() and read_password("new password again: ") != new:
+        raise CommandUsageError("the two new passwords differ: nothing was changed")
+    return new
+
+
+def cmd_password(args: argparse.Namespace, output: Output) -> int:
+    from . import Client
+    from .cli_config import config_path, resolve_connection, retry_policy
+    from .cli_config_store import stored_device_cookie
+
+    connection = resolve_connection(args.url, args.profile, os.environ)
+    environ_profile = os.environ.get("ARKVORY_PROFILE") or None
+    device = stored_device_cookie(config_path(os.environ), args.profile, environ_profile=environ_profile,
+                                  account=args.account)
+    current = read_password(f"current password for {args.account}: ")
+    new = read_new_password()
+    with Client(list(connection.urls), None, retry=retry_policy(args)) as client:
+        session = client.login(args.account, current, device_cookie=device)
+        try:
+            client.change_password(current, new, session=session)
+        finally:
+            _end_quietly(client, session)
+    output.note(
+        f"the password of {args.account} is changed: its other sessions ended, its personal tokens stay valid"
+        + ("" if not session.must_change_password else "; log in again with `arkvory login`")
+    )
+    output.result({"account": args.account, "changed": True})
     return 0
 
 

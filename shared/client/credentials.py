@@ -1,6 +1,6 @@
 """An account's credentials through the writer's API (SPEC §5): a login session from a password,
-personal tokens made, listed and revoked, and (administrators) managed keys listed, adopted and
-revoked.
+a password change, personal tokens made, listed and revoked, and (administrators) managed keys
+listed, adopted and revoked, and accounts listed, shown, reset and deleted.
 
 Every route here is the writer's: on a read gateway the transport moves on to the next URL.
 Answers holding a secret are read here and handed back, never logged; `Session` keeps its token
@@ -41,6 +41,11 @@ class Session:
     expires_at: str
     account: dict[str, Any]
     device_cookie: str | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def must_change_password(self) -> bool:
+        """An administrator reset the password: this session may only change it or log out."""
+        return self.account.get("mustChangePassword") is True
 
 
 def login(transport: Transport, name: str, password: str, device_cookie: str | None = None) -> Session:
@@ -166,6 +171,44 @@ def revoke_token(transport: Transport, token_id: str) -> None:
     every attempt, so a retry after a lost answer is not a 404."""
     transport.request(
         "DELETE", f"/api/v1/tokens/{urllib.parse.quote(token_id, safe='')}", f"revoke token {token_id}",
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+
+
+def change_password(transport: Transport, old: str, new: str, session: Session | None = None) -> None:
+    """Change the account's own password (with `session`, or the client's token). It ends the
+    account's other sessions; its personal tokens stay. Never retried with a recorded key: the
+    server does not record a request that holds a password (a lost answer: try the new one)."""
+    transport.request(
+        "POST", "/api/v1/account/password", "change the password",
+        json={"oldPassword": old, "newPassword": new}, headers=_bearer(session),
+    )
+
+
+def list_accounts(transport: Transport, page_size: int = 1000) -> list[dict[str, Any]]:
+    """Every account, by name (an administrator's call), every page followed."""
+    return _every_page(transport, "/api/v1/accounts", "list accounts", page_size)
+
+
+def show_account(transport: Transport, name: str) -> dict[str, Any]:
+    """One account (an administrator's call), with `holds`: what deleting it would end."""
+    return transport.json("GET", f"/api/v1/accounts/{urllib.parse.quote(name, safe='')}", f"account {name}")
+
+
+def reset_password(transport: Transport, name: str, password: str) -> dict[str, Any]:
+    """Set another account's password (an administrator's call): its sessions end, and it must
+    set its own at its next sign-in. The account's JSON, with `sessionsEnded`."""
+    return transport.json(
+        "POST", f"/api/v1/accounts/{urllib.parse.quote(name, safe='')}/password", f"reset the password of {name}",
+        json={"password": password},
+    )
+
+
+def delete_account(transport: Transport, name: str) -> dict[str, Any]:
+    """Delete an account (an administrator's call), with one Idempotency-Key for every attempt:
+    a retry after a lost answer replays it instead of answering 404."""
+    return transport.json(
+        "DELETE", f"/api/v1/accounts/{urllib.parse.quote(name, safe='')}", f"delete account {name}",
         headers={"Idempotency-Key": uuid.uuid4().hex},
     )
 

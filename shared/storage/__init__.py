@@ -5,8 +5,9 @@
 interface.py is the interface every caller uses (reading, publishing, maintenance, identity) and
 its errors; directory.py is the directory backend (`file:`: the content-addressed layout in
 ARKVORY_DATA_DIR), s3.py the object-store backend (`s3://`; its requests in s3_client.py, loaded
-only when configured, and s3_direct.py, which reads a plain-http store on connections of its
-own); opening.py opens the one the settings name and checks its identity; health.py keeps watch
+only when configured, s3_direct.py, which reads a plain-http store on connections of its
+own, and s3_multipart.py, the incomplete multipart uploads that obstore cannot list or abort,
+signed by sigv4.py); opening.py opens the one the settings name and checks its identity; health.py keeps watch
 on whether it answers; read_cache.py is the local read cache of an object store's blobs
 (ARKVORY_CACHE_MAX_BYTES), cache_files.py its files on disk and the reused page-aligned buffers
 (the writer's upload buffers are a BufferPool too). local.py is the host's local state both

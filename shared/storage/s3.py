@@ -10,6 +10,12 @@ nothing: the removal marks checked there (writer/blobs/locks.py) prove that neit
 cleanup nor verify removed the object since it was staged (else the upload stages it again). So
 no transaction is ever open across a store request, not even a HEAD.
 
+A publication that never completes (a writer stopped in the middle, a store that failed it, a
+session abandoned) leaves an incomplete multipart upload at its blob's key: invisible, but its
+parts take room. `incomplete_publications` lists them, `publication_parts` tells how much
+arrived and when, `abort_publication` frees them (s3_multipart.py: requests obstore cannot
+make); cleanup decides which (writer/maintenance/multipart_uploads.py).
+
 Identity (SPEC §3): the writer creates `PREFIX/arkvory-storage-id` (never overwriting one) and
 records the id and the location in the database; a gateway and the worker only check. A store
 that cannot be reached at start-up stops the process with exit 69 (a restart may help), one that
@@ -19,6 +25,7 @@ setting to look at and never a secret.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import pathlib
@@ -37,6 +44,7 @@ from .read_cache import ReadCache
 from .s3_client import IDENTITY_KEY, READ_CHUNK, STORAGE_URL, ObjectStat, ObjectStore, Publication, RangeReader
 from .s3_direct import SUPPORTED as DIRECT_SUPPORTED
 from .s3_direct import DirectRange
+from .s3_multipart import IncompleteUpload, MultipartUploads, UploadParts
 
 BLOBS = "blobs/sha256"
 QUARANTINE = "quarantine/sha256"
@@ -65,6 +73,25 @@ def _epoch(moment: datetime.datetime | None) -> float | None:
     return None if moment is None else moment.timestamp()
 
 
+@dataclasses.dataclass(frozen=True)
+class IncompletePublication:
+    """A multipart upload to the key of blob `sha256` that was neither completed nor aborted."""
+
+    sha256: str
+    upload: IncompleteUpload
+    age_s: float  # since it was initiated, by the store's clock
+
+
+@dataclasses.dataclass(frozen=True)
+class PublicationParts:
+    """What arrived of an incomplete publication: its parts' bytes, and how long ago the newest
+    part arrived (or, with none, the publication began), by the store's clock."""
+
+    count: int
+    bytes: int
+    idle_s: float
+
+
 class ObjectStorage(LocalState):
     kind = "s3"
 
@@ -73,6 +100,7 @@ class ObjectStorage(LocalState):
         self.settings = settings
         self.location = settings.url
         self.store = store or ObjectStore(settings)
+        self.multipart = MultipartUploads(settings, read_timeout=self.store.read_timeout)
         # The local read cache (read_cache.py), when ARKVORY_CACHE_MAX_BYTES asks for one: the
         # serving process attaches it after opening (shared/process/runtime.py).
         self.cache: ReadCache | None = None
@@ -147,6 +175,39 @@ class ObjectStorage(LocalState):
 
     async def delete(self, digests: list[str], *, offload: Offload | None = None) -> None:
         await self.store.delete_many([blob_key(d) for d in digests])
+
+    @property
+    def publications_unlisted(self) -> str | None:
+        """Why incomplete publications cannot be listed here (s3_multipart.py), or None."""
+        return self.multipart.unsupported
+
+    async def incomplete_publications(
+        self, *, offload: Offload | None = None
+    ) -> AsyncIterator[list[IncompletePublication]]:
+        """Pages of the incomplete multipart uploads to blob keys (PREFIX/blobs/sha256/...);
+        uploads to any other key are not ours and left out."""
+        async for page in self.multipart.pages(BLOBS + "/", offload=offload):
+            found = []
+            for upload in page.uploads:
+                digest = _digest_of(upload.key)
+                if digest is not None:
+                    age = (page.store_time - upload.initiated).total_seconds()
+                    found.append(IncompletePublication(digest, upload, age))
+            yield found
+
+    async def publication_parts(
+        self, publication: IncompletePublication, *, offload: Offload | None = None
+    ) -> PublicationParts:
+        """Its parts so far (BlobNotFound when it was completed or aborted since listed)."""
+        parts: UploadParts = await self.multipart.parts(publication.upload, offload=offload)
+        latest = max(publication.upload.initiated, parts.last_part or publication.upload.initiated)
+        return PublicationParts(parts.count, parts.bytes, (parts.store_time - latest).total_seconds())
+
+    async def abort_publication(self, publication: IncompletePublication, *, offload: Offload | None = None) -> None:
+        """Abort it (AbortMultipartUpload): its parts go, and a writer still sending it fails at
+        its next part or at its completion (it publishes from its file instead, or answers 503
+        and stays resumable); nothing of it ever becomes visible. One gone already is fine."""
+        await self.multipart.abort(publication.upload, offload=offload)
 
     async def quarantine(self, sha256: str, version: str | None) -> str | None:
         """Move the object that was hashed (its ETag `version`) to `PREFIX/quarantine/sha256/

@@ -505,8 +505,9 @@ class Publication:
     once it is on disk, in order), as one multipart upload straight to the final key with the
     SHA-256 the upload declared as metadata. Nothing is visible before `complete`, which the
     caller calls only once the whole file's digest is checked and matches; `abandon` (or simply
-    dropping it) leaves an incomplete multipart upload, invisible, which the bucket's
-    AbortIncompleteMultipartUpload rule removes (obstore cannot abort one). Memory: obstore's
+    dropping it) leaves an incomplete multipart upload, invisible, which cleanup aborts once no
+    open session owns it (obstore cannot: s3_multipart.py does; the bucket's
+    AbortIncompleteMultipartUpload rule is the second line). Memory: obstore's
     buffer of PART_SIZE plus PUT_CONCURRENCY parts in flight; `write` waits while they are.
     obstore keeps the buffer given to `write` as it is (no copy) until its part is sent: the
     caller must not change it while any view of it is alive (cache_files.py `BufferPool`,

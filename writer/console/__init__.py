@@ -18,15 +18,22 @@ or key by, the blobs a verify counts against), after the API's own permission ch
     session.py     who is signed in, sign-in and sign-out, rendering and redirects
     forms.py       bounded form bodies
     overview.py    leases, policy, each process's readiness, the worker, storage diagnostics
-    catalog.py     repositories, artifacts, packages, assets, permissions, downloads
+    catalog.py     repositories, artifacts, packages, assets, downloads
     publish.py     publishing a package version, pointing an asset; their pages and its history
     downloads.py   the download URL through the gateways (ARKVORY_PUBLIC_URL) and its command lines
     confirm.py     the confirmation page before every delete, revoke and disable
+    members.py     a repository's members: who may read, write or administer it
+    retention.py   a repository's retention rule: the rule, its preview, save, disable, delete
     uploads.py     the upload form without its script (a multipart body, streamed)
     tasks.py       tasks: list, dispatch, cancel, a task and its events
     task_progress.py  a task's progress bar and its events as sentences
     accounts.py    accounts, personal tokens and service keys
-    views.py       how pages show sizes, rates and times; each change form's idempotency key
+    list_filters.py  each list page's filters and order (a GET form), handed to the API's list
+    account_lifecycle.py  an administrator's password reset and account deletion pages
+    password.py    your own password (the only page after an administrator's reset)
+    audit.py       the audit trail, with the API's filters in a GET form
+    views.py       how pages show sizes, rates and times; a repository's path; each form's idempotency key;
+                   the query a pager's link keeps
 
 May import: arkvory.shared (never its cli/) and every other package of arkvory.writer (never its
 app.py, which assembles it). Never arkvory.gateway.

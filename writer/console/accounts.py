@@ -2,9 +2,12 @@
 (administrators): list, create, disable and enable, revoke, and adopt a suspended key.
 
 A new token or key is shown once, in the answer to the form that made it (never in a URL, never
-again; the page is not stored: `Cache-Control: no-store`). An administrator may revoke any
-account's personal token, as the API allows: the accounts page lists them all (the API lists
-only the caller's own), and the tokens page takes any token's id.
+again; the page is not stored: `Cache-Control: no-store`). Its form says how long each kind lives
+(SPEC §5, issue 25 §8): one that ends with this session (when it signs out, or at the latest at
+the session's expiry, shown with how far off that is), or one that lives for a number of days,
+which needs the password given again; the answer says which the new one is. An administrator may
+revoke any account's personal token, as the API allows: the accounts page lists them all (the
+API lists only the caller's own), and the tokens page takes any token's id.
 """
 
 from __future__ import annotations
@@ -15,17 +18,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import ApiError
+from arkvory.shared.errors import ApiError, InvalidInput
 
 from . import confirm
 from .confirm import asks_first
 from .forms import Form
 from .internal import Refused, api_path
+from .list_filters import fetch_listing, filters_of
 from .session import ConsoleUser, action, api_for, page, refusal_status, render, runtime_of, see_other
 
 DAY_S = 86400
 TOKENS_SHOWN = 1000
-PAGE_SIZE = "50"  # accounts, tokens and keys per page, as the catalog's lists
 
 
 def _error(error: Refused | ApiError | None) -> dict[str, Any]:
@@ -37,25 +40,23 @@ def _error(error: Refused | ApiError | None) -> dict[str, Any]:
 
 async def _accounts(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                     form: Form | None = None) -> Response:
+    filters = filters_of(request, "accounts", "/console/accounts", "Find accounts")
     try:
-        listing = await api_for(request, user).fetch("/api/v1/accounts", {"limit": PAGE_SIZE, "cursor": _cursor(request)})
+        listing, refused = await fetch_listing(api_for(request, user), "/api/v1/accounts", request, filters)
     except Refused as refusal:
         if error is not None:
             raise
         return render(request, user, "error.html", {"title": "Accounts"}, **_error(refusal))
+    error = error or refused
     fields = dict(form.fields) if form else {}
     fields.pop("password", None)  # never sent back to the browser
     tokens = await _tokens_of(request, [account["name"] for account in listing["items"]])
     return render(
         request, user, "accounts.html",
         {"listing": listing, "accounts": listing["items"], "tokens": tokens[:TOKENS_SHOWN],
-         "tokens_cut": len(tokens) > TOKENS_SHOWN, "tokens_shown": TOKENS_SHOWN, "form": fields},
+         "tokens_cut": len(tokens) > TOKENS_SHOWN, "tokens_shown": TOKENS_SHOWN, "form": fields, "list_filters": filters},
         **_error(error),
     )
-
-
-def _cursor(request: Request) -> str | None:
-    return request.query_params.get("cursor") or None
 
 
 async def _tokens_of(request: Request, names: list[str]) -> list[dict[str, Any]]:
@@ -112,23 +113,49 @@ async def enable_account(request: Request, user: ConsoleUser, form: Form) -> Res
 # -- personal tokens -----------------------------------------------------------------------------
 
 
+LIFETIMES = ("session", "days")
+
+
 def _expiry(form: Form, body: dict[str, Any]) -> None:
+    """The lifetime the form chose: `session` (it ends with this session: no password is sent,
+    and the API caps its expiry at the session's), or `days` (it outlives the session, so the
+    password is needed). A form without the choice sends what it holds."""
+    lifetime = form.optional("lifetime")
+    if lifetime is not None and lifetime not in LIFETIMES:
+        raise InvalidInput("'lifetime' must be 'session' or 'days'")
+    if form.optional("label") is not None:
+        body["label"] = form.text("label")
+    if lifetime == "session":
+        return
     days = form.whole_number("expires_days", "expiry (days)")
     if days is not None:
         body["expiresInSeconds"] = days * DAY_S
-    if form.optional("label") is not None:
-        body["label"] = form.text("label")
     if form.optional("password") is not None:
         body["password"] = form.text("password")
+    elif lifetime == "days":
+        raise InvalidInput("a token or key that outlives this session needs your password: give it, or choose"
+                           " one that ends with this session")
+
+
+async def _session_ends(request: Request, user: ConsoleUser) -> dict[str, Any]:
+    """This console session's id and expiry: what a token or key made without the password ends with."""
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        ends = await conn.fetchval("SELECT expires_at FROM arkvory_credentials WHERE id = $1",
+                                   user.principal.credential_id, timeout=POOLED_QUERY_TIMEOUT_S)
+    return {"session_id": str(user.principal.credential_id), "session_ends": ends}
 
 
 async def _tokens(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                   created: dict[str, Any] | None = None, status: int | None = None) -> Response:
-    listing = await api_for(request, user).fetch("/api/v1/tokens", {"limit": PAGE_SIZE, "cursor": _cursor(request)})
-    shown = _error(error)
+    filters = filters_of(request, "tokens", "/console/tokens", "Find your tokens")
+    listing, refused = await fetch_listing(api_for(request, user), "/api/v1/tokens", request, filters)
+    shown = _error(error or refused)
     if status is not None:
         shown["status"] = status
-    return render(request, user, "tokens.html", {"listing": listing, "tokens": listing["items"], "created": created}, **shown)
+    return render(request, user, "tokens.html", {"listing": listing, "tokens": listing["items"], "created": created,
+                                                 "list_filters": filters, **await _session_ends(request, user)}, **shown)
 
 
 @page
@@ -166,16 +193,18 @@ async def revoke_token(request: Request, user: ConsoleUser, form: Form) -> Respo
 
 async def _keys(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                 created: dict[str, Any] | None = None, status: int | None = None) -> Response:
+    filters = filters_of(request, "keys", "/console/keys", "Find service keys")
     try:
-        listing = await api_for(request, user).fetch("/api/v1/keys", {"limit": PAGE_SIZE, "cursor": _cursor(request)})
+        listing, refused = await fetch_listing(api_for(request, user), "/api/v1/keys", request, filters)
     except Refused as refusal:
         if error is not None:
             raise
         return render(request, user, "error.html", {"title": "Service keys"}, **_error(refusal))
-    shown = _error(error)
+    shown = _error(error or refused)
     if status is not None:
         shown["status"] = status
-    return render(request, user, "keys.html", {"listing": listing, "keys": listing["items"], "created": created}, **shown)
+    return render(request, user, "keys.html", {"listing": listing, "keys": listing["items"], "created": created,
+                                               "list_filters": filters, **await _session_ends(request, user)}, **shown)
 
 
 @page

@@ -28,7 +28,10 @@ from arkvory.shared.errors import ApiError, Busy, NotFound, Unavailable
 from arkvory.shared.http.edge import request_id, send_error
 from arkvory.shared.http.media_types import accepts_html
 
-from . import accounts, catalog, confirm, overview, publish, session, tasks, uploads
+from . import (
+    account_lifecycle, accounts, audit, catalog, confirm, members, overview, password, publish, retention, session,
+    tasks, uploads,
+)
 from .internal import Refused
 from .security import PageHeaders
 from .views import FILTERS, GLOBALS
@@ -61,10 +64,15 @@ def _routes() -> list:
         Route(repo + "/delete", catalog.delete_repository, methods=post),
         Route(repo + "/packages/delete", catalog.delete_package, methods=post),
         Route(repo + "/assets/delete", catalog.delete_asset, methods=post),
-        Route(repo + "/permissions", catalog.permissions_page, methods=get),
-        Route(repo + "/permissions", catalog.set_permission, methods=post),
-        Route(repo + "/permissions/remove", catalog.remove_permission, methods=post),
+        Route(repo + "/members", members.members_page, methods=get),
+        Route(repo + "/members", members.set_member, methods=post),
+        Route(repo + "/members/remove", members.remove_member, methods=post),
+        Route(repo + "/permissions", members.permissions_page, methods=get),
         Route(repo + "/upload", uploads.upload_form, methods=post),
+        Route(repo + "/retention", retention.retention_page, methods=get),
+        Route(repo + "/retention", retention.save_rule, methods=post),
+        Route(repo + "/retention/disable", retention.disable_rule, methods=post),
+        Route(repo + "/retention/delete", retention.delete_rule, methods=post),
         Route(artifact, catalog.artifact_page, methods=get),
         Route(artifact + "/download", catalog.Download(), methods=["GET", "HEAD"]),
         Route(artifact + "/delete", catalog.delete_artifact, methods=post),
@@ -80,7 +88,9 @@ def _routes() -> list:
         Route(repo + "/delete", confirm.confirmation_page(confirm.delete_repository), methods=get),
         Route(repo + "/packages/delete", confirm.confirmation_page(confirm.delete_package), methods=get),
         Route(repo + "/assets/delete", confirm.confirmation_page(confirm.delete_asset), methods=get),
-        Route(repo + "/permissions/remove", confirm.confirmation_page(confirm.remove_permission), methods=get),
+        Route(repo + "/members/remove", confirm.confirmation_page(confirm.remove_member), methods=get),
+        Route(repo + "/retention/disable", confirm.confirmation_page(confirm.disable_retention), methods=get),
+        Route(repo + "/retention/delete", confirm.confirmation_page(confirm.delete_retention), methods=get),
         Route(artifact + "/delete", confirm.confirmation_page(confirm.delete_artifact), methods=get),
         Route(PREFIX + "/accounts/{name}/disable", confirm.confirmation_page(confirm.disable_account), methods=get),
         Route(PREFIX + "/tokens/revoke", confirm.confirmation_page(confirm.revoke_token), methods=get),
@@ -94,6 +104,12 @@ def _routes() -> list:
         Route(PREFIX + "/accounts", accounts.create_account, methods=post),
         Route(PREFIX + "/accounts/{name}/disable", accounts.disable_account, methods=post),
         Route(PREFIX + "/accounts/{name}/enable", accounts.enable_account, methods=post),
+        Route(PREFIX + "/accounts/{name}/password", account_lifecycle.reset_page, methods=get),
+        Route(PREFIX + "/accounts/{name}/password", account_lifecycle.reset_password, methods=post),
+        Route(PREFIX + "/accounts/{name}/delete", account_lifecycle.delete_page, methods=get),
+        Route(PREFIX + "/accounts/{name}/delete", account_lifecycle.delete_account, methods=post),
+        Route(PREFIX + "/account/password", password.password_page, methods=get),
+        Route(PREFIX + "/account/password", password.change_password, methods=post),
         Route(PREFIX + "/tokens", accounts.tokens_page, methods=get),
         Route(PREFIX + "/tokens", accounts.create_token, methods=post),
         Route(PREFIX + "/tokens/revoke", accounts.revoke_token, methods=post),
@@ -102,6 +118,7 @@ def _routes() -> list:
         Route(PREFIX + "/keys", accounts.create_key, methods=post),
         Route(PREFIX + "/keys/{key_id}/revoke", accounts.revoke_key, methods=post),
         Route(PREFIX + "/keys/{key_id}/adopt", accounts.adopt_key, methods=post),
+        Route(PREFIX + "/audit", audit.audit_page, methods=get),
         Mount(PREFIX + "/static", StaticFiles(packages=[("arkvory.writer.console", "static")]), name="static"),
         Route(PREFIX, _home, methods=get),
     ]

@@ -1,5 +1,5 @@
-"""Repositories and what they hold: lists with paging, create, visibility, permissions, delete;
-an artifact's page (metadata, SHA-256, where it is used) and its download.
+"""Repositories and what they hold: lists with paging, create, visibility, delete (its members
+are members.py's); an artifact's page (metadata, SHA-256, where it is used) and its download.
 
 Every read and change is the API's (internal.py), as the signed-in account: a repository the
 account may not read answers 404 as in the API, a refusal (a repository that still holds
@@ -31,6 +31,7 @@ from .confirm import asks_first
 from .downloads import artifact_lines
 from .forms import Form
 from .internal import Refused, api_path
+from .list_filters import fetch_listing, filters_of
 from .session import (
     ConsoleUser,
     action,
@@ -45,17 +46,11 @@ from .session import (
 )
 from .views import repository_path
 
-PAGE_SIZE = "50"
 USES_SHOWN = 100
-LEVELS = ("read", "write", "admin")
 
 
 def _repo(request: Request) -> str:
     return request.path_params["repo"]
-
-
-def _cursor(request: Request, name: str = "cursor") -> str | None:
-    return request.query_params.get(name) or None
 
 
 def _base(repo: str) -> str:
@@ -71,13 +66,13 @@ def _abilities(user: ConsoleUser, repo: str) -> dict[str, bool]:
 
 async def _repositories(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                         form: Form | None = None) -> Response:
-    listing = await api_for(request, user).fetch(
-        "/api/v1/repositories", {"limit": PAGE_SIZE, "cursor": _cursor(request)}
-    )
+    filters = filters_of(request, "repositories", "/console/repositories", "Find repositories")
+    listing, refused = await fetch_listing(api_for(request, user), "/api/v1/repositories", request, filters)
+    error = error or refused
     may_create = user.admin or any(scope.startswith("write:") for scope in user.principal.scopes)
     return render(
         request, user, "repositories.html",
-        {"listing": listing, "may_create": may_create, "form": form.fields if form else {}},
+        {"listing": listing, "may_create": may_create, "form": form.fields if form else {}, "list_filters": filters},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )
 
@@ -104,13 +99,16 @@ async def _repository(request: Request, user: ConsoleUser, tab: str, *, error: R
     name = _repo(request)
     api = api_for(request, user)
     repository = await api.fetch(api_path("repositories", name))
-    query = {"limit": PAGE_SIZE, "cursor": _cursor(request)}
-    listing = await api.fetch(api_path("repositories", name, tab), query)
+    base = _base(repository["name"])
+    filters = filters_of(request, tab, base if tab == "artifacts" else f"{base}/{tab}", f"Find {tab}")
+    listing, refused = await fetch_listing(api, api_path("repositories", name, tab), request, filters)
+    error = error or refused
     context = {
         "repository": repository,
-        "base": _base(repository["name"]),
+        "base": base,
         "tab": tab,
         "listing": listing,
+        "list_filters": filters,
         **_abilities(user, repository["name"]),
     }
     return render(
@@ -184,53 +182,6 @@ async def delete_asset(request: Request, user: ConsoleUser, form: Form) -> Respo
     except Refused as refusal:
         return await _repository(request, user, "assets", error=refusal)
     return see_other(f"/console/repositories/{name}/assets", "asset-deleted")
-
-
-# -- permissions -----------------------------------------------------------------------------------
-
-
-async def _permissions(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None) -> Response:
-    name = _repo(request)
-    api = api_for(request, user)
-    repository = await api.fetch(api_path("repositories", name))
-    permissions = await api.fetch(api_path("repositories", name, "permissions"))
-    return render(
-        request, user, "permissions.html",
-        {"repository": repository, "base": _base(repository["name"]), "permissions": permissions["items"],
-         "levels": LEVELS, **_abilities(user, repository["name"])},
-        status=refusal_status(error) if error else 200, error=error.message if error else None,
-    )
-
-
-@page
-async def permissions_page(request: Request, user: ConsoleUser) -> Response:
-    return await _permissions(request, user)
-
-
-@action
-async def set_permission(request: Request, user: ConsoleUser, form: Form) -> Response:
-    name = _repo(request)
-    try:
-        await api_for(request, user).change(
-            "PUT", api_path("repositories", name, "permissions", form.text("account")),
-            {"level": form.text("level")}, key=form.optional("key"),
-        )
-    except (Refused, InvalidInput) as refusal:
-        return await _permissions(request, user, error=refusal)
-    return see_other(f"/console/repositories/{name}/permissions", "permission-set")
-
-
-@action
-@asks_first(confirm.remove_permission)
-async def remove_permission(request: Request, user: ConsoleUser, form: Form) -> Response:
-    name = _repo(request)
-    try:
-        await api_for(request, user).change(
-            "DELETE", api_path("repositories", name, "permissions", form.text("account")), key=form.optional("key")
-        )
-    except (Refused, InvalidInput) as refusal:
-        return await _permissions(request, user, error=refusal)
-    return see_other(f"/console/repositories/{name}/permissions", "permission-removed")
 
 
 # -- one artifact ------------------------------------------------------------------------------------

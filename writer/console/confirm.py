@@ -174,7 +174,7 @@ async def delete_asset(request: Request, user: ConsoleUser, fields: Mapping[str,
     )
 
 
-async def remove_permission(request: Request, user: ConsoleUser, fields: Mapping[str, str]) -> Danger:
+async def remove_member(request: Request, user: ConsoleUser, fields: Mapping[str, str]) -> Danger:
     repo, account = request.path_params["repo"], _text(fields, "account")
     if not account:
         raise InvalidInput("the form names no account")
@@ -183,10 +183,40 @@ async def remove_permission(request: Request, user: ConsoleUser, fields: Mapping
          f"managing permissions of {repository['name']!r} needs its admin permission")
     base = repository_path(repository["name"])
     return Danger(
-        title=f"Remove {account}'s permission on {repository['name']}?",
-        facts=("The account loses what the permission allowed from its next request, on every process.",),
-        button="Remove the permission", action=f"{base}/permissions/remove", back=f"{base}/permissions",
+        title=f"Remove {account} from the members of {repository['name']}?",
+        facts=("The account loses what its level allowed from its next request, on every process.",),
+        button="Remove the member", action=f"{base}/members/remove", back=f"{base}/members",
         fields={"account": account},
+    )
+
+
+async def _retention_rule(request: Request, user: ConsoleUser) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The repository and its rule, through the API: only the repository's admins get past it
+    (the API's 403), and a repository without a rule is the API's 404."""
+    repo = request.path_params["repo"]
+    api = api_for(request, user)
+    repository = await api.fetch(api_path("repositories", repo))
+    return repository, await api.fetch(api_path("repositories", repo, "retention"))
+
+
+async def disable_retention(request: Request, user: ConsoleUser, fields: Mapping[str, str]) -> Danger:
+    repository, _ = await _retention_rule(request, user)
+    base = repository_path(repository["name"])
+    return Danger(
+        title=f"Disable the retention rule of {repository['name']}?",
+        facts=("The cleanup task deletes nothing by it until it is enabled again; its limits stay saved.",),
+        button="Disable the rule", action=f"{base}/retention/disable", back=f"{base}/retention",
+    )
+
+
+async def delete_retention(request: Request, user: ConsoleUser, fields: Mapping[str, str]) -> Danger:
+    repository, _ = await _retention_rule(request, user)
+    base = repository_path(repository["name"])
+    return Danger(
+        title=f"Delete the retention rule of {repository['name']}?",
+        facts=("The rule and its limits go: the cleanup task deletes none of this repository's artifacts"
+               " until a new rule is saved and enabled.",),
+        button="Delete the rule", action=f"{base}/retention/delete", back=f"{base}/retention",
     )
 
 

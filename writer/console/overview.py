@@ -24,14 +24,14 @@ import ssl
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, Response
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Forbidden
 
 from ..tasks.metrics import installation_state
 from .internal import Refused
-from .session import ConsoleUser, api_for, page, render, runtime_of
+from .session import NOTICES, ConsoleUser, api_for, page, render, runtime_of, see_other
 from .views import when
 
 if TYPE_CHECKING:
@@ -169,8 +169,9 @@ async def overview_data(request: Request, user: ConsoleUser, *, details: bool = 
 async def overview_page(request: Request, user: ConsoleUser) -> Response:
     if not user.admin:
         # Processes, hosts, PIDs and readiness URLs are the operator's: an account lands on
-        # what it may use.
-        return RedirectResponse(REPOSITORIES, status_code=303)
+        # what it may use, with the notice it was sent here with (e.g. its password changed).
+        notice = request.query_params.get("notice")
+        return see_other(REPOSITORIES, notice if notice in NOTICES else None)
     data = await overview_data(request, user)
     return render(request, user, "overview.html", data)
 

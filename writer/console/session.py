@@ -9,7 +9,9 @@ scoped to the console's sign-in page instead, and back. Signing out is the API's
 
 A page needs a session (not a token or a key: those are for programs). A visitor without one
 is sent to the sign-in page, with the page it wanted as `next` (a console path only, so the
-link cannot send anyone elsewhere).
+link cannot send anyone elsewhere). A session whose password an administrator reset sees only
+the password page (PASSWORD_PATH, password.py) until it sets its own, as the API allows it
+nothing else (writer/identity/account_lifecycle.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .internal import InternalApi, Refused
 from .security import CSRF_FIELD, PRESESSION_COOKIE, cookies_of, csrf_matches, csrf_token, new_presession_secret
 
 SIGN_IN_PATH = "/console/sign-in"
+PASSWORD_PATH = "/console/account/password"
 _NEXT = re.compile(r"/console/[A-Za-z0-9/._~%@=&?+-]{0,1000}")
 
 # What a redirect after a change may say (`?notice=`): fixed texts, never echoed input.
@@ -45,8 +48,8 @@ NOTICES = {
     "repository-created": "The repository was created.",
     "repository-updated": "The repository's visibility was changed.",
     "repository-deleted": "The repository was deleted.",
-    "permission-set": "The permission was set.",
-    "permission-removed": "The permission was removed.",
+    "member-set": "The member's level was set.",
+    "member-removed": "The member was removed: the account has no permission on this repository now.",
     "artifact-deleted": "The artifact was deleted.",
     "package-deleted": "The package version was deleted.",
     "asset-deleted": "The asset was deleted.",
@@ -58,10 +61,19 @@ NOTICES = {
     "account-created": "The account was created.",
     "account-disabled": "The account was disabled; its sessions and tokens ended, the service keys it made are suspended.",
     "account-enabled": "The account was enabled.",
+    "account-deleted": "The account was deleted: its sessions and tokens ended, the service keys it made are"
+    " suspended, its permissions are gone; its artifacts stay.",
+    "account-password-reset": "The password was reset and the account's sessions ended: at its next sign-in it"
+    " must set its own.",
+    "password-changed": "Your password was changed; your other sessions ended, your personal tokens stay valid.",
+    "password-change-required": "An administrator reset your password: set your own to go on.",
     "token-revoked": "The token was revoked.",
     "key-revoked": "The service key was revoked.",
     "key-adopted": "The service key is yours now, and works again.",
     "uploaded": "The file was uploaded.",
+    "retention-saved": "The retention rule was saved.",
+    "retention-disabled": "The retention rule was disabled: it deletes nothing until enabled again.",
+    "retention-deleted": "The retention rule was deleted.",
 }
 
 
@@ -92,6 +104,11 @@ class ConsoleUser:
             "may_administer": principal.may_administer(repo),
             "may_delete": principal.is_admin,
         }
+
+    @property
+    def must_change_password(self) -> bool:
+        """An administrator reset the password: the console shows only the password page."""
+        return self.principal.password_change_required
 
 
 def runtime_of(request: Request) -> Runtime:
@@ -187,6 +204,8 @@ def page(handler: Handler) -> Handler:
         user = await signed_in(request)
         if user is None:
             return sign_in_redirect(request)
+        if user.must_change_password and request.url.path != PASSWORD_PATH:
+            return see_other(PASSWORD_PATH, "password-change-required")
         return await handler(request, user)
 
     return run
@@ -205,6 +224,8 @@ def action(handler: Handler) -> Handler:
         user = await signed_in(request)
         if user is None:
             return sign_in_redirect(request)
+        if user.must_change_password and request.url.path != PASSWORD_PATH:
+            return see_other(PASSWORD_PATH, "password-change-required")
         return await handler(request, user, form)
 
     return run

@@ -1,6 +1,6 @@
-"""How the templates show numbers and times (Jinja2 filters), a repository's console path, and
-the idempotency key each change form carries, so that a form sent twice (a double click, a
-reload) is one change."""
+"""How the templates show numbers and times (Jinja2 filters), a repository's console path, the
+idempotency key each change form carries, so that a form sent twice (a double click, a reload)
+is one change, and the query a pager's link keeps."""
 
 from __future__ import annotations
 
@@ -53,6 +53,24 @@ def when(value: Any) -> str:
     return str(value)
 
 
+def from_now(value: Any, now: datetime.datetime | None = None) -> str:
+    """How far a time is from now, as a person counts: 'in 11 h 58 min', 'in 90 days', 'passed'."""
+    if isinstance(value, str):
+        try:
+            value = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            return "—"
+    if not isinstance(value, datetime.datetime):
+        return "—"
+    left = (value - (now or datetime.datetime.now(datetime.UTC))).total_seconds()
+    if left <= 0:
+        return "passed"
+    if left >= 2 * 86400:
+        return f"in {round(left / 86400)} days"
+    hours, minutes = divmod(max(1, round(left / 60)), 60)
+    return f"in {hours} h {minutes} min" if hours else f"in {minutes} min"
+
+
 def seconds(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{max(0.0, float(value)):.1f} s"
@@ -64,10 +82,18 @@ def repository_path(name: str) -> str:
     return "/console/repositories/" + urllib.parse.quote(name, safe="")
 
 
+def query_with(request: Any, **changes: str) -> str:
+    """`?...`: the page's own query (its filters and order) without its cursor and notice, with
+    `changes`; "" when nothing is left. For the pager's links."""
+    kept = [(k, v) for k, v in request.query_params.multi_items() if k not in ("cursor", "notice", *changes)]
+    kept += [(k, v) for k, v in changes.items() if v]
+    return "?" + urllib.parse.urlencode(kept) if kept else ""
+
+
 def form_key(_: Any = None) -> str:
     """A fresh Idempotency-Key for one rendering of a change form."""
     return "console-" + secrets.token_urlsafe(24)
 
 
-FILTERS = {"size": size, "rate": rate, "when": when, "seconds": seconds}
-GLOBALS = {"form_key": form_key}
+FILTERS = {"size": size, "rate": rate, "when": when, "seconds": seconds, "from_now": from_now}
+GLOBALS = {"form_key": form_key, "query_with": query_with}

@@ -3,6 +3,8 @@ sessions, personal tokens, managed service keys, who made each credential and wh
 
     accounts.py          login, logout, sign-up, password change, disable/enable; the account routes
     accounts_openapi.py  their OpenAPI fragment
+    account_lifecycle.py an administrator's view of one account, password reset, and delete
+    lockout.py           what keeps an installation from disabling or deleting its way out
     account_names.py     an account name's shape and its one folded form
     sign_in_guard.py     what a login or sign-up request must be (JSON, not from another site)
     login_limits.py      password guessing limits per address, account and device

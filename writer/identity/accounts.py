@@ -1,5 +1,6 @@
 """Accounts on the writer (SPEC §5): login, logout, self-registration, password change, and the
-administrators' account management (create, list, disable, enable).
+administrators' account management (create, list, disable, enable); an administrator's password
+reset and deleting an account are account_lifecycle.py's.
 
 A failed login says the same thing whether the account exists or not, and takes as long: an
 unknown name is verified against a dummy hash. A name is one name in any case (`BOB` signs in to
@@ -23,6 +24,14 @@ is a guessable hash of it. Their key is still checked (400 when malformed); a re
 a second session (the lost one expires), a retried create or register answers 409 (the name
 exists), a retried password change 401 (the old password changed). Disable and enable record
 their key like every other change.
+
+Audit: each of these changes writes its entry (writer/audit/) in its own transaction, the
+account signing in or up as the actor; a failed sign-in is recorded as a refusal, naming the
+account only when it exists (audit/refusals.py). Never a password, a token or a hash of one.
+After an administrator's reset (account_lifecycle.py) the login says `mustChangePassword`, and
+its session may only change the password (the password it was given as the old one) or log
+out; the change clears the flag. An account never disables itself, nor anyone but a keys-file
+key the last enabled administrator account (lockout.py).
 """
 
 from __future__ import annotations
@@ -42,13 +51,17 @@ from arkvory.shared.errors import Busy, Conflict, Forbidden, InvalidInput, NotFo
 from arkvory.shared.http.client_address import client_address
 
 from . import device_cookies
-from .account_names import FOLDED_NAME, check_account_name, fold
+from ..audit.actions import record_request
+from ..audit.refusals import SUBJECT_KEY
+from ..audit.trail import account_actor, actor_of
+from .account_names import FOLDED_NAME, MAX_ACCOUNT_NAME, check_account_name, fold
 from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .credential_makers import require_still_valid, suspend_made_by
 from .device_cookies import DeviceCookies
+from .lockout import lock_for_removal
 from ..idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
-from ..pagination import page, page_cursor, page_limit
+from ..pagination import NEWEST, OLDEST, TIME_ID, ListQuery, SortColumn, page_cursor, page_limit, page_order, text_filter
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from ..request_inputs import json_body, principal_of, require_admin_scope, runtime_of
 from .sign_in_guard import check_sign_in_request
@@ -80,10 +93,14 @@ def account_json(row: asyncpg.Record) -> dict[str, Any]:
         "admin": row["is_admin"],
         "disabled": row["disabled"],
         "createdAt": row["created_at"].isoformat(),
+        "mustChangePassword": row["must_change_password"],
     }
 
 
-_ACCOUNT_COLUMNS = "id, name, is_admin, disabled, created_at"
+ACCOUNT_COLUMNS = "id, name, is_admin, disabled, created_at, must_change_password"
+# A new account sets its own password: spelt out, so that `arkvory admin create-user` also works
+# on a database the writer has not migrated to 0017 yet.
+_NEW_ACCOUNT_COLUMNS = "id, name, is_admin, disabled, created_at, false AS must_change_password"
 
 
 def _client_address(request: Request) -> str:
@@ -107,7 +124,7 @@ async def insert_account(conn: asyncpg.Connection, name: str, hashed: PasswordHa
             "INSERT INTO arkvory_accounts (id, name, password_hash, password_salt, scrypt_n, scrypt_r,"
             " scrypt_p, is_admin) SELECT $1, $2, $3, $4, $5, $6, $7, $8"
             f" WHERE NOT EXISTS (SELECT 1 FROM arkvory_accounts WHERE {FOLDED_NAME} = $9)"
-            f" RETURNING {_ACCOUNT_COLUMNS}",
+            f" RETURNING {_NEW_ACCOUNT_COLUMNS}",
             uuid.uuid4(), name, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p, admin, fold(name),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
@@ -174,11 +191,13 @@ async def login(request: Request) -> Response:
     attempt = state.limits.begin_login(name, _client_address(request), device)
     async with pooled(runtime.pool) as conn:
         row = await conn.fetchrow(
-            f"SELECT {_ACCOUNT_COLUMNS}, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
+            f"SELECT {ACCOUNT_COLUMNS}, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
             f" FROM arkvory_accounts WHERE {FOLDED_NAME} = $1",
             fold(name),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
+    if row is not None:
+        request.scope[SUBJECT_KEY] = row["name"]  # the audit of a failed sign-in names it (audit/refusals.py)
     stored = _stored_hash(row)
     matches = await _checked(state, attempt, password, stored)
     if row is None or not matches or row["disabled"]:
@@ -197,11 +216,13 @@ async def login(request: Request) -> Response:
             session.id, session.digest, row["id"], float(lifetime), _client_address(request),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
+        await record_request(conn, request, account_actor(row["id"], row["name"], session.id), 200,
+                             details={"oldSessionsEnded": ended})
     if ended:
         forget_cached(runtime.credentials)
     answer = JSONResponse(
         {"token": session.token, "sessionId": str(session.id), "expiresAt": expires_at.isoformat(),
-         "account": account_json(row)},
+         "account": account_json(row), "mustChangePassword": row["must_change_password"]},
         headers={"Cache-Control": "no-store"},
     )
     answer.headers["Set-Cookie"] = _session_cookie(request, session.token, lifetime)
@@ -239,19 +260,20 @@ async def _make_session_room(conn: asyncpg.Connection, account_id: uuid.UUID, li
 
 
 async def logout(request: Request) -> Response:
-    principal = await principal_of(request)
+    principal = await principal_of(request, before_new_password=True)
     if principal.is_anonymous:
         raise Unauthorized("log in first")
     if principal.credential_kind != "session":
         raise InvalidInput("logout ends a session; revoke a token with DELETE /api/v1/tokens/{id}")
     runtime = runtime_of(request)
     assert runtime.pool is not None
-    async with pooled(runtime.pool) as conn:
+    async with pooled(runtime.pool) as conn, conn.transaction():
         # What the session made without the password given again goes with it (the cascade of
         # migration 0014: credential_makers.py).
         await conn.execute(
             "DELETE FROM arkvory_credentials WHERE id = $1", principal.credential_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
+        await record_request(conn, request, actor_of(principal), 204)
     forget_cached(runtime.credentials)
     answer = Response(status_code=204)
     answer.headers["Set-Cookie"] = _session_cookie(request, "", 0)
@@ -273,8 +295,9 @@ async def register(request: Request) -> Response:
     hashed = await state.hasher.hash(password)
     pool = runtime_of(request).pool
     assert pool is not None
-    async with pooled(pool) as conn:
+    async with pooled(pool) as conn, conn.transaction():
         row = await insert_account(conn, name, hashed, admin=False)
+        await record_request(conn, request, account_actor(row["id"], row["name"]), 201, {"name": row["name"]})
     return JSONResponse(account_json(row), status_code=201)
 
 
@@ -290,8 +313,9 @@ def _require_account(principal: Principal) -> uuid.UUID:
 
 async def change_password(request: Request) -> Response:
     """Needs the old password; ends every other session of the account, and what they made
-    without the password given again (credential_makers.py), but not its other tokens."""
-    principal = await principal_of(request)
+    without the password given again (credential_makers.py), but not its other tokens. Clears
+    the flag of an administrator's reset (the reset's password is then the old one)."""
+    principal = await principal_of(request, before_new_password=True)
     account_id = _require_account(principal)
     key_of(request)
     body = await json_body(request)
@@ -299,25 +323,31 @@ async def change_password(request: Request) -> Response:
     if not isinstance(old, str) or not 1 <= len(old) <= MAX_PASSWORD:
         raise InvalidInput(f"'oldPassword' must be a string of 1-{MAX_PASSWORD} characters")
     new = check_password_text(body.get("newPassword"), "'newPassword'")
+    if new == old:
+        # After a reset above all: the administrator's password would stay the account's.
+        raise InvalidInput("'newPassword' must differ from the old one")
     await confirm_password(request, principal, old, "the old password is wrong")
     state = accounts_state(request)
     runtime = runtime_of(request)
     assert runtime.pool is not None
     hashed = await state.hasher.hash(new)
     async with pooled(runtime.pool) as conn, conn.transaction():
-        await conn.execute(
+        name = await conn.fetchval(
             "UPDATE arkvory_accounts SET password_hash = $2, password_salt = $3, scrypt_n = $4,"
-            " scrypt_r = $5, scrypt_p = $6, password_changed_at = now() WHERE id = $1",
+            " scrypt_r = $5, scrypt_p = $6, password_changed_at = now(), must_change_password = false"
+            " WHERE id = $1 RETURNING name",
             account_id, hashed.digest, hashed.salt, hashed.n, hashed.r, hashed.p,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
-        await conn.execute(
+        ended = await conn.execute(
             "DELETE FROM arkvory_credentials WHERE account_id = $1 AND kind = 'session'"
             " AND id IS DISTINCT FROM $2",
             account_id,
             principal.credential_id if principal.credential_kind == "session" else None,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
+        await record_request(conn, request, actor_of(principal), 204, {"account": name},
+                             details={"otherSessionsEnded": int(ended.split()[-1])})
     forget_cached(runtime.credentials)
     return Response(status_code=204)
 
@@ -359,9 +389,25 @@ async def create_account(request: Request) -> Response:
     hashed = await accounts_state(request).hasher.hash(password)
     pool = runtime_of(request).pool
     assert pool is not None
-    async with pooled(pool) as conn:
+    async with pooled(pool) as conn, conn.transaction():
         row = await insert_account(conn, name, hashed, admin)
+        await record_request(conn, request, actor_of(principal), 201, {"name": row["name"], "admin": admin})
     return JSONResponse(account_json(row), status_code=201)
+
+
+# By name without regard to case (the folded name, unique: migration 0012's index serves the order
+# and a prefix's range), or newest or oldest first.
+NAME_ORDER = (SortColumn(FOLDED_NAME, "folded"),)
+ORDERS = ("name", NEWEST, OLDEST)
+
+
+def accounts_listing(*, order: str = "name", prefix: str | None = None, cursor: tuple | None = None) -> ListQuery:
+    listing = ListQuery(
+        f"SELECT {ACCOUNT_COLUMNS}, {FOLDED_NAME} AS folded FROM arkvory_accounts",
+        NAME_ORDER if order == "name" else TIME_ID, descending=order == NEWEST,
+    )
+    listing.starts_with(FOLDED_NAME, None if prefix is None else fold(prefix))
+    return listing.after(cursor)
 
 
 async def list_accounts(request: Request) -> Response:
@@ -370,15 +416,13 @@ async def list_accounts(request: Request) -> Response:
     pool = runtime_of(request).pool
     assert pool is not None
     limit = page_limit(request)
-    after = page_cursor(request, ("name",))
+    order = page_order(request, "name", ORDERS)
+    prefix = text_filter(request, "prefix", MAX_ACCOUNT_NAME)
+    cursor = page_cursor(request, NAME_ORDER if order == "name" else TIME_ID)
+    listing = accounts_listing(order=order, prefix=prefix, cursor=cursor)
     async with pooled(pool) as conn:
-        rows = await conn.fetch(
-            f"SELECT {_ACCOUNT_COLUMNS} FROM arkvory_accounts WHERE ($1::text IS NULL OR name > $1)"
-            " ORDER BY name LIMIT $2",
-            after and after[0], limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(page(rows, limit, account_json, lambda r: [r["name"]]))
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, account_json))
 
 
 async def _set_disabled(request: Request, disabled: bool) -> Response:
@@ -387,8 +431,10 @@ async def _set_disabled(request: Request, disabled: bool) -> Response:
     name = check_account_name(request.path_params["name"])
 
     async def work(conn: asyncpg.Connection):
+        if disabled:
+            await lock_for_removal(conn, principal, name, "disable")
         row = await conn.fetchrow(
-            f"UPDATE arkvory_accounts SET disabled = $2 WHERE {FOLDED_NAME} = $1 RETURNING {_ACCOUNT_COLUMNS}",
+            f"UPDATE arkvory_accounts SET disabled = $2 WHERE {FOLDED_NAME} = $1 RETURNING {ACCOUNT_COLUMNS}",
             fold(name), disabled,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )

@@ -26,6 +26,8 @@ from arkvory.shared.download.catalog import parse_uuid
 from arkvory.shared.errors import Conflict, InvalidInput, NotFound, Unauthorized
 
 from .. import openapi
+from ..audit.actions import record_request
+from ..audit.trail import actor_of
 from .credential_makers import making_of
 from ..idempotency import idempotent, key_of
 from ..request_inputs import json_body, principal_of, require_admin_scope, runtime_of
@@ -123,6 +125,7 @@ async def adopt_key(request: Request) -> Response:
         assert runtime.pool is not None
         async with pooled(runtime.pool) as conn, conn.transaction():
             _, adopted = await work(conn)
+            await record_request(conn, request, actor_of(principal), 200, {"passwordGiven": True})
         answer: Response = JSONResponse(adopted)
     else:
         answer = await idempotent(request, principal, {}, work)

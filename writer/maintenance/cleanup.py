@@ -2,9 +2,12 @@
 
 Steps, each checkpointed (a resumed task skips the steps it finished; every step is also safe to
 run twice): expire idempotency keys; delete expired credentials; remove abandoned upload
-sessions and upload temp files; prune finished tasks past ARKVORY_TASK_RETENTION; delete
+sessions and upload temp files; prune finished tasks past ARKVORY_TASK_RETENTION; prune audit
+entries past ARKVORY_AUDIT_RETENTION; delete the artifacts the repositories' retention rules no
+longer keep (retention.py); delete
 unreferenced blobs; delete stray blob files (a file with no blob row, left by a crash between
-placing and committing).
+placing and committing); abort an object store's incomplete multipart uploads that no upload
+can still complete (multipart_uploads.py: last, so a store that hangs there holds up no other step).
 
 Why deleting a blob cannot break an upload or a download:
 
@@ -47,9 +50,10 @@ first: the disk work runs in one thread of its own at nice 10, and after each ba
 sleeps PACE times the time the batch kept a CPU busy (its wall time minus the time its thread
 waited for the disk), so the task and its queries use at most 1 / (1 + PACE) of a core.
 
-Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a credential, a task, a
-session or temp file, a blob, a stray file), its bytes what it freed, its cost units one per row
-and one per file (an unreferenced blob and an abandoned upload cost 2). Each batch is cut, before it is
+Budgets (writer/tasks/budgets.py): an item is a thing removed (a key, a credential, a task, an audit entry, a
+session or temp file, an artifact retention deletes, a blob, a stray file), its bytes what it
+freed, its cost units one per row and one per file (an unreferenced blob and an abandoned upload
+cost 2). Each batch is cut, before it is
 removed, to what the budget has left, so the usage never goes over; when work is left that not
 even one removal fits, the task fails there with `budget_exceeded`. A batch's usage is written
 in the transaction that removes its rows or marks its blobs (`progress(conn=...)`), so a crash
@@ -82,6 +86,8 @@ from arkvory.writer.tasks.budgets import cost_units
 from arkvory.writer.tasks.context import TaskCancelled
 from arkvory.writer.tasks.retention import any_to_prune, prune_finished_batch
 
+from ..audit.retention import any_to_prune as any_audit_to_prune, prune_batch as prune_audit_batch
+
 from ..blobs.locks import (
     NONE_PENDING,
     Removal,
@@ -101,6 +107,7 @@ BLOB_BATCH = 1000  # unreferenced blobs removed per transaction
 SCAN_BATCH = 5000  # stray-file candidates checked against the table per query
 KEY_BATCH = 10_000
 TASK_BATCH = 1000
+AUDIT_BATCH = 10_000
 # After each batch, sleep this many times the CPU time it took (bench/cleanup.py measures it).
 PACE = 2.0
 DISK_NICE = 10
@@ -257,6 +264,18 @@ async def _tasks(ctx, grace: int) -> dict:
         lambda conn, room: prune_finished_batch(conn, retention, room),
         lambda conn: any_to_prune(conn, retention),
         lambda done: f"finished tasks past retention: {done} pruned",
+    )
+    return {"pruned": pruned}
+
+
+async def _audit_entries(ctx, grace: int) -> dict:
+    """Audit entries past ARKVORY_AUDIT_RETENTION (writer/audit/retention.py), oldest first."""
+    retention = ctx.settings.audit_retention_s
+    pruned = await _rows_in_batches(
+        ctx, AUDIT_BATCH,
+        lambda conn, room: prune_audit_batch(conn, retention, room),
+        lambda conn: any_audit_to_prune(conn, retention),
+        lambda done: f"audit entries past retention: {done} pruned",
     )
     return {"pruned": pruned}
 
@@ -523,13 +542,28 @@ async def remove_strays(
     return len(still), freed
 
 
+async def _multipart_uploads(ctx, grace: int) -> dict:
+    from .multipart_uploads import abort_abandoned_uploads  # it takes this module's helpers
+
+    return await abort_abandoned_uploads(ctx, grace)
+
+
+async def _retention(ctx, grace: int) -> dict:
+    from .retention import apply_retention  # (it uses this module's budget helpers)
+
+    return await apply_retention(ctx)
+
+
 _STEPS: tuple[tuple[str, Callable[[Any, int], Awaitable[dict]]], ...] = (
     ("idempotency_keys", _idempotency_keys),
     ("credentials", _credentials),
     ("upload_sessions", _upload_sessions),
     ("tasks", _tasks),
+    ("audit", _audit_entries),
+    ("retention", _retention),  # before blobs: the blobs of old artifacts it deletes go in the same run
     ("blobs", _blobs),
     ("stray_files", _stray_files),
+    ("multipart_uploads", _multipart_uploads),
 )
 STEP_NAMES = tuple(name for name, _ in _STEPS)
 

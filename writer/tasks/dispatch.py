@@ -10,6 +10,7 @@ with a unique violation, and the loser then reads the winner's task.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -29,6 +30,9 @@ class Definition:
     budget: dict[str, int]
     definition_hash: str
     max_attempts: int = store.DEFAULT_MAX_ATTEMPTS
+
+
+Recorded = Callable[[asyncpg.Connection, dict[str, Any]], Awaitable[None]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +59,13 @@ def _same_definition(task: dict[str, Any], definition: Definition) -> bool:
 
 
 async def insert_once(
-    conn: asyncpg.Connection, definition: Definition, key: str | None, created_by: str
+    conn: asyncpg.Connection, definition: Definition, key: str | None, created_by: str,
+    recorded: Recorded | None = None,
 ) -> Dispatched:
     """The task for `key` (new, or the one dispatched with it before), committed on return.
     `conn` must not be in a transaction. IdempotentParameterMismatch when the key's task has
-    another definition."""
+    another definition. `recorded(conn, task)` runs in the transaction that inserts a new task
+    (the API's audit entry)."""
     for _ in range(2):  # a lost race is followed by one read of the winner's task
         try:
             async with conn.transaction():
@@ -85,6 +91,8 @@ async def insert_once(
                     created_by=created_by,
                     max_attempts=definition.max_attempts,
                 )
+                if recorded is not None:
+                    await recorded(conn, task)
             return Dispatched(task, replayed=False)
         except asyncpg.UniqueViolationError:
             if key is None:
@@ -92,6 +100,8 @@ async def insert_once(
     raise asyncpg.UniqueViolationError("the dispatch key's task vanished during the dispatch")
 
 
-async def dispatch(pool: asyncpg.Pool, definition: Definition, key: str | None, created_by: str) -> Dispatched:
+async def dispatch(
+    pool: asyncpg.Pool, definition: Definition, key: str | None, created_by: str, recorded: Recorded | None = None
+) -> Dispatched:
     async with pooled(pool) as conn:
-        return await insert_once(conn, definition, key, created_by)
+        return await insert_once(conn, definition, key, created_by, recorded)

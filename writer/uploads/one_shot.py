@@ -17,12 +17,13 @@ from arkvory.shared.http.bodies import declared_length
 from arkvory.shared.http.media_types import upload_media_type
 from arkvory.shared.storage import StorageError
 
-from ..catalog.artifacts import ARTIFACT_SCHEMA, MAX_NAME, artifact_json, artifact_location, check_artifact_name
+from ..catalog.artifacts import ARTIFACT_SCHEMA, COLUMNS, MAX_NAME, artifact_json, artifact_location, check_artifact_name
+from ..catalog.uploaders import uploader_of
 from ..idempotency import HeldKey, Result, holding_key
 from ..blobs.locks import Staging
 from ..openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, query_param, repo_param
 from ..catalog.repositories import repository_for_write
-from ..request_inputs import principal_of, runtime_of
+from ..request_inputs import principal_of, query, runtime_of
 from .places import UploadPlaces
 from .publishing import place_claimed_blob, publish_blob, received_body, storage_failed
 from .store import refuse_form_upload
@@ -32,10 +33,8 @@ async def upload_artifact(request: Request) -> Response:
     principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
     refuse_form_upload(request)
-    name = check_artifact_name(request.query_params.get("name", ""))
-    media_type = upload_media_type(
-        request.query_params.get("mediaType"), request.headers.get("content-type")
-    )
+    name = check_artifact_name(query(request, "name") or "")
+    media_type = upload_media_type(query(request, "mediaType"), request.headers.get("content-type"))
     declared_length(request)  # a malformed Content-Length is refused before taking a place
     runtime = runtime_of(request)
     assert runtime.storage is not None
@@ -51,13 +50,13 @@ async def upload_artifact(request: Request) -> Response:
         with places.hold(principal.id):
             try:
                 async with received_body(request, runtime.storage, runtime.settings, runtime.metrics) as body:
-                    return await _publish_received(request, held, repo, name, media_type, *body)
+                    return await _publish_received(request, held, principal.id, repo, name, media_type, *body)
             except ClientDisconnect:
                 return Response(status_code=400)  # nobody is listening; nothing was kept
 
 
 async def _publish_received(
-    request: Request, held: HeldKey, repo: Repository, name: str, media_type: str,
+    request: Request, held: HeldKey, principal_id: str, repo: Repository, name: str, media_type: str,
     partial: pathlib.Path, sha256: str, size: int,
 ) -> Response:
     runtime = runtime_of(request)
@@ -71,10 +70,9 @@ async def _publish_received(
     async def publish_in(conn: asyncpg.Connection, staging: Staging) -> Result:
         await place_claimed_blob(conn, storage, partial, sha256, size, staging)
         row = await conn.fetchrow(
-            "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
-            " VALUES ($1, $2, $3, $4, $5, $6)"
-            " RETURNING id, name, sha256, size, media_type, created_at",
-            uuid.uuid4(), repo.id, name, sha256, size, media_type,
+            "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type, uploaded_by_kind,"
+            f" uploaded_by_id, uploaded_by_name) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {COLUMNS}",
+            uuid.uuid4(), repo.id, name, sha256, size, media_type, *await uploader_of(conn, principal_id),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
         return Result(201, artifact_json(row), {"Location": artifact_location(repo.name, row["id"])})

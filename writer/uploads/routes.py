@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -56,7 +57,10 @@ from arkvory.shared.settings import Settings
 from arkvory.shared.storage import BlobStorage, StorageError
 from arkvory.shared.storage.upload_files import open_in_use, remove_own_file
 
-from ..catalog.artifacts import artifact_json, check_artifact_name
+from ..audit.actions import record_request
+from ..audit.trail import actor_of
+from ..catalog.artifacts import COLUMNS as ARTIFACT_COLUMNS, artifact_json, check_artifact_name
+from ..catalog.uploaders import uploader_of
 from ..idempotency import Result, idempotent, key_of
 from ..blobs.locks import Staging
 from ..catalog.repositories import repository_for_write
@@ -313,6 +317,10 @@ async def delete_upload(request: Request) -> Response:
             if status != "open":
                 raise Conflict(_COMPLETED)
             raise busy  # its file is in use: a request took it since our look
+        # Right after the row's DELETE, not in its transaction: the file goes in between, and
+        # a file is never removed inside a transaction (tests/test_code_rules.py).
+        await record_request(conn, request, actor_of(await principal_of(request)), 204,
+                             details={"name": session["name"], "size": session["size"]})
     active_uploads(request).forget(session["id"])
     return Response(status_code=204)
 
@@ -521,7 +529,7 @@ async def _completed_answer(request: Request, session: asyncpg.Record, replay: b
     assert pool is not None
     async with pooled(pool) as conn:
         row = await conn.fetchrow(
-            "SELECT id, name, sha256, size, media_type, created_at FROM arkvory_artifacts WHERE id = $1",
+            f"SELECT {ARTIFACT_COLUMNS} FROM arkvory_artifacts WHERE id = $1",
             session["artifact_id"], timeout=POOLED_QUERY_TIMEOUT_S,
         ) if session["artifact_id"] else None
     if row is None:
@@ -573,9 +581,14 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
     # session stays open and a repeated `complete` stages again). Sent already while the parts
     # arrived (sessions.py `PrefixHash`): only made visible now that the digest matched.
     staged_already = functools.partial(_complete_publication, request, session_id, sha256, session["size"])
+    actor = actor_of(await principal_of(request))
+
+    async def audited(conn: asyncpg.Connection, artifact: asyncpg.Record) -> None:
+        await record_request(conn, request, actor, 201, body=artifact_json(artifact))
+
     row = await publish_blob(
         pool, storage, path, sha256, session["size"],
-        functools.partial(_publish_session, pool, storage, repo, session, path, sha256, runtime.settings),
+        functools.partial(_publish_session, pool, storage, repo, session, path, sha256, runtime.settings, audited),
         staged_already=staged_already,
     )
     await remove_own_file(path)
@@ -584,9 +597,10 @@ async def _publish(request: Request, repo: Repository, session: asyncpg.Record) 
 
 async def _publish_session(
     pool: asyncpg.Pool, storage: BlobStorage, repo: Repository, session: asyncpg.Record, path: str, sha256: str,
-    settings: Settings, staging: Staging,
+    settings: Settings, audited: Callable[[asyncpg.Connection, asyncpg.Record], Awaitable[None]], staging: Staging,
 ) -> asyncpg.Record:
-    """The publishing transaction of a session's `complete` (artifacts.py `publish_blob`)."""
+    """The publishing transaction of a session's `complete` (artifacts.py `publish_blob`), with
+    its audit entry (`audited`)."""
     session_id = session["id"]
     async with pooled(pool) as conn, conn.transaction():
         status = await conn.fetchval(
@@ -600,10 +614,12 @@ async def _publish_session(
         # the commit fails, the session still has its file and a repeated complete links it
         # again (the same bytes under the same name).
         await place_claimed_blob(conn, storage, path, sha256, session["size"], staging, link=True)
+        # Only the session's own principal completes it (_session_for): the uploader.
         row = await conn.fetchrow(
-            "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type)"
-            " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, name, sha256, size, media_type, created_at",
+            "INSERT INTO arkvory_artifacts (id, repository_id, name, sha256, size, media_type, uploaded_by_kind,"
+            f" uploaded_by_id, uploaded_by_name) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {ARTIFACT_COLUMNS}",
             uuid.uuid4(), repo.id, session["name"], sha256, session["size"], session["media_type"],
+            *await uploader_of(conn, session["principal_id"]),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
         # Kept for the idempotency retention, so a late repeat still finds its artifact.
@@ -616,6 +632,7 @@ async def _publish_session(
         await conn.execute(
             "DELETE FROM arkvory_upload_parts WHERE upload_id = $1", session_id, timeout=POOLED_QUERY_TIMEOUT_S
         )
+        await audited(conn, row)
     return row
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..catalog.artifacts import ARTIFACT_SCHEMA
 from ..openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, repo_param
 from ..openapi import json_body as body_of
 from .reservations import MAX_OPEN_SESSIONS
@@ -33,10 +34,7 @@ def _openapi_paths() -> dict[str, Any]:
     summary = {**session, "required": [f for f in session["required"] if f != "receivedParts"] + ["receivedPartCount"],
                "properties": {**{k: v for k, v in session["properties"].items() if k != "receivedParts"},
                               "receivedPartCount": {"type": "integer"}}}
-    artifact = {"type": "object", "required": ["id", "name", "sha256", "size", "mediaType", "createdAt"],
-                "properties": {"id": {"type": "string", "format": "uuid"}, "name": {"type": "string"},
-                               "sha256": sha256, "size": {"type": "integer"}, "mediaType": {"type": "string"},
-                               "createdAt": {"type": "string", "format": "date-time"}}}
+    artifact = ARTIFACT_SCHEMA
     raw = {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
     key_required = {**IDEMPOTENCY_KEY}
     base = [repo_param(), upload_id]

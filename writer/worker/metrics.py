@@ -39,6 +39,16 @@ class WorkerMetrics:
             "Unreferenced blobs the cleanup task deleted",
             registry=registry,
         )
+        self.cleanup_aborted_uploads = Counter(
+            "arkvory_cleanup_aborted_multipart_uploads",
+            "Incomplete multipart uploads of the object store that the cleanup task aborted",
+            registry=registry,
+        )
+        self.cleanup_retention_deleted_artifacts = Counter(
+            "arkvory_cleanup_retention_deleted_artifacts",
+            "Artifacts the cleanup task deleted because their repository's retention rule no longer keeps them",
+            registry=registry,
+        )
         self.verify_hashed_bytes = Counter(
             "arkvory_verify_hashed_bytes",
             "Bytes of stored blobs the verify task re-hashed",

@@ -34,6 +34,10 @@ from prometheus_client import CollectorRegistry
 from arkvory.shared import db
 from arkvory.shared.settings import Settings
 
+from ..audit.trail import Entry, record_tool_change
+
+# The admin command that runs each kind offline (shared/cli/offline.py), as the audit names it.
+_COMMANDS = {"cleanup": "gc", "verify": "scrub"}
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_REFUSED = 75
@@ -257,6 +261,9 @@ async def run_offline(
             return EXIT_FAILED
         ctx._print("done")
         print(json.dumps({"kind": kind_name, "result": result, "usage": ctx.usage}, sort_keys=True), file=out)
+        async with db.pooled(pool) as conn:
+            await record_tool_change(conn, f"arkvory admin {_COMMANDS[kind_name]}", Entry(
+                f"maintenance.{_COMMANDS[kind_name]}", details={"params": params, "result": result}))
         return EXIT_OK
     finally:
         closing = True

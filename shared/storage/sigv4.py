@@ -1,9 +1,10 @@
 """S3 requests signed with AWS Signature Version 4, body-less, with the standard library alone.
 
-The local SeaweedFS (seaweedfs.py) makes and drops its buckets through its S3 port with the admin
-identity, as any S3 client would (its filer's HTTP API, which did it before, is off), and reads a
-stored object to know that it is ready. Only what those requests need: no body, no chunked
-signing, an endpoint without a path.
+For the requests obstore does not make: the object-store backend's listing and aborting of
+incomplete multipart uploads (s3_multipart.py), and the local SeaweedFS's bucket creation and
+readiness reads with its admin identity (shared/cli/seaweedfs.py). Only what those requests
+need: no body, no chunked signing, an endpoint without a path, static keys (with a session
+token when there is one). The caller sends the request; this only builds it.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ def signed_request(
     region: str,
     access_key_id: str,
     secret_access_key: str,
+    session_token: str | None = None,
     now: datetime.datetime,
 ) -> urllib.request.Request:
     """`method` of `path` ("/bucket/key", not yet encoded) with `query` at `endpoint_url`
-    ("http://host:port"), signed for service s3 at `now`; `headers` are sent unsigned."""
+    ("http://host:port"), signed for service s3 at `now`; `headers` are sent unsigned. A
+    `session_token` (temporary credentials) is sent and signed as X-Amz-Security-Token."""
     host = urllib.parse.urlsplit(endpoint_url).netloc
     canonical_path = _encode(path, safe="/")
     canonical_query = "&".join(
@@ -46,10 +49,13 @@ def signed_request(
     )
     stamp = now.astimezone(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     scope = f"{stamp[:8]}/{region}/s3/aws4_request"
-    names = "host;x-amz-content-sha256;x-amz-date"
+    signed = {"host": host, "x-amz-content-sha256": _EMPTY_SHA256, "x-amz-date": stamp}
+    if session_token:
+        signed["x-amz-security-token"] = session_token
+    names = ";".join(sorted(signed))
     canonical = "\n".join([
         method, canonical_path, canonical_query,
-        f"host:{host}", f"x-amz-content-sha256:{_EMPTY_SHA256}", f"x-amz-date:{stamp}", "",
+        *(f"{name}:{signed[name]}" for name in sorted(signed)), "",
         names, _EMPTY_SHA256,
     ])
     to_sign = "\n".join([
@@ -59,13 +65,10 @@ def signed_request(
     for part in (stamp[:8], region, "s3", "aws4_request"):
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()
     signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    signed = {
-        "Authorization": (
-            f"AWS4-HMAC-SHA256 Credential={access_key_id}/{scope}, SignedHeaders={names},"
-            f" Signature={signature}"
-        ),
-        "x-amz-content-sha256": _EMPTY_SHA256,
-        "x-amz-date": stamp,
-    }
+    sent = {name: value for name, value in signed.items() if name != "host"}  # urllib sends Host
+    sent["Authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={access_key_id}/{scope}, SignedHeaders={names},"
+        f" Signature={signature}"
+    )
     url = endpoint_url + canonical_path + (f"?{canonical_query}" if canonical_query else "")
-    return urllib.request.Request(url, method=method, headers={**(headers or {}), **signed})
+    return urllib.request.Request(url, method=method, headers={**(headers or {}), **sent})
