@@ -133,11 +133,17 @@ def test_deleting_an_account_from_the_console_says_first_what_goes(writer):
         assert re.search(r'data-holds="sessions">1 session\(s\) and 0 personal token\(s\)', page.text)
         assert re.search(r'data-holds="repositories">its permissions on 1 repositories go', page.text)
         assert root.get("/console/accounts/nobody/delete").status_code == 404
-        deleted = root.submit("/console/accounts/alice/delete", "/console/accounts/alice/delete")
+        # The page is the confirmation (confirm.py's rule): a form sent without its `confirm`
+        # (an old page, a script) gets the page again, and deletes nobody.
+        assert '<input type="hidden" name="confirm" value="yes">' in page.text
+        asked = root.submit("/console/accounts/alice/delete", "/console/accounts/alice/delete")
+        assert asked.status_code == 200 and 'id="delete-form"' in asked.text and "Delete the account" in asked.text
+        assert alice.get("/console/repositories").status_code == 200  # still there, still signed in
+        deleted = root.submit("/console/accounts/alice/delete", "/console/accounts/alice/delete", confirm="yes")
         assert deleted.status_code == 303 and deleted.headers["location"] == "/console/accounts?notice=account-deleted"
-        assert alice.get("/console/").status_code == 303  # her session ended
+        assert alice.get("/console/").headers["location"] == "/console/sign-in"  # her session ended
         assert 'data-account="alice"' not in root.get("/console/accounts").text
-        own = root.submit("/console/accounts/root/delete", "/console/accounts/root/delete")
+        own = root.submit("/console/accounts/root/delete", "/console/accounts/root/delete", confirm="yes")
         assert own.status_code == 403 and messages(own) == ["an account cannot delete itself: ask another administrator"]
     with api(writer) as client:
         assert client.get("/api/v1/accounts/alice").status_code == 404
