@@ -429,6 +429,11 @@ def test_an_account_lands_on_repositories_and_sees_no_operator_internals(cluster
     with api(writer) as client:
         client.put("/api/v1/repositories/team/packages", json={"group": "g", "name": "n", "version": "1", "artifactId": artifact["id"]})
         client.put("/api/v1/repositories/team/assets", params={"path": "p"}, json={"artifactId": artifact["id"]})
+        # One that alice administers: its members and retention tabs are hers too.
+        assert client.post("/api/v1/repositories", json={"name": "own"}).status_code == 201
+        assert client.put("/api/v1/repositories/own/members/alice", json={"level": "admin"}).status_code == 200
+        assert client.put("/api/v1/repositories/own/retention",
+                          json={"keepNewest": 3, "keepYoungerThanSeconds": None, "enabled": True}).status_code == 200
     leases = db_fetch(writer.env["ARKVORY_DATABASE_URL"], "SELECT pid, host, url FROM arkvory_gateway_leases")
     assert len(leases) == 3
     with Console(writer.url) as root:
@@ -448,13 +453,18 @@ def test_an_account_lands_on_repositories_and_sees_no_operator_internals(cluster
             f"{team}/package?group=g&name=n&version=1", f"{team}/asset?path=p", f"{team}/packages/new", f"{team}/assets/new",
             f"{team}/artifacts/{artifact['id']}/delete", f"{team}/packages/delete?group=g&name=n&version=1",
             f"{team}/assets/delete?path=p", "/console/tokens", "/console/no-such-page", "/console/repositories/nope",
+            "/console/repositories/own/members", "/console/repositories/own/members/remove?account=alice",
+            "/console/repositories/own/retention", "/console/repositories/own/retention/disable",
+            "/console/repositories/own/retention/delete", "/console/account/password",
+            # The administrators' pages: refused, and the refusal shows nothing of them either.
+            "/console/tasks", "/console/accounts", "/console/keys", "/console/audit",
         ]
         forbidden = [str(lease["pid"]) for lease in leases] + [lease["host"] for lease in leases] + [
             lease["url"] for lease in leases] + [f"127.0.0.1:{process.port}" for process in processes] + [socket.gethostname()]
         words = re.compile(r"\b(pid|pids|readiness|lease|leases|slot|host)\b", re.I)
         for path in pages:
             page = alice.get(path)
-            assert page.status_code in (200, 404), (path, page.status_code)
+            assert page.status_code in (200, 403, 404), (path, page.status_code)
             assert "<h1>Overview</h1>" not in page.text, path
             main = page.text.split("<main", 1)[1]
             found = [item for item in forbidden if re.search(rf"(?<![\w.]){re.escape(item)}(?![\w])", page.text)]
@@ -462,8 +472,14 @@ def test_an_account_lands_on_repositories_and_sees_no_operator_internals(cluster
             assert not words.search(main), (path, words.search(main).group(0))
             for secret in (alice.session, ADMIN_TOKEN):
                 assert secret not in page.text, path
+        statuses = {path: alice.get(path).status_code for path in pages if "/own/" in path or path.count("/") == 2}
+        assert statuses == {
+            **{path: 200 for path in pages if "/own/" in path},
+            "/console/repositories": 200, "/console/tokens": 200, "/console/no-such-page": 404,
+            "/console/tasks": 403, "/console/accounts": 403, "/console/keys": 403, "/console/audit": 403,
+        }, statuses
         nav = alice.get("/console/repositories").text.split("</nav>", 1)[0]
-        assert ">Overview<" not in nav and ">Tasks<" not in nav and ">Accounts<" not in nav
+        assert ">Overview<" not in nav and ">Tasks<" not in nav and ">Accounts<" not in nav and ">Audit<" not in nav
 
 
 # -- the writer's / and a task's page -----------------------------------------------------------------------
