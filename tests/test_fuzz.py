@@ -403,3 +403,37 @@ audit_queries = st.dictionaries(
 def test_audit_route(site, method, query, header_map, token, body):
     token = site["pat"] if token == "pat" else token
     send(site, method, "/api/v1/audit", query, header_map, token, body)
+
+
+# The root and the console's paths (issue 25 §7), with any Accept: the writer's `/` sends a
+# browser (an Accept that names text/html) to /console/ and tells a program where the API is (JSON
+# 404), and /console/ is its console (pages); a gateway tells a browser in a page (404) that the
+# console is on the writer, and a program in JSON. Never a 500, whatever is sent.
+accepts = st.one_of(
+    visible,
+    st.sampled_from(["text/html", "text/html;q=0", "TEXT/HTML; q=0.5", "text/html;q=nan", "text/html;q=1e999",
+                     "text/html;q=-1", "application/json, text/html;q", ";;,,", "*/*", "text/*", "text/html" * 500]),
+)
+console_paths = st.one_of(
+    st.sampled_from(["/", "/console", "/console/", "/console/sign-in", "/console/static/copy.js"]),
+    st.lists(segments, min_size=1, max_size=3).map(lambda parts: "/console/" + "/".join(encode(p) for p in parts)),
+)
+
+
+@FUZZ
+@given(path=console_paths, accept=accepts, method=methods, token=tokens, query=queries)
+def test_the_root_and_the_console_paths(site, path, accept, method, token, query):
+    url = path + ("?" + "&".join(f"{encode(k)}={encode(v)}" for k, v in query.items()) if query else "")
+    sent = {"Accept": accept.strip()}
+    if token:
+        sent["Authorization"] = f"Bearer {token}"
+    writer, gateway = site["clients"]
+    for client in (writer, gateway):
+        answer = client.request(method, url, headers=sent)
+        status = answer.status_code
+        assert status < 500 or (status == 503 and "Retry-After" in answer.headers), (path, status, answer.text[:500])
+        if client is gateway and answer.headers.get("content-type", "").startswith("text/html"):
+            assert status == 404 and method in ("GET", "HEAD"), (path, status)
+            assert method == "HEAD" or "The console is on the writer" in answer.text
+        elif client is gateway or (path == "/" and status >= 400):
+            check(answer, method)

@@ -20,6 +20,8 @@ from starlette.responses import Response
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import ApiError, InvalidInput
 
+from . import confirm
+from .confirm import asks_first
 from .forms import Form
 from .internal import Refused, api_path
 from .list_filters import fetch_listing, filters_of
@@ -98,6 +100,7 @@ async def _set_disabled(request: Request, user: ConsoleUser, form: Form, verb: s
 
 
 @action
+@asks_first(confirm.disable_account)
 async def disable_account(request: Request, user: ConsoleUser, form: Form) -> Response:
     return await _set_disabled(request, user, form, "disable")
 
@@ -173,6 +176,7 @@ async def create_token(request: Request, user: ConsoleUser, form: Form) -> Respo
 
 
 @action
+@asks_first(confirm.revoke_token)
 async def revoke_token(request: Request, user: ConsoleUser, form: Form) -> Response:
     token_id = request.path_params.get("token_id") or form.text("id").strip()
     try:
@@ -235,6 +239,7 @@ async def adopt_key(request: Request, user: ConsoleUser, form: Form) -> Response
 
 
 @action
+@asks_first(confirm.revoke_key)
 async def revoke_key(request: Request, user: ConsoleUser, form: Form) -> Response:
     key_id = request.path_params["key_id"]
     try:

@@ -16,7 +16,6 @@ conditional requests, the bandwidth budget and the admission queue are the conte
 from __future__ import annotations
 
 import json
-import urllib.parse
 from typing import Any
 
 from starlette.requests import Request
@@ -27,6 +26,9 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import check_repository_name, parse_uuid, repository_for_read
 from arkvory.shared.errors import ApiError, InvalidInput
 
+from . import confirm
+from .confirm import asks_first
+from .downloads import artifact_lines
 from .forms import Form
 from .internal import Refused, api_path
 from .list_filters import fetch_listing, filters_of
@@ -42,6 +44,7 @@ from .session import (
     signed_in,
     sign_in_redirect,
 )
+from .views import repository_path
 
 USES_SHOWN = 100
 
@@ -51,16 +54,11 @@ def _repo(request: Request) -> str:
 
 
 def _base(repo: str) -> str:
-    return "/console/repositories/" + urllib.parse.quote(repo, safe="")
+    return repository_path(repo)
 
 
 def _abilities(user: ConsoleUser, repo: str) -> dict[str, bool]:
-    principal = user.principal
-    return {
-        "may_write": principal.may_write(repo) and not principal.read_only,
-        "may_administer": principal.may_administer(repo),
-        "may_delete": principal.is_admin,
-    }
+    return user.abilities(repo)
 
 
 # -- the list --------------------------------------------------------------------------------
@@ -150,6 +148,7 @@ async def set_visibility(request: Request, user: ConsoleUser, form: Form) -> Res
 
 
 @action
+@asks_first(confirm.delete_repository)
 async def delete_repository(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     query = {"force": "true"} if form.checked("force") else None
@@ -161,6 +160,7 @@ async def delete_repository(request: Request, user: ConsoleUser, form: Form) -> 
 
 
 @action
+@asks_first(confirm.delete_package)
 async def delete_package(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     query = {field: form.text(field) for field in ("group", "name", "version")}
@@ -172,6 +172,7 @@ async def delete_package(request: Request, user: ConsoleUser, form: Form) -> Res
 
 
 @action
+@asks_first(confirm.delete_asset)
 async def delete_asset(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     try:
@@ -218,7 +219,7 @@ async def _artifact(request: Request, user: ConsoleUser, *, error: Refused | Api
     return render(
         request, user, "artifact.html",
         {"repository": repository, "base": _base(repository["name"]), "artifact": artifact, **uses,
-         **_abilities(user, repository["name"])},
+         "lines": artifact_lines(request, repository, artifact), **_abilities(user, repository["name"])},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )
 
@@ -229,6 +230,7 @@ async def artifact_page(request: Request, user: ConsoleUser) -> Response:
 
 
 @action
+@asks_first(confirm.delete_artifact)
 async def delete_artifact(request: Request, user: ConsoleUser, form: Form) -> Response:
     repo, artifact_id = _repo(request), request.path_params["artifact_id"]
     try:

@@ -23,6 +23,7 @@ from .forms import Form
 from .internal import Refused, api_path
 from .list_filters import fetch_listing, filters_of
 from .session import ConsoleUser, action, api_for, page, refusal_status, render, see_other
+from .task_progress import pairs, progress, sentence
 
 EVENTS_SHOWN = "1000"
 ON_RESTART = ("fail", "retry", "resume")
@@ -99,9 +100,11 @@ async def _task(request: Request, user: ConsoleUser, *, error: Refused | ApiErro
         {"limit": limit, "counter": counter, "allowed": budget["limits"].get(limit), "used": budget["usage"].get(counter, 0)}
         for limit, counter in LIMITS.items()
     ]
+    lines = [{**event, "text": sentence(event)} for event in events["items"]]
     return render(
         request, user, "task.html",
-        {"task": task, "events": events, "budget_rows": rows,
+        {"task": task, "events": events, "lines": lines, "progress": await progress(request, task), "budget_rows": rows,
+         "params_words": pairs(task["params"]), "result_words": pairs(task["result"]),
          "finished": task["status"] in ("completed", "failed", "cancelled")},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )

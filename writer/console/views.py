@@ -1,6 +1,6 @@
-"""How the templates show numbers and times (Jinja2 filters), the idempotency key each change
-form carries, so that a form sent twice (a double click, a reload) is one change, and the query
-a pager's link keeps."""
+"""How the templates show numbers and times (Jinja2 filters), a repository's console path, the
+idempotency key each change form carries, so that a form sent twice (a double click, a reload)
+is one change, and the query a pager's link keeps."""
 
 from __future__ import annotations
 
@@ -75,6 +75,11 @@ def seconds(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{max(0.0, float(value)):.1f} s"
     return "—"
+
+
+def repository_path(name: str) -> str:
+    """The console page of a repository (the prefix of its tabs, artifacts and forms)."""
+    return "/console/repositories/" + urllib.parse.quote(name, safe="")
 
 
 def query_with(request: Any, **changes: str) -> str:
