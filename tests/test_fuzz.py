@@ -356,6 +356,7 @@ authorizations = st.one_of(
 browser_headers = st.fixed_dictionaries({}, optional={
     "Sec-Fetch-Site": st.sampled_from(["cross-site", "same-site", "same-origin", "none", "", "CROSS-SITE", "x"]),
     "Sec-Fetch-Mode": st.sampled_from(["navigate", "cors", "no-cors", "", "NAVIGATE"]),
+    "Sec-Fetch-Dest": st.sampled_from(["document", "iframe", "empty", "", "DOCUMENT"]),
     "Origin": st.sampled_from(["http://elsewhere.example", "null", "", "http://127.0.0.1"]),
 })
 CHALLENGES = ['Basic realm="arkvory", charset="UTF-8"', 'Bearer realm="arkvory"']
