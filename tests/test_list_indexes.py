@@ -31,7 +31,8 @@ from arkvory.writer.tasks.api import tasks_listing
 
 from .harness import db_execute
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+# One worker fills the big database once (~10 s); on three workers each would fill its own.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow, pytest.mark.xdist_group("list_indexes")]
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 BIG, SMALL = uuid.UUID(int=1), uuid.UUID(int=2)
