@@ -65,13 +65,14 @@ async def list_members(request: Request) -> Response:
     return JSONResponse(listing.page(rows, limit, member_json))
 
 
-async def _account_id(conn: asyncpg.Connection, name: str):
-    account_id = await conn.fetchval(
-        f"SELECT id FROM arkvory_accounts WHERE {FOLDED_NAME} = $1", fold(name), timeout=POOLED_QUERY_TIMEOUT_S
+async def _account(conn: asyncpg.Connection, name: str) -> asyncpg.Record:
+    """The account's id and its name as stored, found by `name` in any case."""
+    account = await conn.fetchrow(
+        f"SELECT id, name FROM arkvory_accounts WHERE {FOLDED_NAME} = $1", fold(name), timeout=POOLED_QUERY_TIMEOUT_S
     )
-    if account_id is None:
+    if account is None:
         raise NotFound(f"no account {name!r}")
-    return account_id
+    return account
 
 
 async def set_permission(request: Request) -> Response:
@@ -83,14 +84,14 @@ async def set_permission(request: Request) -> Response:
         raise InvalidInput("'level' must be 'read', 'write' or 'admin'")
 
     async def work(conn: asyncpg.Connection):
-        account_id = await _account_id(conn, name)
+        account = await _account(conn, name)
         await conn.execute(
             "INSERT INTO arkvory_repository_permissions (repository_id, account_id, level)"
             " VALUES ($1, $2, $3) ON CONFLICT (repository_id, account_id) DO UPDATE SET level = excluded.level",
-            repo.id, account_id, level,
+            repo.id, account["id"], level,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
-        return 200, {"repository": repo.name, "account": name, "level": level}
+        return 200, {"repository": repo.name, "account": account["name"], "level": level}
 
     answer = await idempotent(request, principal, {"level": level}, work)
     forget_cached(runtime_of(request).credentials)
@@ -102,7 +103,7 @@ async def delete_permission(request: Request) -> Response:
     name = check_account_name(request.path_params["account"])
 
     async def work(conn: asyncpg.Connection):
-        account_id = await _account_id(conn, name)
+        account_id = (await _account(conn, name))["id"]
         deleted = await conn.fetchval(
             "DELETE FROM arkvory_repository_permissions WHERE repository_id = $1 AND account_id = $2"
             " RETURNING level",
