@@ -11,6 +11,8 @@ from arkvory.shared.http.edge import RequestGuard, send_error
 from arkvory.shared.process.app import build_app
 from arkvory.shared.process.runtime import Runtime
 
+from .console_hint import ConsoleHint
+
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -30,4 +32,5 @@ class ReadOnlyGate:
 
 
 def build_gateway_app(runtime: Runtime) -> Starlette:
-    return build_app(runtime, middleware=[Middleware(ReadOnlyGate), Middleware(RequestGuard)])
+    # A browser that opens /console/ here is told where the console is (console_hint.py).
+    return build_app(runtime, middleware=[Middleware(ReadOnlyGate), Middleware(RequestGuard), Middleware(ConsoleHint)])

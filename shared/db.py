@@ -51,7 +51,7 @@ def migrations() -> list[tuple[int, str, str]]:
     return found
 
 
-CODE_SCHEMA_VERSION = 19  # the highest migration this code knows (tests/test_startup checks it)
+CODE_SCHEMA_VERSION = 20  # the highest migration this code knows (tests/test_startup checks it)
 
 
 # What a restart cannot cure: the server answered and refused this client. SQLSTATE class 28 (a

@@ -31,6 +31,10 @@ _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# What a base URL may hold: letters, digits, and the URL syntax a host, port and path need (an
+# IPv6 host's brackets, percent-escapes); never a quote, space, query or fragment.
+_BASE_URL_CHARACTERS = re.compile(r"[A-Za-z0-9._~:/%+\-\[\]]+")
+_URL_VARIABLES = frozenset({"ARKVORY_DATABASE_URL", "ARKVORY_PUBLIC_URL"})  # shown masked in a problem
 
 # Every ARKVORY_* name a process may meet in its environment: its own settings (read below), the
 # client's (`arkvory get/put`, which a user may have exported in the same shell) and the `weed`
@@ -159,6 +163,9 @@ class Settings:
     # with ARKVORY_DATA_DIR the host's local state (upload parts, the read cache).
     object_store: ObjectStoreSettings | None = None
     cache_max_bytes: int = 0  # the read cache of object-store blobs; 0 = off
+    # Where clients download from (the balancer's address, in `arkvory dev` the first gateway's):
+    # the writer cannot guess it, and its console shows download URLs and commands with it.
+    public_url: str | None = None
 
     def __repr__(self) -> str:
         # The DSN may carry a password: show it masked, never raw.
@@ -288,6 +295,7 @@ class Settings:
             worker_port=reader.integer("ARKVORY_WORKER_PORT", 1, 65535, 8090),
             object_store=_object_store(reader),
             cache_max_bytes=reader.integer("ARKVORY_CACHE_MAX_BYTES", 0, 2**50, 0),
+            public_url=reader.base_url("ARKVORY_PUBLIC_URL"),
         )
         storage_failed = "ARKVORY_STORAGE_URL" in reader.failed
         if values["cache_max_bytes"] and values["object_store"] is None and not storage_failed:
@@ -491,7 +499,7 @@ class _Reader:
         line = f"{name}: {expected}"
         if show_value:
             value = self.environ.get(name, "")
-            if name == "ARKVORY_DATABASE_URL":
+            if name in _URL_VARIABLES:
                 value = mask_url(value)
             line += f", got {value!r}"
         self.problems.append(line)
@@ -626,6 +634,33 @@ class _Reader:
             nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
             hint = f"; did you mean {nearest[0]}?" if nearest else ""
             self.problem(name, f"unknown variable{hint}", show_value=False)
+
+    def base_url(self, name: str) -> str | None:
+        """An http(s) address others reach this installation at, without a trailing slash: a
+        scheme, a host, an optional port and path; no user, password, query or fragment (it is
+        shown to users and prefixed to the API's paths)."""
+        value = self._raw(name)
+        if value is None:
+            return None
+        try:
+            parts = urllib.parse.urlsplit(value)
+            parts.port  # noqa: B018  (a port out of range or not a number raises here)
+        except ValueError:
+            parts = None
+        if (
+            parts is None
+            or parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or "@" in parts.netloc
+            or not _BASE_URL_CHARACTERS.fullmatch(value)
+        ):
+            self.problem(
+                name,
+                "expected the http:// or https:// address clients download from, e.g. "
+                "https://artifacts.example.com (a host, optional port and path; no user, query or fragment)",
+            )
+            return None
+        return value.rstrip("/")
 
     def existing_file(self, name: str) -> pathlib.Path | None:
         value = self._raw(name)

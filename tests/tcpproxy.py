@@ -176,11 +176,13 @@ class TcpProxy:
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool = False) -> None:
         while data := await reader.read(CHUNK):
             await self._flowing.wait()  # after the read: a chunk read before a stall waits too
-            writer.write(data)
+            # Counted before the write: the peer may read the bytes (and a test then read the
+            # count) before this thread runs the next line.
             if upstream:
                 self.sent_upstream += len(data)
             else:
                 self.sent_downstream += len(data)
+            writer.write(data)
             await writer.drain()
         if writer.can_write_eof() and not writer.is_closing():
             writer.write_eof()  # pass the half-close on, as a real network would

@@ -88,6 +88,7 @@ def test_any_spelling_signs_in_to_the_one_account_and_counts_against_its_one_lim
         assert admin.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
         granted = admin.put("/api/v1/repositories/builds/permissions/BOB", json={"level": "read"})
         assert granted.status_code == 200, granted.text
+        assert granted.json()["account"] == "bob"  # the name as stored, whatever spelling named it
         listed = admin.get("/api/v1/repositories/builds/permissions").json()["items"]
         assert [(m["account"], m["level"]) for m in listed] == [("bob", "read")]
         disabled = admin.post("/api/v1/accounts/Bob/disable")

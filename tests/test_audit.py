@@ -10,23 +10,16 @@ id or by names of its own.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import io
 import subprocess
 import sys
 import uuid
 
-import asyncpg
 import httpx
 import pytest
 
-from arkvory.shared.settings import Settings
-from arkvory.shared.storage import Storage
 from arkvory.writer.app import ROUTE_MODULES
 from arkvory.writer.audit.actions import ACTION_NAMES, ACTIONS, TOOL_ACTIONS, UNAUDITED
-from arkvory.writer.maintenance import cleanup
-from arkvory.writer.worker.offline import OfflineContext
 
 from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, ROOT, db_execute, db_fetch, eventually
 

@@ -207,6 +207,12 @@ def test_basic_a_browser_adds_to_another_sites_request_is_refused(site):
     # A link from elsewhere, followed by the user: the answer is the user's alone.
     link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
     assert httpx.get(gateway.url + site["path"], auth=auth, headers=link, timeout=10).content == BLOB
+    followed = {**link, "Sec-Fetch-Dest": "document"}
+    assert httpx.get(gateway.url + site["path"], auth=auth, headers=followed, timeout=10).content == BLOB
+    # Another site's (hidden) frame navigates too, but no user asked for it: refused.
+    for dest in ("iframe", "frame", "embed", "object"):
+        framed = httpx.get(gateway.url + site["path"], auth=auth, headers={**link, "Sec-Fetch-Dest": dest}, timeout=10)
+        assert framed.status_code == 403, dest
     # A form another site posts, from a browser too old to send Sec-Fetch-Site.
     posted = httpx.post(writer.url + "/api/v1/repositories", auth=auth, json={"name": "forged"},
                         headers={"Origin": "http://elsewhere.example"}, timeout=10)

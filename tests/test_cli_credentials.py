@@ -120,6 +120,22 @@ def test_a_wrong_password_exits_3_and_stores_nothing(stack, alice, home, tmp_pat
     assert not config_of(home).exists()
 
 
+def test_login_makes_the_profile_it_is_given(stack, alice, home, tmp_path):
+    """`login ACCOUNT --profile NAME` (or ARKVORY_PROFILE) stores its token in a new profile, on a
+    machine without a config file as beside the profiles it holds: a second account on one machine."""
+    env = cli_env(home, stack.urls, token=None)
+    assert_exit(typed(env, tmp_path, PASSWORD + "\n", "login", alice, "--profile", "first"), 0)
+    assert_exit(typed(env, tmp_path, PASSWORD + "\n", "login", alice, "--profile", "second"), 0)
+    assert_exit(typed({**env, "ARKVORY_PROFILE": "third"}, tmp_path, PASSWORD + "\n", "login", alice), 0)
+    profiles = tomllib.loads(config_of(home).read_text())["profiles"]
+    assert sorted(profiles) == ["first", "second", "third"]
+    assert len({profiles[name]["token"] for name in profiles}) == 3
+    # Every other command still refuses a profile the file does not hold (a misspelt name).
+    assert_exit(arkvory(cli_env(home, None, token=None), tmp_path, "ls", "--profile", "fourth", REPO), 2)
+    listed = arkvory(cli_env(home, None, token=None), tmp_path, "ls", "--profile", "second", REPO)
+    assert_exit(listed, 0)
+
+
 def test_login_asks_for_the_password_on_a_terminal_without_echo(stack, alice, home, tmp_path):
     env = cli_env(home, stack.urls, token=None)
     pid, terminal = pty.fork()

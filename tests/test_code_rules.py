@@ -12,6 +12,10 @@
   storage" is a call on a `storage`/`store` object other than the methods documented as local
   (LOCAL_STORAGE_CALLS), or a call of a function of ours that does (by name, transitively).
   The name-based call graph over-approximates; it does not see calls through variables.
+- A route reads its query only through `shared/http/query.py`'s `query_value` (the writer's
+  `request_inputs.query`), never `request.query_params`: a parameter a route reads but does not
+  declare is then a 500 its tests find, not a silent gap between the route and its OpenAPI
+  operation. The console (writer/console/) reads its own pages' queries, which are not the API's.
 """
 
 from __future__ import annotations
@@ -279,3 +283,33 @@ def test_the_storage_rule_sees_what_it_forbids():
     assert [line.split(": ", 1)[0] for line in found] == [
         "writer/example.py:12", "writer/example.py:6", "writer/example.py:7",
     ], found
+
+
+# -- query parameters -------------------------------------------------------------------------------
+
+QUERY_READERS = ("shared/http/query.py",)  # the one reader of `query_params`
+NOT_API = ("writer/console/",)  # its pages' queries are the console's own
+
+
+def undeclared_query_reads(path: pathlib.Path, tree: ast.Module) -> list[str]:
+    relative = str(path.relative_to(ROOT))
+    if relative in QUERY_READERS or relative.startswith(NOT_API):
+        return []
+    return [
+        f"{where(path, node)}: read the query with query_value (shared/http/query.py), which the route declares"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == "query_params"
+    ]
+
+
+def test_routes_read_only_the_query_parameters_they_declare():
+    found = [line for path in sources() for line in undeclared_query_reads(path, parsed(path))]
+    assert not found, "\n".join(found)
+
+
+def test_the_query_rule_sees_what_it_forbids():
+    tree = ast.parse("async def f(request):\n    return request.query_params.get('x')\n")
+    assert undeclared_query_reads(ROOT / "writer" / "example.py", tree) == [
+        "writer/example.py:2: read the query with query_value (shared/http/query.py), which the route declares"
+    ]
+    assert undeclared_query_reads(ROOT / "writer" / "console" / "example.py", tree) == []

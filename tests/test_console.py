@@ -9,6 +9,7 @@ import os
 import ssl
 import subprocess
 import time
+import urllib.parse
 import uuid
 
 import httpx
@@ -117,7 +118,7 @@ def test_sign_out_ends_the_session_everywhere(writer):
     with Console(writer.url) as console:
         console.signed_in("alice")
         token = console.session
-        assert console.get("/console/").status_code == 200
+        assert console.get("/console/repositories").status_code == 200
         page = console.get("/console/tokens")
         out = console.http.post("/console/sign-out", data={"csrf": csrf_of(page)})
         assert out.status_code == 303 and out.headers["location"] == "/console/sign-in?notice=signed-out"
@@ -156,6 +157,9 @@ POST_ROUTES = [
     "/console/repositories/builds/members",
     "/console/repositories/builds/members/remove",
     "/console/repositories/builds/artifacts/00000000-0000-0000-0000-000000000000/delete",
+    "/console/repositories/builds/packages",
+    "/console/repositories/builds/assets",
+    "/console/repositories/builds/asset/restore",
     "/console/tasks",
     "/console/tasks/00000000-0000-0000-0000-000000000000/cancel",
     "/console/accounts",
@@ -179,11 +183,13 @@ def test_every_form_post_without_its_csrf_token_is_403(writer, admin):
     other_session = Console(writer.url)
     make_account(writer.url, "mallory")
     other_session.signed_in("mallory")
-    foreign = csrf_of(other_session.get("/console/"))  # a real token, of another session
+    foreign = csrf_of(other_session.get("/console/repositories"))  # a real token, of another session
     for path in POST_ROUTES:
         for csrf in (None, "", "x" * 43, foreign):
             data = {"name": "made-by-forgery", "public": "true", "force": "true", "kind": "verify", "account": "root",
-                    "level": "admin", "id": str(uuid.uuid4()), "scopes": "admin", "password": "whatever12"}
+                    "level": "admin", "id": str(uuid.uuid4()), "scopes": "admin", "password": "whatever12",
+                    "confirm": "yes", "group": "g", "version": "1", "path": "p", "artifact": str(uuid.uuid4()),
+                    "history": "1"}
             if csrf is not None:
                 data["csrf"] = csrf
             answer = admin.http.post(path, data=data)
@@ -257,7 +263,17 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
         assert client.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
         artifact = upload(writer, "builds", "a.bin", b"bytes")
         task = client.post("/api/v1/tasks", json={"kind": "cleanup"}).json()
+        assert client.put("/api/v1/repositories/builds/packages",
+                          json={"group": "g", "name": "n", "version": "1", "artifactId": artifact["id"]}).status_code == 201
+        assert client.put("/api/v1/repositories/builds/assets", params={"path": "p/q"},
+                          json={"artifactId": artifact["id"]}).status_code == 200
+        assert client.put("/api/v1/repositories/builds/retention",
+                          json={"keepNewest": 5, "keepYoungerThanSeconds": None, "enabled": True}).status_code == 200
+        key = client.post("/api/v1/keys", json={"scopes": ["read:*"]}).json()
+    make_account(writer.url, "bob")
     builds = "<h1>Repository builds</h1>"
+    confirm = '<h1 id="confirm-heading">'
+    artifact_path = f"/console/repositories/builds/artifacts/{artifact['id']}"
     # Each page with its exact status and something only that page shows when it rendered (a
     # broken page that answered 404 or another page's content would fail here).
     pages = [
@@ -268,6 +284,11 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
         ("/console/repositories/builds/packages", 200, [builds, "<h2>Packages</h2>"]),
         ("/console/repositories/builds/assets", 200, [builds, "<h2>Assets</h2>"]),
         ("/console/repositories/builds/members", 200, [builds, "<h2>Members</h2>"]),
+        ("/console/repositories/builds/retention", 200, [builds, 'id="retention-state"']),
+        ("/console/audit", 200, ["<h1>Audit trail</h1>"]),
+        ("/console/accounts/bob/password", 200, ['id="reset-form"']),
+        ("/console/accounts/bob/delete", 200, ['id="delete-form"']),
+        ("/console/account/password", 200, ["<h1>Your password</h1>"]),
         (f"/console/repositories/builds/artifacts/{artifact['id']}", 200,
          ['<h1>Artifact <span class="name">a.bin</span></h1>', artifact["sha256"]]),
         ("/console/tasks", 200, ["<h1>Tasks</h1>", f'href="/console/tasks/{task["id"]}"']),
@@ -278,6 +299,23 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
         ("/console/no-such-page", 404, ["<h1>Not found</h1>", "There is no such console page."]),
         ("/console/repositories/nope", 404, ["<h1>Not found</h1>", "no repository &#39;nope&#39;"]),
         ("/console/sign-in", 303, ["/console/"]),  # signed in already: on to the console
+        # publishing (issue 25 §5), downloads through the gateways (§6), confirmations (§7)
+        ("/console/repositories/builds/package?group=g&name=n&version=1", 200,
+         ['<h1>Package version <span class="name">g/n 1</span></h1>', 'id="line-curl"', "copy.js"]),
+        ("/console/repositories/builds/asset?path=p/q", 200,
+         ['<h1>Asset <span class="name">p/q</span></h1>', 'id="asset-history"', 'id="line-arkvory"']),
+        ("/console/repositories/builds/packages/new", 200, ["<h1>Publish a package version</h1>"]),
+        ("/console/repositories/builds/assets/new", 200, ["<h1>Point an asset at an artifact</h1>"]),
+        (f"{artifact_path}/delete", 200, [confirm + "Delete artifact a.bin?</h1>"]),
+        ("/console/repositories/builds/delete", 200, [confirm + "Delete repository builds?</h1>"]),
+        ("/console/repositories/builds/packages/delete?group=g&name=n&version=1", 200, [confirm + "Delete package version g/n 1?</h1>"]),
+        ("/console/repositories/builds/assets/delete?path=p/q", 200, [confirm + "Delete asset p/q?</h1>"]),
+        ("/console/repositories/builds/members/remove?account=bob", 200, [confirm + "Remove bob from the members of builds?</h1>"]),
+        ("/console/repositories/builds/retention/disable", 200, [confirm + "Disable the retention rule of builds?</h1>"]),
+        ("/console/repositories/builds/retention/delete", 200, [confirm + "Delete the retention rule of builds?</h1>"]),
+        ("/console/accounts/bob/disable", 200, [confirm + "Disable account bob?</h1>"]),
+        (f"/console/keys/{key['id']}/revoke", 200, [confirm + f"Revoke service key {key['id']}?</h1>"]),
+        (f"/console/tokens/{uuid.UUID(int=1)}/revoke", 200, [confirm + f"Revoke token {uuid.UUID(int=1)}?</h1>"]),
     ]
     assert "'unsafe-inline'" not in CONTENT_SECURITY_POLICY and "script-src 'self'" in CONTENT_SECURITY_POLICY
     with Console(writer.url) as anonymous:
@@ -300,7 +338,13 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
             assert all(source and source.startswith("/console/static/") for source in found.sources), found.sources
             for url in found.urls:  # no secret in any link or form target
                 assert admin.session not in url and "dps_" not in url and "csrf" not in url.lower(), url
-    for static in ("console.css", "upload.js", "task-events.js", "overview.js"):
+            # No secret anywhere on a page: the session, a key, the database's address (nor its
+            # host and port, nor its name, which is unique to this test).
+            database = urllib.parse.urlsplit(writer.env["ARKVORY_DATABASE_URL"])
+            for secret in (admin.session, ADMIN_TOKEN, writer.env["ARKVORY_DATABASE_URL"], database.netloc,
+                           database.path.strip("/")):
+                assert secret not in answer.text, (path, secret)
+    for static in ("console.css", "upload.js", "task-events.js", "overview.js", "copy.js"):
         answer = admin.get(f"/console/static/{static}")
         assert answer.status_code == 200 and answer.headers["x-content-type-options"] == "nosniff"
     # A page that shows a new secret is never stored.
@@ -350,9 +394,12 @@ def test_a_user_sees_only_what_the_api_lets_it_read(writer):
         # A reader is offered no change, and the API refuses one anyway.
         team = alice.get("/console/repositories/team").text
         assert "upload-form" not in team and "/delete" not in team and "/visibility" not in team
-        assert "Tasks" not in alice.get("/console/").text  # administrators' sections are not offered
-        forced = alice.http.post("/console/repositories/team/delete", data={"csrf": csrf_of(alice.get("/console/")), "force": "true"})
-        assert forced.status_code == 403, forced.text
+        assert "Tasks" not in listing and "Overview" not in listing  # administrators' sections are not offered
+        csrf = csrf_of(alice.get("/console/repositories"))
+        for confirmed in ({}, {"confirm": "yes"}):  # refused, whether it was confirmed or not
+            forced = alice.http.post("/console/repositories/team/delete", data={"csrf": csrf, "force": "true", **confirmed})
+            assert forced.status_code == 403, forced.text
+        assert alice.get("/console/repositories/team/delete").status_code == 403
         for path in ("/console/tasks", "/console/accounts", "/console/keys"):
             refused = alice.get(path)
             assert refused.status_code == 403, path
@@ -386,19 +433,20 @@ def test_repositories_artifacts_and_refusals_as_messages(writer, admin):
 
     # The API's refusals, as the API words them.
     used = admin.submit(f"/console/repositories/builds/artifacts/{artifact['id']}",
-                        f"/console/repositories/builds/artifacts/{artifact['id']}/delete")
+                        f"/console/repositories/builds/artifacts/{artifact['id']}/delete", confirm="yes")
     assert used.status_code == 409 and "still used by a package version" in messages(used)[0]
-    holding = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete")
+    holding = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete", confirm="yes")
     assert holding.status_code == 409 and "still holds 1 artifact" in messages(holding)[0]
 
     assert admin.get("/console/repositories/builds/packages").status_code == 200
     gone = admin.submit("/console/repositories/builds/packages", "/console/repositories/builds/packages/delete",
-                        group="org", name="app", version="1.0")
+                        group="org", name="app", version="1.0", confirm="yes")
     assert gone.status_code == 303
-    gone = admin.submit("/console/repositories/builds/assets", "/console/repositories/builds/assets/delete", path="latest/app.tar")
+    gone = admin.submit("/console/repositories/builds/assets", "/console/repositories/builds/assets/delete", path="latest/app.tar",
+                        confirm="yes")
     assert gone.status_code == 303
     deleted = admin.submit(f"/console/repositories/builds/artifacts/{artifact['id']}",
-                           f"/console/repositories/builds/artifacts/{artifact['id']}/delete")
+                           f"/console/repositories/builds/artifacts/{artifact['id']}/delete", confirm="yes")
     assert deleted.status_code == 303 and "notice=artifact-deleted" in deleted.headers["location"]
 
     public = admin.submit("/console/repositories/builds", "/console/repositories/builds/visibility", public="true")
@@ -414,9 +462,9 @@ def test_repositories_artifacts_and_refusals_as_messages(writer, admin):
                           account="nobody", level="read")
     assert nobody.status_code == 404 and messages(nobody) == ["no account 'nobody'"]
     removed = admin.submit("/console/repositories/builds/members", "/console/repositories/builds/members/remove",
-                           account="bob")
+                           account="bob", confirm="yes")
     assert removed.status_code == 303
-    dropped = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete", force="true")
+    dropped = admin.submit("/console/repositories/builds", "/console/repositories/builds/delete", force="true", confirm="yes")
     assert dropped.status_code == 303 and dropped.headers["location"] == "/console/repositories?notice=repository-deleted"
 
 
@@ -539,7 +587,7 @@ def test_accounts_tokens_and_keys(writer, admin):
     assert created.status_code == 303
     short = admin.submit("/console/accounts", "/console/accounts", name="dave", password="short")
     assert short.status_code == 400 and 'value="short"' not in short.text  # a password is never sent back
-    disabled = admin.submit("/console/accounts", "/console/accounts/carol/disable")
+    disabled = admin.submit("/console/accounts", "/console/accounts/carol/disable", confirm="yes")
     assert disabled.status_code == 303
     with Console(writer.url) as carol:
         assert carol.sign_in("carol", "carol's password").status_code == 401
@@ -557,9 +605,9 @@ def test_accounts_tokens_and_keys(writer, admin):
     # An administrator sees every account's tokens, and revokes anyone's.
     every = admin.get("/console/accounts")
     assert f'data-token="{token_id}"' in every.text and "carol" in every.text and secret not in every.text
-    revoked = admin.submit("/console/accounts", f"/console/tokens/{token_id}/revoke", back="accounts")
+    revoked = admin.submit("/console/accounts", f"/console/tokens/{token_id}/revoke", back="accounts", confirm="yes")
     assert revoked.status_code == 303 and revoked.headers["location"] == "/console/accounts?notice=token-revoked"
-    again = admin.submit("/console/tokens", "/console/tokens/revoke", id=token_id)
+    again = admin.submit("/console/tokens", "/console/tokens/revoke", id=token_id, confirm="yes")
     assert again.status_code == 404 and messages(again) == [f"no token {token_id}"]
     with api(writer, secret) as client:
         assert client.get("/api/v1/tokens").status_code == 401
@@ -570,7 +618,7 @@ def test_accounts_tokens_and_keys(writer, admin):
         assert client.get("/api/v1/repositories").status_code == 200
     listing = admin.get("/console/keys").text
     key_id = listing.split('data-key="', 1)[1].split('"', 1)[0]
-    assert admin.submit("/console/keys", f"/console/keys/{key_id}/revoke").status_code == 303
+    assert admin.submit("/console/keys", f"/console/keys/{key_id}/revoke", confirm="yes").status_code == 303
     with api(writer, key_secret) as client:
         assert client.get("/api/v1/repositories").status_code == 401
     bad = admin.submit("/console/keys", "/console/keys", scopes="root:everything")
@@ -676,6 +724,20 @@ def test_a_gateway_has_no_console(cluster):
         answer = httpx.get(gateway.url + path, timeout=10)
         assert answer.status_code == 404 and answer.json()["code"] == "not_found", path
         assert "text/html" not in answer.headers["content-type"]
+    # A browser asks for HTML by name: a page it can read says the console is on the writer
+    # (404 all the same: nothing is served here), and sends it nowhere it cannot know.
+    browser = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+    for path in ("/console/", "/console", "/console/sign-in", "/console/repositories/x?y=<z>", "/"):
+        page = httpx.get(gateway.url + path, headers=browser, timeout=10)
+        assert page.status_code == 404 and page.headers["content-type"] == "text/html; charset=utf-8", path
+        assert "<h1>The console is on the writer</h1>" in page.text and "location" not in page.headers
+        assert page.headers["content-security-policy"].startswith("default-src 'none'")
+        found = scripts_of(page.text)
+        assert found.sources == [] and found.inline == [] and found.urls == [] and "<z>" not in page.text
+        assert page.headers["x-request-id"]
+        head = httpx.head(gateway.url + path, headers=browser, timeout=10)
+        assert head.status_code == 404 and head.content == b""
+    assert httpx.get(gateway.url + "/", timeout=10).json()["code"] == "not_found"  # a program: JSON
     posted = httpx.post(gateway.url + "/console/sign-in", data={"name": "root", "password": PASSWORD}, timeout=10)
     assert posted.status_code == 405 and posted.json()["code"] == "read_only"
 
@@ -684,16 +746,18 @@ def test_a_gateway_has_no_console(cluster):
 
 _FIELDS = ["csrf", "key", "name", "public", "force", "account", "level", "group", "version", "path", "kind",
            "param_grace_seconds", "param_bytes_per_second", "budget_max_items", "budget_max_bytes", "on_restart",
-           "max_attempts", "password", "admin", "label", "access", "expires_days", "scopes", "id", "next",
-           "lifetime", "current_password", "new_password", "new_password_again", "password_again"]
+           "max_attempts", "password", "admin", "label", "access", "expires_days", "scopes", "id", "next", "confirm",
+           "artifact", "history", "lifetime", "current_password", "new_password", "new_password_again", "password_again"]
 _TEXT = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=80) | st.sampled_from(
-    ["", "0", "-1", "99999999999999999999999", "1e9", "true", "../..", "/", "%00", "\x00", "<script>", "verify",
+    ["", "0", "-1", "99999999999999999999999", "1e9", "true", "yes", "../..", "/", "%00", "\x00", "<script>", "verify",
      "cleanup", "read", "admin", "read:*", "\u202e", "a" * 5000, "00000000-0000-0000-0000-000000000000"])
 _TARGETS = [
     "/console/repositories", "/console/repositories/{x}/visibility", "/console/repositories/{x}/delete",
     "/console/repositories/{x}/members", "/console/repositories/{x}/members/remove",
     "/console/repositories/{x}/packages/delete", "/console/repositories/{x}/assets/delete",
     "/console/repositories/{x}/artifacts/{x}/delete", "/console/tasks", "/console/tasks/{x}/cancel",
+    "/console/repositories/{x}/packages", "/console/repositories/{x}/assets", "/console/repositories/{x}/asset/restore",
+    "/console/accounts/{x}/disable",
     "/console/accounts/{x}/enable", "/console/tokens", "/console/tokens/revoke", "/console/tokens/{x}/revoke",
     "/console/keys", "/console/keys/{x}/revoke", "/console/keys/{x}/adopt", "/console/sign-in",
     "/console/accounts/{x}/password", "/console/accounts/{x}/delete", "/console/account/password",
@@ -703,7 +767,14 @@ _PAGES = ["/console/repositories/{x}", "/console/repositories/{x}/packages", "/c
           "/console/repositories/{x}/artifacts/{x}", "/console/accounts/{x}/password", "/console/accounts/{x}/delete",
           "/console/account/password",
           "/console/repositories/{x}/artifacts/{x}/download", "/console/tasks/{x}", "/console/repositories",
-          "/console/tasks", "/console/sign-in"]
+          "/console/tasks", "/console/sign-in", "/console/accounts", "/console/tokens", "/console/keys",
+          "/console/repositories/{x}/package", "/console/repositories/{x}/asset",
+          "/console/repositories/{x}/packages/new", "/console/repositories/{x}/assets/new",
+          "/console/repositories/{x}/delete", "/console/repositories/{x}/packages/delete",
+          "/console/repositories/{x}/assets/delete", "/console/repositories/{x}/members/remove",
+          "/console/repositories/{x}/retention/disable", "/console/repositories/{x}/retention/delete",
+          "/console/repositories/{x}/artifacts/{x}/delete", "/console/accounts/{x}/disable", "/console/tokens/{x}/revoke",
+          "/console/tokens/revoke", "/console/keys/{x}/revoke", "/"]
 _SEGMENT = st.text(alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="/?#"), min_size=1, max_size=40) | st.sampled_from(
     ["builds", "..", ".", "%2F", "00000000-0000-0000-0000-000000000000", "a" * 300, "<x>"])
 
@@ -732,7 +803,9 @@ def test_hostile_form_input_is_never_a_500(fuzz_console, target, segment, fields
 @given(
     page=st.sampled_from(_PAGES),
     segment=_SEGMENT,
-    query=st.dictionaries(st.sampled_from(["cursor", "kind", "status", "next", "notice", "x"]), _TEXT, max_size=3),
+    query=st.dictionaries(st.sampled_from(["cursor", "kind", "status", "next", "notice", "x", "prefix", "sha256", "order",
+                                           "group", "name", "version", "path", "artifact", "account", "id", "force"]),
+                          _TEXT, max_size=4),
     body=st.binary(max_size=300),
 )
 def test_hostile_pages_and_raw_bodies_are_never_a_500(fuzz_console, page, segment, query, body):

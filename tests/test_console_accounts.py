@@ -54,7 +54,7 @@ def test_your_own_password_from_the_console(writer):
         other.signed_in("alice")
         with Console(writer.url) as console:
             console.signed_in("alice")
-            assert 'href="/console/account/password"' in console.get("/console/").text
+            assert 'href="/console/account/password"' in console.get("/console/repositories").text
             page = console.get("/console/account/password")
             assert page.status_code == 200 and "<h1>Your password</h1>" in page.text
             differ = console.submit("/console/account/password", "/console/account/password", current_password=PASSWORD,
@@ -68,6 +68,10 @@ def test_your_own_password_from_the_console(writer):
             changed = console.submit("/console/account/password", "/console/account/password",
                                      current_password=PASSWORD, new_password=OWN, new_password_again=OWN)
             assert changed.status_code == 303 and changed.headers["location"] == "/console/?notice=password-changed"
+            # An account lands on its repositories, with the notice (the overview is the operator's).
+            landed = console.get(changed.headers["location"])
+            assert landed.headers["location"] == "/console/repositories?notice=password-changed"
+            assert messages(console.get(landed.headers["location"]))[0].startswith("Your password was changed")
             assert console.get("/console/tokens").status_code == 200  # this session goes on
         assert other.get("/console/tokens").status_code == 303  # the other one ended
     assert login_status(writer, "alice", PASSWORD) == 401 and login_status(writer, "alice", OWN) == 200
@@ -113,7 +117,7 @@ def test_after_a_reset_the_console_shows_only_the_password_page(writer):
                                new_password=OWN, new_password_again=OWN)
         assert changed.status_code == 303 and changed.headers["location"] == "/console/?notice=password-changed"
         assert alice.get("/console/tokens").status_code == 200
-        assert 'aria-label="Console sections"' in alice.get("/console/").text
+        assert 'aria-label="Console sections"' in alice.get("/console/repositories").text
 
 
 def test_deleting_an_account_from_the_console_says_first_what_goes(writer):
@@ -129,11 +133,17 @@ def test_deleting_an_account_from_the_console_says_first_what_goes(writer):
         assert re.search(r'data-holds="sessions">1 session\(s\) and 0 personal token\(s\)', page.text)
         assert re.search(r'data-holds="repositories">its permissions on 1 repositories go', page.text)
         assert root.get("/console/accounts/nobody/delete").status_code == 404
-        deleted = root.submit("/console/accounts/alice/delete", "/console/accounts/alice/delete")
+        # The page is the confirmation (confirm.py's rule): a form sent without its `confirm`
+        # (an old page, a script) gets the page again, and deletes nobody.
+        assert '<input type="hidden" name="confirm" value="yes">' in page.text
+        asked = root.submit("/console/accounts/alice/delete", "/console/accounts/alice/delete")
+        assert asked.status_code == 200 and 'id="delete-form"' in asked.text and "Delete the account" in asked.text
+        assert alice.get("/console/repositories").status_code == 200  # still there, still signed in
+        deleted = root.submit("/console/accounts/alice/delete", "/console/accounts/alice/delete", confirm="yes")
         assert deleted.status_code == 303 and deleted.headers["location"] == "/console/accounts?notice=account-deleted"
-        assert alice.get("/console/").status_code == 303  # her session ended
+        assert alice.get("/console/").headers["location"] == "/console/sign-in"  # her session ended
         assert 'data-account="alice"' not in root.get("/console/accounts").text
-        own = root.submit("/console/accounts/root/delete", "/console/accounts/root/delete")
+        own = root.submit("/console/accounts/root/delete", "/console/accounts/root/delete", confirm="yes")
         assert own.status_code == 403 and messages(own) == ["an account cannot delete itself: ask another administrator"]
     with api(writer) as client:
         assert client.get("/api/v1/accounts/alice").status_code == 404
@@ -162,8 +172,12 @@ def test_a_repositorys_members_on_its_page(writer):
         changed = bob.submit("/console/repositories/builds/members", "/console/repositories/builds/members",
                              account="carol", level="write")
         assert changed.status_code == 303
+        asked = bob.submit("/console/repositories/builds/members", "/console/repositories/builds/members/remove",
+                           account="dave")  # asks first (confirm.py), removes nothing
+        assert asked.status_code == 200 and "Remove dave from the members of builds?" in asked.text
+        assert 'href="/console/repositories/builds/members/remove?account=dave"' in page.text  # its row's link
         removed = bob.submit("/console/repositories/builds/members", "/console/repositories/builds/members/remove",
-                             account="dave")
+                             account="dave", confirm="yes")
         assert removed.headers["location"] == "/console/repositories/builds/members?notice=member-removed"
         refused = bob.submit("/console/repositories/builds/members", "/console/repositories/builds/members",
                              account="carol", level="owner")

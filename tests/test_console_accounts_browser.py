@@ -2,7 +2,7 @@
 gets in tests/test_console_browser.py (every control reached with TAB, no Content-Security-Policy
 violation, no injected script): an administrator resets a password and deletes an account, the
 account whose password was reset sees only its password page until it sets its own, a
-repository's members are changed and removed (the removal behind a second click), and a token
+repository's members are changed and removed (the removal after its confirmation page), and a token
 is made for a number of days with the password given again, the page saying how long it lives."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_the_account_pages_in_a_real_browser(cluster, browser, tmp_path):  # noq
     walk = Walk(browser, writer.url, shots)
     sign_in(walk, "root", PASSWORD)
 
-    # -- members: the tab, a level changed in its row, a removal behind a second click ------------------
+    # -- members: the tab, a level changed in its row, a removal after its confirmation page ------------
     walk.open("/console/repositories/builds")
     walk.find('a[href="/console/repositories/builds/members"]').click()
     walk.wait(lambda d: d.find_elements(By.ID, "members"), "on the members tab")
@@ -64,12 +64,11 @@ def test_the_account_pages_in_a_real_browser(cluster, browser, tmp_path):  # noq
     walk.find(f"{bob} form button").click()
     walk.wait(lambda d: "notice=member-set" in d.current_url, "the level set")
     assert walk.find(f"{bob} select option:checked").text == "write"
-    remove = walk.find(f'{bob} details button.danger')
-    assert not remove.is_displayed()  # behind the first click
-    walk.find(f"{bob} details summary").click()
-    assert remove.is_displayed() and remove.text == "Remove bob from builds"
-    walk.page_checks("members-remove-open")
-    remove.click()
+    walk.find(f'{bob} a[aria-label="Remove bob from builds"]').click()  # its confirmation page (confirm.py)
+    walk.wait(lambda d: d.find_elements(By.ID, "confirm-form"), "the confirmation page")
+    assert walk.text("#confirm-heading") == "Remove bob from the members of builds?"
+    walk.page_checks("members-remove-confirm")
+    walk.find("#confirm-form button.danger").click()
     walk.wait(lambda d: "notice=member-removed" in d.current_url, "bob removed")
     assert [r.get_attribute("data-member") for r in browser.find_elements(By.CSS_SELECTOR, "#members tbody tr")] == ["alice"]
 

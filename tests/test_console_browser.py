@@ -19,6 +19,7 @@ import hashlib
 import http.server
 import os
 import pathlib
+import re
 import shutil
 import threading
 
@@ -26,7 +27,7 @@ import httpx
 import pytest
 
 from .console_client import PASSWORD, make_account
-from .harness import ADMIN_TOKEN, db_fetch
+from .harness import ADMIN_TOKEN, db_fetch, free_port
 from .worker_harness import start_worker
 
 pytestmark = pytest.mark.timeout(420)
@@ -113,6 +114,14 @@ class Walk:
         assert self.driver.save_screenshot(str(path)), path
         assert path.stat().st_size > 1000
         self.taken.append(path)
+
+    def keep_screenshots(self, prefix: str = "") -> None:
+        """Copy the screenshots to $CONSOLE_SCREENSHOTS_DIR when that is set."""
+        keep = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
+        if keep:
+            pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+            for path in self.taken:
+                shutil.copy2(path, pathlib.Path(keep) / (prefix + path.name))
 
     def no_policy_violation(self, name: str) -> None:
         problems = [entry["message"] for entry in self.driver.get_log("browser")
@@ -272,11 +281,21 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
     # -- dispatch a verify and watch its events arrive ---------------------------------------------
     walk.open("/console/tasks")
     walk.page_checks("tasks")
+    assert not walk.find("#budget-max_items").is_displayed()  # behind "Advanced" (a <details>)
+    walk.find("#dispatch-advanced summary").click()
+    assert walk.find("#budget-max_items").is_displayed()
+    walk.page_checks("tasks-advanced-open")
     walk.find("#dispatch-kind").send_keys("verify")
     walk.find("#param-rate").send_keys(str(1024 * 1024))  # ~6 s for the 6 MiB: long enough to watch
     walk.find("#dispatch-form button[type=submit]").click()
     walk.wait(lambda d: d.find_elements(By.ID, "events"), "on the task page")
     browser.execute_script("window.__samePage = true")
+    # What the progress bar's words said while the task ran (they change in place).
+    browser.execute_script("""
+        window.__progressSaid = [];
+        var said = document.getElementById('task-progress-text');
+        new MutationObserver(function () { window.__progressSaid.push(said.textContent); })
+          .observe(said, {childList: true, characterData: true, subtree: true});""")
     shown_at_load = len(browser.find_elements(By.CSS_SELECTOR, "#events tbody tr"))
     walk.wait(lambda d: "task.completed" in walk.text("#events"), "task.completed on the page", timeout=90)
     assert browser.execute_script("return window.__samePage") is True  # never reloaded
@@ -290,7 +309,22 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
     walk.wait(lambda d: walk.text("#task-status") == "completed", "the status read again")
     assert int(walk.find('[data-usage="bytes"]').text) >= len(data)  # budget use, read again live
     assert not walk.find("#cancel-form").is_displayed()
+    # The bar: full once completed, and it counted blobs on the way, live.
+    walk.wait(lambda d: walk.text("#task-progress-text") == "Completed.", "the bar completed")
+    assert browser.execute_script("var b = document.getElementById('task-progress'); return b.value === b.max && b.max > 0")
+    said = browser.execute_script("return window.__progressSaid")
+    assert any(re.fullmatch(r"\d+ of \d+ blobs checked \(\d+ %\)", text) for text in said), said
+    # Each event a sentence, the same live as the server writes them on a reload.
+    live_sentences = [row.find_elements(By.TAG_NAME, "td")[2].text for row in events]
+    assert all(text and not text.startswith("{") for text in live_sentences), live_sentences
+    live_result = walk.text("#task-result")
+    assert live_result.startswith("bytes ") and "checked 2" in live_result, live_result  # name value pairs
     walk.page_checks("task")
+    browser.refresh()
+    walk.wait(lambda d: d.find_elements(By.ID, "events"), "the task page again")
+    reloaded = [row.find_elements(By.TAG_NAME, "td")[2].text
+                for row in browser.find_elements(By.CSS_SELECTOR, "#events tbody tr")]
+    assert reloaded == live_sentences and walk.text("#task-result") == live_result
 
     # -- a token: created (shown once), used, revoked ----------------------------------------------
     walk.open("/console/tokens")
@@ -308,6 +342,13 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
     walk.open("/console/tokens")
     assert not browser.find_elements(By.ID, "new-secret")  # shown once
     walk.find("#tokens tbody tr button.danger").click()
+    # Asked first: the confirmation page, with the same form; nothing revoked yet.
+    walk.wait(lambda d: d.find_elements(By.ID, "confirm-form"), "the revoke's confirmation page")
+    assert walk.text("#confirm-heading").startswith("Revoke root's token ")
+    with httpx.Client(base_url=writer.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as api:
+        assert api.get("/api/v1/tokens").status_code == 200
+    walk.page_checks("token-revoke-confirmation")
+    walk.find("#confirm-form button.danger").click()
     walk.wait(lambda d: "notice=token-revoked" in d.current_url, "the token revoked")
     assert walk.messages() == ["The token was revoked."]
     assert not browser.find_elements(By.CSS_SELECTOR, "#tokens")
@@ -330,11 +371,7 @@ def test_the_console_in_a_real_browser(cluster, browser, tmp_path):
     walk.wait(lambda d: "/console/sign-in" in d.current_url, "the console closed again")
 
     assert len(walk.taken) >= 15 and all(path.is_file() for path in walk.taken)
-    keep = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
-    if keep:
-        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
-        for path in walk.taken:
-            shutil.copy2(path, pathlib.Path(keep) / path.name)
+    walk.keep_screenshots()
 
 
 # The login CSRF of issue 22 §2, as it was reproduced: another site's page posts the attacker's
@@ -387,6 +424,136 @@ def test_another_sites_page_cannot_sign_the_browser_in(cluster, browser, tmp_pat
     walk.wait(lambda d: "/console/sign-in" in d.current_url, "the console asks who signs in")
 
 
+# -- issue 25 §5-7: publishing, download lines, confirmations, an account's view ---------------------
+
+
+def _sign_in(walk: Walk, name: str) -> None:
+    walk.open("/console/sign-in")
+    walk.find("#sign-in-name").send_keys(name)
+    walk.find("#sign-in-password").send_keys(PASSWORD + Keys.ENTER)
+    walk.wait(lambda d: "/console/sign-in" not in d.current_url, f"{name} signed in")
+
+
+@pytest.mark.soak
+def test_publishing_download_lines_and_confirmations_in_a_real_browser(cluster, browser, tmp_path):
+    gateway_port = free_port()
+    shared = cluster.shared_env(slots=2)
+    public = f"http://127.0.0.1:{gateway_port}"
+    writer = cluster.writer(shared, ARKVORY_PUBLIC_URL=public).wait_ready()
+    gateway = cluster.gateway(1, shared, ARKVORY_PORT=str(gateway_port)).wait_ready()
+    make_account(writer.url, "root", admin=True)
+    make_account(writer.url, "alice")
+    with httpx.Client(base_url=writer.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30) as api:
+        assert api.post("/api/v1/repositories", json={"name": "builds"}).status_code == 201
+        first = api.post("/api/v1/repositories/builds/artifacts", params={"name": "app.tar"}, content=b"first build").json()
+        second = api.post("/api/v1/repositories/builds/artifacts", params={"name": "app2.tar"}, content=b"second").json()
+        assert api.put("/api/v1/repositories/builds/permissions/alice", json={"level": "write"}).status_code == 200
+    walk = Walk(browser, writer.url, tmp_path)
+    browser.execute_cdp_cmd("Browser.grantPermissions", {
+        "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"], "origin": writer.url})
+    _sign_in(walk, "root")
+
+    # -- the artifact's download lines: through the gateway, no key, copied with one click --------
+    artifact_path = f"/console/repositories/builds/artifacts/{first['id']}"
+    walk.open(artifact_path)
+    url = f"{public}/api/v1/repositories/builds/artifacts/{first['id']}/content"
+    assert walk.text("#line-url") == url
+    assert walk.text("#line-curl") == f'curl -fL -o app.tar -H "Authorization: Bearer $ARKVORY_TOKEN" {url}'
+    assert walk.text("#line-arkvory") == f"arkvory get --url {public} builds {first['id']}"
+    copy = walk.find('button.copy[data-copy="line-curl"]')
+    assert copy.is_displayed()  # the script showed it
+    copy.click()
+    walk.wait(lambda d: walk.text("#copy-status") == "Copied: curl.", "the copy said")
+    pasted = browser.execute_async_script(
+        "var done = arguments[0]; navigator.clipboard.readText().then(done, function (e) { done('failed: ' + e); });")
+    assert pasted == walk.text("#line-curl")
+    with httpx.Client(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30) as client:
+        assert client.get(url).content == b"first build"  # the URL, as shown, is the gateway's
+    assert gateway.port == gateway_port
+    walk.page_checks("artifact-download-lines")
+
+    # -- publish it as a package version, from its page ------------------------------------------------
+    walk.find('#publish-links a[href*="/packages/new"]').click()
+    walk.wait(lambda d: d.find_elements(By.ID, "publish-form"), "the publishing form")
+    assert walk.find("#publish-artifact").get_attribute("value") == first["id"]
+    walk.page_checks("publish-package")
+    walk.find("#publish-group").send_keys("org.example")
+    walk.find("#publish-name").send_keys("app")
+    walk.find("#publish-version").send_keys("1.0" + Keys.ENTER)
+    walk.wait(lambda d: "notice=package-published" in d.current_url, "the package page")
+    assert walk.messages() == ["The package version is published."]
+    assert walk.text("#line-arkvory") == f"arkvory get --url {public} builds --package=org.example/app@1.0"
+    walk.page_checks("package")
+
+    # -- point an asset at it, re-point it, point it back ---------------------------------------------
+    walk.open(artifact_path)
+    walk.find('#publish-links a[href*="/assets/new"]').click()
+    walk.wait(lambda d: d.find_elements(By.ID, "point-form"), "the asset form")
+    walk.page_checks("point-asset")
+    walk.find("#point-path").send_keys("latest/app.tar" + Keys.ENTER)
+    walk.wait(lambda d: "notice=asset-pointed" in d.current_url, "the asset page")
+    walk.find("#repoint-artifact").send_keys(second["id"] + Keys.ENTER)
+    walk.wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#asset-history tbody tr")) == 2, "two pointings")
+    assert "app2.tar" in walk.text("#asset-artifact")
+    walk.find("#asset-history tbody tr:nth-child(2) button").click()
+    walk.wait(lambda d: "notice=asset-restored" in d.current_url, "pointed back")
+    assert walk.messages() == ["The asset points back at that artifact now."]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#asset-history tbody tr")) == 3
+    assert walk.text("#asset-artifact") == "app.tar"
+    walk.page_checks("asset")
+
+    # -- a delete asks first: cancel keeps it; confirmed, it goes -------------------------------------
+    walk.find("#delete-link").click()
+    walk.wait(lambda d: d.find_elements(By.ID, "confirm-form"), "the confirmation page")
+    assert walk.text("#confirm-heading") == "Delete asset latest/app.tar?"
+    walk.page_checks("confirm-delete-asset")
+    walk.find("#confirm-cancel").click()
+    walk.wait(lambda d: d.current_url.endswith("/console/repositories/builds/assets"), "back on the assets")
+    assert "latest/app.tar" in walk.text("main")
+    walk.find('a[aria-label="Delete asset latest/app.tar"]').click()
+    walk.wait(lambda d: d.find_elements(By.ID, "confirm-form"), "the confirmation page again")
+    walk.find("#confirm-form button.danger").click()
+    walk.wait(lambda d: "notice=asset-deleted" in d.current_url, "the asset deleted")
+    # The artifact a package version uses: asked first, then the API's refusal on its page.
+    walk.open(artifact_path)
+    walk.find("#delete-link").click()
+    walk.wait(lambda d: d.find_elements(By.ID, "confirm-form"), "the artifact's confirmation page")
+    walk.find("#confirm-form button.danger").click()
+    walk.wait(lambda d: walk.messages(), "the refusal")
+    assert "still used by a package version" in walk.messages()[0]
+    browser.get_log("browser")  # the refusal's 409 is logged as a failed load: expected here
+
+    # -- without JavaScript: the lines are text, the confirmation the same page --------------------
+    browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": True})
+    walk.open(f"/console/repositories/builds/artifacts/{second['id']}")
+    assert walk.text("#line-url").startswith(public) and not walk.find('button.copy[data-copy="line-url"]').is_displayed()
+    walk.find("#delete-link").click()
+    walk.wait(lambda d: d.find_elements(By.ID, "confirm-form"), "the confirmation page without scripts")
+    walk.find("#confirm-form button.danger").click()
+    walk.wait(lambda d: "notice=artifact-deleted" in d.current_url, "deleted without scripts")
+    browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": False})
+
+    # -- an account that is not an administrator lands on Repositories, and sees no process --------
+    walk.find(".sign-out button").click()
+    walk.wait(lambda d: "notice=signed-out" in d.current_url, "signed out")
+    _sign_in(walk, "alice")
+    walk.wait(lambda d: d.current_url.endswith("/console/repositories"), "alice on the repositories")
+    # The download base is the gateway's address here (as in `arkvory dev`): it is public. What
+    # is not: the writer's own address, and every process's PID.
+    leases = db_fetch(cluster.database_url, "SELECT pid, url FROM arkvory_gateway_leases")
+    assert len(leases) == 2
+    for path in ("/console/repositories", "/console/repositories/builds",
+                 "/console/repositories/builds/package?group=org.example&name=app&version=1.0", artifact_path):
+        walk.open(path)
+        source = browser.page_source
+        assert writer.url not in source, path
+        for lease in leases:
+            assert f">{lease['pid']}<" not in source and f"pid {lease['pid']}" not in source, path
+        assert "Overview" not in walk.text("header"), path
+    walk.page_checks("account-artifact")
+    walk.keep_screenshots("publishing-")
+
+
 @pytest.mark.soak
 def test_the_audit_page_in_a_real_browser(cluster, browser, tmp_path):
     """The audit page (writer/console/audit.py): the filters as a GET form sent from the
@@ -421,8 +588,4 @@ def test_the_audit_page_in_a_real_browser(cluster, browser, tmp_path):
     assert [r.find_element(By.CSS_SELECTOR, "td:nth-child(7)").text for r in rows] == ["audited-1", "audited-0"]
     assert walk.find("#audit-principal").get_attribute("value") == "key:admin"  # the form keeps the filters
     walk.page_checks("audit-older")
-    keep = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
-    if keep:
-        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
-        for path in walk.taken:
-            shutil.copy2(path, pathlib.Path(keep) / f"audit-{path.name}")
+    walk.keep_screenshots("audit-")

@@ -17,7 +17,7 @@ import pytest
 from arkvory.shared.client import Client
 
 from .console_client import Console, messages
-from .harness import ADMIN_TOKEN, db_fetch
+from .harness import ADMIN_TOKEN, db_execute, db_fetch
 from .test_accounts import PASSWORD, login, make_account, session_of
 from .test_cli import arkvory, assert_exit, cli_env
 
@@ -230,9 +230,18 @@ def test_the_console_shows_the_limit_and_pages_tokens(writer, alice):
         assert page.text.count("data-token=") == TOKENS and 'rel="next"' not in page.text
 
 
-def test_the_console_pages_accounts_and_keys(writer):
-    for _ in range(51):
-        make_account(writer, f"many-{uuid.uuid4().hex[:8]}")
+def test_the_console_pages_accounts_and_keys(writer, module_cluster):
+    # 51 accounts: one made through the API, 50 copies of it in SQL (each API create hashes a
+    # password with scrypt at N = 2**17, ~0.4 s of CPU; the pages are what this test is about).
+    first = f"many-{uuid.uuid4().hex[:8]}"
+    make_account(writer, first)
+    db_execute(
+        module_cluster.database_url,
+        "INSERT INTO arkvory_accounts (id, name, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p)"
+        " SELECT gen_random_uuid(), name || '-' || g, password_hash, password_salt, scrypt_n, scrypt_r, scrypt_p"
+        " FROM arkvory_accounts, generate_series(1, 50) AS g WHERE name = $1",
+        first,
+    )
     with writer.client(ADMIN_TOKEN) as admin:
         for _ in range(51):
             assert admin.post("/api/v1/keys", json={"scopes": ["read:*"]}).status_code == 201

@@ -25,6 +25,7 @@ import pytest
 
 from arkvory.shared.cli import localpg
 
+from .console_client import PASSWORD, Console
 from .harness import ROOT, free_port_run
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -125,6 +126,22 @@ def test_it_serves_through_the_writer_and_the_gateway(running):
         got = client.get(f"{gateway}/api/v1/repositories/demo/artifacts/{uploaded['id']}/content")
         assert got.status_code == 200 and got.content == b"hello"
         assert client.get(f"{gateway}/health/ready").json()["role"] == "reader"
+
+
+def test_the_consoles_download_lines_name_the_gateway(running):
+    """No balancer under `arkvory dev`: the writer's ARKVORY_PUBLIC_URL is its first gateway."""
+    writer, gateway = f"http://127.0.0.1:{running.port}", f"http://127.0.0.1:{running.port + 1}"
+    with httpx.Client(base_url=writer, headers={"Authorization": f"Bearer {running.token}"}, timeout=10) as client:
+        assert client.post("/api/v1/repositories", json={"name": "lines"}).status_code == 201
+        artifact = client.post("/api/v1/repositories/lines/artifacts", params={"name": "a.txt"}, content=b"a").json()
+        made = client.post("/api/v1/accounts", json={"name": "dev-lines", "password": PASSWORD, "admin": True})
+        assert made.status_code == 201, made.text
+    with Console(writer) as console:
+        console.signed_in("dev-lines")
+        page = console.get(f"/console/repositories/lines/artifacts/{artifact['id']}")
+    url = f"{gateway}/api/v1/repositories/lines/artifacts/{artifact['id']}/content"
+    assert f'<code id="line-url">{url}</code>' in page.text, page.text
+    assert f"arkvory get --url {gateway} lines {artifact['id']}" in page.text
 
 
 def test_a_second_dev_on_the_same_directory_is_refused_before_it_starts_anything(running):

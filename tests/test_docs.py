@@ -107,6 +107,7 @@ DEFAULT_OF = {
     "ARKVORY_ACCESS_LOG": lambda: 0 if settings().access_log == "off" else settings().access_log,  # `off` reads as 0
     "ARKVORY_DRAIN_TIMEOUT_SECONDS": lambda: settings().drain_timeout_s,
     "ARKVORY_PUBLIC_METRICS": lambda: settings().public_metrics,
+    "ARKVORY_PUBLIC_URL": lambda: settings().public_url,
     "ARKVORY_STORAGE_URL": lambda: settings().storage_url,
     "ARKVORY_S3_ENDPOINT_URL": lambda: settings(**S3).object_store.endpoint_url,
     "ARKVORY_S3_REGION": lambda: settings(**S3).object_store.region,

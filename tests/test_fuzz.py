@@ -10,6 +10,8 @@ family (a few seconds each on a quiet machine). The processes start once for the
 from __future__ import annotations
 
 import base64
+import functools
+import json
 import urllib.parse
 import uuid
 
@@ -18,7 +20,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from arkvory.writer.request_inputs import declared_query_parameters
+
 from .harness import ADMIN_TOKEN, OTHER_TOKEN, READER_TOKEN, Cluster
+from .test_openapi import built_app
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -108,7 +113,10 @@ bodies = st.one_of(
     st.sampled_from([1, 32, 33, 2_000, 200_000]).map(lambda n: b"[" * n + b"]" * n),
 )
 queries = st.dictionaries(
-    st.sampled_from(["path", "group", "name", "version", "mediaType", "after", "x"]) | texts, texts, max_size=4
+    st.sampled_from(["path", "group", "name", "version", "mediaType", "after", "order", "prefix", "sha256", "limit",
+                     "x"]) | texts,
+    texts,
+    max_size=4,
 )
 
 
@@ -201,6 +209,65 @@ cursors = st.one_of(
 page_queries = st.fixed_dictionaries({}, optional={"limit": st.one_of(texts, st.integers().map(str)), "cursor": cursors})
 
 
+# Every list with its order and filters (issue 25): the orders each list has and others, prefixes
+# at the edges of the code points (U+10FFFF has no successor; U+D7FF's is past the surrogates),
+# `%` and `_`, digests of every shape, cursors of each list's key shapes.
+LISTS = {  # a list of the fuzz site -> its route
+    "/api/v1/repositories": "/api/v1/repositories",
+    "/api/v1/repositories/priv/artifacts": "/api/v1/repositories/{repo}/artifacts",
+    "/api/v1/repositories/pub/artifacts": "/api/v1/repositories/{repo}/artifacts",
+    "/api/v1/repositories/priv/packages": "/api/v1/repositories/{repo}/packages",
+    "/api/v1/repositories/priv/assets": "/api/v1/repositories/{repo}/assets",
+    "/api/v1/repositories/priv/asset": "/api/v1/repositories/{repo}/asset",
+    "/api/v1/accounts": "/api/v1/accounts", "/api/v1/tokens": "/api/v1/tokens", "/api/v1/keys": "/api/v1/keys",
+    "/api/v1/tasks": "/api/v1/tasks", "/api/v1/storage/diagnostics": "/api/v1/storage/diagnostics",
+}
+prefixes = st.one_of(texts, st.sampled_from(["a", "a.", "%", "_", "a%", "\U0010ffff", "a\U0010ffff", "a\ud7ff", "p", "n"]))
+list_cursors = st.one_of(cursors, st.lists(
+    st.sampled_from(["2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00", str(uuid.uuid4()), "g", "n", "1", "\U0010ffff",
+                     "9" * 30, "-1", ""]), min_size=1, max_size=4,
+).map(lambda key: base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")))
+list_queries = st.fixed_dictionaries({}, optional={
+    "order": st.one_of(st.sampled_from(["newest", "oldest", "name", "sha256", "NEWEST", ""]), texts),
+    "prefix": prefixes,
+    "sha256": st.one_of(st.sampled_from(["0" * 64, "A" * 64, "0" * 63, "g" * 64, ""]), texts),
+    "name": st.one_of(st.sampled_from(["a.bin", "n"]), texts),
+    "group": st.one_of(st.just("g"), texts),
+    "path": st.one_of(st.just("p"), texts),
+    "problem": st.sampled_from(["missing", "corrupt", "x"]),
+    "kind": st.sampled_from(["cleanup", "verify", "x"]),
+    "limit": st.sampled_from(["1", "2", "1000", "0", "x"]),
+    "cursor": list_cursors,
+})
+
+
+@functools.cache
+def declared(route: str) -> frozenset[str]:
+    return declared_query_parameters(json.loads(built_app().state.openapi_json), route, "get")
+
+
+@st.composite
+def list_requests(draw):
+    """A list and a query of mostly the parameters it declares (an undeclared one is refused at once)."""
+    path = draw(st.sampled_from(sorted(LISTS)))
+    query = draw(list_queries)
+    if draw(st.integers(0, 9)):
+        query = {name: value for name, value in query.items() if name in declared(LISTS[path])}
+    return path, query
+
+
+@FUZZ
+@given(request=list_requests(), token=st.one_of(st.just("pat"), tokens), method=st.sampled_from(["GET", "HEAD"]))
+@example(request=("/api/v1/repositories/priv/artifacts", {"prefix": "\U0010ffff", "order": "newest"}), token=ADMIN_TOKEN,
+         method="GET")
+@example(request=("/api/v1/repositories/priv/packages", {"prefix": "a\ud7ff", "order": "oldest"}), token=ADMIN_TOKEN,
+         method="GET")
+def test_list_orders_and_filters(site, request, token, method):
+    path, query = request
+    token = site["pat"] if token == "pat" else token
+    send(site, method, path, query, {}, token, b"")
+
+
 @FUZZ
 @given(which=st.sampled_from(["tokens", "keys", "accounts", "login", "logout", "register", "account/password"]),
        rest=st.one_of(st.just(""), segments.map(lambda s: "/" + encode(s)),
@@ -289,6 +356,7 @@ authorizations = st.one_of(
 browser_headers = st.fixed_dictionaries({}, optional={
     "Sec-Fetch-Site": st.sampled_from(["cross-site", "same-site", "same-origin", "none", "", "CROSS-SITE", "x"]),
     "Sec-Fetch-Mode": st.sampled_from(["navigate", "cors", "no-cors", "", "NAVIGATE"]),
+    "Sec-Fetch-Dest": st.sampled_from(["document", "iframe", "empty", "", "DOCUMENT"]),
     "Origin": st.sampled_from(["http://elsewhere.example", "null", "", "http://127.0.0.1"]),
 })
 CHALLENGES = ['Basic realm="arkvory", charset="UTF-8"', 'Bearer realm="arkvory"']
@@ -336,3 +404,37 @@ audit_queries = st.dictionaries(
 def test_audit_route(site, method, query, header_map, token, body):
     token = site["pat"] if token == "pat" else token
     send(site, method, "/api/v1/audit", query, header_map, token, body)
+
+
+# The root and the console's paths (issue 25 §7), with any Accept: the writer's `/` sends a
+# browser (an Accept that names text/html) to /console/ and tells a program where the API is (JSON
+# 404), and /console/ is its console (pages); a gateway tells a browser in a page (404) that the
+# console is on the writer, and a program in JSON. Never a 500, whatever is sent.
+accepts = st.one_of(
+    visible,
+    st.sampled_from(["text/html", "text/html;q=0", "TEXT/HTML; q=0.5", "text/html;q=nan", "text/html;q=1e999",
+                     "text/html;q=-1", "application/json, text/html;q", ";;,,", "*/*", "text/*", "text/html" * 500]),
+)
+console_paths = st.one_of(
+    st.sampled_from(["/", "/console", "/console/", "/console/sign-in", "/console/static/copy.js"]),
+    st.lists(segments, min_size=1, max_size=3).map(lambda parts: "/console/" + "/".join(encode(p) for p in parts)),
+)
+
+
+@FUZZ
+@given(path=console_paths, accept=accepts, method=methods, token=tokens, query=queries)
+def test_the_root_and_the_console_paths(site, path, accept, method, token, query):
+    url = path + ("?" + "&".join(f"{encode(k)}={encode(v)}" for k, v in query.items()) if query else "")
+    sent = {"Accept": accept.strip()}
+    if token:
+        sent["Authorization"] = f"Bearer {token}"
+    writer, gateway = site["clients"]
+    for client in (writer, gateway):
+        answer = client.request(method, url, headers=sent)
+        status = answer.status_code
+        assert status < 500 or (status == 503 and "Retry-After" in answer.headers), (path, status, answer.text[:500])
+        if client is gateway and answer.headers.get("content-type", "").startswith("text/html"):
+            assert status == 404 and method in ("GET", "HEAD"), (path, status)
+            assert method == "HEAD" or "The console is on the writer" in answer.text
+        elif client is gateway or (path == "/" and status >= 400):
+            check(answer, method)

@@ -48,7 +48,7 @@ OTHER_SITE = [
     pytest.param(BODY, {"Content-Type": "text/plain; charset=utf-8"}, 415, id="json-as-text/plain-charset"),
     pytest.param(f"name=root&password={PASSWORD}", {"Content-Type": "application/x-www-form-urlencoded"}, 415,
                  id="urlencoded-form"),
-    pytest.param(f'--b\r\nContent-Disposition: form-data; name="name"\r\n\r\nroot\r\n--b--\r\n',
+    pytest.param('--b\r\nContent-Disposition: form-data; name="name"\r\n\r\nroot\r\n--b--\r\n',
                  {"Content-Type": "multipart/form-data; boundary=b"}, 415, id="multipart-form"),
     pytest.param(BODY, {}, 415, id="no-content-type"),
     pytest.param(BODY, {"Content-Type": "application/jsonp"}, 415, id="not-quite-json"),

@@ -8,9 +8,6 @@ $CONSOLE_SCREENSHOTS_DIR when that is set.
 
 from __future__ import annotations
 
-import os
-import pathlib
-import shutil
 import uuid
 
 import pytest
@@ -99,17 +96,19 @@ def test_the_retention_section_in_a_real_browser(cluster, browser, tmp_path):  #
     assert walk.text("#retention-nothing").startswith("Nothing")
     assert "4 artifact(s)" in walk.text("#retention-rule")
 
-    # Disable, then delete.
+    # Disable, then delete: each asks first (confirm.py).
     walk.find("#retention-disable-form button").click()
+    walk.wait(lambda d: d.find_elements(By.ID, "confirm-form"), "the confirmation page")
+    assert walk.text("#confirm-heading") == "Disable the retention rule of builds?"
+    walk.page_checks("retention-confirm-disable")
+    walk.find("#confirm-form button.danger").click()
     walk.wait(lambda d: "notice=retention-disabled" in d.current_url, "the rule disabled")
     assert walk.text("#retention-state").startswith("Disabled")
     walk.page_checks("retention-disabled-again")
     walk.find("#retention-delete-form button").click()
+    walk.wait(lambda d: d.find_elements(By.ID, "confirm-form"), "the confirmation page")
+    walk.find("#confirm-form button.danger").click()
     walk.wait(lambda d: "notice=retention-deleted" in d.current_url, "the rule deleted")
     assert walk.text("#retention-rule").startswith("No rule")
     assert browser.execute_script("return typeof window.__pwned") == "undefined"
-    keep = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
-    if keep:
-        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
-        for path in walk.taken:
-            shutil.copy2(path, pathlib.Path(keep) / f"retention-{path.name}")
+    walk.keep_screenshots("retention-")

@@ -102,7 +102,11 @@ def test_preview_save_enable_disable_and_delete_a_rule(writer, admin):
     enabled = admin.submit(PAGE, PAGE, keep_newest="10", keep_younger_than="2d", enabled="true")
     assert enabled.status_code == 303 and rule_of(writer)["enabled"] is True
     assert "<strong>Enabled</strong>" in admin.get(PAGE).text
-    disabled = admin.submit(PAGE, PAGE + "/disable")
+    # Disabling and deleting ask first (confirm.py): unconfirmed, the page asks and nothing changes.
+    asked = admin.submit(PAGE, PAGE + "/disable")
+    assert asked.status_code == 200 and "Disable the retention rule of builds?" in asked.text
+    assert rule_of(writer)["enabled"] is True
+    disabled = admin.submit(PAGE, PAGE + "/disable", confirm="yes")
     assert disabled.status_code == 303 and disabled.headers["location"] == PAGE + "?notice=retention-disabled"
     assert rule_of(writer) | {"updatedAt": None} == {
         "repository": "builds", "keepNewest": 10, "keepYoungerThanSeconds": 2 * 86400, "enabled": False,
@@ -123,11 +127,15 @@ def test_preview_save_enable_disable_and_delete_a_rule(writer, admin):
             assert bad_preview.status_code == status, (fields, bad_preview.text)
     assert rule_of(writer)["keepNewest"] == 10  # unchanged by the refusals
 
-    deleted = admin.submit(PAGE, PAGE + "/delete")
+    asked = admin.submit(PAGE, PAGE + "/delete")
+    assert asked.status_code == 200 and "Delete the retention rule of builds?" in asked.text
+    assert rule_of(writer) is not None
+    deleted = admin.submit(PAGE, PAGE + "/delete", confirm="yes")
     assert deleted.status_code == 303 and rule_of(writer) is None
     assert messages(admin.get(deleted.headers["location"])) == ["The retention rule was deleted."]
-    again = admin.submit(f"{PAGE}?keep_newest=1", PAGE + "/delete")
-    assert again.status_code == 404 and "has no retention rule" in messages(again)[0]
+    for confirmed in ("", "yes"):  # no rule: neither the confirmation page nor the change
+        again = admin.submit(f"{PAGE}?keep_newest=1", PAGE + "/delete", confirm=confirmed)
+        assert again.status_code == 404 and "has no retention rule" in messages(again)[0], confirmed
 
 
 def test_only_the_repositorys_admins_see_the_section(writer, admin):

@@ -166,6 +166,22 @@ SINGLE_RULES = [
          ("ARKVORY_TRUSTED_PROXIES", "addresses or CIDRs", "10.0.0.1,balancer")),
     case("trusted-proxies-bad-prefix", {"ARKVORY_TRUSTED_PROXIES": "10.0.0.0/33"},
          ("ARKVORY_TRUSTED_PROXIES", "addresses or CIDRs", "10.0.0.0/33")),
+    # ARKVORY_PUBLIC_URL: the address clients download from, shown in the console's lines
+    *(
+        case(f"public-url-{label}", {"ARKVORY_PUBLIC_URL": value},
+             ("ARKVORY_PUBLIC_URL", "expected the http:// or https:// address clients download from", shown))
+        for label, value, shown in [
+            ("no-scheme", "artifacts.example.com", "artifacts.example.com"),
+            ("other-scheme", "ftp://artifacts.example.com", "ftp://artifacts.example.com"),
+            ("no-host", "https://", "https://"),
+            ("query", "https://artifacts.example.com/?x=1", "https://artifacts.example.com/?x=1"),
+            ("fragment", "https://artifacts.example.com/#top", "https://artifacts.example.com/#top"),
+            ("bad-port", "https://artifacts.example.com:99999", "https://artifacts.example.com:99999"),
+            ("space", "https://artifacts.example.com/a b", "https://artifacts.example.com/a b"),
+            ("quote", "https://artifacts.example.com/a'b", "https://artifacts.example.com/a'b"),
+            ("password-masked", "https://bob:hunter2@artifacts.example.com", "https://bob:***@artifacts.example.com"),
+        ]
+    ),
     # a typo never falls back to a default silently
     case("unknown-variable-typo", {"ARKVORY_MAX_DOWNLAODS": "8"},
          ("ARKVORY_MAX_DOWNLAODS", "unknown variable; did you mean ARKVORY_MAX_DOWNLOADS?", None)),
@@ -457,6 +473,18 @@ def test_per_principal_upload_limits_follow_the_totals():
     assert settings(ARKVORY_MAX_UPLOADS="1").max_uploads_per_principal == 1
     s = settings(ARKVORY_MAX_ARTIFACT_BYTES="1000")
     assert s.max_reserved_bytes_per_principal == 1000
+
+
+@pytest.mark.parametrize(("value", "kept"), [
+    ("https://artifacts.example.com", "https://artifacts.example.com"),
+    ("https://artifacts.example.com/", "https://artifacts.example.com"),
+    ("http://127.0.0.1:8081", "http://127.0.0.1:8081"),
+    ("https://example.com/arkvory/", "https://example.com/arkvory"),
+    ("http://[::1]:8081", "http://[::1]:8081"),
+])
+def test_public_url_is_kept_without_its_trailing_slash(value, kept):
+    assert settings(ARKVORY_PUBLIC_URL=value).public_url == kept
+    assert settings().public_url is None
 
 
 def test_trusted_proxies_are_networks():

@@ -101,8 +101,8 @@ headers = st.dictionaries(
 )
 tokens = st.sampled_from([ADMIN_TOKEN, ADMIN_TOKEN, ADMIN_TOKEN, READER_TOKEN, OTHER_TOKEN, None, "garbage"])
 queries = st.dictionaries(
-    st.sampled_from(["kind", "status", "limit", "cursor", "after", "x"]),
-    st.one_of(texts, st.sampled_from(["cleanup", "queued", "completed", "1", "1000", "1001", "0",
+    st.sampled_from(["kind", "status", "limit", "cursor", "after", "order", "x"]),
+    st.one_of(texts, st.sampled_from(["cleanup", "queued", "completed", "1", "1000", "1001", "0", "newest", "oldest",
                                       "WyJ4IiwieSJd", "WyIyMDI2LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwieCJd"])),
     max_size=3,
 )

@@ -23,7 +23,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # What the wheel is built from, as the Dockerfile copies it.
 SOURCES = ("pyproject.toml", "README.md", "__init__.py", "shared", "writer", "gateway")
 
-pytestmark = pytest.mark.timeout(300)
+# One worker builds the wheel once (the module-scoped fixture would be built on each worker).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("wheel")]
 
 PROBE = """
 import inspect, json, pathlib, sys, sysconfig

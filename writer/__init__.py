@@ -3,8 +3,9 @@
 The basics, which every package here may import:
     idempotency.py     Idempotency-Key: held keys, recorded results, replays
     openapi.py         the OpenAPI document and the fragments routes share
-    pagination.py      limit and cursor of every list
-    request_inputs.py  what every route reads of its request: runtime, principal, JSON body
+    pagination.py      limit, cursor, order and filters of every list, and the page's SELECT
+    request_inputs.py  what every route reads of its request: runtime, principal, JSON body, the
+                       query parameters its OpenAPI operation declares (any other is 400)
     audit/             the audit trail: every change recorded with who, what, when, from where
 
 The packages, from the bottom up. Each imports only from itself, the basics and the packages on

@@ -21,6 +21,7 @@ from .uploads.body_memory import keep_body_buffers
 from .console import app as console
 from .console.security import CookieCsrfGuard
 from .idempotency import InFlightKeys, RecordedResults
+from .request_inputs import with_declared_query
 from .audit import listing as audit_listing
 from .audit.refusals import AuditRefusals, RefusalRecorder
 from .blobs import diagnostics
@@ -46,9 +47,11 @@ def build_writer_app(runtime: Runtime) -> Starlette:
         # gain for uploads published to an object store only; a directory's were as fast or
         # slower with it (bench/upload.py, docs/performance.md issue 16 round 3).
         keep_body_buffers()
+    document = openapi.build_document(ROUTE_MODULES)
     app = build_app(
         runtime,
-        routes=[route for module in ROUTE_MODULES for route in module.routes],
+        # Each route refuses a query parameter its operation in the document does not declare.
+        routes=with_declared_query([route for module in ROUTE_MODULES for route in module.routes], document),
         # The console (writer/console/) is a program of its own beside the API's routes; a
         # change to the API authorized by its session cookie needs the console's CSRF token.
         # Refused changes worth an audit entry are recorded after their answer (writer/audit/refusals.py).
@@ -63,7 +66,7 @@ def build_writer_app(runtime: Runtime) -> Starlette:
     app.state.idempotency_keys = InFlightKeys()
     app.state.idempotency_results = RecordedResults()
     app.state.audit_refusals = RefusalRecorder(runtime.registry)
-    app.state.openapi_json = openapi.document_bytes(ROUTE_MODULES)
+    app.state.openapi_json = openapi.document_json(document)
     app.state.task_kinds = KINDS  # what the task API may dispatch (writer/tasks/kinds.py)
     _add_task_loops(app, runtime)
     console.install(app)

@@ -74,6 +74,25 @@ def page_params() -> list[dict[str, Any]]:
     ]
 
 
+def order_param(default: str, choices: tuple[str, ...] = ("newest", "oldest"), sorted_by: str = "") -> dict[str, Any]:
+    """`?order=` of a list: newest or oldest first (by `sorted_by`'s time), or the list's own."""
+    return query_param(
+        "order",
+        f"`newest` or `oldest` first{f' (by {sorted_by})' if sorted_by else ''}; default `{default}`. "
+        "Send the same order (and filters) with each cursor.",
+        schema={"type": "string", "enum": list(choices), "default": default},
+    )
+
+
+def prefix_param(what: str, max_length: int) -> dict[str, Any]:
+    """`?prefix=`: only items whose `what` starts with it (byte for byte; `%` and `_` are plain)."""
+    return query_param(
+        "prefix",
+        f"Only items whose {what} starts with this (byte for byte, case-sensitive; `%` and `_` are plain characters).",
+        schema={"type": "string", "minLength": 1, "maxLength": max_length},
+    )
+
+
 def page_of(item: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "object",
@@ -322,8 +341,8 @@ async def serve_document(request: Request) -> Response:
     return Response(request.app.state.openapi_json, media_type="application/json")
 
 
-def document_bytes(modules: Iterable[ModuleType]) -> bytes:
-    return json.dumps(build_document(modules), separators=(",", ":")).encode()
+def document_json(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 routes = [Route(PATH, serve_document, methods=["GET"])]

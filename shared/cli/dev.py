@@ -67,6 +67,7 @@ MAX_RATE = 2**40
 TOTAL_VARIABLE = "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND"
 PER_PRINCIPAL_VARIABLE = "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL"
 SHARE_VARIABLE = "ARKVORY_SHARE_MODE"
+PUBLIC_URL_VARIABLE = "ARKVORY_PUBLIC_URL"
 SHARE_MODES = ("static", "demand")
 # A standalone writer (--gateways 0) has no shared budget: its local limits stand in for it.
 STANDALONE_VARIABLES = ("ARKVORY_DOWNLOAD_BYTES_PER_SECOND", "ARKVORY_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL")
@@ -736,6 +737,9 @@ def _run(
             for slot in batch:
                 env = base | {"ARKVORY_PORT": str(base_port + slot)}
                 env["ARKVORY_ROLE"] = "api" if slot == 0 else "reader"
+                if slot == 0 and not os.environ.get(PUBLIC_URL_VARIABLE):
+                    # No balancer here: the console's download lines name the first gateway.
+                    env[PUBLIC_URL_VARIABLE] = urls[1] if gateways else urls[0]
                 if gateways:
                     env["ARKVORY_GATEWAY_SLOT"] = str(slot)
                 if storage == "s3" and slot:

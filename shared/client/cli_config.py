@@ -66,9 +66,11 @@ def config_path(environ: Mapping[str, str]) -> pathlib.Path:
 
 
 def resolve_connection(
-    urls: Sequence[str] | None, profile: str | None, environ: Mapping[str, str]
+    urls: Sequence[str] | None, profile: str | None, environ: Mapping[str, str], *, new_profile: bool = False
 ) -> Connection:
-    """The connection of one command run, from its `--url`/`--profile` and the environment."""
+    """The connection of one command run, from its `--url`/`--profile` and the environment.
+    `new_profile`: the command may name a profile the file does not hold yet (`login` makes it),
+    so a profile not found is not an error; for every other command it is (a misspelt name)."""
     typed_urls = _parse_urls(urls or (), "--url")
     env_urls = _parse_urls((environ.get("ARKVORY_URL") or "").split(","), "ARKVORY_URL")
     env_token = (environ.get("ARKVORY_TOKEN") or "").strip() or None
@@ -79,7 +81,7 @@ def resolve_connection(
     # stand in the way of a run fully configured by options and environment.
     table: dict[str, Any] = {}
     if explicit or not (typed_urls or env_urls) or env_token is None:
-        table, chosen = _profile_table(config_path(environ), chosen, required=chosen is not None)
+        table, chosen = _profile_table(config_path(environ), chosen, required=chosen is not None and not new_profile)
     file_urls = _parse_urls(_as_list(table.get("url")), f"url of profile {chosen!r}") if table else ()
     file_token = table.get("token") if table else None
     if file_token is not None and not isinstance(file_token, str):

@@ -131,8 +131,8 @@ def cmd_login(args: argparse.Namespace, output: Output) -> int:
     from .cli_config import retry_policy
     from .errors import AuthError
 
-    # Only the URLs: the token, if any, is what this replaces.
-    connection = resolve_connection(args.url, args.profile, os.environ)
+    # Only the URLs: the token, if any, is what this replaces; the profile may be a new one.
+    connection = resolve_connection(args.url, args.profile, os.environ, new_profile=True)
     path = config_path(os.environ)
     environ_profile = os.environ.get("ARKVORY_PROFILE") or None
     device = stored_device_cookie(path, args.profile, environ_profile=environ_profile, account=args.account)

@@ -23,6 +23,7 @@ from arkvory.shared.http import basic_from_browsers
 from arkvory.shared.http.access_log import PRINCIPAL_ID_KEY
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, send_error
 from arkvory.shared.http.handle import HANDLE_KEY, ConnectionHandle, encode_header_block
+from arkvory.shared.http.query import checked_query
 from arkvory.shared.http.ranges import not_modified, requested_range
 
 from .catalog import (
@@ -247,6 +248,8 @@ _artifact_keys: dict[str, ContentKey] = {}
 def _artifact_key(scope: Scope) -> ContentKey:
     # Parsing the UUID and building the key cost more than a dict lookup; only valid ids are
     # remembered, and the memo is bounded (cleared when full).
+    if scope["query_string"]:
+        checked_query(scope, QUERY_PARAMETERS[ARTIFACT_CONTENT], f"{scope['method']} {ARTIFACT_CONTENT}")
     text = scope["path_params"]["artifact_id"]
     key = _artifact_keys.get(text)
     if key is None:
@@ -258,31 +261,42 @@ def _artifact_key(scope: Scope) -> ContentKey:
 
 
 def _package_key(scope: Scope) -> ContentKey:
-    params = QueryParams(scope["query_string"])
+    params = checked_query(scope, QUERY_PARAMETERS[PACKAGE_CONTENT], f"{scope['method']} {PACKAGE_CONTENT}")
     group, name, version = (_required(params, p) for p in ("group", "name", "version"))
     return by_package(group, name, version)
 
 
 def _asset_key(scope: Scope) -> ContentKey:
-    return by_asset(_required(QueryParams(scope["query_string"]), "path"))
+    params = checked_query(scope, QUERY_PARAMETERS[ASSET_CONTENT], f"{scope['method']} {ASSET_CONTENT}")
+    return by_asset(_required(params, "path"))
 
 
+ARTIFACT_CONTENT = "/api/v1/repositories/{repo}/artifacts/{artifact_id}/content"
+PACKAGE_CONTENT = "/api/v1/repositories/{repo}/packages/content"
+ASSET_CONTENT = "/api/v1/repositories/{repo}/asset/content"
+# What each content route reads of its query (any other is 400, shared/http/query.py); the
+# writer's OpenAPI document declares exactly these (writer/openapi.py).
+QUERY_PARAMETERS: dict[str, frozenset[str]] = {
+    ARTIFACT_CONTENT: frozenset(),
+    PACKAGE_CONTENT: frozenset({"group", "name", "version"}),
+    ASSET_CONTENT: frozenset({"path"}),
+}
 CONTENT_METHODS = ["GET", "HEAD"]
 routes = [
     Route(
-        "/api/v1/repositories/{repo}/artifacts/{artifact_id}/content",
+        ARTIFACT_CONTENT,
         _ContentEndpoint(_artifact_key),
         methods=CONTENT_METHODS,
         name="artifact_content",
     ),
     Route(
-        "/api/v1/repositories/{repo}/packages/content",
+        PACKAGE_CONTENT,
         _ContentEndpoint(_package_key),
         methods=CONTENT_METHODS,
         name="package_content",
     ),
     Route(
-        "/api/v1/repositories/{repo}/asset/content",
+        ASSET_CONTENT,
         _ContentEndpoint(_asset_key),
         methods=CONTENT_METHODS,
         name="asset_content",

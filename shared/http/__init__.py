@@ -8,8 +8,8 @@ asyncio's Protocol and Transport, ASGI 3):
 and above them request ids and error answers and the request guard (edge.py), which also
 refuses Basic credentials a browser added to another site's request (basic_from_browsers.py),
 request bodies bounded in size, depth and time (bodies.py), byte ranges and conditional
-requests (ranges.py), media types (media_types.py) and the client's believed address
-(client_address.py).
+requests (ranges.py), media types (media_types.py), the client's believed address
+(client_address.py) and the query parameters a route declares (query.py).
 
 May import: the basics (settings, errors, logs, metrics, db). Not storage/ or cluster/, which
 stand beside it, nor anything above.

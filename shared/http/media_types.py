@@ -8,6 +8,7 @@ download of that artifact: it is refused at upload instead.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from arkvory.shared.errors import InvalidInput
 
@@ -48,3 +49,23 @@ def upload_media_type(parameter: str | None, content_type: str | None) -> str:
     if content_type and essence(content_type) not in FORM_ENCODINGS:
         return check_media_type(content_type.strip(), "Content-Type")
     return DEFAULT_MEDIA_TYPE
+
+
+def accepts_html(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a request's `Accept` (its ASGI headers) asks for HTML by name (`text/html`, not
+    only `*/*`), as a browser's navigation does and API clients (curl, libraries: `*/*` or JSON)
+    do not."""
+    accept = ",".join(value.decode("latin-1") for key, value in headers if key == b"accept")
+    for item in accept.split(","):
+        media, _, parameters = item.partition(";")
+        if media.strip().lower() != "text/html":
+            continue
+        for parameter in parameters.split(";"):
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    return float(value.strip()) > 0
+                except ValueError:
+                    return False
+        return True
+    return False

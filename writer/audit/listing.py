@@ -18,11 +18,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import InvalidInput
 
 from .. import openapi
-from ..pagination import page, page_cursor, page_limit
-from ..request_inputs import principal_of, require_admin_scope, runtime_of
+from ..pagination import SortColumn, page, page_cursor, page_limit
+from ..request_inputs import principal_of, query, require_admin_scope, runtime_of
 from .actions import ACTION_NAMES, FAMILIES
 from .filters import NAMES, ORDERS, OUTCOMES, AuditFilters
 
@@ -51,18 +50,11 @@ def entry_json(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
+_KEY = (SortColumn("at", "at", "timestamptz"), SortColumn("id", "id", "bigint"))
+
+
 def _cursor(request: Request) -> tuple[datetime.datetime, int] | None:
-    after = page_cursor(request, ("at", "id"))
-    if after is None:
-        return None
-    try:
-        moment, entry_id = datetime.datetime.fromisoformat(after[0]), int(after[1])
-        if moment.tzinfo is None or not 0 < entry_id < 2**63:
-            raise ValueError
-        moment = moment.astimezone(datetime.UTC)
-    except (ValueError, OverflowError):
-        raise InvalidInput("query parameter 'cursor' is not a cursor this list returned") from None
-    return moment, entry_id
+    return page_cursor(request, _KEY)  # a time in UTC and a bigint, or 400
 
 
 async def fetch_page(conn: asyncpg.Connection, filters: AuditFilters, after: tuple | None, limit: int) -> list:
@@ -84,7 +76,10 @@ async def fetch_page(conn: asyncpg.Connection, filters: AuditFilters, after: tup
 async def list_audit(request: Request) -> Response:
     principal = await principal_of(request)
     require_admin_scope(principal, "the audit trail")
-    filters = AuditFilters.from_query(request.query_params.multi_items())
+    # Unknown and repeated parameters are refused before (request_inputs.with_declared_query).
+    filters = AuditFilters.from_query(
+        (name, value) for name in NAMES if (value := query(request, name)) is not None
+    )
     limit = page_limit(request)
     after = _cursor(request)
     pool = runtime_of(request).pool

@@ -11,6 +11,7 @@ and a later verify that finds the blob good clears it too.
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 from typing import Any
 
@@ -23,8 +24,8 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import Forbidden, InvalidInput, Unauthorized
 
 from .. import openapi
-from ..pagination import page, page_cursor, page_limit
-from ..request_inputs import principal_of, runtime_of
+from ..pagination import NEWEST, OLDEST, ListQuery, SortColumn, choice_filter, page_cursor, page_limit, page_order
+from ..request_inputs import principal_of, query, runtime_of
 
 PROBLEMS = ("missing", "corrupt")
 ARTIFACTS_SHOWN = 10  # per entry: enough to find what is affected; the rest via `moreArtifacts`
@@ -76,7 +77,7 @@ async def diagnostic_counts(conn: asyncpg.Connection) -> dict[str, int]:
 
 # -- the list --------------------------------------------------------------------------------
 
-_LIST = f"""
+_SELECT = f"""
 SELECT d.sha256, d.problem, d.detail, d.task_id, d.detected_at, b.size,
        ARRAY(
            SELECT r.name || '/' || a.id::text
@@ -86,10 +87,21 @@ SELECT d.sha256, d.problem, d.detail, d.task_id, d.detected_at, b.size,
            LIMIT {ARTIFACTS_SHOWN + 1}
        ) AS artifacts
 FROM arkvory_storage_diagnostics d LEFT JOIN arkvory_blobs b ON b.sha256 = d.sha256
-WHERE ($1::text IS NULL OR d.problem = $1) AND ($2::text IS NULL OR d.sha256 > $2)
-ORDER BY d.sha256
-LIMIT $3
 """
+# By digest (the primary key), or newest or oldest detection first ((detected_at, sha256)).
+DIGEST_ORDER = (SortColumn("d.sha256", "sha256"),)
+TIME_ORDER = (SortColumn("d.detected_at", "detected_at", "timestamptz"), *DIGEST_ORDER)
+ORDERS = ("sha256", NEWEST, OLDEST)
+_HEX = re.compile(r"[0-9a-fA-F]{1,64}")
+
+
+def diagnostics_listing(*, order: str = "sha256", problem: str | None = None, prefix: str | None = None,
+                        cursor: tuple | None = None) -> ListQuery:
+    listing = ListQuery(_SELECT, DIGEST_ORDER if order == "sha256" else TIME_ORDER, descending=order == NEWEST)
+    if problem is not None:
+        listing.where("d.problem = {}", problem)
+    # Lowercase hex sorts alike in every collation: the primary key's range serves the prefix.
+    return listing.starts_with("d.sha256", prefix).after(cursor)
 
 
 def _iso(moment: datetime.datetime) -> str:
@@ -112,22 +124,28 @@ def diagnostic_json(row: asyncpg.Record) -> dict[str, Any]:
 
 
 async def list_diagnostics(request: Request) -> Response:
-    """By digest, `?problem=` to keep one kind, `?limit=`/`?cursor=` to page (administrators)."""
+    """By digest (or newest or oldest first), `?problem=` to keep one kind, `?prefix=` of the
+    digest, `?limit=`/`?cursor=` to page (administrators)."""
     principal = await principal_of(request)
     if principal.is_anonymous:
         raise Unauthorized("this request needs credentials")
     if not principal.is_admin:
         raise Forbidden("storage diagnostics need the admin scope")
-    problem = request.query_params.get("problem")
-    if problem is not None and problem not in PROBLEMS:
-        raise InvalidInput(f"query parameter 'problem' must be one of {', '.join(PROBLEMS)}")
+    problem = choice_filter(request, "problem", PROBLEMS)
+    prefix = query(request, "prefix")
+    if prefix is not None and not _HEX.fullmatch(prefix):
+        raise InvalidInput("query parameter 'prefix' must be 1-64 hexadecimal digits of a SHA-256")
+    order = page_order(request, "sha256", ORDERS)
     limit = page_limit(request)
-    after = page_cursor(request, ("sha256",))
+    listing = diagnostics_listing(
+        order=order, problem=problem, prefix=None if prefix is None else prefix.lower(),
+        cursor=page_cursor(request, DIGEST_ORDER if order == "sha256" else TIME_ORDER),
+    )
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
-        rows = await conn.fetch(_LIST, problem, after and after[0], limit + 1, timeout=POOLED_QUERY_TIMEOUT_S)
-    return JSONResponse(page(rows, limit, diagnostic_json, lambda r: [r["sha256"]]))
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, diagnostic_json))
 
 
 routes = [Route("/api/v1/storage/diagnostics", list_diagnostics, methods=["GET"])]
@@ -170,10 +188,13 @@ OPENAPI_PATHS: dict[str, Any] = {
                 openapi.query_param(
                     "problem", "Only this problem.", schema={"type": "string", "enum": list(PROBLEMS)}
                 ),
+                openapi.query_param("prefix", "Only digests that start with these hexadecimal digits.",
+                                    schema={"type": "string", "pattern": "^[0-9a-fA-F]{1,64}$"}),
+                openapi.order_param("sha256", ORDERS, sorted_by="detection; `sha256`: by digest"),
                 *openapi.page_params(),
             ],
             "responses": {
-                "200": {"description": "A page, by digest", "content": openapi.json_content(openapi.page_of(_DIAGNOSTIC))},
+                "200": {"description": "A page, by digest or detection time", "content": openapi.json_content(openapi.page_of(_DIAGNOSTIC))},
                 **openapi.errors(400, 401, 403),
             },
         }

@@ -10,7 +10,7 @@ a deleted artifact go with it: what is left of a history can all be restored. Re
 
 from __future__ import annotations
 
-import datetime
+import re
 import uuid
 
 import asyncpg
@@ -23,13 +23,16 @@ from arkvory.shared.download.catalog import check_text, parse_uuid, repository_f
 from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 
 from ..idempotency import Result, idempotent
-from ..openapi import IDEMPOTENCY_KEY, errors, json_content, page_of, page_params, query_param, repo_param
-from ..pagination import page, page_cursor, page_limit
+from ..openapi import (
+    IDEMPOTENCY_KEY, errors, json_content, order_param, page_of, page_params, prefix_param, query_param, repo_param,
+)
+from ..pagination import NEWEST, OLDEST, TIME_ID, ListQuery, page_cursor, page_limit, page_order, text_filter
 from .repositories import repository_for_write
 from . import uploaders
-from ..request_inputs import principal_of, runtime_of
+from ..request_inputs import principal_of, query, runtime_of
 
 MAX_NAME = 255
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def check_artifact_name(name: str, what: str = "query parameter 'name'") -> str:
@@ -79,37 +82,43 @@ async def show_artifact(request: Request) -> Response:
     return JSONResponse(artifact_json(row))
 
 
+def check_sha256_filter(value: str | None) -> str | None:
+    if value is not None and not _SHA256.fullmatch(value):
+        raise InvalidInput("query parameter 'sha256' must be a SHA-256: 64 hexadecimal digits")
+    return None if value is None else value.lower()
+
+
+def artifacts_listing(
+    repository_id: uuid.UUID, *, order: str = OLDEST, name: str | None = None, prefix: str | None = None,
+    sha256: str | None = None, cursor: tuple | None = None,
+) -> ListQuery:
+    """One page of a repository's artifacts: (repository_id, created_at, id) serves either order,
+    (repository_id, name C, created_at, id) a name or a prefix, (sha256) a digest."""
+    listing = ListQuery(_SELECT, TIME_ID, descending=order == NEWEST).where("repository_id = {}", repository_id)
+    if name is not None:
+        listing.where('name COLLATE "C" = {}', name)
+    listing.starts_with('name COLLATE "C"', prefix)
+    if sha256 is not None:
+        listing.where("sha256 = {}", sha256)
+    return listing.after(cursor)
+
+
 async def list_artifacts(request: Request) -> Response:
-    """Oldest first, `?limit=` per page and `?cursor=` to go on; `?name=` keeps one name."""
+    """Oldest first unless `?order=newest`, `?limit=` per page and `?cursor=` to go on; `?name=`
+    keeps one name, `?prefix=` the names that start with it, `?sha256=` one content."""
     runtime = runtime_of(request)
     assert runtime.pool is not None
     limit = page_limit(request)
-    after = page_cursor(request, ("createdAt", "id"))
-    name = request.query_params.get("name")
-    if name is not None:
-        check_text(name, "query parameter 'name'", MAX_NAME)
-    after_time, after_id = None, None
-    if after is not None:
-        try:
-            after_time = datetime.datetime.fromisoformat(after[0])
-            after_id = uuid.UUID(after[1])
-        except ValueError:
-            raise InvalidInput("query parameter 'cursor' is not a cursor this list returned") from None
-        if after_time.tzinfo is None:
-            raise InvalidInput("query parameter 'cursor' is not a cursor this list returned")
+    order = page_order(request, OLDEST)
+    name, prefix = text_filter(request, "name", MAX_NAME), text_filter(request, "prefix", MAX_NAME)
+    sha256 = check_sha256_filter(query(request, "sha256"))
+    cursor = page_cursor(request, TIME_ID)
     principal = await principal_of(request)
     async with pooled(runtime.pool) as conn:
         repo = await repository_for_read(conn, request.path_params["repo"], principal)
-        rows = await conn.fetch(
-            f"{_SELECT} WHERE repository_id = $1 AND ($2::text IS NULL OR name = $2)"
-            " AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid))"
-            " ORDER BY created_at, id LIMIT $5",
-            repo.id, name, after_time, after_id, limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(
-        page(rows, limit, artifact_json, lambda r: [r["created_at"].isoformat(), str(r["id"])])
-    )
+        listing = artifacts_listing(repo.id, order=order, name=name, prefix=prefix, sha256=sha256, cursor=cursor)
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, artifact_json))
 
 
 _LOCK = (
@@ -193,10 +202,14 @@ def _openapi_paths() -> dict:
     return {
         "/api/v1/repositories/{repo}/artifacts": {
             "get": {
-                "summary": "List artifacts, oldest first, a page at a time",
+                "summary": "List artifacts, oldest (or newest) first, a page at a time; find them by name, "
+                           "name prefix or SHA-256",
                 "security": [{}, {"bearer": []}],
                 "parameters": [repo_param(), query_param("name", "Only artifacts with this name.", schema=name),
-                               *page_params()],
+                               prefix_param("name", MAX_NAME),
+                               query_param("sha256", "Only artifacts with this content (its SHA-256, 64 hex digits).",
+                                           schema={"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}),
+                               order_param("oldest", sorted_by="upload time"), *page_params()],
                 "responses": {"200": {"description": "A page.", "content": json_content(page_of(artifact))},
                               **errors(400, 401, 404)},
             },

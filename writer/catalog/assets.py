@@ -6,6 +6,7 @@ Deleting an asset removes the path and its history at once; the artifacts stay.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import asyncpg
@@ -19,15 +20,15 @@ from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 
 from .. import openapi
 from ..idempotency import Result, idempotent
-from ..pagination import MAX_LIMIT, page, page_cursor, page_limit
+from ..pagination import MAX_LIMIT, NEWEST, ListQuery, SortColumn, page_cursor, page_limit, page_order, text_filter
 from .repositories import artifact_in, forget_cached_lookups, repository_in, writable_name
-from ..request_inputs import json_body, principal_of, runtime_of
+from ..request_inputs import json_body, principal_of, query, runtime_of
 
 DEFAULT_HISTORY = 100
 
 
 def _path(request: Request) -> str:
-    return check_asset_path(request.query_params.get("path") or "")
+    return check_asset_path(query(request, "path") or "")
 
 
 def asset_json(row: asyncpg.Record) -> dict[str, Any]:
@@ -101,36 +102,42 @@ async def restore_asset(request: Request) -> Response:
     return response
 
 
+PATH_ORDER = (SortColumn('path COLLATE "C"', "path"),)
+
+
+def assets_listing(repository_id: uuid.UUID, *, prefix: str | None = None, cursor: tuple | None = None) -> ListQuery:
+    """One page of a repository's assets, by path in byte order: (repository_id, path C) serves
+    the order and the prefix's range."""
+    listing = ListQuery("SELECT path, artifact_id, updated_at FROM arkvory_assets", PATH_ORDER)
+    listing.where("repository_id = {}", repository_id).starts_with('path COLLATE "C"', prefix)
+    return listing.after(cursor)
+
+
 async def list_assets(request: Request) -> Response:
-    """Sorted by path; `prefix` narrows the list."""
+    """Sorted by path (byte order); `prefix` narrows the list."""
     principal = await principal_of(request)
-    prefix = request.query_params.get("prefix")
-    if prefix is not None:
-        check_asset_path(prefix)
+    prefix = text_filter(request, "prefix", MAX_ASSET_PATH)
     limit = page_limit(request)
-    after = page_cursor(request, ("path",))
+    cursor = page_cursor(request, PATH_ORDER)
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
         repo = await repository_for_read(conn, request.path_params["repo"], principal)
-        # `path >= prefix` lets the primary key index start at the prefix.
-        rows = await conn.fetch(
-            "SELECT path, artifact_id, updated_at FROM arkvory_assets WHERE repository_id = $1"
-            " AND ($2::text IS NULL OR (path >= $2 AND starts_with(path, $2)))"
-            " AND ($3::text IS NULL OR path > $3) ORDER BY path LIMIT $4",
-            repo.id, prefix, after and after[0], limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(page(rows, limit, asset_json, lambda r: [r["path"]]))
+        listing = assets_listing(repo.id, prefix=prefix, cursor=cursor)
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, asset_json))
 
 
 async def show_asset(request: Request) -> Response:
-    """The current target and the latest `historyLimit` pointings, newest first."""
+    """The current target and the latest (or, `?order=oldest`, the first) `historyLimit`
+    pointings; (repository_id, path, id) serves either direction."""
     principal = await principal_of(request)
     path = _path(request)
-    raw = request.query_params.get("historyLimit", str(DEFAULT_HISTORY))
+    raw = query(request, "historyLimit")
+    raw = str(DEFAULT_HISTORY) if raw is None else raw
     if not (raw.isascii() and raw.isdigit() and len(raw) <= 4 and 0 <= int(raw) <= MAX_LIMIT):
         raise InvalidInput(f"query parameter 'historyLimit' must be an integer from 0 to {MAX_LIMIT}")
+    direction = "DESC" if page_order(request, NEWEST) == NEWEST else "ASC"
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
@@ -144,7 +151,7 @@ async def show_asset(request: Request) -> Response:
             raise NotFound(f"no asset {path!r} in {repo.name!r}")
         history = await conn.fetch(
             "SELECT id, artifact_id, pointed_at FROM arkvory_asset_history"
-            " WHERE repository_id = $1 AND path = $2 ORDER BY id DESC LIMIT $3",
+            f" WHERE repository_id = $1 AND path = $2 ORDER BY id {direction} LIMIT $3",
             repo.id, path, int(raw),
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
@@ -220,11 +227,11 @@ OPENAPI_PATHS: dict[str, Any] = {
             "responses": {"200": {"description": "Pointed", "content": openapi.json_content(_ASSET)}, **_WRITE_ERRORS},
         },
         "get": {
-            "summary": "List assets (sorted by path)",
+            "summary": "List assets (sorted by path, byte order)",
             "security": openapi.ANONYMOUS_TOO,
             "parameters": [
                 openapi.repo_param(),
-                openapi.query_param("prefix", "Only paths that start with this.", schema=_PATH),
+                openapi.prefix_param("path", MAX_ASSET_PATH),
                 *openapi.page_params(),
             ],
             "responses": {
@@ -235,7 +242,7 @@ OPENAPI_PATHS: dict[str, Any] = {
     },
     "/api/v1/repositories/{repo}/asset": {
         "get": {
-            "summary": "Show an asset and its history, newest first",
+            "summary": "Show an asset and its history, newest (or oldest) first",
             "security": openapi.ANONYMOUS_TOO,
             "parameters": [
                 openapi.repo_param(),
@@ -244,6 +251,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                     "historyLimit", f"History entries to include (default {DEFAULT_HISTORY}).",
                     schema={"type": "integer", "minimum": 0, "maximum": MAX_LIMIT},
                 ),
+                openapi.order_param("newest", sorted_by="pointing, of the history"),
             ],
             "responses": {
                 "200": {

@@ -8,6 +8,7 @@ registered again.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import asyncpg
@@ -21,9 +22,9 @@ from arkvory.shared.errors import Conflict, InvalidInput, NotFound
 
 from .. import openapi
 from ..idempotency import Result, idempotent
-from ..pagination import page, page_cursor, page_limit
+from ..pagination import NEWEST, OLDEST, ListQuery, SortColumn, page_cursor, page_limit, page_order, text_filter
 from .repositories import artifact_in, forget_cached_lookups, repository_in, writable_name
-from ..request_inputs import json_body, principal_of, runtime_of
+from ..request_inputs import json_body, principal_of, query, runtime_of
 
 FIELDS = ("group", "name", "version")
 
@@ -36,7 +37,7 @@ def _text(body: dict[str, Any], name: str) -> str:
 
 
 def _query_text(request: Request, name: str, required: bool) -> str | None:
-    value = request.query_params.get(name)
+    value = query(request, name)
     if value is None:
         if required:
             raise InvalidInput(f"query parameter '{name}' is required")
@@ -91,27 +92,45 @@ async def register_package(request: Request) -> Response:
     return await idempotent(request, principal, parts, work)
 
 
+# The list's orders: by coordinates in byte order (the default), or by publication time.
+NAME_ORDER = tuple(SortColumn(f'{column} COLLATE "C"', column) for column in ("group_name", "name", "version"))
+TIME_ORDER = (SortColumn("published_at", "published_at", "timestamptz"), *NAME_ORDER)
+ORDERS = ("name", NEWEST, OLDEST)
+
+
+def packages_listing(
+    repository_id: uuid.UUID, *, order: str = "name", group: str | None = None, name: str | None = None,
+    prefix: str | None = None, cursor: tuple | None = None,
+) -> ListQuery:
+    """One page of a repository's package versions; indexes in byte order serve each order, a
+    group, a name and a name prefix (shared/migrations/0017_list_indexes.sql)."""
+    key = NAME_ORDER if order == "name" else TIME_ORDER
+    listing = ListQuery(f"SELECT {_COLUMNS} FROM arkvory_packages", key, descending=order == NEWEST)
+    listing.where("repository_id = {}", repository_id)
+    if group is not None:
+        listing.where('group_name COLLATE "C" = {}', group)
+    if name is not None:
+        listing.where('name COLLATE "C" = {}', name)
+    listing.starts_with('name COLLATE "C"', prefix)
+    return listing.after(cursor)
+
+
 async def list_packages(request: Request) -> Response:
-    """Sorted by group, name, version (as text); `group` and `name` narrow the list."""
+    """Sorted by group, name, version (byte order), or newest or oldest first; `group` and
+    `name` narrow the list, `prefix` keeps the names that start with it."""
     principal = await principal_of(request)
     group, name = _query_text(request, "group", False), _query_text(request, "name", False)
+    prefix = text_filter(request, "prefix", MAX_PACKAGE_FIELD)
+    order = page_order(request, "name", ORDERS)
     limit = page_limit(request)
-    after = page_cursor(request, FIELDS) or (None, None, None)
+    cursor = page_cursor(request, NAME_ORDER if order == "name" else TIME_ORDER)
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
         repo = await repository_for_read(conn, request.path_params["repo"], principal)
-        rows = await conn.fetch(
-            f"SELECT {_COLUMNS} FROM arkvory_packages WHERE repository_id = $1"
-            " AND ($2::text IS NULL OR group_name = $2) AND ($3::text IS NULL OR name = $3)"
-            " AND ($4::text IS NULL OR (group_name, name, version) > ($4, $5, $6))"
-            " ORDER BY group_name, name, version LIMIT $7",
-            repo.id, group, name, *after, limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(
-        page(rows, limit, package_json, lambda r: [r["group_name"], r["name"], r["version"]])
-    )
+        listing = packages_listing(repo.id, order=order, group=group, name=name, prefix=prefix, cursor=cursor)
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, package_json))
 
 
 async def show_package(request: Request) -> Response:
@@ -200,9 +219,12 @@ OPENAPI_PATHS: dict[str, Any] = {
         "put": _register("put"),
         "post": _register("post"),
         "get": {
-            "summary": "List package versions (sorted by group, name, version)",
+            "summary": "List package versions (sorted by group, name, version, or newest or oldest first)",
             "security": openapi.ANONYMOUS_TOO,
-            "parameters": [openapi.repo_param(), *_coordinates(False)[:2], *openapi.page_params()],
+            "parameters": [openapi.repo_param(), *_coordinates(False)[:2], openapi.prefix_param("name", MAX_PACKAGE_FIELD),
+                           openapi.order_param("name", ORDERS, sorted_by="publication time; `name`: by group, name, "
+                                               "version in byte order"),
+                           *openapi.page_params()],
             "responses": {
                 "200": {"description": "One page", "content": openapi.json_content(openapi.page_of(_PACKAGE))},
                 **openapi.errors(400, 401, 404),

@@ -28,7 +28,7 @@ from arkvory.shared.errors import InvalidInput, NotFound
 from .. import openapi
 from ..identity.account_names import FOLDED_NAME, check_account_name, fold
 from ..idempotency import idempotent
-from ..pagination import page, page_cursor, page_limit
+from ..pagination import ListQuery, SortColumn, page_cursor, page_limit
 from ..request_inputs import json_body, runtime_of
 from .repositories import administered_repository
 
@@ -44,31 +44,35 @@ def member_json(row: asyncpg.Record) -> dict[str, Any]:
             "admin": row["is_admin"], "disabled": row["disabled"]}
 
 
+# By name without regard to case, as the accounts list (the folded name is unique, migration 0012).
+MEMBER_ORDER = (SortColumn('lower(a.name COLLATE "C")', "folded"),)
+
+
 async def list_members(request: Request) -> Response:
     """By account name, `?limit=` per page and `?cursor=` to go on."""
     _, repo = await _administered(request)
     limit = page_limit(request)
-    after = page_cursor(request, ("account",))
+    listing = ListQuery(
+        "SELECT a.name, lower(a.name COLLATE \"C\") AS folded, p.account_id, p.level, a.is_admin, a.disabled FROM arkvory_repository_permissions p"
+        " JOIN arkvory_accounts a ON a.id = p.account_id",
+        MEMBER_ORDER,
+    ).where("p.repository_id = {}", repo.id)
+    listing.after(page_cursor(request, MEMBER_ORDER))
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
-        rows = await conn.fetch(
-            "SELECT a.name, p.account_id, p.level, a.is_admin, a.disabled FROM arkvory_repository_permissions p"
-            " JOIN arkvory_accounts a ON a.id = p.account_id"
-            " WHERE p.repository_id = $1 AND ($2::text IS NULL OR a.name > $2) ORDER BY a.name LIMIT $3",
-            repo.id, after and after[0], limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(page(rows, limit, member_json, lambda r: [r["name"]]))
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, member_json))
 
 
-async def _account_id(conn: asyncpg.Connection, name: str):
-    account_id = await conn.fetchval(
-        f"SELECT id FROM arkvory_accounts WHERE {FOLDED_NAME} = $1", fold(name), timeout=POOLED_QUERY_TIMEOUT_S
+async def _account(conn: asyncpg.Connection, name: str) -> asyncpg.Record:
+    """The account's id and its name as stored, found by `name` in any case."""
+    account = await conn.fetchrow(
+        f"SELECT id, name FROM arkvory_accounts WHERE {FOLDED_NAME} = $1", fold(name), timeout=POOLED_QUERY_TIMEOUT_S
     )
-    if account_id is None:
+    if account is None:
         raise NotFound(f"no account {name!r}")
-    return account_id
+    return account
 
 
 async def set_permission(request: Request) -> Response:
@@ -80,14 +84,14 @@ async def set_permission(request: Request) -> Response:
         raise InvalidInput("'level' must be 'read', 'write' or 'admin'")
 
     async def work(conn: asyncpg.Connection):
-        account_id = await _account_id(conn, name)
+        account = await _account(conn, name)
         await conn.execute(
             "INSERT INTO arkvory_repository_permissions (repository_id, account_id, level)"
             " VALUES ($1, $2, $3) ON CONFLICT (repository_id, account_id) DO UPDATE SET level = excluded.level",
-            repo.id, account_id, level,
+            repo.id, account["id"], level,
             timeout=POOLED_QUERY_TIMEOUT_S,
         )
-        return 200, {"repository": repo.name, "account": name, "level": level}
+        return 200, {"repository": repo.name, "account": account["name"], "level": level}
 
     answer = await idempotent(request, principal, {"level": level}, work)
     forget_cached(runtime_of(request).credentials)
@@ -99,7 +103,7 @@ async def delete_permission(request: Request) -> Response:
     name = check_account_name(request.path_params["account"])
 
     async def work(conn: asyncpg.Connection):
-        account_id = await _account_id(conn, name)
+        account_id = (await _account(conn, name))["id"]
         deleted = await conn.fetchval(
             "DELETE FROM arkvory_repository_permissions WHERE repository_id = $1 AND account_id = $2"
             " RETURNING level",

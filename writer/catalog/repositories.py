@@ -23,8 +23,10 @@ from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound, U
 
 from .. import openapi
 from ..idempotency import Result, idempotent
-from ..pagination import page, page_cursor, page_limit
+from ..pagination import ListQuery, SortColumn, page_cursor, page_limit, text_filter
 from ..request_inputs import flag, json_body, principal_of, runtime_of
+
+MAX_REPOSITORY_NAME = 100  # shared/download/catalog.py's REPOSITORY_NAME
 
 
 def forget_cached_lookups(request: Request) -> None:
@@ -146,24 +148,24 @@ def _readable_filter(principal: Principal) -> tuple[bool, list[str]]:
     return every, names
 
 
+NAME_ORDER = (SortColumn('name COLLATE "C"', "name"),)  # byte order: the prefix is a range of the index
+
+
 async def list_repositories(request: Request) -> Response:
+    """Sorted by name; `prefix` narrows the list."""
     principal = await principal_of(request)
     limit = page_limit(request)
-    after = page_cursor(request, ("name",))
+    listing = ListQuery("SELECT id, name, public FROM arkvory_repositories", NAME_ORDER)
     every, names = _readable_filter(principal)
+    if not every:
+        listing.where("(public OR name = ANY({}::text[]))", names)
+    listing.starts_with('name COLLATE "C"', text_filter(request, "prefix", MAX_REPOSITORY_NAME))
+    listing.after(page_cursor(request, listing.key))
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
-        rows = await conn.fetch(
-            "SELECT id, name, public FROM arkvory_repositories"
-            " WHERE (public OR $1 OR name = ANY($2::text[])) AND ($3::text IS NULL OR name > $3)"
-            " ORDER BY name LIMIT $4",
-            every, names, after and after[0], limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(
-        page(rows, limit, repository_json, lambda r: [r["name"]], keep=lambda r: r["public"] or principal.may_read(r["name"]))
-    )
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, repository_json, keep=lambda r: r["public"] or principal.may_read(r["name"])))
 
 
 async def show_repository(request: Request) -> Response:
@@ -279,9 +281,9 @@ OPENAPI_PATHS: dict[str, Any] = {
             },
         },
         "get": {
-            "summary": "List the repositories you may read, by name",
+            "summary": "List the repositories you may read, by name (byte order)",
             "security": openapi.ANONYMOUS_TOO,
-            "parameters": openapi.page_params(),
+            "parameters": [openapi.prefix_param("name", MAX_REPOSITORY_NAME), *openapi.page_params()],
             "responses": {
                 "200": {"description": "One page", "content": openapi.json_content(openapi.page_of(_REPOSITORY))},
                 **openapi.errors(400, 401),

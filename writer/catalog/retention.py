@@ -23,8 +23,8 @@ from arkvory.shared.errors import InvalidInput, NotFound
 
 from .. import openapi
 from ..idempotency import idempotent
-from ..pagination import page, page_limit, time_id_cursor, time_id_key
-from ..request_inputs import json_body, runtime_of
+from ..pagination import TIME_ID, page, page_cursor, page_limit
+from ..request_inputs import json_body, query, runtime_of
 from .artifacts import ARTIFACT_SCHEMA, artifact_json
 from .repositories import administered_repository
 from .retention_rules import (
@@ -41,7 +41,6 @@ from .retention_rules import (
     save_rule,
 )
 
-PREVIEW_PARAMS = ("limit", "cursor", "keepNewest", "keepYoungerThanSeconds")
 
 
 async def _administered(request: Request):
@@ -86,7 +85,7 @@ async def remove_rule(request: Request) -> Response:
 
 
 def _count(request: Request, name: str, low: int, high: int) -> int | None:
-    raw = request.query_params.get(name)
+    raw = query(request, name)
     if raw is None or raw == "":
         return None
     if not (raw.isascii() and raw.isdigit() and len(raw) <= 12):
@@ -96,7 +95,7 @@ def _count(request: Request, name: str, low: int, high: int) -> int | None:
 
 def _previewed_limits(request: Request) -> Limits | None:
     """The limits the query asks to preview instead of the saved rule's, if it names any."""
-    if "keepNewest" not in request.query_params and "keepYoungerThanSeconds" not in request.query_params:
+    if query(request, "keepNewest") is None and query(request, "keepYoungerThanSeconds") is None:
         return None
     return checked_limits(
         _count(request, "keepNewest", 1, MAX_KEEP_NEWEST),
@@ -107,12 +106,9 @@ def _previewed_limits(request: Request) -> Limits | None:
 async def preview(request: Request) -> Response:
     """The artifacts the next cleanup would delete, oldest first: of the saved rule (enabled or
     not), or of the limits the query gives. Deletes nothing."""
-    unknown = sorted(set(request.query_params) - set(PREVIEW_PARAMS))
-    if unknown:
-        raise InvalidInput(f"unknown query parameter {unknown[0]!r}: the preview takes {list(PREVIEW_PARAMS)}"[:300])
     _, repo = await _administered(request)
     limit = page_limit(request)
-    after = time_id_cursor(request)
+    after = page_cursor(request, TIME_ID)  # (created_at, id) or None
     asked = _previewed_limits(request)
     pool = runtime_of(request).pool
     assert pool is not None
@@ -127,8 +123,8 @@ async def preview(request: Request) -> Response:
             limits, enabled = Limits(row["keep_newest"], row["keep_younger_than_s"]), row["enabled"]
         else:
             limits, enabled = asked, None
-        rows = await doomed_artifacts(conn, repo.id, limits, limit + 1, None if after[0] is None else after)
-    answer = page(rows, limit, artifact_json, time_id_key)
+        rows = await doomed_artifacts(conn, repo.id, limits, limit + 1, after)
+    answer = page(rows, limit, artifact_json, lambda r: [r["created_at"].isoformat(), str(r["id"])])
     return JSONResponse({**answer, "rule": {**limits.json(), "enabled": enabled}})
 
 

@@ -1,7 +1,8 @@
 """An administrator's password reset and account deletion in the console (issue 25 §1), each on a
 page of its own reached from the accounts page: the page says what will happen before the
 button does it, and the deletion page counts what the account holds (the API's `holds`), so a
-click on the wrong row never deletes anyone.
+click on the wrong row never deletes anyone. The deletion page is its confirmation: only its own
+form (`confirm=yes`) deletes, as on confirm.py's pages.
 
 The reset's password is typed twice and never sent back; the API ends the account's sessions
 and makes it choose its own at its next sign-in (writer/identity/account_lifecycle.py). The API
@@ -15,6 +16,7 @@ from starlette.responses import Response
 
 from arkvory.shared.errors import ApiError, InvalidInput
 
+from .confirm import CONFIRM_FIELD, CONFIRMED
 from .forms import Form
 from .internal import Refused, api_path
 from .session import ConsoleUser, action, api_for, page, refusal_status, render, see_other
@@ -61,6 +63,10 @@ async def delete_page(request: Request, user: ConsoleUser) -> Response:
 @action
 async def delete_account(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = request.path_params["name"]
+    if form.text(CONFIRM_FIELD) != CONFIRMED:
+        # The page is this deletion's confirmation (confirm.py's rule): a form sent without
+        # its `confirm` (an old page, a script) gets the page, and nobody is deleted.
+        return await _account_page(request, user, "account_delete.html")
     try:
         await api_for(request, user).change("DELETE", api_path("accounts", name), key=form.optional("key"))
     except Refused as refusal:

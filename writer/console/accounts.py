@@ -20,13 +20,15 @@ from starlette.responses import Response
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import ApiError, InvalidInput
 
+from . import confirm
+from .confirm import asks_first
 from .forms import Form
 from .internal import Refused, api_path
+from .list_filters import fetch_listing, filters_of
 from .session import ConsoleUser, action, api_for, page, refusal_status, render, runtime_of, see_other
 
 DAY_S = 86400
 TOKENS_SHOWN = 1000
-PAGE_SIZE = "50"  # accounts, tokens and keys per page, as the catalog's lists
 
 
 def _error(error: Refused | ApiError | None) -> dict[str, Any]:
@@ -38,25 +40,23 @@ def _error(error: Refused | ApiError | None) -> dict[str, Any]:
 
 async def _accounts(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                     form: Form | None = None) -> Response:
+    filters = filters_of(request, "accounts", "/console/accounts", "Find accounts")
     try:
-        listing = await api_for(request, user).fetch("/api/v1/accounts", {"limit": PAGE_SIZE, "cursor": _cursor(request)})
+        listing, refused = await fetch_listing(api_for(request, user), "/api/v1/accounts", request, filters)
     except Refused as refusal:
         if error is not None:
             raise
         return render(request, user, "error.html", {"title": "Accounts"}, **_error(refusal))
+    error = error or refused
     fields = dict(form.fields) if form else {}
     fields.pop("password", None)  # never sent back to the browser
     tokens = await _tokens_of(request, [account["name"] for account in listing["items"]])
     return render(
         request, user, "accounts.html",
         {"listing": listing, "accounts": listing["items"], "tokens": tokens[:TOKENS_SHOWN],
-         "tokens_cut": len(tokens) > TOKENS_SHOWN, "tokens_shown": TOKENS_SHOWN, "form": fields},
+         "tokens_cut": len(tokens) > TOKENS_SHOWN, "tokens_shown": TOKENS_SHOWN, "form": fields, "list_filters": filters},
         **_error(error),
     )
-
-
-def _cursor(request: Request) -> str | None:
-    return request.query_params.get("cursor") or None
 
 
 async def _tokens_of(request: Request, names: list[str]) -> list[dict[str, Any]]:
@@ -100,6 +100,7 @@ async def _set_disabled(request: Request, user: ConsoleUser, form: Form, verb: s
 
 
 @action
+@asks_first(confirm.disable_account)
 async def disable_account(request: Request, user: ConsoleUser, form: Form) -> Response:
     return await _set_disabled(request, user, form, "disable")
 
@@ -148,12 +149,13 @@ async def _session_ends(request: Request, user: ConsoleUser) -> dict[str, Any]:
 
 async def _tokens(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                   created: dict[str, Any] | None = None, status: int | None = None) -> Response:
-    listing = await api_for(request, user).fetch("/api/v1/tokens", {"limit": PAGE_SIZE, "cursor": _cursor(request)})
-    shown = _error(error)
+    filters = filters_of(request, "tokens", "/console/tokens", "Find your tokens")
+    listing, refused = await fetch_listing(api_for(request, user), "/api/v1/tokens", request, filters)
+    shown = _error(error or refused)
     if status is not None:
         shown["status"] = status
     return render(request, user, "tokens.html", {"listing": listing, "tokens": listing["items"], "created": created,
-                                                 **await _session_ends(request, user)}, **shown)
+                                                 "list_filters": filters, **await _session_ends(request, user)}, **shown)
 
 
 @page
@@ -174,6 +176,7 @@ async def create_token(request: Request, user: ConsoleUser, form: Form) -> Respo
 
 
 @action
+@asks_first(confirm.revoke_token)
 async def revoke_token(request: Request, user: ConsoleUser, form: Form) -> Response:
     token_id = request.path_params.get("token_id") or form.text("id").strip()
     try:
@@ -190,17 +193,18 @@ async def revoke_token(request: Request, user: ConsoleUser, form: Form) -> Respo
 
 async def _keys(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                 created: dict[str, Any] | None = None, status: int | None = None) -> Response:
+    filters = filters_of(request, "keys", "/console/keys", "Find service keys")
     try:
-        listing = await api_for(request, user).fetch("/api/v1/keys", {"limit": PAGE_SIZE, "cursor": _cursor(request)})
+        listing, refused = await fetch_listing(api_for(request, user), "/api/v1/keys", request, filters)
     except Refused as refusal:
         if error is not None:
             raise
         return render(request, user, "error.html", {"title": "Service keys"}, **_error(refusal))
-    shown = _error(error)
+    shown = _error(error or refused)
     if status is not None:
         shown["status"] = status
     return render(request, user, "keys.html", {"listing": listing, "keys": listing["items"], "created": created,
-                                               **await _session_ends(request, user)}, **shown)
+                                               "list_filters": filters, **await _session_ends(request, user)}, **shown)
 
 
 @page
@@ -235,6 +239,7 @@ async def adopt_key(request: Request, user: ConsoleUser, form: Form) -> Response
 
 
 @action
+@asks_first(confirm.revoke_key)
 async def revoke_key(request: Request, user: ConsoleUser, form: Form) -> Response:
     key_id = request.path_params["key_id"]
     try:

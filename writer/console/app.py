@@ -3,7 +3,9 @@
 The console is a program of its own beside the API (`ConsoleDispatch`, in the writer's
 middleware): its errors are pages, not JSON, every answer carries its security headers
 (security.PageHeaders), and the API's route table (and so its OpenAPI document) holds only the
-API. A gateway has neither the dispatch nor the program: /console/ is an unknown route there.
+API. `/` leads a browser to the console (`ConsoleDispatch`). A gateway has neither the dispatch
+nor the program: /console/ is an unknown route there, and a browser is told so in a page
+(gateway/console_hint.py).
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from arkvory.shared.errors import ApiError, Busy, Unavailable
-from arkvory.shared.http.edge import request_id
+from arkvory.shared.errors import ApiError, Busy, NotFound, Unavailable
+from arkvory.shared.http.edge import request_id, send_error
+from arkvory.shared.http.media_types import accepts_html
 
-from . import account_lifecycle, accounts, audit, catalog, members, overview, password, retention, session, tasks, uploads
+from . import (
+    account_lifecycle, accounts, audit, catalog, confirm, members, overview, password, publish, retention, session,
+    tasks, uploads,
+)
 from .internal import Refused
 from .security import PageHeaders
 from .views import FILTERS, GLOBALS
@@ -70,6 +76,26 @@ def _routes() -> list:
         Route(artifact, catalog.artifact_page, methods=get),
         Route(artifact + "/download", catalog.Download(), methods=["GET", "HEAD"]),
         Route(artifact + "/delete", catalog.delete_artifact, methods=post),
+        # Publishing (publish.py), and the confirmation page of every danger (confirm.py): a GET
+        # of the danger's own path.
+        Route(repo + "/packages/new", publish.publish_package_page, methods=get),
+        Route(repo + "/packages", publish.publish_package, methods=post),
+        Route(repo + "/package", publish.package_page, methods=get),
+        Route(repo + "/assets/new", publish.point_asset_page, methods=get),
+        Route(repo + "/assets", publish.point_asset, methods=post),
+        Route(repo + "/asset", publish.asset_page, methods=get),
+        Route(repo + "/asset/restore", publish.restore_asset, methods=post),
+        Route(repo + "/delete", confirm.confirmation_page(confirm.delete_repository), methods=get),
+        Route(repo + "/packages/delete", confirm.confirmation_page(confirm.delete_package), methods=get),
+        Route(repo + "/assets/delete", confirm.confirmation_page(confirm.delete_asset), methods=get),
+        Route(repo + "/members/remove", confirm.confirmation_page(confirm.remove_member), methods=get),
+        Route(repo + "/retention/disable", confirm.confirmation_page(confirm.disable_retention), methods=get),
+        Route(repo + "/retention/delete", confirm.confirmation_page(confirm.delete_retention), methods=get),
+        Route(artifact + "/delete", confirm.confirmation_page(confirm.delete_artifact), methods=get),
+        Route(PREFIX + "/accounts/{name}/disable", confirm.confirmation_page(confirm.disable_account), methods=get),
+        Route(PREFIX + "/tokens/revoke", confirm.confirmation_page(confirm.revoke_token), methods=get),
+        Route(PREFIX + "/tokens/{token_id}/revoke", confirm.confirmation_page(confirm.revoke_token), methods=get),
+        Route(PREFIX + "/keys/{key_id}/revoke", confirm.confirmation_page(confirm.revoke_key), methods=get),
         Route(PREFIX + "/tasks", tasks.tasks_page, methods=get),
         Route(PREFIX + "/tasks", tasks.dispatch_task, methods=post),
         Route(PREFIX + "/tasks/{task_id}", tasks.task_page, methods=get),
@@ -202,9 +228,18 @@ def build_console(writer_app: Starlette) -> Starlette:
     return console
 
 
+class _NothingAtTheRoot(NotFound):
+    def headers(self) -> dict[str, str]:
+        return {"Vary": "Accept"}
+
+
 class ConsoleDispatch:
     """In the writer's middleware: /console and everything under /console/ go to the console
-    program (`scope["app"].state.console`, set by `install`), the rest to the API."""
+    program (`scope["app"].state.console`, set by `install`), the rest to the API.
+
+    `/` leads a browser (an `Accept` that names text/html) to the console with a redirect; a
+    program that GETs it gets the API's JSON 404, saying where the API and the console are, so
+    a client that follows redirects never gets a sign-in page for a JSON answer."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -221,7 +256,23 @@ class ConsoleDispatch:
                     # middleware around this one (the audit's refusals) reads the writer's state.
                     scope["app"] = writer_app
                 return
+            if path == "/" and scope["method"] in ("GET", "HEAD"):
+                await _root(scope, send)
+                return
         await self.app(scope, receive, send)
+
+
+async def _root(scope: Scope, send: Send) -> None:
+    if not accepts_html(scope["headers"]):
+        await send_error(scope, send, _NothingAtTheRoot(
+            "nothing is served at /: the API is under /api/v1/ (GET /api/v1/openapi.json describes it),"
+            " the web console at /console/"
+        ))
+        return
+    headers = [(b"location", (PREFIX + "/").encode()), (b"vary", b"Accept"), (b"cache-control", b"no-store"),
+               (b"content-length", b"0")]
+    await send({"type": "http.response.start", "status": 302, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def install(writer_app: Starlette) -> None:

@@ -16,7 +16,6 @@ conditional requests, the bandwidth budget and the admission queue are the conte
 from __future__ import annotations
 
 import json
-import urllib.parse
 from typing import Any
 
 from starlette.requests import Request
@@ -27,8 +26,12 @@ from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.download.catalog import check_repository_name, parse_uuid, repository_for_read
 from arkvory.shared.errors import ApiError, InvalidInput
 
+from . import confirm
+from .confirm import asks_first
+from .downloads import artifact_lines
 from .forms import Form
 from .internal import Refused, api_path
+from .list_filters import fetch_listing, filters_of
 from .session import (
     ConsoleUser,
     action,
@@ -41,8 +44,8 @@ from .session import (
     signed_in,
     sign_in_redirect,
 )
+from .views import repository_path
 
-PAGE_SIZE = "50"
 USES_SHOWN = 100
 
 
@@ -50,21 +53,12 @@ def _repo(request: Request) -> str:
     return request.path_params["repo"]
 
 
-def _cursor(request: Request, name: str = "cursor") -> str | None:
-    return request.query_params.get(name) or None
-
-
 def _base(repo: str) -> str:
-    return "/console/repositories/" + urllib.parse.quote(repo, safe="")
+    return repository_path(repo)
 
 
 def _abilities(user: ConsoleUser, repo: str) -> dict[str, bool]:
-    principal = user.principal
-    return {
-        "may_write": principal.may_write(repo) and not principal.read_only,
-        "may_administer": principal.may_administer(repo),
-        "may_delete": principal.is_admin,
-    }
+    return user.abilities(repo)
 
 
 # -- the list --------------------------------------------------------------------------------
@@ -72,13 +66,13 @@ def _abilities(user: ConsoleUser, repo: str) -> dict[str, bool]:
 
 async def _repositories(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                         form: Form | None = None) -> Response:
-    listing = await api_for(request, user).fetch(
-        "/api/v1/repositories", {"limit": PAGE_SIZE, "cursor": _cursor(request)}
-    )
+    filters = filters_of(request, "repositories", "/console/repositories", "Find repositories")
+    listing, refused = await fetch_listing(api_for(request, user), "/api/v1/repositories", request, filters)
+    error = error or refused
     may_create = user.admin or any(scope.startswith("write:") for scope in user.principal.scopes)
     return render(
         request, user, "repositories.html",
-        {"listing": listing, "may_create": may_create, "form": form.fields if form else {}},
+        {"listing": listing, "may_create": may_create, "form": form.fields if form else {}, "list_filters": filters},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )
 
@@ -105,13 +99,16 @@ async def _repository(request: Request, user: ConsoleUser, tab: str, *, error: R
     name = _repo(request)
     api = api_for(request, user)
     repository = await api.fetch(api_path("repositories", name))
-    query = {"limit": PAGE_SIZE, "cursor": _cursor(request)}
-    listing = await api.fetch(api_path("repositories", name, tab), query)
+    base = _base(repository["name"])
+    filters = filters_of(request, tab, base if tab == "artifacts" else f"{base}/{tab}", f"Find {tab}")
+    listing, refused = await fetch_listing(api, api_path("repositories", name, tab), request, filters)
+    error = error or refused
     context = {
         "repository": repository,
-        "base": _base(repository["name"]),
+        "base": base,
         "tab": tab,
         "listing": listing,
+        "list_filters": filters,
         **_abilities(user, repository["name"]),
     }
     return render(
@@ -151,6 +148,7 @@ async def set_visibility(request: Request, user: ConsoleUser, form: Form) -> Res
 
 
 @action
+@asks_first(confirm.delete_repository)
 async def delete_repository(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     query = {"force": "true"} if form.checked("force") else None
@@ -162,6 +160,7 @@ async def delete_repository(request: Request, user: ConsoleUser, form: Form) -> 
 
 
 @action
+@asks_first(confirm.delete_package)
 async def delete_package(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     query = {field: form.text(field) for field in ("group", "name", "version")}
@@ -173,6 +172,7 @@ async def delete_package(request: Request, user: ConsoleUser, form: Form) -> Res
 
 
 @action
+@asks_first(confirm.delete_asset)
 async def delete_asset(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = _repo(request)
     try:
@@ -219,7 +219,7 @@ async def _artifact(request: Request, user: ConsoleUser, *, error: Refused | Api
     return render(
         request, user, "artifact.html",
         {"repository": repository, "base": _base(repository["name"]), "artifact": artifact, **uses,
-         **_abilities(user, repository["name"])},
+         "lines": artifact_lines(request, repository, artifact), **_abilities(user, repository["name"])},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )
 
@@ -230,6 +230,7 @@ async def artifact_page(request: Request, user: ConsoleUser) -> Response:
 
 
 @action
+@asks_first(confirm.delete_artifact)
 async def delete_artifact(request: Request, user: ConsoleUser, form: Form) -> Response:
     repo, artifact_id = _repo(request), request.path_params["artifact_id"]
     try:

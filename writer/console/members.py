@@ -1,33 +1,29 @@
 """A repository's members in the console (issue 25 §2): the Members tab of a repository, for its
 admins and the installation's administrators, as the API allows (`/members`, writer/catalog/
 permissions.py): who may read, write or administer it, a page at a time, each level changed in
-its row, a member removed after a second click (a `<details>` that opens on the first, no
-script), and a form to add one.
+its row, a member removed after its confirmation page (confirm.py), and a form to add one.
 """
 
 from __future__ import annotations
-
-import urllib.parse
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from arkvory.shared.errors import ApiError, InvalidInput
 
+from . import confirm
+from .confirm import asks_first
 from .forms import Form
 from .internal import Refused, api_path
 from .session import ConsoleUser, action, api_for, page, refusal_status, render, see_other
+from .views import repository_path
 
 PAGE_SIZE = "50"
 LEVELS = ("read", "write", "admin")
 
 
-def _base(repo: str) -> str:
-    return "/console/repositories/" + urllib.parse.quote(repo, safe="")
-
-
 def _members_path(repo: str) -> str:
-    return _base(repo) + "/members"
+    return repository_path(repo) + "/members"
 
 
 async def _members(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
@@ -37,11 +33,9 @@ async def _members(request: Request, user: ConsoleUser, *, error: Refused | ApiE
     repository = await api.fetch(api_path("repositories", name))
     listing = await api.fetch(api_path("repositories", name, "members"),
                               {"limit": PAGE_SIZE, "cursor": request.query_params.get("cursor") or None})
-    principal = user.principal
     context = {
-        "repository": repository, "base": _base(repository["name"]),
-        "listing": listing, "members": listing["items"], "levels": LEVELS,
-        "may_administer": principal.may_administer(repository["name"]), "may_delete": principal.is_admin,
+        "repository": repository, "base": repository_path(repository["name"]),
+        "listing": listing, "members": listing["items"], "levels": LEVELS, **user.abilities(repository["name"]),
         "form": {k: v for k, v in (form.fields if form else {}).items() if k in ("account", "level")},
     }
     return render(request, user, "members.html", context,
@@ -72,6 +66,7 @@ async def set_member(request: Request, user: ConsoleUser, form: Form) -> Respons
 
 
 @action
+@asks_first(confirm.remove_member)
 async def remove_member(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = request.path_params["repo"]
     try:

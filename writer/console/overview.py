@@ -1,5 +1,6 @@
 """The overview: every slot's lease, the saved policy, each process's readiness (its trust left
-and budget use), the worker, storage diagnostics.
+and budget use), the worker, storage diagnostics. For administrators only: anyone else who
+opens the console lands on the repositories instead.
 
 The database knows the leases (holder, generation, times, and the reservation left by its own
 clock) and the URL each process recorded at acquisition (shared/cluster/lease.py). What only a
@@ -26,16 +27,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
+from arkvory.shared.errors import Forbidden
 
 from ..tasks.metrics import installation_state
 from .internal import Refused
-from .session import ConsoleUser, api_for, page, render, runtime_of
+from .session import NOTICES, ConsoleUser, api_for, page, render, runtime_of, see_other
 from .views import when
 
 if TYPE_CHECKING:
     import httpx
 
 READY_TIMEOUT_S = 1.5
+REPOSITORIES = "/console/repositories"
 DIAGNOSTICS_SHOWN = 20
 
 _LEASES = """
@@ -164,6 +167,11 @@ async def overview_data(request: Request, user: ConsoleUser, *, details: bool = 
 
 @page
 async def overview_page(request: Request, user: ConsoleUser) -> Response:
+    if not user.admin:
+        # Processes, hosts, PIDs and readiness URLs are the operator's: an account lands on
+        # what it may use, with the notice it was sent here with (e.g. its password changed).
+        notice = request.query_params.get("notice")
+        return see_other(REPOSITORIES, notice if notice in NOTICES else None)
     data = await overview_data(request, user)
     return render(request, user, "overview.html", data)
 
@@ -195,6 +203,8 @@ def _live_row(row: dict[str, Any]) -> dict[str, Any]:
 
 @page
 async def overview_json(request: Request, user: ConsoleUser) -> Response:
+    if not user.admin:
+        raise Forbidden("the overview is for administrators")
     data = await overview_data(request, user, details=False)
     return JSONResponse({
         "processes": [_live_row(row) for row in data["processes"]],

@@ -1,6 +1,7 @@
 """A repository's retention rule in the console (issue 25 item 10): the rule, the preview of what
 the next cleanup would delete (of the saved rule, or of limits typed into the preview form, which
-saves nothing), and the forms that save, disable and delete the rule.
+saves nothing), and the forms that save, disable and delete the rule (the last two after their
+confirmation page, confirm.py).
 
 Every read and change is the API's (writer/catalog/retention.py) as the signed-in account, so
 only the repository's admins get past the first call. Enabling is explicit: the save form's
@@ -19,6 +20,8 @@ from starlette.responses import Response
 from arkvory.shared.errors import ApiError, InvalidInput
 
 from .catalog import _abilities, _base
+from . import confirm
+from .confirm import asks_first
 from .forms import Form
 from .internal import Refused, api_path
 from .session import ConsoleUser, action, api_for, page, refusal_status, render, see_other
@@ -116,6 +119,7 @@ async def save_rule(request: Request, user: ConsoleUser, form: Form) -> Response
 
 
 @action
+@asks_first(confirm.disable_retention)
 async def disable_rule(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = request.path_params["repo"]
     api = api_for(request, user)
@@ -131,6 +135,7 @@ async def disable_rule(request: Request, user: ConsoleUser, form: Form) -> Respo
 
 
 @action
+@asks_first(confirm.delete_retention)
 async def delete_rule(request: Request, user: ConsoleUser, form: Form) -> Response:
     name = request.path_params["repo"]
     try:

@@ -54,6 +54,10 @@ NOTICES = {
     "artifact-deleted": "The artifact was deleted.",
     "package-deleted": "The package version was deleted.",
     "asset-deleted": "The asset was deleted.",
+    "package-published": "The package version is published.",
+    "package-exists": "This version was already published with this artifact: nothing changed.",
+    "asset-pointed": "The asset points at the artifact now.",
+    "asset-restored": "The asset points back at that artifact now.",
     "task-cancelled": "The task was cancelled (or is being cancelled).",
     "account-created": "The account was created.",
     "account-disabled": "The account was disabled; its sessions and tokens ended, the service keys it made are suspended.",
@@ -90,6 +94,17 @@ class ConsoleUser:
     @property
     def csrf(self) -> str:
         return csrf_token(self.token)
+
+    def abilities(self, repo: str) -> dict[str, bool]:
+        """What the pages offer on `repo`, by the principal's own permission methods (the API
+        decides anyway): writing (upload, publish, delete what it holds), administering, and
+        deleting the repository."""
+        principal = self.principal
+        return {
+            "may_write": principal.may_write(repo) and not principal.read_only,
+            "may_administer": principal.may_administer(repo),
+            "may_delete": principal.is_admin,
+        }
 
     @property
     def must_change_password(self) -> bool:
@@ -139,8 +154,9 @@ def safe_next(value: str | None) -> str:
     return "/console/"
 
 
-def see_other(path: str, notice: str | None = None, **query: str) -> RedirectResponse:
-    """303 to a console page, after a change (the browser then GETs it)."""
+def see_other(path: str, notice: str | None = None, /, **query: str) -> RedirectResponse:
+    """303 to a console page, after a change (the browser then GETs it), with `query` (a
+    field may be called `path`: the page's path is positional only)."""
     params = {k: v for k, v in query.items() if v is not None}
     if notice is not None:
         assert notice in NOTICES, notice

@@ -19,12 +19,12 @@ from arkvory.shared.errors import ApiError
 
 from ..tasks.budgets import LIMITS
 from ..tasks.kinds import KIND_NAMES
-from ..tasks.store import STATUSES
 from .forms import Form
 from .internal import Refused, api_path
+from .list_filters import fetch_listing, filters_of
 from .session import ConsoleUser, action, api_for, page, refusal_status, render, see_other
+from .task_progress import pairs, progress, sentence
 
-PAGE_SIZE = "50"
 EVENTS_SHOWN = "1000"
 ON_RESTART = ("fail", "retry", "resume")
 # Each kind's params as the dispatch form offers them (the kinds' own checks bound them).
@@ -33,14 +33,13 @@ PARAMS = {"cleanup": ("grace_seconds",), "verify": ("bytes_per_second",)}
 
 async def _tasks(request: Request, user: ConsoleUser, *, error: Refused | ApiError | None = None,
                  form: Form | None = None) -> Response:
-    filters = {name: request.query_params.get(name) or None for name in ("kind", "status")}
-    listing = await api_for(request, user).fetch(
-        "/api/v1/tasks", {**filters, "limit": PAGE_SIZE, "cursor": request.query_params.get("cursor") or None}
-    )
+    filters = filters_of(request, "tasks", "/console/tasks", "Filter the tasks")
+    listing, refused = await fetch_listing(api_for(request, user), "/api/v1/tasks", request, filters)
+    error = error or refused
     return render(
         request, user, "tasks.html",
         {
-            "listing": listing, "filters": filters, "kinds": sorted(KIND_NAMES), "statuses": STATUSES,
+            "listing": listing, "list_filters": filters, "kinds": sorted(KIND_NAMES),
             "limits": list(LIMITS), "on_restart": ON_RESTART, "params": PARAMS,
             "form": form.fields if form else {},
         },
@@ -101,9 +100,11 @@ async def _task(request: Request, user: ConsoleUser, *, error: Refused | ApiErro
         {"limit": limit, "counter": counter, "allowed": budget["limits"].get(limit), "used": budget["usage"].get(counter, 0)}
         for limit, counter in LIMITS.items()
     ]
+    lines = [{**event, "text": sentence(event)} for event in events["items"]]
     return render(
         request, user, "task.html",
-        {"task": task, "events": events, "budget_rows": rows,
+        {"task": task, "events": events, "lines": lines, "progress": await progress(request, task), "budget_rows": rows,
+         "params_words": pairs(task["params"]), "result_words": pairs(task["result"]),
          "finished": task["status"] in ("completed", "failed", "cancelled")},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )

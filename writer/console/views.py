@@ -1,10 +1,12 @@
-"""How the templates show numbers and times (Jinja2 filters), and the idempotency key each
-change form carries, so that a form sent twice (a double click, a reload) is one change."""
+"""How the templates show numbers and times (Jinja2 filters), a repository's console path, the
+idempotency key each change form carries, so that a form sent twice (a double click, a reload)
+is one change, and the query a pager's link keeps."""
 
 from __future__ import annotations
 
 import datetime
 import secrets
+import urllib.parse
 from typing import Any
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -75,10 +77,23 @@ def seconds(value: Any) -> str:
     return "—"
 
 
+def repository_path(name: str) -> str:
+    """The console page of a repository (the prefix of its tabs, artifacts and forms)."""
+    return "/console/repositories/" + urllib.parse.quote(name, safe="")
+
+
+def query_with(request: Any, **changes: str) -> str:
+    """`?...`: the page's own query (its filters and order) without its cursor and notice, with
+    `changes`; "" when nothing is left. For the pager's links."""
+    kept = [(k, v) for k, v in request.query_params.multi_items() if k not in ("cursor", "notice", *changes)]
+    kept += [(k, v) for k, v in changes.items() if v]
+    return "?" + urllib.parse.urlencode(kept) if kept else ""
+
+
 def form_key(_: Any = None) -> str:
     """A fresh Idempotency-Key for one rendering of a change form."""
     return "console-" + secrets.token_urlsafe(24)
 
 
 FILTERS = {"size": size, "rate": rate, "when": when, "seconds": seconds, "from_now": from_now}
-GLOBALS = {"form_key": form_key}
+GLOBALS = {"form_key": form_key, "query_with": query_with}

@@ -21,6 +21,7 @@ import string
 from arkvory.shared.errors import InvalidInput
 
 ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+MAX_ACCOUNT_NAME = 64
 # The folded name of arkvory_accounts, as SQL; its unique index (migration 0012) is on exactly this.
 FOLDED_NAME = 'lower(name COLLATE "C")'
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)

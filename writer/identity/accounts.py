@@ -54,14 +54,14 @@ from . import device_cookies
 from ..audit.actions import record_request
 from ..audit.refusals import SUBJECT_KEY
 from ..audit.trail import account_actor, actor_of
-from .account_names import FOLDED_NAME, check_account_name, fold
+from .account_names import FOLDED_NAME, MAX_ACCOUNT_NAME, check_account_name, fold
 from .accounts_openapi import OPENAPI_PATHS  # noqa: F401  (served next to `routes`)
 from .credential_makers import require_still_valid, suspend_made_by
 from .device_cookies import DeviceCookies
 from .lockout import lock_for_removal
 from ..idempotency import idempotent, key_of
 from .login_limits import LoginLimits, PasswordAttempt
-from ..pagination import page, page_cursor, page_limit
+from ..pagination import NEWEST, OLDEST, TIME_ID, ListQuery, SortColumn, page_cursor, page_limit, page_order, text_filter
 from .passwords import DUMMY, MAX_PASSWORD, PasswordHash, PasswordHasher, check_password_text, needs_rehash
 from ..request_inputs import json_body, principal_of, require_admin_scope, runtime_of
 from .sign_in_guard import check_sign_in_request
@@ -395,21 +395,34 @@ async def create_account(request: Request) -> Response:
     return JSONResponse(account_json(row), status_code=201)
 
 
+# By name without regard to case (the folded name, unique: migration 0012's index serves the order
+# and a prefix's range), or newest or oldest first.
+NAME_ORDER = (SortColumn(FOLDED_NAME, "folded"),)
+ORDERS = ("name", NEWEST, OLDEST)
+
+
+def accounts_listing(*, order: str = "name", prefix: str | None = None, cursor: tuple | None = None) -> ListQuery:
+    listing = ListQuery(
+        f"SELECT {ACCOUNT_COLUMNS}, {FOLDED_NAME} AS folded FROM arkvory_accounts",
+        NAME_ORDER if order == "name" else TIME_ID, descending=order == NEWEST,
+    )
+    listing.starts_with(FOLDED_NAME, None if prefix is None else fold(prefix))
+    return listing.after(cursor)
+
+
 async def list_accounts(request: Request) -> Response:
     principal = await principal_of(request)
     require_admin_scope(principal, "accounts")
     pool = runtime_of(request).pool
     assert pool is not None
     limit = page_limit(request)
-    after = page_cursor(request, ("name",))
+    order = page_order(request, "name", ORDERS)
+    prefix = text_filter(request, "prefix", MAX_ACCOUNT_NAME)
+    cursor = page_cursor(request, NAME_ORDER if order == "name" else TIME_ID)
+    listing = accounts_listing(order=order, prefix=prefix, cursor=cursor)
     async with pooled(pool) as conn:
-        rows = await conn.fetch(
-            f"SELECT {ACCOUNT_COLUMNS} FROM arkvory_accounts WHERE ($1::text IS NULL OR name > $1)"
-            " ORDER BY name LIMIT $2",
-            after and after[0], limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(page(rows, limit, account_json, lambda r: [r["name"]]))
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, account_json))
 
 
 async def _set_disabled(request: Request, disabled: bool) -> Response:

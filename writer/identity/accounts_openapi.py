@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import device_cookies
+from .account_names import MAX_ACCOUNT_NAME
 from .. import openapi
 from .passwords import MAX_PASSWORD
 
@@ -119,8 +120,14 @@ OPENAPI_PATHS: dict[str, Any] = {
             "responses": {"201": _ok("Created", ACCOUNT_SCHEMA), **openapi.errors(400, 401, 403, 409, 413)},
         },
         "get": {
-            "summary": "List accounts (admin), by name, one page at a time",
-            "parameters": openapi.page_params(),
+            "summary": "List accounts (admin), by name (without regard to case) or newest or oldest first, one page at a time",
+            "parameters": [
+                openapi.query_param("prefix", "Only accounts whose name starts with this, without regard to case.",
+                                    schema={"type": "string", "minLength": 1, "maxLength": MAX_ACCOUNT_NAME}),
+                openapi.order_param("name", ("name", "newest", "oldest"), sorted_by="creation; `name`: by name "
+                                    "without regard to case"),
+                *openapi.page_params(),
+            ],
             "responses": {"200": _ok("One page", openapi.page_of(ACCOUNT_SCHEMA)), **openapi.errors(400, 401, 403)},
         },
     },

@@ -47,7 +47,7 @@ from ..audit.trail import actor_of
 from .accounts import confirm_password
 from .credential_makers import making_of
 from ..idempotency import idempotent, key_of
-from ..pagination import page, page_limit, time_id_cursor, time_id_key
+from ..pagination import NEWEST, OLDEST, ListQuery, SortColumn, page_cursor, page_limit, page_order, text_filter
 from .passwords import MAX_PASSWORD
 from ..request_inputs import json_body, principal_of, runtime_of
 
@@ -227,26 +227,35 @@ async def create_token(request: Request) -> Response:
 async def list_tokens(request: Request) -> Response:
     principal = await principal_of(request)
     account_id = _token_owner(principal)
-    return await credential_page(request, "c.account_id = $1 AND c.kind = 'pat'", account_id)
+    return await credential_page(request, "c.account_id = {} AND c.kind = 'pat'", account_id)
 
 
-async def credential_page(request: Request, where: str, *args: Any) -> Response:
-    """One page of the credentials that `where` picks (a condition on `c`, with `args` as $1..),
-    oldest first. A condition of its own per list, so that each plans with its own index."""
+CREDENTIAL_ORDER = (SortColumn("c.created_at", "created_at", "timestamptz"), SortColumn("c.id", "id", "uuid"))
+
+
+def credentials_listing(condition: str, *values: Any, order: str = OLDEST, prefix: str | None = None,
+                        cursor: tuple | None = None) -> ListQuery:
+    """One page of the credentials that `condition` picks (on `c`, a `{}` per value), oldest or
+    newest first, `prefix` of their label. Tokens are few per account (ARKVORY_MAX_TOKENS_PER_ACCOUNT)
+    and service keys have an index of their own in either order."""
+    listing = ListQuery(f"SELECT {COLUMNS} FROM arkvory_credentials c {WITH_MAKER}", CREDENTIAL_ORDER,
+                        descending=order == NEWEST)
+    listing.where(condition, *values).starts_with('c.label COLLATE "C"', prefix)
+    return listing.after(cursor)
+
+
+async def credential_page(request: Request, condition: str, *values: Any) -> Response:
+    """The page the request asks for of the credentials that `condition` picks (credentials_listing)."""
     pool = runtime_of(request).pool
     assert pool is not None
     limit = page_limit(request)
-    after_time, after_id = time_id_cursor(request)
-    after = len(args) + 1
+    listing = credentials_listing(
+        condition, *values, order=page_order(request, OLDEST), prefix=text_filter(request, "prefix", MAX_LABEL),
+        cursor=page_cursor(request, CREDENTIAL_ORDER),
+    )
     async with pooled(pool) as conn:
-        rows = await conn.fetch(
-            f"SELECT {COLUMNS} FROM arkvory_credentials c {WITH_MAKER} WHERE {where}"
-            f" AND (${after}::timestamptz IS NULL OR (c.created_at, c.id) > (${after}, ${after + 1}::uuid))"
-            f" ORDER BY c.created_at, c.id LIMIT ${after + 2}",
-            *args, after_time, after_id, limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return JSONResponse(page(rows, limit, credential_json, time_id_key))
+        rows = await listing.fetch(conn, limit)
+    return JSONResponse(listing.page(rows, limit, credential_json))
 
 
 async def revoke_credential(request: Request, principal: Principal, kind: str, owner: uuid.UUID | None) -> Response:
@@ -334,8 +343,9 @@ def credential_family(what: str, create_body: dict[str, Any], who: str, *create_
                           **openapi.errors(400, 401, 403, *create_errors, 413, 429)},
         },
         "get": {
-            "summary": f"List {what}s ({who}), oldest first, one page at a time; never the token",
-            "parameters": openapi.page_params(),
+            "summary": f"List {what}s ({who}), oldest (or newest) first, one page at a time; never the token",
+            "parameters": [openapi.prefix_param("label", MAX_LABEL), openapi.order_param("oldest", sorted_by="creation"),
+                           *openapi.page_params()],
             "responses": {"200": {"description": "One page", "content": openapi.json_content(openapi.page_of(CREDENTIAL_SCHEMA))},
                           **openapi.errors(400, 401, 403)},
         },

@@ -35,8 +35,8 @@ from .stream import EventStreamResponse, TaskEventHub, event_json, frames
 from ..audit.actions import record_request
 from ..audit.trail import actor_of
 from ..idempotency import REPLAYED_HEADER, Result, idempotent, key_of
-from ..pagination import page, page_cursor, page_limit
-from ..request_inputs import json_body, principal_of, runtime_of
+from ..pagination import NEWEST, TIME_ID, ListQuery, choice_filter, page_cursor, page_limit, page_order
+from ..request_inputs import json_body, principal_of, query, runtime_of
 
 ON_RESTART = ("fail", "retry", "resume")
 # Without `on_restart`, a kind gets the policy that suits it: cleanup is safe to run again
@@ -178,46 +178,30 @@ async def dispatch_task(request: Request) -> Response:
 # -- reading ------------------------------------------------------------------------------------
 
 
-def _filter(request: Request, name: str, allowed: Any) -> str | None:
-    value = request.query_params.get(name)
-    if value is not None and value not in allowed:
-        raise InvalidInput(f"query parameter {name!r} must be one of: {', '.join(sorted(allowed))}")
-    return value
-
-
-def _list_cursor(request: Request) -> tuple[datetime.datetime, uuid.UUID] | None:
-    key = page_cursor(request, ("created_at", "id"))
-    if key is None:
-        return None
-    try:
-        created_at = datetime.datetime.fromisoformat(key[0])
-        task_id = uuid.UUID(key[1])
-        if created_at.tzinfo is None:
-            raise ValueError
-    except ValueError:
-        raise InvalidInput("query parameter 'cursor' is not a cursor this list returned") from None
-    return created_at, task_id
+def tasks_listing(*, order: str = NEWEST, kind: str | None = None, status: str | None = None,
+                  cursor: tuple | None = None) -> ListQuery:
+    """One page of tasks, newest first unless `order` is oldest: (created_at, id) serves either."""
+    listing = ListQuery("SELECT * FROM arkvory_tasks", TIME_ID, descending=order == NEWEST)
+    if kind is not None:
+        listing.where("kind = {}", kind)
+    if status is not None:
+        listing.where("status = {}", status)
+    return listing.after(cursor)
 
 
 async def list_tasks(request: Request) -> Response:
     await administrator(request, changing=False)
-    kind = _filter(request, "kind", request.app.state.task_kinds)
-    status = _filter(request, "status", store.STATUSES)
+    listing = tasks_listing(
+        order=page_order(request, NEWEST), kind=choice_filter(request, "kind", request.app.state.task_kinds),
+        status=choice_filter(request, "status", store.STATUSES), cursor=page_cursor(request, TIME_ID),
+    )
     limit = page_limit(request)
-    after = _list_cursor(request)
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
-        rows = await conn.fetch(
-            "SELECT * FROM arkvory_tasks"
-            " WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR status = $2)"
-            " AND ($3::timestamptz IS NULL OR (created_at, id) < ($3::timestamptz, $4::uuid))"
-            " ORDER BY created_at DESC, id DESC LIMIT $5",
-            kind, status, after and after[0], after and after[1], limit + 1,
-            timeout=POOLED_QUERY_TIMEOUT_S,
-        )
+        rows = await listing.fetch(conn, limit)
     tasks = [store.decode(row) for row in rows]
-    return JSONResponse(page(tasks, limit, task_json, lambda t: [t["created_at"].isoformat(), str(t["id"])]))
+    return JSONResponse(listing.page(tasks, limit, task_json))
 
 
 def _task_id(request: Request) -> uuid.UUID:
@@ -253,7 +237,7 @@ def wants_event_stream(request: Request) -> bool:
 async def task_events(request: Request) -> Response:
     await administrator(request, changing=False)
     task_id = _task_id(request)
-    after = _event_number(request.query_params.get("after"), "query parameter 'after'") or 0
+    after = _event_number(query(request, "after"), "query parameter 'after'") or 0
     # Checked for either form, as the document declares it: only a stream uses it.
     resumed = _event_number(request.headers.get("last-event-id"), "Last-Event-ID")
     runtime = runtime_of(request)

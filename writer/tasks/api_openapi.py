@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..openapi import IDEMPOTENCY_KEY, errors, json_body, json_content, page_of, page_params, query_param
+from ..openapi import IDEMPOTENCY_KEY, errors, json_body, json_content, order_param, page_of, page_params, query_param
 from .budgets import LIMITS, MAX_LIMIT
 from .kinds import KIND_NAMES
 from .store import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS, STATUSES
@@ -135,10 +135,11 @@ OPENAPI_PATHS: dict[str, Any] = {
             },
         },
         "get": {
-            "summary": "List tasks, newest first (admin)",
+            "summary": "List tasks, newest (or oldest) first (admin)",
             "parameters": [
                 query_param("kind", "Only tasks of this kind.", schema={"type": "string", "enum": _KINDS}),
                 query_param("status", "Only tasks in this status.", schema={"type": "string", "enum": list(STATUSES)}),
+                order_param("newest", sorted_by="creation"),
                 *page_params(),
             ],
             "responses": {

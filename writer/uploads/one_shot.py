@@ -23,7 +23,7 @@ from ..idempotency import HeldKey, Result, holding_key
 from ..blobs.locks import Staging
 from ..openapi import ERROR, IDEMPOTENCY_KEY, errors, json_content, query_param, repo_param
 from ..catalog.repositories import repository_for_write
-from ..request_inputs import principal_of, runtime_of
+from ..request_inputs import principal_of, query, runtime_of
 from .places import UploadPlaces
 from .publishing import place_claimed_blob, publish_blob, received_body, storage_failed
 from .store import refuse_form_upload
@@ -33,10 +33,8 @@ async def upload_artifact(request: Request) -> Response:
     principal = await principal_of(request)
     repo = await repository_for_write(request, principal)
     refuse_form_upload(request)
-    name = check_artifact_name(request.query_params.get("name", ""))
-    media_type = upload_media_type(
-        request.query_params.get("mediaType"), request.headers.get("content-type")
-    )
+    name = check_artifact_name(query(request, "name") or "")
+    media_type = upload_media_type(query(request, "mediaType"), request.headers.get("content-type"))
     declared_length(request)  # a malformed Content-Length is refused before taking a place
     runtime = runtime_of(request)
     assert runtime.storage is not None
