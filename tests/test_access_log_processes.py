@@ -165,7 +165,7 @@ def test_no_credential_in_any_line_whatever_the_request_carries(cluster):
                 assert answer.status_code == 200
     with httpx.Client(base_url=writer.url, timeout=10) as browser:
         browser.cookies.set("arkvory_session", session)
-        assert browser.get("/console/").status_code == 200
+        assert browser.get("/console/repositories").status_code == 200  # (an account's landing page)
         assert browser.post("/api/v1/login", json={"name": account, "password": PASSWORD}).status_code == 200
     with httpx.Client(base_url=worker.url, timeout=10, headers={"Authorization": f"Bearer {key}"}) as client:
         assert client.get("/health/ready").status_code == 200
@@ -181,7 +181,7 @@ def test_no_credential_in_any_line_whatever_the_request_carries(cluster):
         by_basic = sorted(line["principal"] for line in access_lines(process.stderr) if line["request_id"] == "t-basic")
         assert len(by_basic) == 3 and "key:admin" in by_basic, by_basic
         assert sum(p.startswith("account:") for p in by_basic) == 1 and sum(p.startswith("service:") for p in by_basic) == 1
-    console = [line for line in access_lines(writer.stderr) if line["path"] == "/console/"]
+    console = [line for line in access_lines(writer.stderr) if line["path"] == "/console/repositories"]
     assert console and console[0]["principal"].startswith("account:"), console
     assert {line["client"] for line in access_lines(writer.stderr)} == {"127.0.0.1"}
     assert writer.stderr.count("carried X-Forwarded-For, which is ignored") == 1
