@@ -22,7 +22,7 @@ from arkvory.shared.http.edge import REQUEST_ID_KEY
 from arkvory.shared.http.refusals import MAX_HEAD_BYTES
 from arkvory.shared.http.server import HttpServer
 
-from .test_http_edge import Served, heads
+from .test_http_edge import Served, heads, read_body
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -77,12 +77,7 @@ async def app(scope, receive, send):
     length. It gives itself a request id and a principal, as RequestContext and the routes do."""
     scope[REQUEST_ID_KEY] = "rid-" + scope["path"].strip("/")
     note_principal(scope, "key:tester")
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     if scope["path"] == "/fail":
         raise ValueError("the app failed")
     text = b"%d" % len(body)
@@ -94,8 +89,8 @@ async def app(scope, receive, send):
     await send({"type": "http.response.body", "body": text})
 
 
-async def serve_logged(access: AccessLog) -> Served:
-    server = HttpServer(app, access_log=access)
+async def serve_logged(access: AccessLog, served_app=app) -> Served:
+    server = HttpServer(served_app, access_log=access)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     await server.start(sock=sock)
@@ -346,18 +341,14 @@ async def test_hostile_request_lines_and_headers_cannot_forge_or_split_a_line(lo
     access = AccessLog(
         log_format, (ipaddress.ip_network("127.0.0.0/8"),), logger=access_logger(handler), write_every_s=0.01
     )
-    server = HttpServer(recording, access_log=access)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await server.start(sock=sock)
-    served = Served(server, sock.getsockname()[1])
+    served = await serve_logged(access, recording)
     requests = [_hostile_request(rng, seq) for seq in range(120)]
     try:
         for request in requests:
             answer = await served.exchange(request, quiet_s=5)
             assert answer.startswith(b"HTTP/1.1 "), answer[:200]
     finally:
-        await server.shutdown()
+        await served.server.shutdown()
 
     assert len(handler.lines) == len(requests), "a line was split, forged or lost"
     assert 20 < len(seen) < len(requests) - 20, "both answered and refused requests"
