@@ -119,6 +119,10 @@ def main() -> int:
         "--keep-profiles", type=pathlib.Path, metavar="DIR",
         help="keep each callgrind dump in DIR (read with callgrind_annotate)",
     )
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE",
+        help="extra environment for the gateway (repeatable), e.g. ARKVORY_ACCESS_LOG=text",
+    )
     args = parser.parse_args()
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     rows: list[tuple] = []
@@ -132,6 +136,7 @@ def main() -> int:
         env = bench.cluster.base_env(
             ARKVORY_ROLE="reader", ARKVORY_GATEWAY_SLOT="1", ARKVORY_DATABASE_POOL_SIZE="10",
             ARKVORY_PORT=str(free_port()), **shared, **OPEN_ADMISSION,
+            **dict(item.split("=", 1) for item in args.env),
         )
         port = int(env["ARKVORY_PORT"])
         gateway = Counted(

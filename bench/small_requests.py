@@ -14,7 +14,14 @@ nginx runs with 1 worker (one process, like the gateway) and with `auto` (one pe
 `--share-mode demand` runs every process with demand shares (issue 23: nothing may be added per
 request or per chunk, so the figure must not fall).
 
+`--access-log text json` measures the access log instead (issue 24 item 4, goal: ≥ 0.9 × the rate
+without it): open-admission gateways on one cluster, one with `ARKVORY_ACCESS_LOG` off and one per
+format named, in `--rounds` rounds of wrk against each in turn, each round starting with the next
+gateway; it prints each one's median and range, the median of the per-round ratios to off, the
+CPU per request each adds, and the lines written and dropped (nothing else is measured then).
+
     .venv/bin/python bench/small_requests.py [--seconds 10] [--connections 64] [--share-mode static|demand]
+    .venv/bin/python bench/small_requests.py --access-log text json [--rounds 7] [--seconds 5]
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import contextlib
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -39,6 +47,8 @@ from cluster import (
     blob_file,
     cpu_seconds,
     create_repo,
+    machine,
+    metrics,
     table,
     tree_cpu_seconds,
     run_wrk,
@@ -75,7 +85,12 @@ def main() -> int:
         help="record the open-admission gateway with py-spy during its run (FILE.svg: flame graph, "
         "FILE.txt: collapsed stacks; sampling slows the gateway a little); needs `.venv/bin/pip install py-spy`",
     )
+    parser.add_argument("--access-log", choices=("text", "json"), nargs="+",
+                        help="measure a gateway with each access log format beside one without (only that)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of --access-log")
     args = parser.parse_args()
+    if args.access_log:
+        return access_log_cost(args)
     size = args.size_kib * KiB
     wrk_args = dict(threads=args.threads, connections=args.connections, seconds=args.seconds)
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -199,6 +214,80 @@ def main() -> int:
     if results[names[0]]["non2xx"] or results[names[0]]["socket_errors"]:
         print("ERROR: the open-admission gateway answered errors", flush=True)
         return 1
+    return 0
+
+
+ACCESS_LOG_GOAL = 0.9
+
+
+def access_log_cost(args: argparse.Namespace) -> int:
+    """A gateway with the access log off beside one per asked format, in rounds that each start
+    with the next of them (module docstring)."""
+    size = args.size_kib * KiB
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    wrk = dict(threads=args.threads, connections=args.connections)
+    load_before = os.getloadavg()
+    modes = ["off", *dict.fromkeys(args.access_log)]
+    with BenchCluster() as bench:
+        shared = bench.shared(slots=len(modes) + 1, total=MAX_RATE, ARKVORY_SHARE_MODE=args.share_mode)  # (the writer is slot 0)
+        pool = {"ARKVORY_DATABASE_POOL_SIZE": str(args.pool_size)}
+        extra = dict(item.split("=", 1) for item in args.env)
+        writer = bench.writer(shared, **pool)
+        create_repo(writer, "bench")
+        artifact = upload(writer, "bench", "small.bin", size)
+        gateways = {
+            mode: bench.gateway(slot, shared, **{**pool, **OPEN_ADMISSION, **extra, "ARKVORY_ACCESS_LOG": mode})
+            for slot, mode in enumerate(modes, start=1)
+        }
+        for gateway in gateways.values():
+            run_wrk(gateway.url + artifact["path"], headers=auth, seconds=2, **wrk)  # warm-up
+        rates: dict[str, list[float]] = {mode: [] for mode in modes}
+        cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+        for round_ in range(args.rounds):
+            turn = round_ % len(modes)
+            for mode in modes[turn:] + modes[:turn]:
+                gateway = gateways[mode]
+                before = cpu_seconds(gateway.proc.pid)
+                result = run_wrk(gateway.url + artifact["path"], headers=auth, seconds=args.seconds, **wrk)
+                if result["non2xx"] or result["socket_errors"]:
+                    raise BenchError(f"{mode}: {result['non2xx']} non-2xx, {result['socket_errors']} socket errors")
+                rates[mode].append(result["rps"])
+                cpu[mode].append((cpu_seconds(gateway.proc.pid) - before) / max(result["requests"], 1))
+        time.sleep(0.5)  # the lines are written every 0.1 s
+        dropped = {mode: metrics(gateways[mode]).get("arkvory_access_log_dropped_lines_total", float("nan")) for mode in modes}
+        written = {mode: sum(1 for line in gateways[mode].stderr.splitlines() if "arkvory.access" in line) for mode in modes}
+    load_after = os.getloadavg()
+    rows = [
+        (
+            f"access log {mode}",
+            f"{statistics.median(rates[mode]):,.0f}",
+            f"{min(rates[mode]):,.0f}–{max(rates[mode]):,.0f}",
+            f"{statistics.median(cpu[mode]) * 1e6:.0f}",
+            f"{written[mode]:,}",
+            f"{dropped[mode]:.0f}",
+        )
+        for mode in modes
+    ]
+    print()
+    print(table(rows, ("gateway", "req/s (median)", "range", "CPU µs/req (median)", "lines", "dropped")))
+    figures = []
+    for mode in modes[1:]:
+        ratios = [on / off for off, on in zip(rates["off"], rates[mode])]
+        cpu_added = [(on - off) * 1e6 for off, on in zip(cpu["off"], cpu[mode])]
+        ratio = statistics.median(ratios)
+        figures.append((
+            f"{mode} / off, per round", f"{ratio:.3f} ({min(ratios):.2f}–{max(ratios):.2f})",
+            f"{statistics.median(cpu_added):+.1f} ({min(cpu_added):+.1f}–{max(cpu_added):+.1f})",
+            f"≥ {ACCESS_LOG_GOAL}", verdict(ratio >= ACCESS_LOG_GOAL and not dropped[mode]),
+        ))
+    print()
+    print(table(figures, ("figure", "rate ratio, median (range)", "CPU µs/req added", "goal", "result")))
+    print(
+        f"\n({args.rounds} rounds of wrk -t{args.threads} -c{args.connections} -d{args.seconds}s per gateway, "
+        f"each round starting with the next gateway, {args.size_kib} KiB body, after a 2 s warm-up each; "
+        f"a figure counts only when no line was dropped; load average {load_before[0]:.2f} before, "
+        f"{load_after[0]:.2f} after; {machine()})"
+    )
     return 0
 
 

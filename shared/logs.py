@@ -1,9 +1,12 @@
-"""Logging set-up from ARKVORY_LOG_FORMAT / ARKVORY_LOG_LEVEL; one line per record.
+"""Logging set-up from ARKVORY_LOG_FORMAT / ARKVORY_LOG_LEVEL; one line per record. And the
+access log's logger (`arkvory.access`, ARKVORY_ACCESS_LOG=off|text|json): its own handler,
+whatever the level of the others, not passed on to the root logger's handler. Its records come
+from the access log's thread (arkvory.shared.http.access_log), each a batch of whole lines
+already in the shape of these formats (TEXT_FORMAT, JsonFormatter's keys), written as they are.
 
 A line that names a client names it through `arkvory.shared.http.client_address.client_address`,
 never the socket peer (`scope["client"]`): behind the operator's balancers the peer is the
-balancer. There is no per-request access line (a download is counted in the metrics instead);
-the login limits' lines are the ones that name clients.
+balancer.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ import json
 import logging
 import sys
 
+ACCESS_LOGGER = "arkvory.access"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + ".%03d" % record.msecs,
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -41,14 +47,25 @@ class QuietPoolRetries(logging.Filter):
         return True
 
 
-def configure(log_format: str, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+def configure(log_format: str, level: str, access_log: str = "off") -> None:
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_stderr_handler(log_format)]
     root.setLevel(level.upper())
     # While the database is down its retries would log a traceback each (issue 13 item 17).
     logging.getLogger("asyncpg.pool").addFilter(QuietPoolRetries())
+    # Its own switch and format: ARKVORY_LOG_LEVEL=warning keeps it; and never twice through
+    # the root's handler. Operators may add handlers to `arkvory.access` to send it elsewhere.
+    access = logging.getLogger(ACCESS_LOGGER)
+    access.propagate = False
+    access.setLevel(logging.INFO)
+    access.handlers[:] = []
+    if access_log != "off":
+        lines = logging.StreamHandler(sys.stderr)
+        lines.setFormatter(logging.Formatter("%(message)s"))  # (written by the access log itself)
+        access.handlers.append(lines)
+
+
+def _stderr_handler(log_format: str) -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    return handler

@@ -144,6 +144,7 @@ class Settings:
     public_metrics: bool = False
     log_format: str = "text"
     log_level: str = "info"
+    access_log: str = "off"  # off | text | json (docs/configuration.md says why off)
     drain_timeout_s: int = 30
     send_timeout_s: int = 60
     receive_timeout_s: int = 60
@@ -268,6 +269,7 @@ class Settings:
             public_metrics=reader.boolean("ARKVORY_PUBLIC_METRICS", False),
             log_format=reader.choice("ARKVORY_LOG_FORMAT", ("json", "text"), "text"),
             log_level=reader.choice("ARKVORY_LOG_LEVEL", _LOG_LEVELS, "info", fold_case=True),
+            access_log=reader.choice("ARKVORY_ACCESS_LOG", ("off", "text", "json"), "off"),
             drain_timeout_s=reader.integer("ARKVORY_DRAIN_TIMEOUT_SECONDS", 0, 600, 30),
             # Like nginx's send_timeout / client_body_timeout: a peer that moves no byte for
             # this long gives its place back.

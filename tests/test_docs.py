@@ -104,6 +104,7 @@ DEFAULT_OF = {
     "ARKVORY_KEYS_FILE": lambda: settings().keys_file,
     "ARKVORY_LOG_FORMAT": lambda: settings().log_format,
     "ARKVORY_LOG_LEVEL": lambda: settings().log_level,
+    "ARKVORY_ACCESS_LOG": lambda: 0 if settings().access_log == "off" else settings().access_log,  # `off` reads as 0
     "ARKVORY_DRAIN_TIMEOUT_SECONDS": lambda: settings().drain_timeout_s,
     "ARKVORY_PUBLIC_METRICS": lambda: settings().public_metrics,
     "ARKVORY_PUBLIC_URL": lambda: settings().public_url,

@@ -27,14 +27,18 @@ def anyio_backend():
     return ("asyncio", {"use_uvloop": True})
 
 
-async def echo(scope, receive, send):
-    """Answers `METHOD PATH BODY-LENGTH HTTP-VERSION`; /fail raises, /silent answers nothing."""
+async def read_body(receive) -> bytes:
     body = b""
     while True:
         message = await receive()
         body += message.get("body", b"")
         if not message.get("more_body"):
-            break
+            return body
+
+
+async def echo(scope, receive, send):
+    """Answers `METHOD PATH BODY-LENGTH HTTP-VERSION`; /fail raises, /silent answers nothing."""
+    body = await read_body(receive)
     if scope["path"] == "/fail":
         raise ValueError("the app failed")
     if scope["path"] == "/silent":

@@ -218,6 +218,10 @@ SINGLE_RULES = [
          ("ARKVORY_LOG_FORMAT", "json, text", "yaml")),
     case("log-level-bad", {"ARKVORY_LOG_LEVEL": "verbose"},
          ("ARKVORY_LOG_LEVEL", "debug, info, warning, error, critical", "verbose")),
+    *[
+        case(f"access-log-{value}", {"ARKVORY_ACCESS_LOG": value}, ("ARKVORY_ACCESS_LOG", "off, text, json", value))
+        for value in ("on", "JSON", "true", "common")
+    ],
 ]
 
 MISSING = "expected to be set because {} is set"
@@ -457,7 +461,7 @@ def test_defaults():
     assert (s.download_queue_size, s.download_queue_timeout_ms, s.max_uploads) == (64, 20000, 2)
     assert (s.task_retention_s, s.idempotency_retention_s) == (7 * 86400, 86400)
     assert (s.allow_signup, s.public_metrics) == (False, False)
-    assert (s.log_format, s.log_level) == ("text", "info")
+    assert (s.log_format, s.log_level, s.access_log) == ("text", "info", "off")
     assert (s.max_uploads_per_principal, s.min_upload_bytes_per_second) == (1, 1024)
     assert s.max_reserved_bytes_per_principal == s.max_artifact_bytes == 64 * 1024**3
     assert s.trusted_proxies == ()

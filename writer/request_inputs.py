@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute, Route
 from arkvory.shared.auth.credentials import SESSION_COOKIE, resolve
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import Forbidden, InvalidInput, PasswordChangeRequired, Unauthorized
+from arkvory.shared.http.access_log import note_principal
 from arkvory.shared.http.bodies import read_json_object
 from arkvory.shared.http.query import checked_query, query_value
 from arkvory.shared.process.runtime import Runtime
@@ -44,6 +45,7 @@ async def principal_of(request: Request, *, before_new_password: bool = False) -
         request.headers.get("authorization"),
         request.cookies.get(SESSION_COOKIE),
     )
+    note_principal(request.scope, principal.id)  # a refused session's line names it too
     if principal.password_change_required and not before_new_password:
         raise PasswordChangeRequired(
             "an administrator reset this account's password: set your own first (POST /api/v1/account/password"

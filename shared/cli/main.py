@@ -47,7 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from arkvory.shared.errors import StartupError
     from arkvory.shared.auth.identity import KeyRing, KeysFileError
 
-    logs.configure(settings.log_format, settings.log_level)
+    logs.configure(settings.log_format, settings.log_level, settings.access_log)
     try:
         keys = KeyRing.from_file(settings.keys_file) if settings.keys_file else KeyRing.empty()
     except KeysFileError as exc:

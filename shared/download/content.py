@@ -20,6 +20,7 @@ from arkvory.shared.auth.credentials import resolve, resolve_now
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.errors import InvalidInput, Unavailable
 from arkvory.shared.http import basic_from_browsers
+from arkvory.shared.http.access_log import PRINCIPAL_ID_KEY
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, send_error
 from arkvory.shared.http.handle import HANDLE_KEY, ConnectionHandle, encode_header_block
 from arkvory.shared.http.query import checked_query
@@ -149,6 +150,7 @@ class _ContentEndpoint:
         if principal is None:  # a database credential this process does not remember (yet)
             principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, ask.authorization)
             _still_serving(runtime)
+        scope[PRINCIPAL_ID_KEY] = principal.id  # for the access line (access_log.note_principal)
         generation = runtime.catalog.generation
         found = find_content_now(runtime.catalog, ask.repo, principal, key)
         if found is None:

@@ -1,4 +1,5 @@
-"""The client's address as Arkvory believes it (SPEC §5): login limits and log lines use it.
+"""The client's address as Arkvory believes it (SPEC §5): login limits, log lines and the access
+log use it.
 
 Without `ARKVORY_TRUSTED_PROXIES` it is the TCP peer and `X-Forwarded-For` is ignored: anyone can
 write that header. When the peer is one of the operator's balancers, its `X-Forwarded-For` is
@@ -40,12 +41,18 @@ def client_address(scope: Scope, trusted: tuple[Network, ...]) -> str:
     if known is None:
         peer = scope.get("client")
         forwarded = [value.decode("latin-1") for key, value in scope["headers"] if key == b"x-forwarded-for"]
-        known = scope[_SCOPE_KEY] = believed_address(peer[0] if peer else None, forwarded, trusted)
-        if forwarded and not _untrusted_forwarding_seen:
-            address = _parse(peer[0]) if peer else None
-            if address is not None and not _is_trusted(address, trusted):
-                _warn_untrusted_forwarding(str(address), bool(trusted))
+        known = scope[_SCOPE_KEY] = address_of(peer[0] if peer else None, forwarded, trusted)
     return known
+
+
+def address_of(peer: str | None, forwarded_for: list[str], trusted: tuple[Network, ...]) -> str:
+    """`believed_address`, and the warning (once per process) when `X-Forwarded-For` came from
+    a peer that is not trusted. (The access log calls it too, as it makes each line.)"""
+    if forwarded_for and not _untrusted_forwarding_seen and peer is not None:
+        address = _parse(peer)
+        if address is not None and not _is_trusted(address, trusted):
+            _warn_untrusted_forwarding(str(address), bool(trusted))
+    return believed_address(peer, forwarded_for, trusted)
 
 
 def _warn_untrusted_forwarding(peer: str, any_trusted: bool) -> None:

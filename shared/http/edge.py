@@ -35,10 +35,9 @@ from arkvory.shared.metrics import Metrics
 
 from . import basic_from_browsers
 from .handle import HANDLE_KEY
+from .refusals import REQUEST_ID_KEY
 
 log = logging.getLogger("arkvory.http")
-
-REQUEST_ID_KEY = "arkvory.request_id"
 _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 

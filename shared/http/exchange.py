@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from arkvory.shared.errors import TransferAborted
 
-from .refusals import internal_error_response
+from .refusals import REQUEST_ID_KEY, internal_error_response
 
 log = logging.getLogger("arkvory.http")
 
@@ -153,15 +153,25 @@ class Connection(Protocol):
 
 
 class Exchange:
-    """One request's state between the parser, the app and the connection."""
+    """One request's state between the parser, the app and the connection; and what the access
+    log says of it (access_log.py): its status, payload bytes both ways, when it began and how
+    it ended when not in full (`end`: "cut" by the server, "refused" by the edge)."""
 
     __slots__ = (
         "connection", "transport", "flow", "scope", "keep_alive", "waiting_for_100_continue",
         "disconnected", "response_started", "response_complete", "chunked_encoding",
         "expected_content_length", "more_body", "_body", "_body_size", "_news", "_waiter",
+        "status", "sent", "received", "began", "end",
     )
 
-    def __init__(self, connection: Connection, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        scope: dict[str, Any],
+        keep_alive: bool,
+        expect_continue: bool,
+        began: float,
+    ) -> None:
         self.connection = connection
         self.transport = connection.transport
         self.flow = connection.flow
@@ -181,10 +191,15 @@ class Exchange:
         # end) since it last returned; and the future it waits on, made only when it must wait.
         self._news = False
         self._waiter: asyncio.Future | None = None
+        self.status = 0  # of the response head, once written
+        self.sent = self.received = 0  # payload bytes: the response's body, the request's
+        self.began = began  # time.monotonic() at its head's first byte
+        self.end: str | None = None
 
     # -- from the parser and the connection --------------------------------------------------
 
     def body_received(self, piece: bytes) -> None:
+        self.received += len(piece)
         if self.response_complete:
             return  # the answer went out before the body was read: it is discarded
         self._body.append(piece)
@@ -251,6 +266,7 @@ class Exchange:
 
     def _send_head(self, status: int, headers: Any) -> None:
         self.response_started = True
+        self.status = status
         self.waiting_for_100_continue = False
         head = [STATUS_LINES[status], self.connection.date_line]
         closing = False
@@ -281,6 +297,7 @@ class Exchange:
     def _send_body(self, body: bytes, more_body: bool) -> None:
         if self.scope["method"] == "HEAD":
             self.expected_content_length = 0
+            body = b""
         elif self.chunked_encoding:
             if body:
                 self.transport.writelines((b"%x\r\n" % len(body), body, b"\r\n0\r\n\r\n" if not more_body else b"\r\n"))
@@ -293,6 +310,7 @@ class Exchange:
             self.expected_content_length -= size
             if size:
                 self.transport.write(body)
+        self.sent += len(body)
         if not more_body:
             if self.expected_content_length != 0:
                 raise RuntimeError("Response content shorter than Content-Length")
@@ -339,5 +357,8 @@ class Exchange:
             return
         self.response_started = True
         self.keep_alive = False
-        self.transport.write(internal_error_response(self.connection.date_line))
+        refusal = internal_error_response(self.connection.date_line, self.scope.get(REQUEST_ID_KEY))
+        self.status = 500
+        self.sent += refusal.body_bytes
+        self.transport.write(refusal.response)
         self.finish()

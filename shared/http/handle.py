@@ -115,7 +115,8 @@ class ConnectionHandle:
         exchange.waiting_for_100_continue = False
         exchange.chunked_encoding = False
         exchange.expected_content_length = content_length - len(body)
-        self.status = status
+        exchange.sent += len(body)
+        self.status = exchange.status = status
         head = b"".join((
             STATUS_LINES[status],
             self._protocol.date_line,
@@ -147,7 +148,9 @@ class ConnectionHandle:
         """Hand payload to the transport; PayloadRefused (nothing written) when the payload gate
         is closed at this instant."""
         self._admit(len(data))
-        self.cycle.expected_content_length -= len(data)
+        exchange = self.cycle
+        exchange.expected_content_length -= len(data)
+        exchange.sent += len(data)
         self.transport.write(data)
 
     def sendfile(self, fd: int, offset: int, count: int) -> int:
@@ -213,7 +216,9 @@ class ConnectionHandle:
     def _moved(self, sent: int, count: int) -> None:
         """`sent` of `count` bytes went to the socket: fewer means it is full, and writing
         pauses until it takes more."""
-        self.cycle.expected_content_length -= sent
+        exchange = self.cycle
+        exchange.expected_content_length -= sent
+        exchange.sent += sent
         if sent < count:
             self._protocol.wait_for_socket()
 
@@ -228,6 +233,7 @@ class ConnectionHandle:
         # Marked at once (connection_lost comes a loop turn later), so that nothing else is
         # written and the unfinished response is not reported as an application error.
         self.cycle.disconnected = True
+        self.cycle.end = "cut"
         self.cut = True
         # A reset, not an orderly close: what the kernel still holds for this client is dropped
         # too, so a cut transfer stops at once instead of draining megabytes at the client's pace.

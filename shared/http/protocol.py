@@ -25,6 +25,10 @@ is dropped at LINGER_S.
 Each request gets a ConnectionHandle (handle.py, `scope["extensions"]["arkvory.connection"]`),
 through which the content routes write payload past `send`, gated by `admit_payload`.
 
+Every request's end passes here, the answers of our own included: `exchange_ended` when its app
+returned, `_refuse_head` and `_answer_malformed` for the 431 and 400 that no app saw. Each tells
+the server's access log (access_log.py), when it is on.
+
 The module is long because all of it reads and changes one connection's state (the head being
 counted, the requests in turn, lingering, the wait for a full socket); a request's own side is
 exchange.py, the payload's handle.py, the answers of our own refusals.py.
@@ -37,6 +41,7 @@ import collections
 import logging
 import select
 import socket
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -45,6 +50,7 @@ import httptools
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from .access_log import CUT, REFUSED, AccessLog
 from .exchange import Exchange, FlowControl
 from .handle import HANDLE_KEY, ConnectionHandle, PayloadRefused, encode_header_block
 from .refusals import MAX_HEAD_BYTES, bad_request_response, head_too_large_response
@@ -68,6 +74,7 @@ class Listener(Protocol):
     connections: set[HttpProtocol]
     tasks: set[asyncio.Task]
     date_line: bytes  # `date: ...\r\n`, made once a second
+    access_log: AccessLog | None  # told of every request's end, when ARKVORY_ACCESS_LOG is on
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -100,6 +107,7 @@ class HttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect_continue = False
+        self._began: float | None = None  # when its first byte reached the parser
         self.exchange: Exchange | None = None
         self._answering: Exchange | None = None  # the one whose turn it is to be answered
         self._pipeline: collections.deque[Exchange] = collections.deque()
@@ -111,6 +119,7 @@ class HttpProtocol(asyncio.Protocol):
         self._refused = False
         self._ignoring = False  # after an Upgrade or a malformed request: what follows is not parsed
         self._refusal_pending = False  # a malformed request, answered once those before it are
+        self._malformed: Exchange | None = None  # the request whose body was malformed, if it was
         self._keep_alive_timer: asyncio.TimerHandle | None = None
         # Told when the socket takes more after a zero-copy send found it full: an epoll set of
         # our own holding the socket edge-triggered, itself watched by the event loop (made at
@@ -249,8 +258,11 @@ class HttpProtocol(asyncio.Protocol):
             exchange.disconnected = True
             exchange.notify()
             if exchange.response_started:
+                exchange.end = CUT
                 self.transport.close()  # an answer now would corrupt the one being sent
                 return
+            exchange.end = REFUSED  # its access line is the 400's
+            self._malformed = exchange
             if self._pipeline:
                 self._pipeline.pop()  # it is the last one queued: it never runs
         if self._response_under_way():
@@ -261,7 +273,13 @@ class HttpProtocol(asyncio.Protocol):
 
     def _answer_malformed(self) -> None:
         self._refusal_pending = False
-        self.transport.write(bad_request_response(self.date_line))
+        refusal = bad_request_response(self.date_line)
+        self.transport.write(refusal.response)
+        access = self.server.access_log
+        if access is not None:
+            exchange = self._malformed
+            began = exchange.began if exchange is not None else self._began
+            access.refused(400, refusal.request_id, refusal.body_bytes, self._addresses[0], began, exchange)
         self.close()
 
     def _response_under_way(self) -> bool:
@@ -277,6 +295,7 @@ class HttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers = []
         self._expect_continue = False
+        self._began = time.monotonic()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -316,7 +335,10 @@ class HttpProtocol(asyncio.Protocol):
             "query_string": url.query or b"",
             "extensions": handle_slot,
         }
-        exchange = Exchange(self, scope, http_version != "1.0" and parser.should_keep_alive(), self._expect_continue)
+        exchange = Exchange(
+            self, scope, http_version != "1.0" and parser.should_keep_alive(), self._expect_continue,
+            self._began or time.monotonic(),
+        )
         handle_slot[HANDLE_KEY] = ConnectionHandle(self, exchange)
         previous, self.exchange = self.exchange, exchange
         if previous is None or previous.response_complete:
@@ -332,6 +354,7 @@ class HttpProtocol(asyncio.Protocol):
         self.exchange.body_complete()  # type: ignore[union-attr]
         self._reading_head = True
         self._head_bytes = 0
+        self._began = None
 
     # -- requests in turn ---------------------------------------------------------------------
 
@@ -358,8 +381,12 @@ class HttpProtocol(asyncio.Protocol):
             self._keep_alive_timer = self.loop.call_later(KEEP_ALIVE_S, self._idle_too_long)
 
     def exchange_ended(self, exchange: Exchange) -> None:
-        """Its app returned: the handle leaves the scope (scope -> handle -> exchange -> scope
-        would leave every request to the garbage collector: 6 % of small downloads' CPU)."""
+        """Its app returned: its access line, and the handle leaves the scope (scope -> handle ->
+        exchange -> scope would leave every request to the garbage collector: 6 % of small
+        downloads' CPU)."""
+        access = self.server.access_log
+        if access is not None:
+            access.request_ended(exchange)
         if self.corked:
             self.cork(False)
         handle = exchange.scope["extensions"].pop(HANDLE_KEY, None)
@@ -426,9 +453,14 @@ class HttpProtocol(asyncio.Protocol):
             # A response is streaming here: an answer would corrupt it, so the connection ends.
             for handle in self._handles:
                 handle.cut = True  # counted as a refused head, not as a download abort
+                handle.cycle.end = CUT
             transport.close()
         else:
-            transport.write(head_too_large_response())
+            refusal = head_too_large_response()
+            transport.write(refusal.response)
+            access = self.server.access_log
+            if access is not None:
+                access.refused(431, refusal.request_id, refusal.body_bytes, self._addresses[0], self._began)
             if transport.can_write_eof():
                 # Lingering close (as nginx does): stop sending, keep reading and discarding for
                 # a moment, so the kernel does not reset the connection before the client reads

@@ -5,7 +5,8 @@ Stopping (`shutdown`), in uvicorn's order: stop listening, ask every connection 
 response under way (idle ones close at once), wait up to the grace period for the connections
 and the requests' tasks to finish, then cancel what still runs and drop what is still connected.
 There is no ASGI lifespan: the process's Runtime is started before the server listens and closed
-after it stopped (shared/process/server.py). Signals are the process's to handle.
+after it stopped (shared/process/server.py). Signals are the process's to handle. The access
+log's thread, when there is one, starts with the server and ends after its last connection.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from email.utils import formatdate
 
+from .access_log import AccessLog
 from .protocol import HttpProtocol
 
 log = logging.getLogger("arkvory.http")
@@ -44,11 +46,14 @@ class HttpServer:
         *,
         tls: ssl.SSLContext | None = None,
         grace_s: float = 5.0,
+        access_log: AccessLog | None = None,
     ) -> None:
         self.app = app
         self.protocol = protocol
         self.tls = tls
         self.grace_s = grace_s
+        # Read by each connection at each request's end: None when the access log is off.
+        self.access_log = access_log if access_log is not None and access_log.enabled else None
         self.connections: set[HttpProtocol] = set()
         self.tasks: set[asyncio.Task] = set()
         self.date_line = b""
@@ -80,6 +85,8 @@ class HttpServer:
             raise
         self._servers.append(server)
         self.listening = True
+        if self.access_log is not None:
+            self.access_log.start()
 
     def force(self) -> None:
         """Stop waiting for requests in flight (a second stop signal): `shutdown` cancels them now."""
@@ -116,6 +123,8 @@ class HttpServer:
         for server in self._servers:
             await server.wait_closed()
         self._stop_date()
+        if self.access_log is not None:
+            await self.access_log.close()  # the last lines (lost only with a hung handler)
 
     def _tick_date(self) -> None:
         """The `date` line of every response, made once a second (RFC 9110 asks for it)."""

@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from arkvory.shared.auth.credentials import resolve
 from arkvory.shared.errors import Unauthorized
+from arkvory.shared.http.access_log import note_principal
 
 from .runtime import IN_POOL, Runtime
 
@@ -126,6 +127,7 @@ async def _require_key(request: Request) -> None:
     # from a known principal, only from the anonymous internet.
     runtime = _runtime(request)
     principal = await resolve(runtime.keys, runtime.credentials, runtime.pool, request.headers.get("authorization"))
+    note_principal(request.scope, principal.id)
     if principal.is_anonymous:
         raise Unauthorized("this endpoint needs a key")
 

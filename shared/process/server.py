@@ -20,6 +20,7 @@ import signal
 from starlette.types import ASGIApp
 
 from arkvory.shared.errors import PortUnavailable
+from arkvory.shared.http.access_log import AccessLog
 from arkvory.shared.http.protocol import protocol_for
 from arkvory.shared.http.server import HttpServer, tls_context
 
@@ -44,7 +45,9 @@ async def serve(runtime: Runtime, app: ASGIApp) -> int:
     tls = None
     if settings.tls_cert_file and settings.tls_key_file:
         tls = tls_context(str(settings.tls_cert_file), str(settings.tls_key_file))
-    server = HttpServer(serving_app(app), protocol_for(runtime), tls=tls, grace_s=GRACE_S)
+    access_log = AccessLog(settings.access_log, settings.trusted_proxies)
+    runtime.registry.register(access_log)  # its dropped lines, 0 too when it is off
+    server = HttpServer(serving_app(app), protocol_for(runtime), tls=tls, grace_s=GRACE_S, access_log=access_log)
     signals = 0
 
     def on_stop_signal() -> None:

@@ -248,7 +248,13 @@ class ConsoleDispatch:
         if scope["type"] == "http":
             path = scope["path"]
             if path == PREFIX or path.startswith(PREFIX + "/"):
-                await scope["app"].state.console(scope, receive, send)
+                writer_app = scope["app"]
+                try:
+                    await writer_app.state.console(scope, receive, send)
+                finally:
+                    # The console's Starlette made itself the scope's app; the writer's own
+                    # middleware around this one (the audit's refusals) reads the writer's state.
+                    scope["app"] = writer_app
                 return
             if path == "/" and scope["method"] in ("GET", "HEAD"):
                 await _root(scope, send)

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from arkvory.shared.auth.credentials import SESSION_COOKIE
 from arkvory.shared.errors import Forbidden
+from arkvory.shared.http.access_log import PRINCIPAL_ID_KEY
 from arkvory.shared.http.edge import send_error
 from arkvory.shared.http.handle import HANDLE_KEY
 
@@ -130,6 +131,7 @@ class PageHeaders:
             await self.app(scope, receive, send)
             return
         extensions = scope.get("extensions") or {}
+        outer = scope
         if HANDLE_KEY in extensions:
             # A response written through the connection handle would skip `send_with_headers`
             # and go out without the headers below: the console's downloads take the ASGI path.
@@ -145,4 +147,11 @@ class PageHeaders:
                 message["headers"] = headers
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            # What the edge reads of the request at its end (the metrics' route, the access
+            # line's principal) was set on the copy.
+            for key in ("route", PRINCIPAL_ID_KEY):
+                if key in scope:
+                    outer[key] = scope[key]

@@ -31,6 +31,7 @@ from arkvory.shared.auth.credentials import SESSION_COOKIE, resolve
 from arkvory.shared.auth.identity import Principal
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 from arkvory.shared.errors import ApiError, Forbidden, Unauthorized
+from arkvory.shared.http.access_log import note_principal
 from arkvory.shared.process.runtime import Runtime
 
 from ..identity.device_cookies import COOKIE as DEVICE_COOKIE
@@ -135,6 +136,7 @@ async def signed_in(request: Request) -> ConsoleUser | None:
         return None
     if principal.credential_kind != "session" or principal.account_id is None:
         return None
+    note_principal(request.scope, principal.id)
     assert runtime.pool is not None
     async with pooled(runtime.pool) as conn:
         name = await conn.fetchval(

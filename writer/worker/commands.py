@@ -23,7 +23,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(format_problems(exc), file=sys.stderr)
         return EXIT_USAGE
-    logs.configure(settings.log_format, settings.log_level)
+    logs.configure(settings.log_format, settings.log_level, settings.access_log)
     try:
         keys = KeyRing.from_file(settings.keys_file) if settings.keys_file else KeyRing.empty()
     except KeysFileError as exc:

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from arkvory.shared.auth.credentials import CredentialCache, resolve
 from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.errors import Unauthorized
+from arkvory.shared.http.access_log import note_principal
 from arkvory.shared.http.edge import EXCEPTION_HANDLERS, RequestGuard, RequestIds
 from arkvory.shared.settings import Settings
 
@@ -54,6 +55,7 @@ async def _require_key(request: Request) -> None:
     # A fresh cache that never listens, so never answers from memory (see the docstring).
     cache = CredentialCache()
     principal = await resolve(worker.keys, cache, worker.pool, request.headers.get("authorization"))
+    note_principal(request.scope, principal.id)
     if principal.is_anonymous:
         raise Unauthorized("this endpoint needs a key")
 

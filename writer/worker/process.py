@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry
 from arkvory.shared.auth.identity import KeyRing
 from arkvory.shared.cluster.lease_history import LeaseHistory
 from arkvory.shared.cluster.supervision import DATABASE, supervised
+from arkvory.shared.http.access_log import AccessLog
 from arkvory.shared.http.server import HttpServer, tls_context
 from arkvory.shared.process.systemd import ServiceManager, keep_informed
 from arkvory.shared.settings import Settings
@@ -268,4 +269,6 @@ class WorkerProcess:
         tls = None
         if settings.tls_cert_file and settings.tls_key_file:
             tls = tls_context(str(settings.tls_cert_file), str(settings.tls_key_file))
-        return HttpServer(build_health_app(self), tls=tls, grace_s=HEALTH_GRACE_S)
+        access_log = AccessLog(settings.access_log, settings.trusted_proxies)
+        self.registry.register(access_log)
+        return HttpServer(build_health_app(self), tls=tls, grace_s=HEALTH_GRACE_S, access_log=access_log)
