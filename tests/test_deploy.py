@@ -259,6 +259,9 @@ def test_worker_env_example_builds_valid_worker_settings(common_env, tmp_path):
     assert settings.worker_port == int(worker_env["ARKVORY_WORKER_PORT"])
     assert settings.verify_bytes_per_second == int(worker_env["ARKVORY_VERIFY_BYTES_PER_SECOND"])
     assert settings.cleanup_grace_s == 3600 and settings.task_retention_s == 7 * 86400
+    # The same common.env with demand shares (issue 23): the mode is the servers', not the worker's.
+    demand = worker_settings({**common_env, "ARKVORY_SHARE_MODE": "demand", **worker_env, "ARKVORY_KEYS_FILE": str(keys)})
+    assert demand.worker_port == settings.worker_port
 
 
 # -- balancer configurations ---------------------------------------------------------------

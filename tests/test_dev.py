@@ -436,3 +436,47 @@ def test_the_share_mode_comes_from_the_flag_the_environment_or_the_saved_policy(
     ):
         with pytest.raises(DevRefused, match=re.escape(says)):
             mode(environ=environ, gateways=gateways)
+
+
+@pytest.mark.soak  # 10 s or more of real time: .ci/run runs it (pytest -m soak)
+def test_dev_with_demand_shares_gives_a_lone_download_most_of_the_total(tmp_path):
+    """`arkvory dev --share demand` end to end: every process says the mode, and one download
+    through one gateway of three processes gets most of the total (static: a third), while all
+    of them together grant no more than the total allows."""
+    state, port = tmp_path / "state", free_port_run(3)
+    total = 6 * 2**20
+    dev = Dev(state, port, "--gateways", "2", "--rate", "6MiB", "--share", "demand")
+    try:
+        token = dev.wait_running()
+        assert "shared by the 3 processes as their downloads need it (--share demand)" in dev.output, dev.output
+        urls = [f"http://127.0.0.1:{port + n}" for n in range(3)]
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+            for url in urls:
+                assert client.get(f"{url}/health/ready").json()["sharedDownloads"]["shareMode"] == "demand"
+            assert client.post(f"{urls[0]}/api/v1/repositories", json={"name": "r"}).status_code == 201
+            made = client.post(f"{urls[0]}/api/v1/repositories/r/artifacts", params={"name": "big"},
+                               content=os.urandom(24 * 2**20))
+            assert made.status_code == 201, made.text
+            content = f"{urls[1]}/api/v1/repositories/r/artifacts/{made.json()['id']}/content"
+
+            def granted() -> int:
+                return sum(client.get(f"{url}/health/ready").json()["transfers"]["downloads"]["bandwidth"]["grantedBytes"]
+                           for url in urls)
+
+            before, began = granted(), time.monotonic()
+            received = 0
+            with client.stream("GET", content) as answer:
+                assert answer.status_code == 200
+                for piece in answer.iter_raw():
+                    received += len(piece)
+            took = time.monotonic() - began
+            after = granted()
+    finally:
+        assert dev.stop() == 0, dev.output
+        remove_state(state)
+    assert received == 24 * 2**20
+    # Static shares would take 12 s (2 MiB/s for the gateway); the whole total, 4 s.
+    assert took < 7, f"24 MiB in {took:.1f} s: {received / took / 2**20:.1f} MiB/s of 6 MiB/s"
+    # The ceiling: the processes' own counters, read before the download and after it.
+    bursts = 3 * min(total // 3 // 10, 2**20)  # each process's bucket: a tenth of a second of its static share
+    assert after - before <= total * took + bursts

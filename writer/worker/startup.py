@@ -29,6 +29,7 @@ NOT_THE_WORKERS = (
     "ARKVORY_GATEWAY_SLOT",
     "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND",
     "ARKVORY_SHARED_DOWNLOAD_BYTES_PER_SECOND_PER_PRINCIPAL",
+    "ARKVORY_SHARE_MODE",  # (demand mode without the two above would refuse to start)
 )
 
 
