@@ -345,6 +345,7 @@ def bandwidth_of(port: int, token: str) -> tuple[int, int]:
     return bandwidth["bytesPerSecond"], bandwidth["perPrincipalBytesPerSecond"]
 
 
+@pytest.mark.soak  # 10 s or more of real time (two dev starts and three offline tools): .ci/run runs it (pytest -m soak)
 def test_the_offline_tools_run_on_a_stopped_dev_state(tmp_path):
     """`admin gc`, `scrub` and `migrate-storage` refuse while any server is up, and their `--dev`
     read a running dev's env file: each stop told the other to start, so none could ever run on

@@ -128,6 +128,7 @@ def test_without_trusted_proxies_x_forwarded_for_is_not_believed(cluster):
     assert address_limited(attempt_from(writer, "198.51.100.2", "another"))  # both were 127.0.0.1
 
 
+@pytest.mark.soak  # 10 s or more of real time (~30 scrypt checks; tests/test_cli_credentials.py keeps the device rule in the default tier): .ci/run runs it (pytest -m soak)
 def test_a_guesser_cannot_lock_out_a_client_that_signed_in_before(writer):
     with httpx.Client(base_url=writer.url, timeout=30, headers={"X-Forwarded-For": "198.51.100.1"}) as owner:
         first = owner.post("/api/v1/login", json={"name": "root", "password": PASSWORD})

@@ -64,6 +64,7 @@ def upload(process, data: bytes, name: str = "big.bin") -> str:
     return f"/api/v1/repositories/{REPO}/artifacts/{made.json()['id']}/content"
 
 
+@pytest.mark.soak  # 10 s or more of real time (the other splice tests of this module stay in the default tier): .ci/run runs it (pytest -m soak)
 def test_spliced_downloads_are_byte_exact_with_ranges_and_every_byte_is_granted(s3_cluster):
     rate = STREAMING  # the writer's share of the total (no gateway runs: nobody else uses it)
     writer = s3_cluster.writer(s3_cluster.shared_env(slots=2, total=2 * rate)).wait_ready()
