@@ -321,7 +321,15 @@ def test_the_environment_sets_the_rate_a_flag_wins_and_one_ctrl_c_is_one_planned
         assert bandwidth_of(port, token) == (25 * 2**20, 5 * 2**20)
         assert bandwidth_of(port + 1, token) == (25 * 2**20, 5 * 2**20)
         second.ctrl_c()
-        assert second.process.wait(60) == 0, second.output
+        # Up to 40 s a server, then PostgreSQL's shutdown checkpoint (fsync on): under the soak
+        # tier's load it once took over 60 s; what is still running then is named.
+        try:
+            status = second.process.wait(150)
+        except subprocess.TimeoutExpired:
+            left = subprocess.run(["ps", "--ppid", str(second.process.pid), "-o", "pid,stat,etime,args"],
+                                  capture_output=True, text=True).stdout
+            raise AssertionError(f"arkvory dev still stopping after 150 s; its children:\n{left}\n{second.output}")
+        assert status == 0, second.output
         assert not (state / "dev.lock").exists() and not (state / "env").exists()
     finally:
         second.stop()
