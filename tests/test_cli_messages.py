@@ -122,7 +122,10 @@ def test_a_database_url_the_driver_refuses_is_one_line_naming_the_variable(tmp_p
 def test_an_interrupted_get_says_the_same_command_resumes(writer, tmp_path):
     """Ctrl-C in a long download printed `interrupted` alone; what was kept and how to go on is
     what the user needs then."""
-    data = os.urandom(2 * 2**20)  # 8 s at the writer's rate (the resume itself: test_cli_routing)
+    # 16 s at the writer's rate: the first 1 MiB batch reaches the .part at ~4 s, and Ctrl-C then
+    # has 12 s to land before the end (with 2 MiB, 4 s were once too few on a loaded machine).
+    # The resume itself: test_cli_routing.
+    data = os.urandom(4 * 2**20)
     env = cli_env(tmp_path, writer.url)
     made = arkvory(env, tmp_path, "put", "--json", "builds", str(_write(tmp_path / "big.bin", data)))
     assert_exit(made, 0)
