@@ -95,6 +95,13 @@ class Walk:
     def find(self, selector: str):
         return self.driver.find_element(By.CSS_SELECTOR, selector)
 
+    def sign_in_as_root(self) -> None:
+        """The sign-in form, as root (an administrator lands on the overview)."""
+        self.open("/console/sign-in")
+        self.find("#sign-in-name").send_keys("root")
+        self.find("#sign-in-password").send_keys(PASSWORD + Keys.ENTER)
+        self.wait(lambda d: d.current_url.rstrip("/").endswith("/console"), "on the overview")
+
     def text(self, selector: str) -> str:
         return self.find(selector).text
 
@@ -564,10 +571,7 @@ def test_the_audit_page_in_a_real_browser(cluster, browser, tmp_path):
         for n in range(52):
             assert api.post("/api/v1/repositories", json={"name": f"audited-{n}"}).status_code == 201
     walk = Walk(browser, writer.url, tmp_path)
-    walk.open("/console/sign-in")
-    walk.find("#sign-in-name").send_keys("root")
-    walk.find("#sign-in-password").send_keys(PASSWORD + Keys.ENTER)
-    walk.wait(lambda d: d.current_url.rstrip("/").endswith("/console"), "on the overview")
+    walk.sign_in_as_root()
     browser.find_element(By.LINK_TEXT, "Audit").click()
     walk.wait(lambda d: d.current_url.endswith("/console/audit"), "on the audit page")
     assert "account.sign-in" in walk.text("#audit")  # root's own sign-in, newest first

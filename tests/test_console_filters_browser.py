@@ -15,7 +15,7 @@ import uuid
 import httpx
 import pytest
 
-from .console_client import PASSWORD, make_account
+from .console_client import make_account
 from .harness import ADMIN_TOKEN, db_execute
 from .test_console_browser import Walk, browser  # noqa: F401  (the fixture)
 
@@ -47,10 +47,7 @@ def test_finding_artifacts_in_a_real_browser(cluster, database_url, browser, tmp
     shots = tmp_path / "screenshots"
     shots.mkdir()
     walk = Walk(browser, writer.url, shots)
-    walk.open("/console/sign-in")
-    walk.find("#sign-in-name").send_keys("root")
-    walk.find("#sign-in-password").send_keys(PASSWORD + Keys.ENTER)
-    walk.wait(lambda d: d.current_url.rstrip("/").endswith("/console"), "on the overview")
+    walk.sign_in_as_root()
 
     walk.open(f"/console/repositories/{repo}")
     assert names(walk)[0] == "appx.zip"  # newest first

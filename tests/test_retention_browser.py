@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from .console_client import PASSWORD, make_account
+from .console_client import make_account
 from .harness import ADMIN_TOKEN, db_execute
 from .test_console_browser import Walk, browser  # noqa: F401  (the fixture)
 from .worker_harness import start_worker, wait_task
@@ -40,10 +40,7 @@ def test_the_retention_section_in_a_real_browser(cluster, browser, tmp_path):  #
     shots = tmp_path / "screenshots"
     shots.mkdir()
     walk = Walk(browser, writer.url, shots)
-    walk.open("/console/sign-in")
-    walk.find("#sign-in-name").send_keys("root")
-    walk.find("#sign-in-password").send_keys(PASSWORD + Keys.ENTER)
-    walk.wait(lambda d: d.current_url.rstrip("/").endswith("/console"), "signed in")
+    walk.sign_in_as_root()
 
     # The tab, then the section without a rule.
     walk.open("/console/repositories/builds")
