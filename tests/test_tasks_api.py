@@ -372,7 +372,12 @@ def test_cancel_follows_the_status(writer, module_database_url):
 
 def test_cancel_racing_completion_never_ends_both(fresh_writer, database_url):
     """100 rounds: a cancel over HTTP and a running -> completed transition on another
-    connection, released together. Exactly one terminal event per task, agreeing with the row."""
+    connection, released together. Exactly one terminal event per task, agreeing with the row.
+
+    Which side is faster depends on the host (an HTTP cancel took under 0.3 ms on one CI machine,
+    so fixed delays of 0-20 ms let the cancel win all 100 rounds). A staircase keeps the race at
+    its crossover instead: the head start moves toward the side that lost the last round, so
+    rounds land where both transitions meet the row at once, on any host."""
     with fresh_writer.client() as client:
         ids = [dispatch(client).json()["id"] for _ in range(100)]
 
@@ -386,7 +391,7 @@ def test_cancel_racing_completion_never_ends_both(fresh_writer, database_url):
         """What the worker does: complete the running task; if a cancel got there first, end
         it as cancelled instead."""
         await go.wait()
-        await asyncio.sleep(delay)
+        await asyncio.sleep(max(delay, 0))
         done = await store.transition(conn, uuid.UUID(task_id), allowed_from=("running",),
                                       to="completed", event="task.completed", fields={"result": {"ok": True}})
         if done is None:
@@ -400,15 +405,20 @@ def test_cancel_racing_completion_never_ends_both(fresh_writer, database_url):
         conn = await asyncpg.connect(database_url)
         rng = random.Random(8)
         outcomes = []
+        # The completion's head start in seconds (negative: the cancel waits instead), moved by
+        # a step after each round toward the side that lost it, with a little jitter.
+        head_start, step = 0.005, 0.001
         try:
             async with httpx.AsyncClient(base_url=fresh_writer.url, timeout=20,
                                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
                 for task_id in ids:
                     go = asyncio.Event()
-                    completion = asyncio.create_task(finish(conn, task_id, go, rng.uniform(0, 0.02)))
+                    delay = head_start + rng.uniform(-step, step)
+                    completion = asyncio.create_task(finish(conn, task_id, go, delay))
 
                     async def cancel():
                         await go.wait()
+                        await asyncio.sleep(max(-delay, 0))
                         return await http.post(f"/api/v1/tasks/{task_id}/cancel")
 
                     cancelling = asyncio.create_task(cancel())
@@ -418,6 +428,8 @@ def test_cancel_racing_completion_never_ends_both(fresh_writer, database_url):
                     # The cancel's answer agrees with the outcome: 202 (it won) or 409 (too late).
                     assert (answer.status_code, ended) in ((202, "cancelled"), (409, "completed")), answer.text
                     outcomes.append(ended)
+                    head_start += -step if ended == "cancelled" else step
+                    head_start = min(max(head_start, -0.05), 0.05)
         finally:
             await conn.close()
         return outcomes
@@ -442,7 +454,7 @@ def test_cancel_racing_completion_never_ends_both(fresh_writer, database_url):
         assert len(ends) == 1 and ends[0] == f"task.{status}", (status, types)
         assert ("task.cancelling" in types) == (status == "cancelled"), types
     assert len(outcomes) == 100
-    # The race went both ways (the completion waits 0-20 ms, about as long as an HTTP cancel).
+    # The race went both ways (the staircase sends it back whenever one side keeps winning).
     assert set(outcomes) == {"cancelled", "completed"}, outcomes
 
 
