@@ -12,8 +12,13 @@ import sys
 from typing import TYPE_CHECKING
 
 from arkvory.shared.errors import StartupError
+from arkvory.shared.process import leaving
 
 from . import DEFAULT_DEV_DIR as DEFAULT_DIR
+
+# First of all exit handlers, so it runs last: a process that loaded obstore ends with
+# os._exit once the others have run, never in the interpreter's teardown (leaving.py).
+leaving.install()
 
 if TYPE_CHECKING:
     from arkvory.shared.settings import Settings
@@ -311,8 +316,8 @@ def main(argv: list[str] | None = None) -> None:
         # Python would flush stdout again at exit and print a traceback: point it at /dev/null.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(EXIT_BROKEN_PIPE)
-    sys.exit(status)
+        leaving.exit(EXIT_BROKEN_PIPE)
+    leaving.exit(status)
 
 
 if __name__ == "__main__":
