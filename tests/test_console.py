@@ -271,6 +271,9 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
                           json={"keepNewest": 5, "keepYoungerThanSeconds": None, "enabled": True}).status_code == 200
         key = client.post("/api/v1/keys", json={"scopes": ["read:*"]}).json()
     make_account(writer.url, "bob")
+    make_account(writer.url, "carl")
+    with api(writer) as client:
+        assert client.put("/api/v1/repositories/builds/members/bob", json={"level": "read"}).status_code == 200
     builds = "<h1>Repository builds</h1>"
     confirm = '<h1 id="confirm-heading">'
     artifact_path = f"/console/repositories/builds/artifacts/{artifact['id']}"
@@ -310,7 +313,13 @@ def test_every_page_sends_its_security_headers_and_no_inline_script(writer, admi
         ("/console/repositories/builds/delete", 200, [confirm + "Delete repository builds?</h1>"]),
         ("/console/repositories/builds/packages/delete?group=g&name=n&version=1", 200, [confirm + "Delete package version g/n 1?</h1>"]),
         ("/console/repositories/builds/assets/delete?path=p/q", 200, [confirm + "Delete asset p/q?</h1>"]),
-        ("/console/repositories/builds/members/remove?account=bob", 200, [confirm + "Remove bob from the members of builds?</h1>"]),
+        ("/console/repositories/builds/members/remove?account=BOB", 200,
+         [confirm + "Remove bob from the members of builds?</h1>", "its level (read)"]),
+        # an account that is no member: the API's refusal, never a page for a removal that cannot happen
+        ("/console/repositories/builds/members/remove?account=carl", 404,
+         ["<h1>Not found</h1>", "&#39;carl&#39; has no permission on &#39;builds&#39;"]),
+        (f"/console/tasks/{task['id']}/cancel", 200,
+         [confirm + f"Cancel the cleanup task {task['id']}?</h1>", "It is queued.", ">Keep it</a>"]),
         ("/console/repositories/builds/retention/disable", 200, [confirm + "Disable the retention rule of builds?</h1>"]),
         ("/console/repositories/builds/retention/delete", 200, [confirm + "Delete the retention rule of builds?</h1>"]),
         ("/console/accounts/bob/disable", 200, [confirm + "Disable account bob?</h1>"]),
@@ -574,9 +583,16 @@ def test_tasks_dispatch_cancel_and_a_task_page(shared_writer, shared_admin):
     assert task_id in listed.text
     assert task_id not in shared_admin.get("/console/tasks", params={"status": "completed"}).text
     assert shared_admin.get("/console/tasks", params={"status": "bogus"}).status_code == 400
-    cancelled = shared_admin.submit(task_path, f"{task_path}/cancel")
+    # The cancel asks first: the page's link leads to a confirmation, and a form sent without
+    # confirm=yes gets that page and cancels nothing.
+    assert f'href="{task_path}/cancel"' in page.text
+    unconfirmed = shared_admin.submit(task_path, f"{task_path}/cancel")
+    assert unconfirmed.status_code == 200 and f"Cancel the verify task {task_id}?" in unconfirmed.text
+    with api(shared_writer) as client:
+        assert client.get(f"/api/v1/tasks/{task_id}").json()["status"] == "queued"
+    cancelled = shared_admin.submit(f"{task_path}/cancel", f"{task_path}/cancel", confirm="yes")
     assert cancelled.status_code == 303 and "notice=task-cancelled" in cancelled.headers["location"]
-    again = shared_admin.submit("/console/tasks", f"{task_path}/cancel")
+    again = shared_admin.submit("/console/tasks", f"{task_path}/cancel", confirm="yes")
     assert again.status_code == 409 and "already cancelled" in messages(again)[0]
     finished = shared_admin.get(task_path)
     assert "task.cancelled" in finished.text and "task-events.js" not in finished.text

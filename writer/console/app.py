@@ -100,6 +100,7 @@ def _routes() -> list:
         Route(PREFIX + "/tasks", tasks.dispatch_task, methods=post),
         Route(PREFIX + "/tasks/{task_id}", tasks.task_page, methods=get),
         Route(PREFIX + "/tasks/{task_id}/cancel", tasks.cancel_task, methods=post),
+        Route(PREFIX + "/tasks/{task_id}/cancel", confirm.confirmation_page(confirm.cancel_task), methods=get),
         Route(PREFIX + "/accounts", accounts.accounts_page, methods=get),
         Route(PREFIX + "/accounts", accounts.create_account, methods=post),
         Route(PREFIX + "/accounts/{name}/disable", accounts.disable_account, methods=post),

@@ -25,8 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import Forbidden, InvalidInput
+from arkvory.shared.errors import Forbidden, InvalidInput, NotFound
 
+from ..identity.account_names import fold
 from ..request_inputs import require_admin_scope
 from .forms import Form
 from .internal import api_path
@@ -48,6 +49,7 @@ class Danger:
     facts: tuple[str, ...] = ()
     fields: Mapping[str, str] = dataclasses.field(default_factory=dict)  # carried as hidden fields
     option: tuple[str, str] | None = None  # (field, label): a checkbox the page offers, unticked
+    back_label: str = "Cancel"  # the link that leaves without the change
 
 
 Describe = Callable[[Request, ConsoleUser, Mapping[str, str]], Awaitable[Danger]]
@@ -181,12 +183,47 @@ async def remove_member(request: Request, user: ConsoleUser, fields: Mapping[str
     repository = await api_for(request, user).fetch(api_path("repositories", repo))
     _may(user, "may_administer", repository["name"],
          f"managing permissions of {repository['name']!r} needs its admin permission")
+    member = await _member(request, uuid.UUID(repository["id"]), account)
+    if member is None:  # as the API's DELETE words it: no page for a removal that cannot happen
+        raise NotFound(f"{account!r} has no permission on {repository['name']!r}")
     base = repository_path(repository["name"])
     return Danger(
-        title=f"Remove {account} from the members of {repository['name']}?",
-        facts=("The account loses what its level allowed from its next request, on every process.",),
+        title=f"Remove {member['name']} from the members of {repository['name']}?",
+        facts=(f"The account loses what its level ({member['level']}) allowed from its next request, on every process.",),
         button="Remove the member", action=f"{base}/members/remove", back=f"{base}/members",
-        fields={"account": account},
+        fields={"account": member["name"]},
+    )
+
+
+async def _member(request: Request, repository_id: uuid.UUID, account: str) -> dict[str, Any] | None:
+    """The member's name as stored and level, found by `account` in any case; None when the
+    account is not a member (the page is shown only to the repository's admins)."""
+    pool = runtime_of(request).pool
+    assert pool is not None
+    async with pooled(pool) as conn:
+        row = await conn.fetchrow(
+            "SELECT a.name, p.level FROM arkvory_repository_permissions p"
+            " JOIN arkvory_accounts a ON a.id = p.account_id"
+            ' WHERE p.repository_id = $1 AND lower(a.name COLLATE "C") = $2',  # account_names.FOLDED_NAME
+            repository_id, fold(account), timeout=POOLED_QUERY_TIMEOUT_S,
+        )
+    return dict(row) if row is not None else None
+
+
+async def cancel_task(request: Request, user: ConsoleUser, fields: Mapping[str, str]) -> Danger:
+    task_id = request.path_params["task_id"]
+    require_admin_scope(user.principal, "tasks")
+    task = await api_for(request, user).fetch(api_path("tasks", task_id))
+    page_path = f"/console/tasks/{_quoted(task['id'])}"
+    if task["status"] == "queued":
+        what = "It has not started: it never will."
+    else:
+        what = ("The worker stops it at its next step. What it has done stays done: the blobs a cleanup"
+                " deleted, the findings a verify recorded; a cancelled task is not resumed.")
+    return Danger(
+        title=f"Cancel the {task['kind']} task {task['id']}?",
+        facts=(f"It is {task['status']}.", what),
+        button="Cancel the task", action=f"{page_path}/cancel", back=page_path, back_label="Keep it",
     )
 
 

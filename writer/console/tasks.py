@@ -19,6 +19,8 @@ from arkvory.shared.errors import ApiError
 
 from ..tasks.budgets import LIMITS
 from ..tasks.kinds import KIND_NAMES
+from . import confirm
+from .confirm import asks_first
 from .forms import Form
 from .internal import Refused, api_path
 from .list_filters import fetch_listing, filters_of
@@ -116,6 +118,7 @@ async def task_page(request: Request, user: ConsoleUser) -> Response:
 
 
 @action
+@asks_first(confirm.cancel_task)
 async def cancel_task(request: Request, user: ConsoleUser, form: Form) -> Response:
     task_id = request.path_params["task_id"]
     try:
