@@ -21,7 +21,7 @@ or key by, the blobs a verify counts against), after the API's own permission ch
     catalog.py     repositories, artifacts, packages, assets, downloads
     publish.py     publishing a package version, pointing an asset; their pages and its history
     downloads.py   the download URL through the gateways (ARKVORY_PUBLIC_URL) and its command lines
-    confirm.py     the confirmation page before every delete, revoke and disable
+    confirm.py     the confirmation page before every delete, revoke, disable and cancel
     members.py     a repository's members: who may read, write or administer it
     retention.py   a repository's retention rule: the rule, its preview, save, disable, delete
     uploads.py     the upload form without its script (a multipart body, streamed)

@@ -1,4 +1,5 @@
-"""Every delete, revoke and disable asks first (issue 25 §7: one click deleted an artifact).
+"""Every delete, revoke, disable and task cancel asks first (issue 25 §7: one click deleted an
+artifact).
 
 A danger button is a link to its confirmation page (GET the same path as the change): it says
 what will happen and holds the form that does it, with the CSRF token, an idempotency key (the
