@@ -225,6 +225,20 @@ def run_arkvory(env: dict[str, str], *args: str, timeout: float = 60) -> subproc
     )
 
 
+# A terminal's foreground job starts with SIGINT at its default, whatever started the tests: a
+# suite run in the background of a non-interactive shell (`bash .ci/run &`, some CI runners)
+# ignores SIGINT, and an ignored signal stays ignored across exec, so Ctrl-C would never reach a
+# command that a test starts as a user's terminal would. This prefix sets it back, then execs.
+_AS_FOREGROUND_JOB = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+def as_foreground_job(argv: list[str]) -> list[str]:
+    """`argv` started as a terminal starts a foreground command: SIGINT at its default."""
+    return [sys.executable, "-c", _AS_FOREGROUND_JOB, *argv]
+
+
 def eventually(check, what: str, timeout: float = 10.0, every: float = 0.05):
     """Wait for a condition (never a fixed sleep): `check()`'s first true value, or fail
     after `timeout` naming `what`. For what happens a moment later by design: a NOTIFY

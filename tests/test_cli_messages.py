@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from .harness import Cluster
+from .harness import Cluster, as_foreground_job
 from .test_cli import ARKVORY, arkvory, assert_exit, cli_env
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,17 +122,18 @@ def test_a_database_url_the_driver_refuses_is_one_line_naming_the_variable(tmp_p
 def test_an_interrupted_get_says_the_same_command_resumes(writer, tmp_path):
     """Ctrl-C in a long download printed `interrupted` alone; what was kept and how to go on is
     what the user needs then."""
-    # 16 s at the writer's rate: the first 1 MiB batch reaches the .part at ~4 s, and Ctrl-C then
-    # has 12 s to land before the end (with 2 MiB, 4 s were once too few on a loaded machine).
-    # The resume itself: test_cli_routing.
-    data = os.urandom(4 * 2**20)
+    # 8 s at the writer's rate: the first 1 MiB batch reaches the .part at ~4 s, and Ctrl-C then
+    # has 4 s to land before the end. The command runs as a terminal's foreground job: a suite
+    # started in the background of a non-interactive shell ignores SIGINT, which the command
+    # would inherit (the get then saved the whole file). The resume itself: test_cli_routing.
+    data = os.urandom(2 * 2**20)
     env = cli_env(tmp_path, writer.url)
     made = arkvory(env, tmp_path, "put", "--json", "builds", str(_write(tmp_path / "big.bin", data)))
     assert_exit(made, 0)
     artifact = json.loads(made.stdout)["id"]
     part = tmp_path / "out.bin.part"
     with subprocess.Popen(
-        [str(ARKVORY), "get", "builds", artifact, "-o", "out.bin"], cwd=tmp_path, env=env,
+        as_foreground_job([str(ARKVORY), "get", "builds", artifact, "-o", "out.bin"]), cwd=tmp_path, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as getting:
         deadline = time.monotonic() + 30

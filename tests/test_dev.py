@@ -26,7 +26,7 @@ import pytest
 from arkvory.shared.cli import localpg
 
 from .console_client import PASSWORD, Console
-from .harness import ROOT, free_port_run
+from .harness import ROOT, as_foreground_job, free_port_run
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -42,14 +42,15 @@ class Dev:
         self, state: pathlib.Path, port: int, *args: str, cwd: pathlib.Path = ROOT, env: dict[str, str] = ENV,
         terminal: bool = False,
     ) -> None:
-        """`terminal`: in a process group of its own, as a shell starts a foreground job, so
-        that `ctrl_c` reaches the whole group as a terminal's Ctrl-C does."""
+        """`terminal`: in a process group of its own with SIGINT at its default, as a shell
+        starts a foreground job, so that `ctrl_c` reaches the whole group as a terminal's
+        Ctrl-C does (harness.as_foreground_job)."""
         self.state, self.port = state, port
         self.log = state.parent / f"dev-{state.name}-{port}-{time.monotonic_ns()}.log"  # one per run
         with open(self.log, "ab") as out:
+            argv = [sys.executable, "-m", "arkvory.shared.cli.main", "dev", "--dir", str(state), "--port", str(port), *args]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "arkvory.shared.cli.main", "dev", "--dir", str(state),
-                 "--port", str(port), *args],
+                as_foreground_job(argv) if terminal else argv,
                 cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0 if terminal else None,
             )
 
