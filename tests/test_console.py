@@ -594,6 +594,8 @@ def test_tasks_dispatch_cancel_and_a_task_page(shared_writer, shared_admin):
     assert cancelled.status_code == 303 and "notice=task-cancelled" in cancelled.headers["location"]
     again = shared_admin.submit("/console/tasks", f"{task_path}/cancel", confirm="yes")
     assert again.status_code == 409 and "already cancelled" in messages(again)[0]
+    late = shared_admin.get(f"{task_path}/cancel")  # no confirmation for what cannot happen
+    assert late.status_code == 409 and "already cancelled" in late.text
     finished = shared_admin.get(task_path)
     assert "task.cancelled" in finished.text and "task-events.js" not in finished.text
 

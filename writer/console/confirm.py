@@ -26,10 +26,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
-from arkvory.shared.errors import Forbidden, InvalidInput, NotFound
+from arkvory.shared.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 from ..identity.account_names import fold
 from ..request_inputs import require_admin_scope
+from ..tasks.store import FINISHED
 from .forms import Form
 from .internal import api_path
 from .session import ConsoleUser, Handler, api_for, page, render, runtime_of
@@ -216,7 +217,9 @@ async def cancel_task(request: Request, user: ConsoleUser, fields: Mapping[str, 
     require_admin_scope(user.principal, "tasks")
     task = await api_for(request, user).fetch(api_path("tasks", task_id))
     page_path = f"/console/tasks/{_quoted(task['id'])}"
-    if task["status"] == "queued":
+    if task["status"] in FINISHED:  # as the API's cancel words it
+        raise Conflict(f"task {task['id']} is already {task['status']}; it cannot be cancelled")
+    if task["status"] in ("queued", "loading"):
         what = "It has not started: it never will."
     else:
         what = ("The worker stops it at its next step. What it has done stays done: the blobs a cleanup"
