@@ -200,15 +200,21 @@ async def remove_member(request: Request, user: ConsoleUser, fields: Mapping[str
 async def _member(request: Request, repository_id: uuid.UUID, account: str) -> dict[str, Any] | None:
     """The member's name as stored and level, found by `account` in any case; None when the
     account is not a member (the page is shown only to the repository's admins)."""
+    return await _one_row(
+        request,
+        "SELECT a.name, p.level FROM arkvory_repository_permissions p"
+        " JOIN arkvory_accounts a ON a.id = p.account_id"
+        ' WHERE p.repository_id = $1 AND lower(a.name COLLATE "C") = $2',  # account_names.FOLDED_NAME
+        repository_id, fold(account),
+    )
+
+
+async def _one_row(request: Request, sql: str, *args: Any) -> dict[str, Any] | None:
+    """What a page names that the API does not answer with: one row read as the console."""
     pool = runtime_of(request).pool
     assert pool is not None
     async with pooled(pool) as conn:
-        row = await conn.fetchrow(
-            "SELECT a.name, p.level FROM arkvory_repository_permissions p"
-            " JOIN arkvory_accounts a ON a.id = p.account_id"
-            ' WHERE p.repository_id = $1 AND lower(a.name COLLATE "C") = $2',  # account_names.FOLDED_NAME
-            repository_id, fold(account), timeout=POOLED_QUERY_TIMEOUT_S,
-        )
+        row = await conn.fetchrow(sql, *args, timeout=POOLED_QUERY_TIMEOUT_S)
     return dict(row) if row is not None else None
 
 
@@ -281,16 +287,13 @@ async def _credential(request: Request, user: ConsoleUser, credential_id: str, k
     parsed = _uuid_or_none(credential_id)
     if parsed is None:
         return None
-    pool = runtime_of(request).pool
-    assert pool is not None
-    async with pooled(pool) as conn:
-        row = await conn.fetchrow(
-            "SELECT c.label, a.name AS account FROM arkvory_credentials c"
-            " LEFT JOIN arkvory_accounts a ON a.id = c.account_id"
-            " WHERE c.id = $1 AND c.kind = $2 AND ($3 OR c.account_id = $4)",
-            parsed, kind, user.admin, user.principal.account_id, timeout=POOLED_QUERY_TIMEOUT_S,
-        )
-    return dict(row) if row is not None else None
+    return await _one_row(
+        request,
+        "SELECT c.label, a.name AS account FROM arkvory_credentials c"
+        " LEFT JOIN arkvory_accounts a ON a.id = c.account_id"
+        " WHERE c.id = $1 AND c.kind = $2 AND ($3 OR c.account_id = $4)",
+        parsed, kind, user.admin, user.principal.account_id,
+    )
 
 
 async def revoke_token(request: Request, user: ConsoleUser, fields: Mapping[str, str]) -> Danger:
