@@ -54,6 +54,7 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.expected_conditions import staleness_of  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
@@ -94,6 +95,14 @@ class Walk:
 
     def find(self, selector: str):
         return self.driver.find_element(By.CSS_SELECTOR, selector)
+
+    def navigates(self, act, condition, what: str) -> None:
+        """`act()` (a click or a key that sends a form), then wait for the page it leads to: the
+        old page gone first, since a form that lands on an address like the one before (the same
+        notice twice) would otherwise look arrived while the old page is still shown."""
+        old_root = self.find("html")
+        act()
+        self.wait(lambda d: staleness_of(old_root)(d) and condition(d), what)
 
     def sign_in_as_root(self) -> None:
         """The sign-in form, as root (an administrator lands on the overview)."""

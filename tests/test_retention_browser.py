@@ -76,8 +76,8 @@ def test_the_retention_section_in_a_real_browser(cluster, browser, tmp_path):  #
     walk.find("#retention-keep-younger").send_keys("150m")
     walk.find("#retention-enabled").send_keys(Keys.SPACE)
     assert walk.find("#retention-enabled").is_selected()
-    walk.find("#retention-keep-younger").send_keys(Keys.ENTER)
-    walk.wait(lambda d: "notice=retention-saved" in d.current_url, "the rule saved again")
+    walk.navigates(lambda: walk.find("#retention-keep-younger").send_keys(Keys.ENTER),
+                   lambda d: "notice=retention-saved" in d.current_url, "the rule saved again")
     assert walk.text("#retention-state").startswith("Enabled")
     walk.page_checks("retention-enabled")
 
