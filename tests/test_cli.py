@@ -23,6 +23,8 @@ import pytest
 from arkvory.shared.client.cli_config import ConfigError, config_path, resolve_connection
 from arkvory.shared.client.cli_parsing import CommandUsageError
 from arkvory.shared.client.commands import parse_package, safe_file_name
+from arkvory.writer.console.downloads import FALLBACK_FILE_NAME
+from arkvory.writer.console.downloads import file_name as console_file_name
 
 from .harness import ADMIN_TOKEN, READER_TOKEN, ROOT, Cluster
 from .tools import require_tool
@@ -567,6 +569,9 @@ def test_help_documents_the_exit_codes():
 )
 def test_server_supplied_names_are_made_safe(offered, saved):
     assert safe_file_name(offered) == saved
+    # The console's `curl -o` line names the file as `arkvory get` saves it (its own copy of
+    # the rule: the writer may not import the client library).
+    assert console_file_name(offered) == (saved or FALLBACK_FILE_NAME)
 
 
 def test_package_coordinates():

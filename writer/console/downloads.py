@@ -24,6 +24,7 @@ from .session import runtime_of
 
 TOKEN_HEADER = '-H "Authorization: Bearer $ARKVORY_TOKEN"'
 FALLBACK_FILE_NAME = "download"
+MAX_FILE_NAME_BYTES = 255  # a file name's limit on Linux file systems (curl -o fails past it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +57,13 @@ def _query(values: dict[str, str]) -> str:
 
 def file_name(name: str) -> str:
     """A name for `curl -o`: the last path segment, no control characters, no leading dots
-    (never `.`, `..` or a hidden file), as `arkvory get` names its files."""
+    (never `.`, `..` or a hidden file), at most 255 bytes: the name `arkvory get` saves the file
+    under. That rule is shared/client/commands.safe_file_name, which the writer may not import
+    (the client library is a leaf, tests/test_layout.py); tests/test_cli.py holds the two to the
+    same answers."""
     last = name.replace("\\", "/").rsplit("/", 1)[-1]
     cleaned = "".join(ch for ch in last if ch.isprintable()).strip().lstrip(".").strip()
+    cleaned = cleaned.encode("utf-8")[:MAX_FILE_NAME_BYTES].decode("utf-8", errors="ignore")
     return cleaned or FALLBACK_FILE_NAME
 
 
