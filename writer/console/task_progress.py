@@ -19,9 +19,9 @@ from starlette.requests import Request
 
 from arkvory.shared.db import POOLED_QUERY_TIMEOUT_S, pooled
 
+from ..tasks.store import FINISHED
 from .session import runtime_of
 
-FINISHED = ("completed", "failed", "cancelled")
 # kind -> (the usage counter that counts its work, what one unit is, the query for the total)
 MEASURED = {"verify": ("items", "blobs checked", "SELECT count(*) FROM arkvory_blobs")}
 _USAGE_WORDS = (("items", "items"), ("bytes", "bytes"), ("cost_units", "cost units"))

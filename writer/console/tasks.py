@@ -19,6 +19,7 @@ from arkvory.shared.errors import ApiError
 
 from ..tasks.budgets import LIMITS
 from ..tasks.kinds import KIND_NAMES
+from ..tasks.store import FINISHED
 from . import confirm
 from .confirm import asks_first
 from .forms import Form
@@ -107,7 +108,7 @@ async def _task(request: Request, user: ConsoleUser, *, error: Refused | ApiErro
         request, user, "task.html",
         {"task": task, "events": events, "lines": lines, "progress": await progress(request, task), "budget_rows": rows,
          "params_words": pairs(task["params"]), "result_words": pairs(task["result"]),
-         "finished": task["status"] in ("completed", "failed", "cancelled")},
+         "finished": task["status"] in FINISHED},
         status=refusal_status(error) if error else 200, error=error.message if error else None,
     )
 
